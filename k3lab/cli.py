@@ -1,0 +1,52 @@
+"""The `k3lab` command.
+
+Each command group lives next to the code it drives and exposes
+`register(subparsers)`, which adds its sub-commands and sets `func` on them.
+`main` turns a `UserError` into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from k3lab.errors import UserError
+
+COMMAND_MODULES = (
+    "k3lab.registry.commands",  # k3lab variants
+    "k3lab.data.commands",  # k3lab data prepare|info
+    "k3lab.runner.commands",  # k3lab train|sweep|report
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="k3lab", description="Architecture ablations of the Kimi K3 decoder.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name != name:  # a real missing dependency, not a command group not written yet
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = args.func(args)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

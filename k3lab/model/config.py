@@ -1,0 +1,191 @@
+"""KimiK3Config: the whole architecture as validated data.
+
+Every field has a default, so `KimiK3Config()` is a valid (small) model. The
+constructor rejects structurally impossible models with a `ValueError` that
+names the field and the rule, before any module is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+LAYER_TYPES = ("kda", "mla")
+KDA_IMPLEMENTATIONS = ("chunkwise", "fused")
+MOE_BALANCE_RULES = ("quantile", "sign")
+
+
+def kimi_linear_schedule(num_layers: int, kda_per_mla: int = 3) -> tuple[str, ...]:
+    """The Kimi Linear layer pattern: `kda_per_mla` KDA layers, then one MLA layer,
+    repeated, with the last layer always MLA. kda_per_mla=0 gives all MLA."""
+    period = kda_per_mla + 1
+    return tuple(
+        "mla" if (i + 1) % period == 0 or i == num_layers - 1 else "kda" for i in range(num_layers)
+    )
+
+
+@dataclass(frozen=True)
+class KimiK3Config:
+    # vocabulary and trunk
+    vocab_size: int = 320  # 256 bytes + specials, rounded up to a multiple of 64
+    hidden_size: int = 256
+    num_layers: int = 8
+    layer_types: tuple[str, ...] | None = None  # None -> kimi_linear_schedule(num_layers)
+    max_seq_len: int = 1024
+    num_dense_layers: int = 1  # layers [0, num_dense_layers) use DenseFFN, the rest MoE
+    intermediate_size: int = 768  # DenseFFN width
+
+    # Attention Residuals (block size counts decoder layers)
+    use_attn_res: bool = True
+    attn_res_block_size: int = 2
+
+    # KDA
+    kda_implementation: str = "chunkwise"
+    kda_num_heads: int = 4
+    kda_head_dim: int = 64
+    kda_chunk_size: int = 64
+    kda_gate_lower_bound: float | None = -5.0  # None -> unbounded decay gate
+    kda_conv_size: int = 4
+
+    # gated MLA
+    mla_num_heads: int = 4
+    mla_q_lora_rank: int | None = 128  # None -> full-rank q projection
+    mla_kv_lora_rank: int = 128
+    mla_qk_head_dim: int = 64
+    mla_v_head_dim: int = 64
+
+    # Stable LatentMoE
+    num_experts: int = 8
+    num_experts_per_token: int = 2
+    num_shared_experts: int = 1
+    moe_intermediate_size: int = 256
+    moe_latent_size: int | None = 128  # None -> experts at full width (plain MoE)
+    routed_scaling_factor: float = 1.0
+    moe_balance: str = "sign"
+    moe_bias_update_rate: float = 1e-3
+
+    # SiTU-GLU
+    situ_beta: float = 4.0
+    situ_linear_beta: float = 25.0
+
+    # numerics
+    rms_norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        layer_types = self.layer_types
+        if layer_types is None:
+            layer_types = kimi_linear_schedule(self.num_layers) if self.num_layers > 0 else ()
+        object.__setattr__(self, "layer_types", tuple(layer_types))
+        self._validate()
+
+    # -- validation ---------------------------------------------------------------
+
+    def _validate(self) -> None:
+        for name in (
+            "vocab_size", "hidden_size", "num_layers", "max_seq_len", "intermediate_size",
+            "kda_num_heads", "kda_head_dim", "kda_chunk_size", "kda_conv_size",
+            "mla_num_heads", "mla_kv_lora_rank", "mla_qk_head_dim", "mla_v_head_dim",
+            "num_experts", "moe_intermediate_size",
+        ):
+            _require(_is_int(getattr(self, name)) and getattr(self, name) > 0, name, "must be a positive integer")
+        for name in ("mla_q_lora_rank", "moe_latent_size"):
+            value = getattr(self, name)
+            _require(value is None or (_is_int(value) and value > 0), name, "must be a positive integer or null")
+
+        _require(len(self.layer_types) == self.num_layers, "layer_types",
+                 f"must have num_layers={self.num_layers} entries, got {len(self.layer_types)}")
+        for i, kind in enumerate(self.layer_types):
+            _require(kind in LAYER_TYPES, f"layer_types[{i}]", f"must be one of {LAYER_TYPES}, got {kind!r}")
+        _require(_is_int(self.num_dense_layers) and 0 <= self.num_dense_layers <= self.num_layers,
+                 "num_dense_layers", f"must lie in [0, num_layers={self.num_layers}]")
+        _require(isinstance(self.use_attn_res, bool), "use_attn_res", "must be true or false")
+        _require(_is_int(self.attn_res_block_size) and self.attn_res_block_size > 0,
+                 "attn_res_block_size", "must be a positive integer")
+
+        for name in ("mla_q_lora_rank", "mla_kv_lora_rank", "moe_latent_size"):
+            value = getattr(self, name)
+            _require(value is None or value < self.hidden_size, name,
+                     f"must be below hidden_size={self.hidden_size}")
+
+        _require(_is_int(self.num_experts_per_token) and 1 <= self.num_experts_per_token < self.num_experts,
+                 "num_experts_per_token", f"must be in [1, num_experts={self.num_experts})")
+        _require(_is_int(self.num_shared_experts) and self.num_shared_experts >= 0,
+                 "num_shared_experts", "must be a non-negative integer")
+        _require(self.routed_scaling_factor > 0, "routed_scaling_factor", "must be positive")
+        _require(self.moe_balance in MOE_BALANCE_RULES, "moe_balance", f"must be one of {MOE_BALANCE_RULES}")
+        _require(self.moe_bias_update_rate >= 0, "moe_bias_update_rate", "must be non-negative")
+
+        _require(self.situ_beta > 0, "situ_beta", "must be positive")
+        _require(self.situ_linear_beta > 0, "situ_linear_beta", "must be positive")
+        _require(self.rms_norm_eps > 0, "rms_norm_eps", "must be positive")
+        _require(self.init_std > 0, "init_std", "must be positive")
+
+        lb = self.kda_gate_lower_bound
+        _require(lb is None or lb < 0, "kda_gate_lower_bound", "must be negative or null (unbounded)")
+        _require(self.kda_implementation in KDA_IMPLEMENTATIONS, "kda_implementation",
+                 f"must be one of {KDA_IMPLEMENTATIONS}")
+        if self.kda_implementation == "fused":
+            _require(self.kda_chunk_size in (32, 64), "kda_chunk_size",
+                     "must be 32 or 64 with kda_implementation='fused'")
+            _require(lb is not None and -5 <= lb < 0, "kda_gate_lower_bound",
+                     "must lie in [-5, 0) with kda_implementation='fused'")
+
+    # -- conveniences -------------------------------------------------------------
+
+    def replace(self, **changes) -> "KimiK3Config":
+        """A copy with some fields changed, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["layer_types"] = list(self.layer_types)
+        return data
+
+    @property
+    def schedule(self) -> str:
+        """The layer schedule as letters, K for KDA and M for MLA, e.g. 'KKKMKKKM'."""
+        return "".join("K" if t == "kda" else "M" for t in self.layer_types)
+
+
+def config_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(KimiK3Config))
+
+
+def tiny_config(**overrides) -> KimiK3Config:
+    """A CPU-sized config (a few hundred thousand parameters) that exercises every
+    component: KDA and MLA layers, dense and MoE layers, AttnRes with two blocks."""
+    settings = dict(
+        vocab_size=128,
+        hidden_size=64,
+        num_layers=4,
+        layer_types=("kda", "kda", "mla", "kda"),
+        max_seq_len=64,
+        num_dense_layers=1,
+        intermediate_size=128,
+        attn_res_block_size=2,
+        kda_num_heads=2,
+        kda_head_dim=16,
+        kda_chunk_size=8,
+        mla_num_heads=2,
+        mla_q_lora_rank=32,
+        mla_kv_lora_rank=32,
+        mla_qk_head_dim=16,
+        mla_v_head_dim=16,
+        num_experts=4,
+        num_experts_per_token=2,
+        num_shared_experts=1,
+        moe_intermediate_size=32,
+        moe_latent_size=32,
+    )
+    settings.update(overrides)
+    return KimiK3Config(**settings)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(ok: bool, field_name: str, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{field_name} {rule}")
