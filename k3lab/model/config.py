@@ -156,7 +156,7 @@ def tiny_config(**overrides) -> KimiK3Config:
     """A CPU-sized config (a few hundred thousand parameters) that exercises every
     component: KDA and MLA layers, dense and MoE layers, AttnRes with two blocks."""
     settings = dict(
-        vocab_size=128,
+        vocab_size=320,
         hidden_size=64,
         num_layers=4,
         layer_types=("kda", "kda", "mla", "kda"),

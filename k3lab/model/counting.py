@@ -1,0 +1,99 @@
+"""Parameter and FLOP counting, for comparing variants and for MFU.
+
+FLOPs per token (forward + backward, training):
+
+    6 * N_active_matmul                                   every weight matrix a token multiplies
+  + sum over MLA layers  6 * H * (d_qk + d_v) * T         QK^T and AV over a context of T
+  + sum over KDA layers  6 * H * (C * (3 dk + 2 dv) + 3 dk dv)   chunkwise KDA, chunk size C
+
+N_active_matmul counts routed experts at top_k / num_experts, the tied embedding/head
+once (as the head's matmul; the embedding lookup is free), and leaves out norm gains,
+biases, convolutions and scorer vectors. The MLA term follows PaLM's MFU convention
+(full T, no causal halving). The KDA term counts, per token and head, the intra-chunk
+score matrices (q.k and k.k over C positions, dk each), the triangular solve and the
+intra-chunk output (about C * (dk + dv) + C * dv), and the three state products with
+the dk x dv state (read-out for w and q, and the update). It is an estimate of the
+work the chunk algorithm does, not a measurement.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from k3lab.model.config import KimiK3Config
+
+COMPONENTS = ("embedding", "kda", "mla", "dense_ffn", "moe_routed", "moe_latent", "moe_shared", "router",
+              "attn_res", "norms")
+
+
+def component_of(name: str, layer_types: tuple[str, ...]) -> str:
+    """Which component (see COMPONENTS) the parameter `name` of a KimiK3 belongs to."""
+    parts = name.split(".")
+    if parts[0] in ("embed_tokens", "lm_head"):
+        return "embedding"
+    if "res_proj" in name or "res_norm" in name:
+        return "attn_res"
+    if parts[0] == "norm" or parts[2] in ("attn_norm", "ffn_norm"):
+        return "norms"
+    if parts[2] == "attn":
+        return layer_types[int(parts[1])]
+    ffn_part = {"experts": "moe_routed", "router": "router", "shared": "moe_shared", "down": "moe_latent",
+                "up": "moe_latent", "latent_norm": "moe_latent"}
+    if parts[2] == "ffn":
+        return ffn_part.get(parts[3], "dense_ffn")
+    raise ValueError(f"parameter {name} belongs to no known component")
+
+
+def is_matmul_weight(name: str, param: nn.Parameter) -> bool:
+    """Weights a token is multiplied by: Linear and expert matrices and the (tied) head."""
+    return param.ndim == 2 and "res_proj" not in name
+
+
+def count_parameters(model: nn.Module, seq_len: int | None = None) -> dict:
+    """Parameter counts and training FLOPs per token of a KimiK3 (see the module docstring).
+
+    Keys: total, embedding, non_embedding, active, active_matmul, by_component,
+    flops_per_token (at seq_len, default max_seq_len). A tied weight counts once.
+    """
+    config: KimiK3Config = model.config
+    routed_share = config.num_experts_per_token / config.num_experts
+    by_component = dict.fromkeys(COMPONENTS, 0)
+    active = active_matmul = 0.0
+    for name, param in model.named_parameters():  # yields the tied embedding/head once
+        n = param.numel()
+        component = component_of(name, config.layer_types)
+        by_component[component] += n
+        share = routed_share if component == "moe_routed" else 1.0
+        active += n * share
+        if is_matmul_weight(name, param):
+            active_matmul += n * share
+    total = sum(by_component.values())
+    return {
+        "total": total,
+        "embedding": by_component["embedding"],
+        "non_embedding": total - by_component["embedding"],
+        "active": int(round(active)),
+        "active_matmul": int(round(active_matmul)),
+        "by_component": by_component,
+        "flops_per_token": flops_per_token(config, int(round(active_matmul)), seq_len or config.max_seq_len),
+    }
+
+
+def flops_per_token(config: KimiK3Config, active_matmul: int, seq_len: int) -> int:
+    """Training FLOPs per token: 6 N_active_matmul plus the MLA and KDA sequence terms."""
+    mla_layers = config.layer_types.count("mla")
+    kda_layers = config.layer_types.count("kda")
+    mla = 6 * config.mla_num_heads * (config.mla_qk_head_dim + config.mla_v_head_dim) * seq_len
+    C, d = min(config.kda_chunk_size, seq_len), config.kda_head_dim
+    kda = 6 * config.kda_num_heads * (C * (3 * d + 2 * d) + 3 * d * d)
+    return 6 * active_matmul + mla_layers * mla + kda_layers * kda
+
+
+def count_config(config: KimiK3Config, seq_len: int | None = None) -> dict:
+    """`count_parameters` for a config, without allocating weights (built on the meta device)."""
+    from k3lab.model.model import KimiK3
+
+    with torch.device("meta"):
+        model = KimiK3(config)
+    return count_parameters(model, seq_len)

@@ -1,0 +1,179 @@
+"""Kimi Delta Attention (KDA): the chunkwise reference algorithm and the layer around it.
+
+Per head, with state S (dk x dv), log-space per-channel decay g_t (dk) and scalar beta_t:
+
+    S_t = diag(exp(g_t)) S_{t-1}
+    S_t = S_t + beta_t k_t (v_t - S_t^T k_t)^T
+    o_t = S_t^T (q_t * scale)
+
+`recurrent_kda` runs this token by token (the oracle); `chunk_kda_reference` computes
+the same thing a chunk of C tokens at a time (the WY/UT form), which turns most of
+the work into matrix products.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from k3lab.model.config import KimiK3Config
+from k3lab.model.norm import RMSNorm
+
+
+def recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
+    """Token-by-token KDA. q, k, g: (B, T, H, dk); v: (B, T, H, dv); beta: (B, T, H).
+
+    Returns o (B, T, H, dv) in v's dtype and the final state (B, H, dk, dv) in fp32 or None.
+    """
+    B, T, H, dk = q.shape
+    scale = dk**-0.5 if scale is None else scale
+    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    S = q.new_zeros(B, H, dk, v.shape[-1])
+    if initial_state is not None:
+        S = S + initial_state.float()
+    outputs = []
+    for t in range(T):
+        S = S * g[:, t].exp().unsqueeze(-1)
+        k_t = k[:, t]  # (B, H, dk)
+        residual = v[:, t] - torch.einsum("bhk,bhkv->bhv", k_t, S)
+        S = S + torch.einsum("bhk,bhv->bhkv", beta[:, t, :, None] * k_t, residual)
+        outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))
+    return torch.stack(outputs, dim=1).to(v.dtype), (S if output_final_state else None)
+
+
+def chunk_kda_reference(q, k, v, g, beta, chunk_size=64, scale=None, initial_state=None, output_final_state=False):
+    """Chunkwise KDA in plain PyTorch, exactly the semantics of `recurrent_kda`.
+
+    Layout as FLA: q, k, g (B, T, H, dk), v (B, T, H, dv), beta (B, T, H); g in log space.
+    T must be a multiple of chunk_size. State and arithmetic are fp32.
+
+    Inside a chunk with cumulative decay G_r = sum_{s<=r} g_s, the delta rule's
+    corrections form a unit lower-triangular system (I + A) X = diag(beta) [exp(G) k | v]
+    with A[r, c] = beta_r <k_r, exp(G_r - G_c) k_c> for c < r. Its solution gives
+    W (the state read-out keys) and U (the pseudo-values); the state is then passed
+    between chunks once per chunk instead of once per token.
+    """
+    B, T, H, dk = q.shape
+    dv = v.shape[-1]
+    if T % chunk_size != 0:
+        raise ValueError(f"chunk_kda_reference: sequence length {T} is not a multiple of chunk_size={chunk_size}")
+    scale = dk**-0.5 if scale is None else scale
+    N, C = T // chunk_size, chunk_size
+
+    def chunked(t):  # (B, T, H, ...) -> (B, H, N, C, ...) in fp32
+        return t.float().transpose(1, 2).reshape(B, H, N, C, *t.shape[3:])
+
+    q, k, v, g, beta = chunked(q) * scale, chunked(k), chunked(v), chunked(g), chunked(beta)
+    G = g.cumsum(dim=3)  # (B, H, N, C, dk), non-increasing along C
+    # decay from position c to position r, for every pair in a chunk: (B, H, N, C, C, dk)
+    pair_decay = (G.unsqueeze(4) - G.unsqueeze(3)).clamp(max=0).exp()
+    strictly_lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
+    lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+
+    A = torch.einsum("bhnrd,bhnrcd,bhncd->bhnrc", k, pair_decay, k) * beta.unsqueeze(-1)
+    A = A.masked_fill(~strictly_lower, 0) + torch.eye(C, device=q.device)
+    rhs = beta.unsqueeze(-1) * torch.cat([G.exp() * k, v], dim=-1)
+    WU = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    W, U = WU.split([dk, dv], dim=-1)  # (B, H, N, C, dk), (B, H, N, C, dv)
+    Aqk = torch.einsum("bhnrd,bhnrcd,bhncd->bhnrc", q, pair_decay, k).masked_fill(~lower, 0)
+    del pair_decay
+
+    S = q.new_zeros(B, H, dk, dv)
+    if initial_state is not None:
+        S = S + initial_state.float()
+    outputs = []
+    for n in range(N):
+        G_n, G_last = G[:, :, n], G[:, :, n, -1:]  # (B, H, C, dk), (B, H, 1, dk)
+        V_n = U[:, :, n] - W[:, :, n] @ S  # new values after reading the decayed state
+        outputs.append((q[:, :, n] * G_n.exp()) @ S + Aqk[:, :, n] @ V_n)
+        S = G_last.transpose(-1, -2).exp() * S + ((G_last - G_n).exp() * k[:, :, n]).transpose(-1, -2) @ V_n
+    o = torch.stack(outputs, dim=2).reshape(B, H, T, dv).transpose(1, 2)
+    return o.to(v.dtype), (S if output_final_state else None)
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise 1-D convolution followed by SiLU: (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, dim: int, kernel_size: int):
+        super().__init__()
+        self.conv = nn.Conv1d(dim, dim, kernel_size, groups=dim, padding=kernel_size - 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2))
+
+
+def decay_gate(f: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None) -> torch.Tensor:
+    """Log-space decay g from the low-rank decay input f: (B, T, H, dk) -> (B, T, H, dk), in fp32.
+
+    Unbounded: g = -exp(A_log) * softplus(f + dt_bias).
+    Bounded:   g = lb * sigmoid(exp(A_log) * (f + dt_bias)), in [lb, 0).
+    """
+    a = A_log.float().exp().view(-1, 1)  # (H, 1)
+    x = f.float() + dt_bias.float().view(a.shape[0], -1)
+    if lower_bound is None:
+        return -a * F.softplus(x)
+    return lower_bound * torch.sigmoid(a * x)
+
+
+class KDAChunkwise(nn.Module):
+    """The KDA layer of Kimi Linear in plain PyTorch: (B, T, M) -> (B, T, M).
+
+    q, k, v: Linear + causal short conv + SiLU; q, k L2-normalised per head.
+    beta = sigmoid(b_proj(x)); decay from a low-rank f_proj through `decay_gate`.
+    Output: per-head RMSNorm(o) * sigmoid(g_proj(x)), then o_proj.
+    T must be a multiple of config.kda_chunk_size.
+    """
+
+    def __init__(self, config: KimiK3Config):
+        super().__init__()
+        M, H, d = config.hidden_size, config.kda_num_heads, config.kda_head_dim
+        self.num_heads, self.head_dim = H, d
+        self.chunk_size, self.lower_bound = config.kda_chunk_size, config.kda_gate_lower_bound
+        self.q_proj = nn.Linear(M, H * d, bias=False)
+        self.k_proj = nn.Linear(M, H * d, bias=False)
+        self.v_proj = nn.Linear(M, H * d, bias=False)
+        self.q_conv = ShortConv(H * d, config.kda_conv_size)
+        self.k_conv = ShortConv(H * d, config.kda_conv_size)
+        self.v_conv = ShortConv(H * d, config.kda_conv_size)
+        self.b_proj = nn.Linear(M, H, bias=False)
+        self.f_proj = nn.Sequential(nn.Linear(M, d, bias=False), nn.Linear(d, H * d, bias=False))
+        self.g_proj = nn.Sequential(nn.Linear(M, d, bias=False), nn.Linear(d, H * d, bias=True))
+        self.A_log = nn.Parameter(torch.empty(H))
+        self.dt_bias = nn.Parameter(torch.empty(H * d))
+        self.o_norm = RMSNorm(d, config.rms_norm_eps)
+        self.o_proj = nn.Linear(H * d, M, bias=False)
+        self.reset_decay_parameters()
+
+    @torch.no_grad()
+    def reset_decay_parameters(self) -> None:
+        """A_log = log(U(1, 16)); dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 0.1]."""
+        self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
+        dt = torch.exp(torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(0.1)))
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def project(self, x: torch.Tensor):
+        """The kernel inputs: q, k (L2-normalised), v, g (log decay), beta; heads split out."""
+        B, T, _ = x.shape
+        H, d = self.num_heads, self.head_dim
+        q = F.normalize(self.q_conv(self.q_proj(x)).view(B, T, H, d), dim=-1)
+        k = F.normalize(self.k_conv(self.k_proj(x)).view(B, T, H, d), dim=-1)
+        v = self.v_conv(self.v_proj(x)).view(B, T, H, d)
+        g = decay_gate(self.f_proj(x).view(B, T, H, d), self.A_log, self.dt_bias, self.lower_bound)
+        beta = torch.sigmoid(self.b_proj(x).float())
+        return q, k, v, g, beta
+
+    def gated_output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """o (B, T, H, d) -> o_proj(RMSNorm(o) * sigmoid(g_proj(x))): (B, T, M)."""
+        B, T = x.shape[:2]
+        gate = self.g_proj(x).view(B, T, self.num_heads, self.head_dim)
+        o = self.o_norm(o) * torch.sigmoid(gate)
+        return self.o_proj(o.reshape(B, T, -1).to(x.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v, g, beta = self.project(x)
+        o, _ = chunk_kda_reference(q, k, v, g, beta, chunk_size=self.chunk_size)
+        return self.gated_output(o, x)

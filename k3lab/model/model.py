@@ -1,0 +1,179 @@
+"""KimiK3: the composition layer.
+
+Each decoder block picks its attention (KDA or gated MLA) and its FFN (dense SiTU-GLU
+for the first `num_dense_layers`, Stable LatentMoE after), and Attention Residuals
+(AttnRes) replace the plain residual stream: every sub-layer reads a learned softmax
+mixture over depth candidates -- the stored block endpoints and the live prefix.
+
+State carried between blocks (never between forward calls):
+    hidden_states   (B, T, M)      the live prefix of the current AttnRes block
+    block_residual  (B*T, P, M)    the P completed block endpoints so far
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from k3lab.model.config import KimiK3Config
+from k3lab.model.ffn import DenseFFN
+from k3lab.model.mla import GatedMLA
+from k3lab.model.moe import StableLatentMoE
+from k3lab.model.norm import RMSNorm
+
+
+def build_kda(config: KimiK3Config) -> nn.Module:
+    """The KDA layer for this config; FLA (and Triton) are imported only for "fused"."""
+    if config.kda_implementation == "fused":
+        from k3lab.model.kda_fused import KDAFused
+
+        return KDAFused(config)
+    from k3lab.model.kda import KDAChunkwise
+
+    return KDAChunkwise(config)
+
+
+def attn_res_mixture(block_residual, prefix_sum, norm, proj):
+    """`apply_attn_res`, also returning the mixture weights (BT, K) for logging."""
+    V = torch.cat([block_residual, prefix_sum.unsqueeze(1)], dim=1).float()  # (BT, K, M)
+    with torch.autocast(V.device.type, enabled=False):
+        scores = F.linear(norm(V), proj.weight.float()).squeeze(-1)  # (BT, K)
+        weights = scores.softmax(dim=-1)
+        h = (weights.unsqueeze(-1) * V).sum(dim=1)  # (BT, M), raw candidates, not normalised
+    return h.to(prefix_sum.dtype), weights
+
+
+def apply_attn_res(block_residual, prefix_sum, norm, proj):
+    """Softmax mixture over depth candidates for each token.
+
+    block_residual (BT, P, M) stored endpoints; prefix_sum (BT, M) the live prefix.
+    Candidates V = [endpoints..., prefix] (BT, K=P+1, M); scores = proj(norm(V)) with one
+    learned vector shared over candidates; h = sum_K softmax(scores) * V, in fp32.
+    """
+    return attn_res_mixture(block_residual, prefix_sum, norm, proj)[0]
+
+
+class KimiK3DecoderBlock(nn.Module):
+    def __init__(self, config: KimiK3Config, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.layer_type = config.layer_types[layer_idx]
+        self.use_attn_res = config.use_attn_res
+        self.attn_res_block_size = config.attn_res_block_size
+        M, eps = config.hidden_size, config.rms_norm_eps
+        if self.layer_type == "kda":
+            self.attn = build_kda(config)
+        elif self.layer_type == "mla":
+            self.attn = GatedMLA(config)
+        else:
+            raise ValueError(f"unknown layer type {self.layer_type!r} at layer {layer_idx}")
+        if layer_idx < config.num_dense_layers:
+            self.ffn = DenseFFN(M, config.intermediate_size, config.situ_beta, config.situ_linear_beta)
+        else:
+            self.ffn = StableLatentMoE(config)
+        self.attn_norm = RMSNorm(M, eps)
+        self.ffn_norm = RMSNorm(M, eps)
+        if self.use_attn_res:  # separate scorers for the attention and FFN inputs
+            self.attn_res_norm = RMSNorm(M, eps)
+            self.attn_res_proj = nn.Linear(M, 1, bias=False)
+            self.mlp_res_norm = RMSNorm(M, eps)
+            self.mlp_res_proj = nn.Linear(M, 1, bias=False)
+        # mean AttnRes weight per depth candidate from the last forward, for logging
+        self.attn_res_weights: dict[str, torch.Tensor] = {}
+
+    def forward(self, hidden_states: torch.Tensor, block_residual: torch.Tensor):
+        if not self.use_attn_res:
+            return self.forward_prenorm(hidden_states), block_residual
+        B, T, C = hidden_states.shape
+        prefix_sum = hidden_states
+
+        # attention input: a mixture over completed endpoints and the incoming prefix
+        if block_residual.shape[1] > 0:
+            hidden_states = self.mix("attn", block_residual, prefix_sum, self.attn_res_norm, self.attn_res_proj)
+
+        # at a block boundary the incoming prefix (not the mixed input) becomes an endpoint
+        if self.layer_idx % self.attn_res_block_size == 0:
+            block_residual = torch.cat([block_residual, prefix_sum.reshape(B * T, 1, C)], dim=1)
+            prefix_sum = None
+
+        attn_output = self.attn(self.attn_norm(hidden_states))
+        prefix_sum = attn_output if prefix_sum is None else prefix_sum + attn_output
+
+        hidden_states = self.mix("ffn", block_residual, prefix_sum, self.mlp_res_norm, self.mlp_res_proj)
+        prefix_sum = prefix_sum + self.ffn(self.ffn_norm(hidden_states))
+        return prefix_sum, block_residual
+
+    def forward_prenorm(self, x: torch.Tensor) -> torch.Tensor:
+        """The standard pre-norm residual stream: the AttnRes ablation baseline."""
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+    def mix(self, site, block_residual, prefix_sum, norm, proj):
+        B, T, C = prefix_sum.shape
+        h, weights = attn_res_mixture(block_residual, prefix_sum.reshape(B * T, C), norm, proj)
+        self.attn_res_weights[site] = weights.detach().mean(dim=0)  # (K,)
+        return h.view(B, T, C)
+
+
+class KimiK3(nn.Module):
+    """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy."""
+
+    def __init__(self, config: KimiK3Config):
+        super().__init__()
+        self.config = config
+        M = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, M)
+        self.layers = nn.ModuleList(KimiK3DecoderBlock(config, i) for i in range(config.num_layers))
+        if config.use_attn_res:
+            self.final_res_norm = RMSNorm(M, config.rms_norm_eps)
+            self.final_res_proj = nn.Linear(M, 1, bias=False)
+        self.norm = RMSNorm(M, config.rms_norm_eps)
+        self.lm_head = nn.Linear(M, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        self._init_special()
+        # k3lab's choice for efficiency, not a claim about the original Kimi implementation
+        self.lm_head.weight = self.embed_tokens.weight
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    @torch.no_grad()
+    def _init_special(self) -> None:
+        for name, param in self.named_parameters():
+            if name.endswith("res_proj.weight"):  # AttnRes scorers start uniform
+                param.zero_()
+            elif ".experts.w_" in name:
+                nn.init.normal_(param, mean=0.0, std=self.config.init_std)
+        for module in self.modules():
+            if hasattr(module, "reset_decay_parameters"):
+                module.reset_decay_parameters()
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        B, T = idx.shape
+        if T > self.config.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}")
+        hidden_states = self.embed_tokens(idx)  # (B, T, M)
+        block_residual = hidden_states.new_zeros(B * T, 0, self.config.hidden_size)
+        for layer in self.layers:
+            hidden_states, block_residual = layer(hidden_states, block_residual)
+        if self.config.use_attn_res:
+            hidden_states = apply_attn_res(
+                block_residual, hidden_states.reshape(B * T, -1), self.final_res_norm, self.final_res_proj
+            ).view(B, T, -1)
+        logits = self.lm_head(self.norm(hidden_states))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        return logits, loss
+
+    def moe_layers(self) -> list[tuple[int, StableLatentMoE]]:
+        return [(i, layer.ffn) for i, layer in enumerate(self.layers) if isinstance(layer.ffn, StableLatentMoE)]
+
+    @torch.no_grad()
+    def update_moe_biases(self) -> dict[int, torch.Tensor]:
+        """Balance every MoE layer's selection bias; returns {layer: load fraction (E,)} used."""
+        return {i: moe.update_bias() for i, moe in self.moe_layers()}
