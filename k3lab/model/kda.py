@@ -68,30 +68,59 @@ def chunk_kda_reference(q, k, v, g, beta, chunk_size=64, scale=None, initial_sta
 
     q, k, v, g, beta = chunked(q) * scale, chunked(k), chunked(v), chunked(g), chunked(beta)
     G = g.cumsum(dim=3)  # (B, H, N, C, dk), non-increasing along C
-    # decay from position c to position r, for every pair in a chunk: (B, H, N, C, C, dk)
-    pair_decay = (G.unsqueeze(4) - G.unsqueeze(3)).clamp(max=0).exp()
-    strictly_lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
-    lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
 
-    A = torch.einsum("bhnrd,bhnrcd,bhncd->bhnrc", k, pair_decay, k) * beta.unsqueeze(-1)
-    A = A.masked_fill(~strictly_lower, 0) + torch.eye(C, device=q.device)
+    Akk, Aqk = decayed_scores(torch.stack([k, q], dim=-3), k, G).unbind(-3)  # (B, H, N, C, C) each
+    A = Akk.tril(-1) * beta.unsqueeze(-1) + torch.eye(C, device=q.device)
     rhs = beta.unsqueeze(-1) * torch.cat([G.exp() * k, v], dim=-1)
     WU = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
     W, U = WU.split([dk, dv], dim=-1)  # (B, H, N, C, dk), (B, H, N, C, dv)
-    Aqk = torch.einsum("bhnrd,bhnrcd,bhncd->bhnrc", q, pair_decay, k).masked_fill(~lower, 0)
-    del pair_decay
 
+    # between chunks: S_n = (diag(exp(G_last)) - K_tail^T W) S_{n-1} + K_tail^T U, with
+    # K_tail = k decayed to the chunk's end; only this (dk x dk) @ (dk x dv) step is sequential
+    G_last = G[..., -1:, :]  # (B, H, N, 1, dk)
+    K_tail = ((G_last - G).exp() * k).transpose(-1, -2)  # (B, H, N, dk, C)
+    transition = torch.diag_embed(G_last.squeeze(-2).exp()) - K_tail @ W  # (B, H, N, dk, dk)
+    injection = K_tail @ U  # (B, H, N, dk, dv)
     S = q.new_zeros(B, H, dk, dv)
     if initial_state is not None:
         S = S + initial_state.float()
-    outputs = []
+    states_before = []
     for n in range(N):
-        G_n, G_last = G[:, :, n], G[:, :, n, -1:]  # (B, H, C, dk), (B, H, 1, dk)
-        V_n = U[:, :, n] - W[:, :, n] @ S  # new values after reading the decayed state
-        outputs.append((q[:, :, n] * G_n.exp()) @ S + Aqk[:, :, n] @ V_n)
-        S = G_last.transpose(-1, -2).exp() * S + ((G_last - G_n).exp() * k[:, :, n]).transpose(-1, -2) @ V_n
-    o = torch.stack(outputs, dim=2).reshape(B, H, T, dv).transpose(1, 2)
+        states_before.append(S)
+        S = transition[:, :, n] @ S + injection[:, :, n]
+    S_prev = torch.stack(states_before, dim=2)  # (B, H, N, dk, dv): the state entering each chunk
+    V = U - W @ S_prev  # new values after reading the decayed state
+    o = (q * G.exp()) @ S_prev + Aqk @ V  # (B, H, N, C, dv)
+    o = o.reshape(B, H, T, dv).transpose(1, 2)
     return o.to(v.dtype), (S if output_final_state else None)
+
+
+def decayed_scores(a, b, G, sub_chunk=8):
+    """M[..., r, c] = sum_d a_r[d] b_c[d] exp(G_r[d] - G_c[d]) for c <= r, else 0.
+
+    a: (..., X, C, d) -- X query-like tensors sharing one decay, e.g. (k, q) stacked;
+    b, G: (..., C, d). Returns (..., X, C, C). Never forms exp(+G), which overflows under
+    strong decay: inside a sub-chunk of s rows the pairwise decay is used directly, and a
+    sub-chunk starting at i0 meets all earlier columns through e = G[i0 - 1], where
+    exp(G_r - e) and exp(e - G_c) are both at most 1, so that part is a matrix product.
+    """
+    *_, C, d = G.shape
+    s = sub_chunk if C % sub_chunk == 0 else C
+    blocks = lambda t: t.unflatten(-2, (C // s, s))  # noqa: E731  (..., C, d) -> (..., n, s, d)
+    G_blocks = blocks(G)
+    pair_decay = (G_blocks.unsqueeze(-2) - G_blocks.unsqueeze(-3)).clamp(max=0).exp()  # (..., n, s, s, d)
+    decayed_b = pair_decay * blocks(b).unsqueeze(-3)  # [r, c, d] = exp(G_r - G_c) b_c
+    inside = torch.einsum("...xnrd,...nrcd->...xnrc", blocks(a), decayed_b).tril()  # (..., X, n, s, s)
+    # e_i = G just before sub-chunk i (G[0] for the first, which has no earlier columns)
+    e = torch.cat([G[..., :1, :], G[..., s - 1 : C - 1 : s, :]], dim=-2).unsqueeze(-2)  # (..., n, 1, d)
+    left = blocks(a) * (G_blocks - e).exp().unsqueeze(-4)  # (..., X, n, s, d)
+    out = a.new_zeros(*a.shape[:-1], C)
+    for i, i0 in enumerate(range(0, C, s)):
+        out[..., i0 : i0 + s, i0 : i0 + s] = inside[..., i, :, :]
+        if i0 > 0:  # columns before this sub-chunk, factorised through e_i
+            right = b[..., :i0, :] * (e[..., i, :, :] - G[..., :i0, :]).exp()  # (..., i0, d)
+            out[..., i0 : i0 + s, :i0] = left[..., i, :, :] @ right.unsqueeze(-3).transpose(-1, -2)
+    return out
 
 
 class ShortConv(nn.Module):

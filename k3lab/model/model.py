@@ -75,8 +75,9 @@ class KimiK3DecoderBlock(nn.Module):
         self.attn_norm = RMSNorm(M, eps)
         self.ffn_norm = RMSNorm(M, eps)
         if self.use_attn_res:  # separate scorers for the attention and FFN inputs
-            self.attn_res_norm = RMSNorm(M, eps)
-            self.attn_res_proj = nn.Linear(M, 1, bias=False)
+            if layer_idx > 0:  # layer 0's attention input is the embedding: nothing to mix
+                self.attn_res_norm = RMSNorm(M, eps)
+                self.attn_res_proj = nn.Linear(M, 1, bias=False)
             self.mlp_res_norm = RMSNorm(M, eps)
             self.mlp_res_proj = nn.Linear(M, 1, bias=False)
         # mean AttnRes weight per depth candidate from the last forward, for logging

@@ -1,0 +1,119 @@
+import torch
+
+from k3lab.model.config import tiny_config
+from k3lab.model.ffn import situ_glu
+from k3lab.model.moe import StableLatentMoE
+
+
+def make_moe(**overrides):
+    settings = dict(num_experts=8, num_experts_per_token=2, moe_bias_update_rate=0.05)
+    settings.update(overrides)
+    return StableLatentMoE(tiny_config(**settings))
+
+
+def init(moe):
+    for p in moe.parameters():
+        if p.ndim == 2:
+            torch.nn.init.normal_(p, std=0.2)
+    return moe
+
+
+def test_every_token_gets_exactly_k_distinct_experts():
+    moe = init(make_moe(num_experts_per_token=3))
+    indices, weights = moe.route(torch.randn(50, 64))
+    assert indices.shape == (50, 3)
+    assert all(len(set(row.tolist())) == 3 for row in indices)
+
+
+def test_selection_follows_the_bias_but_weights_do_not():
+    moe = init(make_moe())
+    x = torch.randn(40, 64)
+    _, weights_before = moe.route(x)
+    moe.expert_bias[5] = 10.0  # expert 5 now always wins a slot
+    indices, weights = moe.route(x)
+    assert (indices == 5).any(dim=-1).all()
+    scores = torch.sigmoid(x @ moe.router.weight.T)
+    expected = scores.gather(-1, indices)
+    torch.testing.assert_close(weights, expected / expected.sum(-1, keepdim=True))
+
+
+def test_weights_are_renormalised_and_scaled():
+    moe = init(make_moe(routed_scaling_factor=2.5))
+    _, weights = moe.route(torch.randn(30, 64))
+    torch.testing.assert_close(weights.sum(-1), torch.full((30,), 2.5))
+
+
+def test_single_expert_weight_is_the_raw_sigmoid_score():
+    moe = init(make_moe(num_experts_per_token=1))
+    x = torch.randn(10, 64)
+    indices, weights = moe.route(x)
+    scores = torch.sigmoid(x @ moe.router.weight.T)
+    torch.testing.assert_close(weights, scores.gather(-1, indices))
+
+
+def test_bias_receives_no_gradient():
+    moe = init(make_moe())
+    moe(torch.randn(2, 5, 64)).sum().backward()
+    assert not moe.expert_bias.requires_grad
+    assert moe.router.weight.grad is not None
+
+
+def test_forward_matches_a_per_token_loop():
+    moe = init(make_moe())
+    x = torch.randn(1, 12, 64)
+    flat = x.view(12, 64)
+    indices, weights = moe.route(flat)
+    z = moe.down(flat)
+    experts = moe.experts
+    expected = []
+    for t in range(12):
+        y = torch.zeros(z.shape[1])
+        for j in range(2):
+            e = indices[t, j]
+            h = situ_glu(z[t] @ experts.w_gate[e].T, z[t] @ experts.w_up[e].T)
+            y = y + weights[t, j] * (h @ experts.w_down[e].T)
+        expected.append(y)
+    y = moe.up(moe.latent_norm(torch.stack(expected))) + moe.shared[0](flat)
+    torch.testing.assert_close(moe(x).view(12, 64), y, atol=1e-5, rtol=1e-5)
+
+
+def test_plain_moe_without_latent_projection():
+    moe = init(make_moe(moe_latent_size=None))
+    assert moe.down is None and moe.experts.w_gate[0].shape[1] == 64
+    assert moe(torch.randn(2, 3, 64)).shape == (2, 3, 64)
+
+
+def skewed_load_after_balancing(rule, rate, steps):
+    torch.manual_seed(1)
+    moe = init(make_moe(moe_balance=rule, moe_bias_update_rate=rate)).train()
+    with torch.no_grad():
+        moe.router.weight[0] += 0.5  # skew: expert 0 scores high for most tokens
+        moe.router.weight[1] += 0.3
+    x = torch.randn(512, 64).abs()
+    moe.route(x)
+    initial = moe.update_bias()
+    for _ in range(steps):
+        moe.route(x)
+        final = moe.update_bias()
+    return initial, final
+
+
+def test_sign_rule_moves_load_toward_uniform():
+    initial, final = skewed_load_after_balancing("sign", rate=0.02, steps=150)
+    assert initial.max() > 0.3  # really skewed
+    assert final.max() - final.min() < 0.5 * (initial.max() - initial.min())
+
+
+def test_quantile_rule_moves_load_toward_uniform():
+    initial, final = skewed_load_after_balancing("quantile", rate=0.5, steps=20)
+    assert initial.max() > 0.3
+    assert final.max() - final.min() < 0.5 * (initial.max() - initial.min())
+
+
+def test_load_is_counted_only_in_training_mode():
+    moe = init(make_moe()).eval()
+    moe(torch.randn(1, 4, 64))
+    assert moe.load_counts.sum() == 0
+    moe.train()(torch.randn(1, 4, 64))
+    assert moe.load_counts.sum() == 4 * 2
+    torch.testing.assert_close(moe.load_fraction().sum(), torch.tensor(1.0))
