@@ -1,0 +1,79 @@
+"""`k3lab data prepare SOURCE` and `k3lab data info [SOURCE]`."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from k3lab.data.dataset import Dataset
+from k3lab.data.prepare import DEFAULT_VAL_FRACTION, list_datasets, load_dataset_info, prepare_dataset
+from k3lab.data.split import SPLITS
+from k3lab.errors import UserError
+
+SOURCE_HELP = "'stdlib' (default, offline), 'stdlib+tests', a .txt/.jsonl/.parquet file or directory, or hf:NAME[:CONFIG][@SPLIT]"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    data = subparsers.add_parser("data", help="prepare and inspect tokenized datasets")
+    commands = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+
+    prepare = commands.add_parser("prepare", help="tokenize a source into cached Arrow shards")
+    prepare.add_argument("source", nargs="?", default="stdlib", help=SOURCE_HELP)
+    _common(prepare)
+    prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
+    prepare.set_defaults(func=run_prepare)
+
+    info = commands.add_parser("info", help="show a prepared dataset, or all of them without SOURCE")
+    info.add_argument("source", nargs="?", default=None, help=SOURCE_HELP)
+    _common(info)
+    info.set_defaults(func=run_info)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tokenizer", default="byte", help="'byte' (default) or tokenizer:PATH/tokenizer.json")
+    parser.add_argument("--cache-dir", default=None, help="cache root (default $K3LAB_DATA_DIR or ~/.cache/k3lab/data)")
+    parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
+                        help=f"share of documents held out for validation (default {DEFAULT_VAL_FRACTION})")
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    ds = prepare_dataset(args.source, args.tokenizer, args.cache_dir, args.val_fraction,
+                         progress=not args.no_progress)
+    console = Console()
+    console.print("already prepared" if ds.cached else "prepared", f"[bold]{ds.path}[/bold]")
+    console.print(dataset_table(ds))
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    if args.source is None:
+        found = list_datasets(args.cache_dir)
+    else:
+        one = load_dataset_info(args.source, args.tokenizer, args.cache_dir, args.val_fraction)
+        if one is None:
+            raise UserError(f"source '{args.source}' with tokenizer '{args.tokenizer}' and val fraction "
+                            f"{args.val_fraction} is not prepared; run `k3lab data prepare {args.source}`")
+        found = [one]
+    console = Console()
+    if not found:
+        console.print("no prepared datasets")
+    for ds in found:
+        console.print(dataset_table(ds))
+    return 0
+
+
+def dataset_table(ds: Dataset) -> Table:
+    """Per split: documents, tokens, UTF-8 bytes, bytes/token, shards; source facts in the caption."""
+    m = ds.manifest
+    table = Table(title=f"{m['source']}  [dim]({m['tokenizer']}, vocab {m['vocab_size']}, {m['dtype']})[/dim]",
+                  caption=f"fingerprint {m['fingerprint'][:16]}\npath {ds.path}", title_justify="left",
+                  caption_justify="left")
+    for column in ("split", "documents", "tokens", "bytes", "bytes/token", "shards"):
+        table.add_column(column, justify="left" if column == "split" else "right")
+    for split in SPLITS:
+        s = m["splits"][split]
+        table.add_row(split, f"{s['documents']:,}", f"{s['tokens']:,}", f"{s['bytes']:,}",
+                      f"{ds.bytes_per_token(split):.3f}", str(len(s["shards"])))
+    return table

@@ -1,0 +1,31 @@
+"""A rich progress bar for tokenizing (documents done of total, tokens so far), or nothing."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+Advance = Callable[[int, int], None]  # (documents, tokens) just finished
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool, description: str, total_documents: int | None) -> Iterator[Advance]:
+    """Yield `advance(documents, tokens)`; draws on stderr when `enabled` (total None: no ETA)."""
+    if not enabled:
+        yield lambda documents, tokens: None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("docs"),
+               TextColumn("{task.fields[tokens]:,} tokens"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        task = bar.add_task(description, total=total_documents, tokens=0)
+        done_tokens = 0
+
+        def advance(documents: int, tokens: int) -> None:
+            nonlocal done_tokens
+            done_tokens += tokens
+            bar.update(task, advance=documents, tokens=done_tokens)
+
+        yield advance
