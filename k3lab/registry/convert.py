@@ -1,0 +1,171 @@
+"""Structuring YAML documents into the spec classes with cattrs, strictly.
+
+Scalars are not coerced (2.5 is not an int, "3" is not a number, a string is
+not a list), unknown keys are errors, and every failure becomes one
+`SpecError` listing each problem at its key path, taken from cattrs' detailed
+validation via `cattrs.transform_error`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, get_origin
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+from cattrs.v import format_exception as cattrs_format_exception
+
+from k3lab.registry.keypath import FieldError, SpecError, parse_cattrs_path
+from k3lab.registry.spec import BaseSpec, SchedulerSpec
+
+_FIELD_MARK = "\x00"  # separates a validator's field name from its message in transform_error output
+
+
+class StrictTypeError(TypeError):
+    """A YAML value of the wrong type; the message says what was expected."""
+
+
+def describe(value: Any) -> str:
+    """A short rendering of a YAML value and its type for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    kind = {int: "integer", float: "number", str: "string", list: "list", dict: "mapping"}.get(
+        type(value), type(value).__name__)
+    text = repr(value)
+    return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}" if kind not in ("list", "mapping") else kind
+
+
+def _int(value, _type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StrictTypeError(f"expected an integer, got {describe(value)}")
+    return value
+
+
+def _float(value, _type) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise StrictTypeError(f"expected a number, got {describe(value)}")
+    return float(value)
+
+
+def _bool(value, _type) -> bool:
+    if not isinstance(value, bool):
+        raise StrictTypeError(f"expected true or false, got {describe(value)}")
+    return value
+
+
+def _str(value, _type) -> str:
+    if not isinstance(value, str):
+        raise StrictTypeError(f"expected a string, got {describe(value)}")
+    return value
+
+
+def _any(value, _type) -> Any:
+    return value
+
+
+def _structure_base(value, _type) -> BaseSpec:
+    if value is None or isinstance(value, str):
+        return BaseSpec(preset=value)
+    if not isinstance(value, dict):
+        raise StrictTypeError(f"expected a preset name, a model YAML path or a mapping, got {describe(value)}")
+    overrides = dict(value)
+    preset = overrides.pop("preset", None)
+    if preset is not None and not isinstance(preset, str):
+        raise FieldError("preset", f"expected a preset name or a model YAML path, got {describe(preset)}")
+    return BaseSpec(preset=preset, overrides=overrides)
+
+
+def _sequence_factory(converter: cattrs.Converter, make_inner):
+    def factory(type_):
+        inner = make_inner(type_, converter)
+
+        def structure(value, _type):
+            if not isinstance(value, (list, tuple)):
+                raise StrictTypeError(f"expected a list, got {describe(value)}")
+            return inner(value, _type)
+
+        return structure
+
+    return factory
+
+
+def _scheduler_hook(converter: cattrs.Converter):
+    inner = cattrs.gen.make_dict_structure_fn(SchedulerSpec, converter, _cattrs_forbid_extra_keys=True)
+
+    def structure(value, _type) -> SchedulerSpec:
+        if value is None or isinstance(value, str):
+            value = {"kind": "none" if value is None else value}
+        if not isinstance(value, dict):
+            raise StrictTypeError(f"expected none, asha or a mapping, got {describe(value)}")
+        return inner(value, _type)
+
+    return structure
+
+
+def make_converter() -> cattrs.Converter:
+    """A cattrs converter that structures sweep documents strictly."""
+    converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    for type_, hook in ((int, _int), (float, _float), (bool, _bool), (str, _str), (Any, _any)):
+        converter.register_structure_hook(type_, hook)
+    converter.register_structure_hook(BaseSpec, _structure_base)
+    converter.register_structure_hook_factory(
+        lambda t: get_origin(t) is list, _sequence_factory(converter, cattrs.cols.list_structure_factory))
+    converter.register_structure_hook_factory(
+        lambda t: get_origin(t) is tuple, _sequence_factory(converter, cattrs.cols.homogenous_tuple_structure_factory))
+    converter.register_structure_hook(SchedulerSpec, _scheduler_hook(converter))
+    return converter
+
+
+CONVERTER = make_converter()
+
+
+def structure(document: Any, cls: Any):
+    """`document` structured as `cls` (an attrs class or a type such as
+    `int | None`), or a `SpecError` with paths relative to `document`."""
+    if attrs.has(cls) and not isinstance(document, dict):
+        raise SpecError((), f"expected a mapping, got {describe(document)}")
+    try:
+        return CONVERTER.structure(document, cls)
+    except StrictTypeError as error:
+        raise SpecError((), str(error))
+    except (ClassValidationError, IterableValidationError) as error:
+        raise SpecError.of([_parse(line, cls) for line in cattrs.transform_error(error, format_exception=_format)])
+    except ForbiddenExtraKeysError as error:  # top-level unknown keys
+        raise SpecError.of([((key,), _unknown_key(key, cls)) for key in sorted(error.extra_fields)])
+    except FieldError as error:  # a validator of `cls` itself
+        raise SpecError((error.field,), error.message)
+
+
+def _format(error: BaseException, type_) -> str:
+    if isinstance(error, FieldError):
+        return f"{error.field}{_FIELD_MARK}{error.message}"
+    if isinstance(error, StrictTypeError):
+        return str(error)
+    if isinstance(error, ForbiddenExtraKeysError):
+        key = sorted(error.extra_fields)[0]
+        more = len(error.extra_fields) - 1
+        suffix = f" (and {more} more unknown keys: {', '.join(sorted(error.extra_fields)[1:])})" if more else ""
+        return f"{key}{_FIELD_MARK}{_unknown_key(key, error.cl)}{suffix}"
+    if isinstance(error, KeyError):
+        return "required key missing"
+    if attrs.has(type_) and isinstance(error, (TypeError, AttributeError)):
+        return "expected a mapping"
+    return cattrs_format_exception(error, type_)
+
+
+def _parse(line: str, cls: type) -> tuple[tuple, str]:
+    message, _, where = line.rpartition(" @ ")
+    path = parse_cattrs_path(where)
+    if _FIELD_MARK in message:
+        field, message = message.split(_FIELD_MARK, 1)
+        path += (field,)
+    return path, message
+
+
+def _unknown_key(key: str, cls: type) -> str:
+    known = [f.name for f in attrs.fields(cls)] if attrs.has(cls) else []
+    close = difflib.get_close_matches(key, known, n=1)
+    return f"unknown key{f'; did you mean {close[0]!r}?' if close else ''}"

@@ -1,0 +1,239 @@
+"""The sections of a sweep file as frozen, validated attrs classes.
+
+`TrainSpec`, `MetricSpec`, `ResourceSpec`, `SchedulerSpec` and `MatchSpec`
+are plain data with a sensible default for every field, so other parts of
+k3lab (the training runner, Ray Tune orchestration) can build them directly.
+Validators raise `FieldError`, which names the offending field.
+`SweepSpec` is the whole file as written (before a profile is applied and
+before the base model and the axes are resolved; see `k3lab.registry.sweep`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+
+from k3lab.registry.keypath import FieldError
+
+SCHEDULES = ("cosine", "constant")
+DTYPES = ("float32", "bfloat16")
+AUTOCAST_DTYPES = ("bfloat16", "float16")
+METRIC_MODES = ("min", "max")
+SCHEDULER_KINDS = ("none", "asha")
+TIME_ATTRS = ("training_iteration", "tokens")
+STRATEGIES = ("ddp",)
+MATCH_BY = ("active_params", "total_params")
+ADJUSTABLE_FIELDS = ("intermediate_size", "moe_intermediate_size", "moe_latent_size")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+# -- validators -----------------------------------------------------------------
+
+
+def _positive(instance, attribute, value) -> None:
+    if value is not None and not value > 0:
+        raise FieldError(attribute.name, f"must be positive, got {value!r}")
+
+
+def _non_negative(instance, attribute, value) -> None:
+    if value is not None and value < 0:
+        raise FieldError(attribute.name, f"must be non-negative, got {value!r}")
+
+
+def _one_of(*choices):
+    def check(instance, attribute, value) -> None:
+        if value not in choices:
+            shown = ", ".join("null" if c is None else str(c) for c in choices)
+            raise FieldError(attribute.name, f"must be one of {shown}, got {value!r}")
+
+    return check
+
+
+def _unit_interval(instance, attribute, value) -> None:
+    if not 0 <= value <= 1:
+        raise FieldError(attribute.name, f"must lie in [0, 1], got {value!r}")
+
+
+def _non_empty(instance, attribute, value) -> None:
+    if not value:
+        raise FieldError(attribute.name, "must not be empty")
+
+
+# -- sections -------------------------------------------------------------------
+
+
+@attrs.frozen
+class TrainSpec:
+    """One training trial: optimiser, schedule, data and numerics.
+
+    `lr` is the AdamW learning rate (embeddings, head, norms, gains, biases);
+    `muon_lr` the Muon rate for hidden matrices, null meaning `lr` (Muon's
+    update RMS is matched to AdamW's, see `k3lab.model.optim`).
+    The schedule is linear warmup for `warmup_steps`, then `cosine` decay to
+    `min_lr_ratio * lr` at `steps`, or `constant`. `dtype` is the parameter
+    dtype; `autocast` (null, bfloat16, float16) the autocast dtype of the
+    forward pass. `eval_interval` steps between evaluations of `eval_batches`
+    validation batches; each evaluation is one Ray Tune report.
+    """
+
+    steps: int = attrs.field(default=200, validator=_positive)
+    batch_size: int = attrs.field(default=8, validator=_positive)
+    seq_len: int = attrs.field(default=128, validator=_positive)
+    grad_accum: int = attrs.field(default=1, validator=_positive)
+    lr: float = attrs.field(default=3e-3, validator=_positive)
+    muon_lr: float | None = attrs.field(default=None, validator=_positive)
+    weight_decay: float = attrs.field(default=0.1, validator=_non_negative)
+    warmup_steps: int = attrs.field(default=20, validator=_non_negative)
+    schedule: str = attrs.field(default="cosine", validator=_one_of(*SCHEDULES))
+    min_lr_ratio: float = attrs.field(default=0.1, validator=_unit_interval)
+    grad_clip: float | None = attrs.field(default=1.0, validator=_positive)
+    eval_interval: int = attrs.field(default=50, validator=_positive)
+    eval_batches: int = attrs.field(default=8, validator=_positive)
+    dataset: str = attrs.field(default="stdlib", validator=_non_empty)
+    tokenizer: str = attrs.field(default="byte", validator=_non_empty)
+    compile: bool = False
+    dtype: str = attrs.field(default="float32", validator=_one_of(*DTYPES))
+    autocast: str | None = attrs.field(default=None, validator=_one_of(None, *AUTOCAST_DTYPES))
+    log_interval: int = attrs.field(default=10, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.warmup_steps > self.steps:
+            raise FieldError("warmup_steps", f"must not exceed steps={self.steps}, got {self.warmup_steps}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len * self.grad_accum
+
+    @property
+    def total_tokens(self) -> int:
+        return self.steps * self.tokens_per_step
+
+    @property
+    def num_evals(self) -> int:
+        """Evaluations (Tune reports) in one trial: every eval_interval steps."""
+        return max(1, self.steps // self.eval_interval)
+
+
+@attrs.frozen
+class MetricSpec:
+    """The metric the sweep optimises and compares, e.g. val_loss (min)."""
+
+    name: str = attrs.field(default="val_loss", validator=_non_empty)
+    mode: str = attrs.field(default="min", validator=_one_of(*METRIC_MODES))
+
+
+@attrs.frozen
+class ResourceSpec:
+    """Resources per trial. `gpu` may be fractional (0.5: two trials share a GPU)
+    and above 1 must be whole. Multi-GPU trials set `gpus_per_trial` and
+    `strategy: ddp`, which then replaces `gpu`. `max_concurrent_trials` null
+    lets Ray Tune run as many trials as resources allow."""
+
+    cpu: float = attrs.field(default=1.0, validator=_positive)
+    gpu: float = attrs.field(default=0.0, validator=_non_negative)
+    max_concurrent_trials: int | None = attrs.field(default=None, validator=_positive)
+    gpus_per_trial: int | None = attrs.field(default=None, validator=_positive)
+    strategy: str | None = attrs.field(default=None, validator=_one_of(None, *STRATEGIES))
+
+    def __attrs_post_init__(self) -> None:
+        if self.gpu > 1 and self.gpu != int(self.gpu):
+            raise FieldError("gpu", f"must be at most 1 or a whole number, got {self.gpu}")
+        if self.strategy is not None and self.gpus_per_trial is None:
+            raise FieldError("gpus_per_trial", f"must be set with strategy: {self.strategy}")
+        if self.gpus_per_trial is not None and self.strategy is None:
+            raise FieldError("strategy", "must be set (ddp) with gpus_per_trial")
+
+    def tune_resources(self) -> dict[str, float]:
+        """The `tune.with_resources` mapping for one trial."""
+        gpu = self.gpus_per_trial if self.gpus_per_trial is not None else self.gpu
+        return {"cpu": self.cpu, "gpu": gpu}
+
+
+@attrs.frozen
+class SchedulerSpec:
+    """The trial scheduler: `none` (every trial runs to the end) or `asha`.
+
+    `time_attr` is `training_iteration` (Tune reports, one per evaluation) or
+    `tokens` (training tokens seen). `max_t` null means the whole trial:
+    `TrainSpec.num_evals` reports or `TrainSpec.total_tokens` tokens; see
+    `resolved`. A sweep file may write just `scheduler: asha`.
+    """
+
+    kind: str = attrs.field(default="none", validator=_one_of(*SCHEDULER_KINDS))
+    max_t: int | None = attrs.field(default=None, validator=_positive)
+    grace_period: int = attrs.field(default=1, validator=_positive)
+    reduction_factor: float = attrs.field(default=2.0)
+    time_attr: str = attrs.field(default="training_iteration", validator=_one_of(*TIME_ATTRS))
+
+    @reduction_factor.validator
+    def _check_reduction(self, attribute, value) -> None:
+        if not value > 1:
+            raise FieldError(attribute.name, f"must be above 1, got {value!r}")
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_t is not None and self.grace_period > self.max_t:
+            raise FieldError("grace_period", f"must not exceed max_t={self.max_t}, got {self.grace_period}")
+
+    def resolved(self, train: TrainSpec) -> "SchedulerSpec":
+        """A copy with `max_t` filled in from the training spec when null."""
+        if self.max_t is not None:
+            return self
+        max_t = train.num_evals if self.time_attr == "training_iteration" else train.total_tokens
+        return attrs.evolve(self, max_t=max_t, grace_period=min(self.grace_period, max_t))
+
+
+@attrs.frozen
+class MatchSpec:
+    """Parameter matching: resize `adjust` in every variant until its `by` count
+    lies within `tolerance` (relative) of the base model's."""
+
+    by: str = attrs.field(default="active_params", validator=_one_of(*MATCH_BY))
+    tolerance: float = attrs.field(default=0.02)
+    adjust: str = attrs.field(default="intermediate_size", validator=_one_of(*ADJUSTABLE_FIELDS))
+
+    @tolerance.validator
+    def _check_tolerance(self, attribute, value) -> None:
+        if not 0 < value < 1:
+            raise FieldError(attribute.name, f"must lie in (0, 1), got {value!r}")
+
+
+@attrs.frozen
+class BaseSpec:
+    """The base model: a preset name or a model YAML path (relative to the sweep
+    file), or neither (KimiK3Config defaults), plus field overrides. Written as
+    `base: tiny` or `base: {preset: tiny, num_layers: 8}`."""
+
+    preset: str | None = None
+    overrides: dict[str, Any] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class SweepSpec:
+    """A sweep file as written; `profiles` stay raw partial documents."""
+
+    name: str = attrs.field()
+    base: BaseSpec = attrs.field()
+    description: str = ""
+    axes: dict[str, Any] = attrs.Factory(dict)
+    variants: list[Any] = attrs.Factory(list)
+    seeds: list[int] = attrs.field(factory=lambda: [0])
+    train: TrainSpec = TrainSpec()
+    metric: MetricSpec = MetricSpec()
+    resources: ResourceSpec = ResourceSpec()
+    scheduler: SchedulerSpec = SchedulerSpec()
+    match: MatchSpec | None = None
+    profiles: dict[str, Any] = attrs.Factory(dict)
+
+    @name.validator
+    def _check_name(self, attribute, value) -> None:
+        if not NAME_PATTERN.match(value):
+            raise FieldError(attribute.name, f"must be letters, digits, '_', '.' or '-', got {value!r}")
+
+    @seeds.validator
+    def _check_seeds(self, attribute, value) -> None:
+        if not value:
+            raise FieldError(attribute.name, "must list at least one seed")
+        if len(set(value)) != len(value):
+            raise FieldError(attribute.name, f"must not repeat a seed, got {value}")

@@ -1,0 +1,176 @@
+"""Loading a sweep file into a `Sweep`: the resolved specs and its variants.
+
+`load_sweep(path, profile=None)` reads the YAML, applies the profile, checks
+every section (and every other profile, so a broken `gpu` profile fails even
+on a laptop), resolves the base model, expands the variants and raises a
+one-line `UserError` naming the file and the key path for any problem,
+including a sweep in which no variant is valid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from k3lab.errors import UserError
+from k3lab.model.config import KimiK3Config
+from k3lab.registry.axes import Axis, axis_kind, parse_axes
+from k3lab.registry.convert import describe, structure
+from k3lab.registry.fields import check_fields
+from k3lab.registry.keypath import SpecError
+from k3lab.registry.presets import model_fields
+from k3lab.registry.profiles import apply_profile, check_profiles, locate, profile_names
+from k3lab.registry.spec import BaseSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SweepSpec, TrainSpec
+from k3lab.registry.variants import Point, Variant, expand, parse_explicit, points
+from k3lab.registry.yamlfile import read_yaml
+
+
+@attrs.frozen
+class Trial:
+    """One training run: a valid variant and a seed."""
+
+    variant: Variant
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.name}_s{self.seed}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.variant.id}_s{self.seed}"
+
+
+@attrs.frozen
+class Sweep:
+    """A loaded sweep under one profile: what the runner needs to start trials."""
+
+    name: str
+    description: str
+    path: str
+    profile: str | None
+    profiles: tuple[str, ...]
+    base: KimiK3Config
+    axes: tuple[Axis, ...]
+    seeds: tuple[int, ...]
+    train: TrainSpec
+    metric: MetricSpec
+    resources: ResourceSpec
+    scheduler: SchedulerSpec  # max_t resolved from train when the file leaves it null
+    match: MatchSpec | None
+    variants: tuple[Variant, ...]
+
+    @property
+    def valid_variants(self) -> tuple[Variant, ...]:
+        """The variants to train: valid and not duplicates."""
+        return tuple(v for v in self.variants if v.ok)
+
+    @property
+    def trials(self) -> tuple[Trial, ...]:
+        """valid_variants x seeds, variant-major."""
+        return tuple(Trial(v, seed) for v in self.valid_variants for seed in v.seeds)
+
+
+@attrs.frozen
+class _Resolved:
+    """A sweep document with its base model, axes and explicit variants resolved."""
+
+    spec: SweepSpec
+    base_fields: dict[str, Any]
+    base: KimiK3Config
+    axes: tuple[Axis, ...]
+    explicit: tuple[Point, ...]
+
+
+def load_sweep(path: str | Path, profile: str | None = None) -> Sweep:
+    """The sweep in `path` under `profile` (None: the top-level settings)."""
+    path = Path(path)
+    document = _read(path)
+    try:
+        check_profiles(document)
+        names = profile_names(document)
+        if profile is not None and profile not in names:
+            known = f"profiles: {', '.join(names)}" if names else "the file defines no profiles"
+            raise SpecError(("profiles",), f"no profile named {profile!r} ({known})")
+        resolved = {name: _resolve_profile(document, name, path.parent) for name in [None, *names]}
+    except SpecError as error:
+        raise UserError(f"{path}: {error}") from None
+    return _sweep(path, profile, tuple(names), resolved[profile])
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        document = read_yaml(path)
+    except SpecError as error:
+        raise UserError(f"{path}: {error}") from None
+    if not isinstance(document, dict):
+        raise UserError(f"{path}: expected a mapping of sweep settings (name, base, axes, ...), got {describe(document)}")
+    return document
+
+
+def _resolve_profile(document: dict[str, Any], profile: str | None, directory: Path) -> _Resolved:
+    if profile is None:
+        return _resolve({k: v for k, v in document.items() if k != "profiles"}, directory, document)
+    try:
+        return _resolve(apply_profile(document, profile), directory, document)
+    except SpecError as error:
+        raise error.mapped(lambda p: locate(p, document["profiles"][profile], profile)) from None
+
+
+def _resolve(document: dict[str, Any], directory: Path, original: dict[str, Any]) -> _Resolved:
+    spec = structure({**document, "profiles": original.get("profiles") or {}}, SweepSpec)
+    base_fields = _base_fields(spec.base, directory)
+    try:
+        base = KimiK3Config(**base_fields)
+    except ValueError as error:
+        raise SpecError(("base",), f"invalid base model: {error}") from None
+    axes = parse_axes(spec.axes)
+    explicit = parse_explicit(spec.variants)
+    if not axes and not explicit:
+        raise SpecError(("axes",), "the sweep needs at least one axis or one entry under variants")
+    if spec.match is not None:
+        _check_match(spec.match, axes, explicit)
+    return _Resolved(spec, base_fields, base, axes, explicit)
+
+
+def _base_fields(base: BaseSpec, directory: Path) -> dict[str, Any]:
+    fields = {}
+    if base.preset is not None:
+        try:
+            fields = model_fields(base.preset, directory)
+        except SpecError as error:
+            raise SpecError(("base",), str(error)) from None
+    return {**fields, **check_fields(base.overrides, ("base",))}
+
+
+def _check_match(match: MatchSpec, axes: tuple[Axis, ...], explicit: tuple[Point, ...]) -> None:
+    for name in [a.name for a in axes] + [k for p in explicit for k in p.overrides]:
+        if match.adjust in axis_kind(name, ()).writes:
+            raise SpecError(("match", "adjust"), f"{match.adjust} is also set by the axis {name}; "
+                                                 "matching cannot adjust a field the sweep varies")
+
+
+def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved: _Resolved) -> Sweep:
+    spec = resolved.spec
+    seeds = tuple(spec.seeds)
+    variants = expand(resolved.base, resolved.base_fields, points(resolved.axes, resolved.explicit), seeds,
+                      spec.train, spec.match)
+    if not any(v.ok for v in variants):
+        raise UserError(f"{path}: no valid variant{_profile_note(profile)}: " + _summarise(variants))
+    return Sweep(
+        name=spec.name, description=spec.description, path=str(path), profile=profile, profiles=profiles,
+        base=resolved.base, axes=resolved.axes, seeds=seeds, train=spec.train, metric=spec.metric,
+        resources=spec.resources, scheduler=spec.scheduler.resolved(spec.train), match=spec.match,
+        variants=variants,
+    )
+
+
+def _profile_note(profile: str | None) -> str:
+    return f" under profile {profile}" if profile else ""
+
+
+def _summarise(variants: tuple[Variant, ...], limit: int = 3) -> str:
+    shown = "; ".join(f"{v.name}: {v.reason}" for v in variants[:limit])
+    return shown + (f"; and {len(variants) - limit} more" if len(variants) > limit else "")

@@ -1,0 +1,183 @@
+"""Expanding axes into model variants: validation, normalisation, matching, ids.
+
+Each point of the axes' product (and each explicit variant) becomes a
+KimiK3Config through the config's own validation; a rejected variant keeps
+the ValueError text. Before hashing, fields that cannot matter are reset to
+the base's values (see `normalise`), so configs that build the same model
+collapse: the later one is a "duplicate of <name>". A variant's id is the
+first 12 hex digits of the sha256 of its config's canonical JSON (sorted
+keys), stable across runs and machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from typing import Any
+
+import attrs
+
+from k3lab.model.config import KimiK3Config
+from k3lab.registry.axes import Axis, apply_overrides, axis_kind, check_no_conflicts, label
+from k3lab.registry.convert import describe
+from k3lab.registry.counts import count
+from k3lab.registry.keypath import Path, SpecError
+from k3lab.registry.matching import match_config
+from k3lab.registry.spec import NAME_PATTERN, MatchSpec, TrainSpec
+
+OK, REJECTED, DUPLICATE = "ok", "rejected", "duplicate"
+
+MOE_FIELDS = ("num_experts", "num_experts_per_token", "num_shared_experts", "moe_intermediate_size",
+              "moe_latent_size", "routed_scaling_factor", "moe_balance", "moe_bias_update_rate")
+KDA_FIELDS = ("kda_implementation", "kda_num_heads", "kda_head_dim", "kda_chunk_size", "kda_gate_lower_bound",
+              "kda_conv_size")
+MLA_FIELDS = ("mla_num_heads", "mla_q_lora_rank", "mla_kv_lora_rank", "mla_qk_head_dim", "mla_v_head_dim")
+
+
+@attrs.frozen
+class Point:
+    """One requested variant before validation: axis values and an optional name."""
+
+    overrides: dict[str, Any]
+    name: str | None = None
+
+
+@attrs.frozen
+class Variant:
+    """One model variant of a sweep. `config` is None when rejected; `matched`
+    holds fields that parameter matching resized."""
+
+    id: str
+    name: str
+    status: str
+    overrides: dict[str, Any]
+    seeds: tuple[int, ...]
+    config: KimiK3Config | None = None
+    reason: str | None = None
+    matched: dict[str, int] = attrs.field(factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form `k3lab variants --json` prints."""
+        return {
+            "id": self.id, "name": self.name, "status": self.status, "reason": self.reason,
+            "seeds": list(self.seeds), "overrides": _jsonable(self.overrides), "matched": dict(self.matched),
+            "config": self.config.to_dict() if self.config is not None else None,
+        }
+
+
+def points(axes: tuple[Axis, ...], explicit: tuple[Point, ...] = ()) -> tuple[Point, ...]:
+    """The product of the axes' values (none when there are no axes), then the explicit variants."""
+    product = ()
+    if axes:
+        product = tuple(Point(dict(zip([a.name for a in axes], values)))
+                        for values in itertools.product(*(a.values for a in axes)))
+    return product + tuple(explicit)
+
+
+def expand(base: KimiK3Config, base_fields: dict[str, Any], requested: tuple[Point, ...], seeds: tuple[int, ...],
+           train: TrainSpec = TrainSpec(), match: MatchSpec | None = None) -> tuple[Variant, ...]:
+    """Every requested point as a Variant (ok, rejected or duplicate), in order."""
+    target = count(base, train.seq_len).get(match.by) if match else None
+    variants, seen_ids, seen_names = [], {}, set()
+    for point in requested:
+        variant = _build(point, base, base_fields, seeds, train, match, target)
+        variant = _unique_name(variant, seen_names)
+        if variant.ok and variant.id in seen_ids:
+            variant = attrs.evolve(variant, status=DUPLICATE, reason=f"duplicate of {seen_ids[variant.id]}")
+        elif variant.ok:
+            seen_ids[variant.id] = variant.name
+        seen_names.add(variant.name)
+        variants.append(variant)
+    return tuple(variants)
+
+
+def _build(point: Point, base: KimiK3Config, base_fields: dict[str, Any], seeds: tuple[int, ...],
+           train: TrainSpec, match: MatchSpec | None, target: int | None) -> Variant:
+    name = point.name or label(point.overrides)
+    try:
+        config = normalise(KimiK3Config(**apply_overrides(base_fields, point.overrides)), base)
+        check_trainable(config, train)
+        unmatched = config
+        if match is not None:
+            config = match_config(config, target, match, train.seq_len)
+    except ValueError as error:
+        return Variant(id=short_hash({"rejected": _jsonable(point.overrides)}), name=name, status=REJECTED,
+                       overrides=point.overrides, seeds=seeds, reason=str(error))
+    matched = {match.adjust: getattr(config, match.adjust)} if config != unmatched else {}
+    return Variant(id=config_id(config), name=name, status=OK, overrides=point.overrides, seeds=seeds,
+                   config=config, matched=matched)
+
+
+def normalise(config: KimiK3Config, base: KimiK3Config) -> KimiK3Config:
+    """`config` with fields that cannot change the model reset to the base's:
+    the block size without AttnRes (and any block size >= num_layers, which all
+    keep only the embedding as an endpoint, to num_layers), MoE fields when
+    every layer is dense, KDA fields without KDA layers, MLA fields without MLA
+    layers. Kept as is when the reset would not validate."""
+    resets: dict[str, Any] = {}
+    if not config.use_attn_res:
+        resets["attn_res_block_size"] = base.attn_res_block_size
+    elif config.attn_res_block_size > config.num_layers > 0:
+        resets["attn_res_block_size"] = config.num_layers
+    unused = ((config.num_dense_layers == config.num_layers, MOE_FIELDS),
+              ("kda" not in config.layer_types, KDA_FIELDS),
+              ("mla" not in config.layer_types, MLA_FIELDS))
+    for is_unused, names in unused:
+        if is_unused:
+            resets.update({name: getattr(base, name) for name in names})
+    try:
+        return config.replace(**resets)
+    except ValueError:
+        return config
+
+
+def check_trainable(config: KimiK3Config, train: TrainSpec) -> None:
+    """ValueError when the model cannot train on `train.seq_len` tokens."""
+    if train.seq_len > config.max_seq_len:
+        raise ValueError(f"train.seq_len={train.seq_len} exceeds max_seq_len={config.max_seq_len}")
+    if "kda" in config.layer_types and config.kda_implementation == "chunkwise" \
+            and train.seq_len % config.kda_chunk_size:
+        raise ValueError(f"train.seq_len={train.seq_len} is not a multiple of kda_chunk_size={config.kda_chunk_size}")
+
+
+def config_id(config: KimiK3Config) -> str:
+    """The stable id of a config: sha256 of its canonical JSON, 12 hex digits."""
+    return short_hash(config.to_dict())
+
+
+def short_hash(data: Any) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _unique_name(variant: Variant, taken: set[str]) -> Variant:
+    if variant.name not in taken:
+        return variant
+    return attrs.evolve(variant, name=f"{variant.name}_{variant.id[:6]}")
+
+
+def _jsonable(overrides: dict[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items()}
+
+
+def parse_explicit(raw: list[Any], path: Path = ("variants",)) -> tuple[Point, ...]:
+    """The `variants` list: mappings of axis names to single values, with an
+    optional `name`."""
+    explicit = []
+    for i, entry in enumerate(raw):
+        where = path + (i,)
+        if not isinstance(entry, dict):
+            raise SpecError(where, f"expected a mapping of axis names to values, got {describe(entry)}")
+        overrides = {k: v for k, v in entry.items() if k != "name"}
+        name = entry.get("name")
+        if name is not None and not (isinstance(name, str) and NAME_PATTERN.match(name)):
+            raise SpecError(where + ("name",), f"expected a name of letters, digits, '_', '.' or '-', got {describe(name)}")
+        parsed = {key: axis_kind(key, where + (key,)).parse(value, where + (key,)) for key, value in overrides.items()}
+        check_no_conflicts(list(parsed), where)
+        explicit.append(Point(parsed, name))
+    return tuple(explicit)

@@ -1,0 +1,34 @@
+"""Reading YAML files safely (`yaml.safe_load` only) with one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from k3lab.registry.keypath import SpecError
+
+
+def read_yaml(path: Path) -> Any:
+    """The parsed document; `SpecError` (without a key path) when the file is
+    missing, unreadable or not valid YAML."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError((), "file not found") from None
+    except IsADirectoryError:
+        raise SpecError((), "is a directory, not a YAML file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SpecError((), f"cannot read: {error}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise SpecError((), _describe_yaml_error(error)) from None
+
+
+def _describe_yaml_error(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"invalid YAML{where}: {problem}"
