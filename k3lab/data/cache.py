@@ -72,7 +72,16 @@ def staging(root: Path, name: str) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        os.rename(tmp, root / name)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _publish(tmp, root / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a no-op after a successful rename
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final` in one step. If a writer that did not honour the lock (another
+    host on a shared disk) got there first, keep its copy: the key says it holds the same tokens."""
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not (final / "manifest.json").is_file():
+            raise
