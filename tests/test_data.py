@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from k3lab.data import (BatchSampler, ByteTokenizer, Dataset, get_source, get_tokenizer, list_datasets,
                         load_dataset_info, prepare_dataset)
@@ -71,6 +73,7 @@ def test_byte_tokenizer_round_trip():
 
 
 def _train_bpe(path, special_tokens):
+    pytest.importorskip("tokenizers")  # an optional extra: k3lab[tokenizers]
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -105,6 +108,12 @@ def test_dataset_with_file_tokenizer(corpus, cache, tmp_path):
     first_doc = tokens[: np.flatnonzero(tokens == reopened.eot_id)[0]]
     assert reopened.tokenizer.decode(first_doc.tolist()).startswith("document ")
     assert ds.bytes_per_token("train") > 1.5  # BPE merges: more than one byte per token
+
+
+@given(st.text())  # any Unicode text (hypothesis leaves out lone surrogates, which UTF-8 cannot hold)
+def test_byte_tokenizer_round_trip_any_text(text):
+    tok = ByteTokenizer()
+    assert tok.decode(tok.encode(text)) == text
 
 
 def test_bad_tokenizer_spec():
