@@ -438,6 +438,8 @@ def test_cli_prepare_and_info(corpus, cache, capsys):
     out = capsys.readouterr().out
     train = load_dataset_info(str(corpus), cache_dir=cache, val_fraction=0.2).manifest["splits"]["train"]
     assert f"{train['tokens']:,}" in out and "fingerprint" in out
+    assert _cli(["data", "info", str(corpus), "--cache-dir", str(cache)]) == 0  # any val fraction
+    assert f"{train['tokens']:,}" in capsys.readouterr().out
     assert _cli(["data", "info", "--cache-dir", str(cache)]) == 0
-    with pytest.raises(UserError, match="not prepared"):
-        _cli(["data", "info", str(corpus), "--cache-dir", str(cache)])  # other val fraction
+    with pytest.raises(UserError, match="not prepared with val fraction 0.3"):
+        _cli(["data", "info", str(corpus), "--cache-dir", str(cache), "--val-fraction", "0.3"])

@@ -13,12 +13,13 @@ Typical use in a trainer:
 
 from k3lab.data.cache import cache_root
 from k3lab.data.dataset import Dataset
-from k3lab.data.prepare import DEFAULT_VAL_FRACTION, list_datasets, load_dataset_info, prepare_dataset
+from k3lab.data.prepare import (DEFAULT_VAL_FRACTION, find_datasets, list_datasets, load_dataset_info,
+                                 prepare_dataset)
 from k3lab.data.sampler import BatchSampler
 from k3lab.data.sources import Document, get_source
 from k3lab.data.tokenizer import ByteTokenizer, FileTokenizer, get_tokenizer
 
 __all__ = [
     "BatchSampler", "ByteTokenizer", "DEFAULT_VAL_FRACTION", "Dataset", "Document", "FileTokenizer",
-    "cache_root", "get_source", "get_tokenizer", "list_datasets", "load_dataset_info", "prepare_dataset",
+    "cache_root", "find_datasets", "get_source", "get_tokenizer", "list_datasets", "load_dataset_info", "prepare_dataset",
 ]

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from k3lab.data.dataset import Dataset
-from k3lab.data.prepare import DEFAULT_VAL_FRACTION, list_datasets, load_dataset_info, prepare_dataset
+from k3lab.data.prepare import DEFAULT_VAL_FRACTION, find_datasets, list_datasets, prepare_dataset
 from k3lab.data.split import SPLITS
 from k3lab.errors import UserError
 
@@ -27,15 +27,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     info = commands.add_parser("info", help="show a prepared dataset, or all of them without SOURCE")
     info.add_argument("source", nargs="?", default=None, help=SOURCE_HELP)
-    _common(info)
+    _common(info, val_default=None)
     info.set_defaults(func=run_info)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, val_default: float | None = DEFAULT_VAL_FRACTION) -> None:
     parser.add_argument("--tokenizer", default="byte", help="'byte' (default) or tokenizer:PATH/tokenizer.json")
     parser.add_argument("--cache-dir", default=None, help="cache root (default $K3LAB_DATA_DIR or ~/.cache/k3lab/data)")
-    parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
-                        help=f"share of documents held out for validation (default {DEFAULT_VAL_FRACTION})")
+    parser.add_argument("--val-fraction", type=float, default=val_default,
+                        help="share of documents held out for validation "
+                             f"(default {val_default if val_default is not None else 'any'})")
 
 
 def run_prepare(args: argparse.Namespace) -> int:
@@ -51,11 +52,11 @@ def run_info(args: argparse.Namespace) -> int:
     if args.source is None:
         found = list_datasets(args.cache_dir)
     else:
-        one = load_dataset_info(args.source, args.tokenizer, args.cache_dir, args.val_fraction)
-        if one is None:
-            raise UserError(f"source '{args.source}' with tokenizer '{args.tokenizer}' and val fraction "
-                            f"{args.val_fraction} is not prepared; run `k3lab data prepare {args.source}`")
-        found = [one]
+        found = find_datasets(args.source, args.tokenizer, args.cache_dir, args.val_fraction)
+        if not found:
+            raise UserError(f"source '{args.source}' with tokenizer '{args.tokenizer}' is not prepared"
+                            f"{'' if args.val_fraction is None else f' with val fraction {args.val_fraction}'}; "
+                            f"run `k3lab data prepare {args.source}`")
     console = Console()
     if not found:
         console.print("no prepared datasets")

@@ -29,6 +29,7 @@ class Dataset:
 
     def __init__(self, path: Path, manifest: dict, cached: bool = False):
         self.path, self.manifest, self.cached = Path(path), manifest, cached
+        self._arrays: dict[str, np.ndarray] = {}
 
     @classmethod
     def open(cls, path: str | Path, cached: bool = True) -> "Dataset":
@@ -59,10 +60,6 @@ class Dataset:
         if split not in self._arrays:
             self._arrays[split] = read_split(self.path, self.manifest["splits"][split]["shards"])
         return self._arrays[split]
-
-    @functools.cached_property
-    def _arrays(self) -> dict[str, np.ndarray]:
-        return {}
 
     @property
     def train_tokens(self) -> np.ndarray:

@@ -62,6 +62,17 @@ def load_dataset_info(source: str = "stdlib", tokenizer: str = "byte", cache_dir
     return Dataset.open(root / name) if (root / name / MANIFEST).exists() else None
 
 
+def find_datasets(source: str = "stdlib", tokenizer: str = "byte", cache_dir: str | Path | None = None,
+                  val_fraction: float | None = None) -> list[Dataset]:
+    """Prepared datasets of this source content and tokenizer, of any validation fraction
+    unless one is given."""
+    src, tok = get_source(source), get_tokenizer(tokenizer)
+    fingerprint = src.fingerprint()
+    return [ds for ds in list_datasets(cache_dir)
+            if ds.manifest["fingerprint"] == fingerprint and ds.manifest["tokenizer_fingerprint"] == tok.fingerprint
+            and val_fraction in (None, ds.manifest["val_fraction"])]
+
+
 def list_datasets(cache_dir: str | Path | None = None) -> list[Dataset]:
     """Every prepared dataset in the cache, sorted by directory name."""
     root = cache_root(cache_dir)
