@@ -17,6 +17,11 @@ class GatedMLA(nn.Module):
     kv = kv_b(RMSNorm(kv_a(x))) -> k, v            (B, T, H, d_qk), (B, T, H, d_v)
     o  = SDPA(q, k, v, causal) * sigmoid(g_proj(x)), then o_proj: (B, T, M)
     No positional encoding (NoPE): the KDA layers carry position.
+
+    On CUDA under bf16 autocast, q, k, v come out of the projections in bf16 and SDPA
+    picks its flash backend. Flash needs one head dim for q, k and v, so when
+    d_qk != d_v the smaller side is zero-padded (`causal_attention`): exact, and it
+    keeps flash instead of falling back to the memory-efficient kernel.
     """
 
     def __init__(self, config: KimiK3Config):
@@ -44,7 +49,24 @@ class GatedMLA(nn.Module):
         H = self.num_heads
         q = self.q_proj(x).view(B, T, H, self.qk_dim)
         k, v = self.kv_proj(x).view(B, T, H, self.qk_dim + self.v_dim).split([self.qk_dim, self.v_dim], dim=-1)
-        # SDPA wants (B, H, T, d); its default scale is d_qk^-0.5
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, T, d_v)
         o = o.transpose(1, 2).reshape(B, T, H * self.v_dim)
         return self.o_proj(o * torch.sigmoid(self.g_proj(x)))
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention, scale d_qk^-0.5: q, k (B, H, T, d_qk), v (B, H, T, d_v) -> (B, H, T, d_v).
+
+    On CUDA with d_qk != d_v the smaller head dim is zero-padded to the larger one (zero
+    q/k columns add nothing to q.k; zero v columns are sliced off), so SDPA's flash
+    backend, which wants equal head dims, stays eligible.
+    """
+    d_qk, d_v = q.shape[-1], v.shape[-1]
+    scale = d_qk**-0.5
+    if q.is_cuda and d_qk != d_v:
+        if d_v < d_qk:
+            v = F.pad(v, (0, d_qk - d_v))
+        else:
+            q, k = F.pad(q, (0, d_v - d_qk)), F.pad(k, (0, d_v - d_qk))
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return o[..., :d_v]

@@ -8,6 +8,11 @@ mixture over depth candidates -- the stored block endpoints and the live prefix.
 State carried between blocks (never between forward calls):
     hidden_states   (B, T, M)      the live prefix of the current AttnRes block
     block_residual  (B*T, P, M)    the P completed block endpoints so far
+
+GPU path: with kda_implementation="fused" on CUDA the same state machine runs with the
+endpoints as a tuple of P (B, T, M) tensors and every mixture (with the pre-norm that
+follows it) in FLA's fused AttnRes kernel (`kda_fused.fused_attn_res`). The tuple
+avoids re-concatenating the endpoints; the candidates and their order are identical.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from torch import nn
 
 from k3lab.model.config import KimiK3Config
 from k3lab.model.ffn import DenseFFN
+from k3lab.model.loss import linear_cross_entropy
 from k3lab.model.mla import GatedMLA
 from k3lab.model.moe import StableLatentMoE
 from k3lab.model.norm import RMSNorm
@@ -83,9 +89,11 @@ class KimiK3DecoderBlock(nn.Module):
         # mean AttnRes weight per depth candidate from the last forward, for logging
         self.attn_res_weights: dict[str, torch.Tensor] = {}
 
-    def forward(self, hidden_states: torch.Tensor, block_residual: torch.Tensor):
+    def forward(self, hidden_states: torch.Tensor, block_residual):
         if not self.use_attn_res:
             return self.forward_prenorm(hidden_states), block_residual
+        if isinstance(block_residual, tuple):
+            return self.forward_fused(hidden_states, block_residual)
         B, T, C = hidden_states.shape
         prefix_sum = hidden_states
 
@@ -105,6 +113,33 @@ class KimiK3DecoderBlock(nn.Module):
         prefix_sum = prefix_sum + self.ffn(self.ffn_norm(hidden_states))
         return prefix_sum, block_residual
 
+    def forward_fused(self, hidden_states: torch.Tensor, endpoints: tuple):
+        """`forward` with FLA's fused AttnRes: endpoints is a tuple of P (B, T, M) tensors.
+
+        Each mixture comes back already through the pre-norm that follows it
+        (attn_norm / ffn_norm), which the kernel fuses.
+        """
+        from k3lab.model.kda_fused import fused_attn_res
+
+        prefix_sum = hidden_states
+        if endpoints:
+            h, self.attn_res_weights["attn"] = fused_attn_res(
+                (*endpoints, prefix_sum), self.attn_res_norm, self.attn_res_proj, self.attn_norm)
+        else:
+            h = self.attn_norm(prefix_sum)
+        if self.layer_idx % self.attn_res_block_size == 0:
+            stream_dtype = endpoints[0].dtype if endpoints else prefix_sum.dtype
+            endpoints = (*endpoints, prefix_sum.to(stream_dtype))
+            prefix_sum = None
+
+        attn_output = self.attn(h)
+        prefix_sum = attn_output if prefix_sum is None else prefix_sum + attn_output
+
+        h, self.attn_res_weights["ffn"] = fused_attn_res(
+            (*endpoints, prefix_sum), self.mlp_res_norm, self.mlp_res_proj, self.ffn_norm)
+        prefix_sum = prefix_sum + self.ffn(h)
+        return prefix_sum, endpoints
+
     def forward_prenorm(self, x: torch.Tensor) -> torch.Tensor:
         """The standard pre-norm residual stream: the AttnRes ablation baseline."""
         x = x + self.attn(self.attn_norm(x))
@@ -118,7 +153,12 @@ class KimiK3DecoderBlock(nn.Module):
 
 
 class KimiK3(nn.Module):
-    """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy."""
+    """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy.
+
+    `forward(idx, targets, return_logits=False)` returns (None, loss) and computes the
+    loss chunk by chunk (`loss.linear_cross_entropy`) without ever holding the full
+    (B*T, V) logits; training uses it.
+    """
 
     def __init__(self, config: KimiK3Config):
         super().__init__()
@@ -153,11 +193,31 @@ class KimiK3(nn.Module):
             if hasattr(module, "reset_decay_parameters"):
                 module.reset_decay_parameters()
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True):
+        hidden_states = self.final_hidden_states(idx)  # (B, T, M), after the final norm
+        if targets is not None and not return_logits:
+            M = hidden_states.shape[-1]
+            return None, linear_cross_entropy(hidden_states.reshape(-1, M), self.lm_head.weight, targets.reshape(-1))
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        return logits, loss
+
+    def final_hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """The decoder stack, the final AttnRes mixture and the final norm: (B, T) -> (B, T, M)."""
         B, T = idx.shape
         if T > self.config.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}")
         hidden_states = self.embed_tokens(idx)  # (B, T, M)
+        if self.uses_fused_attn_res(idx):
+            from k3lab.model.kda_fused import fused_attn_res
+
+            endpoints = ()
+            for layer in self.layers:
+                hidden_states, endpoints = layer(hidden_states, endpoints)
+            h, _ = fused_attn_res((*endpoints, hidden_states), self.final_res_norm, self.final_res_proj, self.norm)
+            return h
         block_residual = hidden_states.new_zeros(B * T, 0, self.config.hidden_size)
         for layer in self.layers:
             hidden_states, block_residual = layer(hidden_states, block_residual)
@@ -165,11 +225,12 @@ class KimiK3(nn.Module):
             hidden_states = apply_attn_res(
                 block_residual, hidden_states.reshape(B * T, -1), self.final_res_norm, self.final_res_proj
             ).view(B, T, -1)
-        logits = self.lm_head(self.norm(hidden_states))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
-        return logits, loss
+        return self.norm(hidden_states)
+
+    def uses_fused_attn_res(self, idx: torch.Tensor) -> bool:
+        """FLA's AttnRes kernel: only with kda_implementation="fused", on CUDA."""
+        config = self.config
+        return config.use_attn_res and config.kda_implementation == "fused" and idx.is_cuda
 
     def moe_layers(self) -> list[tuple[int, StableLatentMoE]]:
         return [(i, layer.ffn) for i, layer in enumerate(self.layers) if isinstance(layer.ffn, StableLatentMoE)]
@@ -178,3 +239,15 @@ class KimiK3(nn.Module):
     def update_moe_biases(self) -> dict[int, torch.Tensor]:
         """Balance every MoE layer's selection bias; returns {layer: load fraction (E,)} used."""
         return {i: moe.update_bias() for i, moe in self.moe_layers()}
+
+
+def compile_blocks(model: KimiK3, **options) -> KimiK3:
+    """torch.compile each decoder block in place (fullgraph=False by default).
+
+    `nn.Module.compile` keeps module names, so state_dict keys and optimizer
+    assignment are unchanged. FLA calls are `torch.compiler.disable`d: graph breaks.
+    """
+    options.setdefault("fullgraph", False)
+    for layer in model.layers:
+        layer.compile(**options)
+    return model

@@ -7,7 +7,12 @@
     y = up(RMSNorm(sum_i p_i E_i(z))) + sum_j Shared_j(x)
 
 Routed tokens are dispatched by sorting (token, expert) pairs by expert and running each
-expert on its contiguous group: the Python loop is over experts, never over tokens.
+expert on its contiguous group. Two ways, same result:
+- loop (CPU, reference): a Python loop over experts; `counts.tolist()` syncs with the device.
+- grouped (CUDA with bf16 compute): the pairs go into a buffer whose expert groups are
+  padded to multiples of GROUP_ALIGN rows, and each expert matrix is one grouped GEMM
+  over all experts (`torch._grouped_mm`, offsets = cumulative group ends, int32). Every
+  shape is static and nothing is read back to the host.
 The bias b is moved outside autograd by `update_bias()` to balance load.
 """
 
@@ -19,6 +24,54 @@ from torch import nn
 from k3lab.model.config import KimiK3Config
 from k3lab.model.ffn import DenseFFN, situ_glu
 from k3lab.model.norm import RMSNorm
+
+# Expert groups start at multiples of this many rows: 16-byte aligned bf16 rows for the
+# grouped GEMM's TMA loads (torchtitan pads bf16 groups to 8; PyTorch's tests use 16).
+GROUP_ALIGN = 16
+DISPATCH_MODES = ("auto", "loop", "grouped")
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Rows of group g of a (R, K) times b[g] (K, N) -> (R, N); group g ends at row offs[g].
+
+    CUDA: `torch._grouped_mm` (bf16, SM90+). Elsewhere: `grouped_mm_reference`.
+    """
+    if a.is_cuda:
+        return torch._grouped_mm(a, b, offs=offs)
+    return grouped_mm_reference(a, b, offs)
+
+
+def grouped_mm_reference(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """`torch._grouped_mm(a, b, offs)` as a loop of plain matmuls (reads offs on the host)."""
+    ends = offs.tolist()
+    starts = [0] + ends[:-1]
+    return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(zip(starts, ends))])
+
+
+def grouped_layout(flat_expert: torch.Tensor, num_experts: int, align: int = GROUP_ALIGN):
+    """Where each (token, expert) pair goes in a buffer grouped by expert, without host syncs.
+
+    flat_expert (P,) expert of each pair. Returns
+      pos  (P,)  row of each pair; pairs keep their order within a group,
+      offs (E,)  int32 cumulative group ends; every group starts at a multiple of align,
+                 and the last group is stretched to end at R,
+      R          the static buffer length, P + E*(align-1) rounded up to align.
+    Rows not named by pos are padding.
+    """
+    P, E = flat_expert.numel(), num_experts
+    counts = torch.zeros(E, dtype=torch.long, device=flat_expert.device)
+    counts.scatter_add_(0, flat_expert, torch.ones_like(flat_expert))  # bincount would sync on CUDA
+    padded = (counts + align - 1) // align * align
+    group_start = padded.cumsum(0) - padded  # (E,)
+    order = torch.argsort(flat_expert, stable=True)
+    sorted_expert = flat_expert[order]
+    rank = torch.arange(P, device=flat_expert.device) - (counts.cumsum(0) - counts)[sorted_expert]
+    pos = torch.empty_like(order)
+    pos[order] = group_start[sorted_expert] + rank
+    R = -(-(P + E * (align - 1)) // align) * align
+    offs = (group_start + padded).to(torch.int32)
+    offs[-1] = R
+    return pos, offs, R
 
 
 class RoutedExperts(nn.Module):
@@ -40,6 +93,19 @@ class RoutedExperts(nn.Module):
             h = situ_glu(x_e @ self.w_gate[e].T, x_e @ self.w_up[e].T, self.beta, self.linear_beta)
             outputs.append(h @ self.w_down[e].T)
         return torch.cat(outputs) if outputs else x_sorted.new_zeros(0, x_sorted.shape[1])
+
+    def forward_grouped(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        """x (R, d) rows grouped by expert, groups ending at offs (E,) -> (R, d), in x's dtype.
+
+        The per-expert 2-D parameters are stacked for each call (they stay separate
+        Parameters for Muon); gate and up share one grouped GEMM.
+        """
+        I = self.w_gate[0].shape[0]
+        w_gate_up = torch.cat([torch.stack(tuple(self.w_gate)), torch.stack(tuple(self.w_up))], dim=1)  # (E, 2I, d)
+        w_down = torch.stack(tuple(self.w_down))  # (E, d, I)
+        gate_up = grouped_mm(x, w_gate_up.to(x.dtype).transpose(1, 2), offs)  # (R, 2I)
+        h = situ_glu(gate_up[:, :I], gate_up[:, I:], self.beta, self.linear_beta)
+        return grouped_mm(h, w_down.to(x.dtype).transpose(1, 2), offs)  # (R, d)
 
 
 class StableLatentMoE(nn.Module):
@@ -71,6 +137,7 @@ class StableLatentMoE(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(E))
         self.register_buffer("load_counts", torch.zeros(E))  # selections since the last bias update
         self.register_buffer("score_quantiles", torch.zeros(E))  # quantile rule's running statistic
+        self.dispatch_mode = "auto"  # "auto": grouped on CUDA with bf16 compute, else loop
 
     def route(self, x: torch.Tensor):
         """x (N, M) -> expert indices (N, k) and mixture weights (N, k) in fp32."""
@@ -86,12 +153,26 @@ class StableLatentMoE(nn.Module):
 
     @torch.no_grad()
     def record_load(self, scores: torch.Tensor, indices: torch.Tensor) -> None:
-        self.load_counts += torch.bincount(indices.flatten(), minlength=self.num_experts).float()
+        flat = indices.flatten()
+        self.load_counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=self.load_counts.dtype))
         if self.balance_rule == "quantile":
             q = 1.0 - self.top_k / self.num_experts
             self.score_quantiles.copy_(torch.quantile(scores, q, dim=0))
 
     def dispatch(self, z: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """sum_i p_i E_i(z) for each token: z (N, d), indices/weights (N, k) -> (N, d)."""
+        if self.uses_grouped(z):
+            return self.dispatch_grouped(z, indices, weights)
+        return self.dispatch_loop(z, indices, weights)
+
+    def uses_grouped(self, z: torch.Tensor) -> bool:
+        if self.dispatch_mode not in DISPATCH_MODES:
+            raise ValueError(f"dispatch_mode must be one of {DISPATCH_MODES}, got {self.dispatch_mode!r}")
+        if self.dispatch_mode != "auto":
+            return self.dispatch_mode == "grouped"
+        return z.is_cuda and compute_dtype(z) == torch.bfloat16
+
+    def dispatch_loop(self, z: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Sort (token, expert) pairs by expert, run each expert once, scatter back: (N, d) -> (N, d)."""
         N, k = indices.shape
         flat_expert = indices.flatten()  # (N*k,)
@@ -101,6 +182,18 @@ class StableLatentMoE(nn.Module):
         expert_out = self.experts(z[token_of_pair], counts)  # (N*k, d), grouped by expert
         weighted = expert_out * weights.flatten()[order].unsqueeze(-1).to(expert_out.dtype)
         return torch.zeros_like(z).index_add_(0, token_of_pair, weighted)
+
+    def dispatch_grouped(self, z: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """`dispatch_loop` as grouped GEMMs over a padded, expert-grouped buffer: (N, d) -> (N, d)."""
+        N, k = indices.shape
+        d = z.shape[1]
+        pos, offs, R = grouped_layout(indices.flatten(), self.num_experts)
+        row_token = torch.full((R,), N, dtype=torch.long, device=z.device)  # N: the zero row
+        row_token[pos] = torch.arange(N * k, device=z.device) // k
+        dtype = compute_dtype(z)
+        z_padded = torch.cat([z.to(dtype), z.new_zeros(1, d, dtype=dtype)])[row_token]  # (R, d)
+        out = self.experts.forward_grouped(z_padded, offs)[pos].view(N, k, d)  # back in (token, slot) order
+        return (out.float() * weights.unsqueeze(-1)).sum(dim=1).to(z.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, M = x.shape
@@ -131,11 +224,17 @@ class StableLatentMoE(nn.Module):
         (rate 1 jumps there at once).
         """
         load = self.load_fraction()
-        if self.load_counts.sum() > 0:
-            if self.balance_rule == "sign":
-                self.expert_bias += self.bias_update_rate * torch.sign(load.mean() - load)
-            else:
-                target = -(self.score_quantiles - self.score_quantiles.mean())
-                self.expert_bias += min(1.0, self.bias_update_rate) * (target - self.expert_bias)
+        if self.balance_rule == "sign":
+            step = self.bias_update_rate * torch.sign(load.mean() - load)
+        else:
+            target = -(self.score_quantiles - self.score_quantiles.mean())
+            step = min(1.0, self.bias_update_rate) * (target - self.expert_bias)
+        self.expert_bias += step * (self.load_counts.sum() > 0)  # no update without load; no host sync
         self.load_counts.zero_()
         return load
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype matmuls with x run in: the autocast dtype when autocast is on."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype

@@ -1,0 +1,108 @@
+"""The GPU path: KDA and AttnRes through FLA's fused Triton kernels.
+
+This is the only model file that uses FLA (flash-linear-attention); it imports FLA
+inside the functions that need it, so building a fused model on a machine without
+FLA still works (the CPU fallback below needs no FLA).
+
+FLA API facts this module relies on (checked against fla-core 0.6.0):
+- `fla.ops.kda.chunk_kda(q, k, v, g, beta, scale=None, ..., use_qk_l2norm_in_kernel,
+  use_gate_in_kernel, use_beta_sigmoid_in_kernel, safe_gate, lower_bound, A_log=,
+  dt_bias=, chunk_size=)` -> (o, final_state). With `use_gate_in_kernel=True` and
+  `lower_bound` set, the kernel computes g = lower_bound * sigmoid(exp(A_log) *
+  (g + dt_bias.view(H, K))) -- exactly `decay_gate`'s bounded form -- fused with
+  the chunk cumsum; A_log is (H,), dt_bias (H*K,). `safe_gate=True` needs
+  lower_bound in [-5, 0); chunk_size must be 32 or 64; scale defaults to K^-0.5.
+  In-kernel L2 norm is x * rsqrt(sum(x^2) + 1e-6) (F.normalize uses max(|x|, 1e-12));
+  in-kernel beta is sigmoid(raw) in fp32.
+- `fla.modules.causal_conv1d(x, weight=(D, W), bias=None, activation="silu")`
+  -> (y, final_state): the same causal depthwise convolution as nn.Conv1d with
+  padding W-1 truncated to T, computed in fp32, stored in x's dtype.
+- `fla.modules.fused_norm_gate.rms_norm_gated(x, g, weight, bias, activation="sigmoid",
+  eps=)` = RMSNorm(x) * sigmoid(g) over the last dim.
+- `fla.ops.attnres.fused_attnres(query (D,), residuals [..., D] list, rms_weight,
+  output_rms_weight=None, rms_eps=1e-6, scale=1.0, return_weights=False)`: softmax
+  over sources of <RMSNorm(v_l) , query>, sum of raw v_l in fp32, output in the
+  sources' dtype; `output_rms_weight` applies the following RMSNorm in the same
+  kernel (one eps for both norms). Sources must share a dtype and be 16-byte aligned.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from k3lab.model.kda import KDAChunkwise
+
+
+class KDAFused(KDAChunkwise):
+    """KDAChunkwise's parameters (same names, shapes and state_dict keys) run by FLA kernels.
+
+    On CUDA: FLA's short convolution, `chunk_kda` with the bounded gate, L2 norm and
+    beta sigmoid inside the kernel, and the fused gated RMSNorm. Any sequence length.
+    Elsewhere: the plain PyTorch reference, padded to the chunk size (exact, causal).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            return self.forward_fla(x)
+        return self.forward_reference(x)
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        pad = (-T) % self.chunk_size  # zeros after the end change nothing before it
+        return super().forward(F.pad(x, (0, 0, 0, pad)))[:, :T]
+
+    @torch.compiler.disable
+    def forward_fla(self, x: torch.Tensor) -> torch.Tensor:
+        from fla.modules.fused_norm_gate import rms_norm_gated
+        from fla.ops.kda import chunk_kda
+
+        B, T, _ = x.shape
+        H, d = self.num_heads, self.head_dim
+        q = short_conv(self.q_proj(x), self.q_conv.conv).view(B, T, H, d)
+        k = short_conv(self.k_proj(x), self.k_conv.conv).view(B, T, H, d)
+        v = short_conv(self.v_proj(x), self.v_conv.conv).view(B, T, H, d)
+        f = self.f_proj(x).view(B, T, H, d)  # raw decay input: the gate is applied in the kernel
+        o, _ = chunk_kda(
+            q=q, k=k, v=v, g=f, beta=self.b_proj(x),  # beta: raw logits (B, T, H)
+            A_log=self.A_log, dt_bias=self.dt_bias,
+            use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+            safe_gate=True, lower_bound=self.lower_bound, chunk_size=self.chunk_size,
+        )  # (B, T, H, d) in q's dtype
+        gate = self.g_proj(x).view(B, T, H, d)
+        o = rms_norm_gated(o, gate, self.o_norm.weight, None, activation="sigmoid", eps=self.o_norm.eps)
+        return self.o_proj(o.reshape(B, T, H * d))
+
+
+def short_conv(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """SiLU(causal depthwise conv(x)) with FLA's kernel and our nn.Conv1d weight (D, 1, W): (B, T, D)."""
+    from fla.modules import causal_conv1d
+
+    y, _ = causal_conv1d(x=x, weight=conv.weight.squeeze(1), bias=conv.bias, activation="silu")
+    return y
+
+
+@torch.compiler.disable
+def fused_attn_res(candidates, norm: nn.RMSNorm, proj: nn.Linear, out_norm: nn.RMSNorm):
+    """out_norm(apply_attn_res(...)) in one FLA kernel; returns (h, mean weights (K,)).
+
+    candidates: K tensors (B, T, M) -- the stored endpoints then the live prefix. They
+    are brought to the first candidate's dtype (the residual stream's), as FLA needs
+    one dtype; h (B, T, M) comes back in that dtype, already normalised by out_norm.
+    """
+    from fla.ops.attnres import fused_attnres
+
+    dtype = candidates[0].dtype
+    residuals = [aligned(c.to(dtype)) for c in candidates]
+    h, p = fused_attnres(
+        query=proj.weight.view(-1), residuals=residuals, rms_weight=norm.weight,
+        output_rms_weight=out_norm.weight, rms_eps=norm.eps, return_weights=True,
+    )  # p: (K, B, T)
+    return h, p.detach().flatten(1).mean(dim=1)
+
+
+def aligned(x: torch.Tensor) -> torch.Tensor:
+    """x contiguous with a 16-byte aligned start, as FLA's attnres kernel asserts."""
+    x = x.contiguous()
+    return x if x.data_ptr() % 16 == 0 else x.clone()
