@@ -1,0 +1,182 @@
+"""`k3lab train`, `k3lab sweep` and `k3lab report`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+from k3lab.errors import UserError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    train = subparsers.add_parser("train", help="train one model (a preset or a model YAML) with live progress")
+    train.add_argument("model", nargs="?", default="tiny", help="preset name (tiny, small, base) or model YAML path")
+    train.add_argument("--steps", type=int, help="optimizer steps (default: the train spec's)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                       help="override a model field (hidden_size=128) or a train field (train.batch_size=16)")
+    train.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    train.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    train.set_defaults(func=run_train)
+
+    sweep = subparsers.add_parser("sweep", help="run every variant x seed of a sweep file as Ray Tune trials")
+    sweep.add_argument("file", help="sweep file, e.g. experiments/attnres_block.yaml")
+    sweep.add_argument("--profile", help="a profile of the sweep file, e.g. cpu or gpu")
+    sweep.add_argument("--storage", help="folder for Tune state, checkpoints and kernel cache (default ./k3lab_runs)")
+    sweep.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray instance)")
+    sweep.add_argument("--resume", action="store_true", help="continue an interrupted run of this sweep")
+    sweep.add_argument("--overwrite", action="store_true", help="discard an earlier run of this sweep and start again")
+    sweep.add_argument("--no-live", action="store_true", help="no live table (for logs and CI)")
+    sweep.set_defaults(func=run_sweep_command)
+
+    report = subparsers.add_parser("report", help="rebuild a sweep's summary and plots from the MLflow store")
+    report.add_argument("file", help="the sweep file")
+    report.add_argument("--profile")
+    report.add_argument("--storage")
+    report.add_argument("--tracking-uri")
+    report.add_argument("--out", help="folder for the plots and summary.json")
+    report.set_defaults(func=run_report)
+
+
+# -- k3lab train -----------------------------------------------------------------------
+
+def parse_overrides(items: list[str]) -> tuple[dict, dict]:
+    """['hidden_size=128', 'train.steps=50'] -> ({'hidden_size': 128}, {'steps': 50}); values as YAML."""
+    model, train = {}, {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set {item!r}: expected FIELD=VALUE")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise UserError(f"--set {item!r}: the value is not valid YAML") from None
+        if key.startswith("train."):
+            train[key.removeprefix("train.")] = value
+        else:
+            model[key] = value
+    return model, train
+
+
+def build_train_inputs(args):
+    import attrs
+
+    from k3lab.model.config import KimiK3Config, config_fields
+    from k3lab.registry import TrainSpec, load_preset
+
+    model_overrides, train_overrides = parse_overrides(args.overrides)
+    config = load_preset(args.model)
+    unknown = sorted(set(model_overrides) - set(config_fields()))
+    if unknown:
+        raise UserError(f"--set {unknown[0]}: not a KimiK3Config field (train fields are written train.NAME)")
+    try:
+        config = KimiK3Config(**(config.to_dict() | model_overrides))
+    except (ValueError, TypeError) as error:
+        raise UserError(f"--set: {error}") from None
+    train_fields = {f.name for f in attrs.fields(TrainSpec)}
+    unknown = sorted(set(train_overrides) - train_fields)
+    if unknown:
+        raise UserError(f"--set train.{unknown[0]}: not a train field ({', '.join(sorted(train_fields))})")
+    if args.steps is not None:
+        train_overrides["steps"] = args.steps
+    defaults = TrainSpec()
+    if "steps" in train_overrides:  # keep warmup and eval inside a short run
+        steps = train_overrides["steps"]
+        train_overrides.setdefault("warmup_steps", min(defaults.warmup_steps, max(0, steps // 10)))
+        train_overrides.setdefault("eval_interval", min(defaults.eval_interval, steps))
+    try:
+        spec = TrainSpec(**train_overrides)
+    except (ValueError, TypeError) as error:
+        raise UserError(f"--set train: {error}") from None
+    return config, spec
+
+
+def run_train(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from k3lab.runner.sweep import tracking_uri_or_default
+    from k3lab.runner.trial import TrialSpec, run_trial
+
+    config, spec = build_train_inputs(args)
+    tracking_uri = None if args.no_tracking else tracking_uri_or_default(args.tracking_uri)
+    name = Path(args.model).stem
+    trial = TrialSpec(variant_id="train", variant_name=name, seed=args.seed, config=config.to_dict(), train=spec,
+                      tracking_uri=tracking_uri, experiment="k3lab-train")
+    console = Console(stderr=True)
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(f"train {name}", total=spec.steps, info="")
+
+        def progress(step, metrics):
+            bar.update(task, completed=step,
+                       info=f"loss {metrics['train_loss']:.3f}  {metrics['tokens_per_s']:,.0f} tok/s")
+
+        def on_eval(trainer, metrics, tracker):
+            bar.console.print(f"step {metrics['step']}: val_loss {metrics['val_loss']:.4f} "
+                              f"val_bpb {metrics['val_bpb']:.3f}")
+
+        result, run_id = run_trial(trial, device=args.device, progress=progress, on_eval=on_eval)
+    console.print(f"{result.status}: {result.step} steps, {result.tokens:,} tokens, val_loss {result.val_loss:.4f}, "
+                  f"{result.tokens_per_s:,.0f} tokens/s, {result.counts['total']:,} parameters"
+                  + (f"; MLflow run {run_id} in {tracking_uri}" if run_id else ""))
+    if result.status != "finished":
+        console.print(f"[red]{result.error}")
+        return 1
+    return 0
+
+
+# -- k3lab sweep / report -----------------------------------------------------------------
+
+def run_sweep_command(args) -> int:
+    from rich.console import Console
+
+    from k3lab.registry import load_sweep
+    from k3lab.runner.report import summary_table
+    from k3lab.runner.sweep import SweepRun, default_storage, run_sweep, tracking_uri_or_default
+
+    sweep = load_sweep(args.file, profile=args.profile)
+    if not sweep.trials:
+        raise UserError(f"{args.file}: no valid variant to run")
+    run = SweepRun(sweep=sweep, storage=Path(args.storage) if args.storage else default_storage(),
+                   tracking_uri=tracking_uri_or_default(args.tracking_uri), address=args.address,
+                   resume=args.resume, overwrite=args.overwrite)
+    console = Console()
+    console.print(f"{sweep.name}: {len(sweep.valid_variants)} variants x seeds = {len(sweep.trials)} trials; "
+                  f"MLflow {run.tracking_uri} (experiment {run.experiment})")
+    summary = run_sweep(run, live=not args.no_live)
+    console.print(summary_table(summary["rows"], summary["metric"], title=f"{run.experiment}: final {summary['metric']}"))
+    for path in summary["files"]:
+        console.print(f"wrote {path}")
+    for error in summary["errors"]:
+        console.print(f"[red]trial error: {error}")
+    return 1 if summary["errors"] else 0
+
+
+def run_report(args) -> int:
+    import json
+
+    from rich.console import Console
+
+    from k3lab.registry import load_sweep
+    from k3lab.runner.report import build_report, summary_table
+    from k3lab.runner.sweep import SweepRun, default_storage, tracking_uri_or_default
+
+    sweep = load_sweep(args.file, profile=args.profile)
+    run = SweepRun(sweep=sweep, storage=Path(args.storage) if args.storage else default_storage(),
+                   tracking_uri=tracking_uri_or_default(args.tracking_uri))
+    if not run.state_file.exists():
+        raise UserError(f"{args.file}: no run of {run.experiment} under {run.storage}")
+    parent_run_id = json.loads(run.state_file.read_text())["parent_run_id"]
+    out = Path(args.out) if args.out else run.storage / f"{run.experiment}_report"
+    summary = build_report(run.tracking_uri, parent_run_id, sweep.metric.name, sweep.metric.mode, out_dir=out)
+    console = Console()
+    console.print(summary_table(summary["rows"], summary["metric"], title=f"{run.experiment}: final {summary['metric']}"))
+    for path in summary["files"]:
+        console.print(f"wrote {path}")
+    return 0

@@ -1,0 +1,48 @@
+"""Metrics of the architecture itself (MoE load, AttnRes mixtures) and the device's peak FLOP/s."""
+
+from __future__ import annotations
+
+import torch
+
+# dense bf16 tensor-core peaks (FLOP/s), by device-name substring; first match wins
+PEAK_BF16_FLOPS = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+)
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's dense bf16 peak, or None when unknown (CPUs, other GPUs): MFU is then not reported."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
+
+
+def moe_metrics(window_loads: list[dict[int, torch.Tensor]]) -> dict[str, float]:
+    """Per MoE layer over a window of steps: max/min expert load ratio and the load entropy
+    normalised to [0, 1] (1 = perfectly balanced)."""
+    if not window_loads or not window_loads[0]:
+        return {}
+    out = {}
+    layers = sorted(window_loads[0])
+    mean_loads = torch.stack([torch.stack([loads[i] for i in layers]) for loads in window_loads]).mean(0).cpu()
+    for layer, load in zip(layers, mean_loads):
+        load = load / load.sum().clamp(min=1e-12)
+        entropy = -(load * load.clamp(min=1e-12).log()).sum() / torch.log(torch.tensor(float(len(load))))
+        out[f"moe/L{layer}/load_max_min"] = (load.max() / load.min().clamp(min=1e-6)).item()
+        out[f"moe/L{layer}/load_entropy"] = entropy.item()
+    return out
+
+
+def attn_res_metrics(model) -> dict[str, float]:
+    """Mean AttnRes mixture weight on each depth candidate, per layer and site, from the
+    last training forward: attnres/L{layer}/{attn|ffn}/c{k} (c0 = the embedding)."""
+    out = {}
+    for i, layer in enumerate(model.layers):
+        for site, weights in getattr(layer, "attn_res_weights", {}).items():
+            for k, w in enumerate(weights.float().cpu().tolist()):
+                out[f"attnres/L{i}/{site}/c{k}"] = w
+    return out

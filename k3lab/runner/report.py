@@ -1,0 +1,159 @@
+"""Sweep reports read back from the MLflow store: the summary table and the plots.
+
+Everything here reads what the trials logged (params, metric histories, run times),
+so the same report can be rebuilt later from the store alone (`k3lab report`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.table import Table
+
+
+@dataclass
+class TrialRecord:
+    run_id: str
+    variant: str
+    seed: int
+    status: str
+    params: dict
+    final: dict  # last value of every metric
+    start_ms: int | None
+    end_ms: int | None
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+    def value(self, name: str) -> float | None:
+        return self.final.get(name)
+
+
+def load_trials(tracking_uri: str, parent_run_id: str, curves=("train_loss", "val_loss")) -> list[TrialRecord]:
+    """Every trial run nested under the sweep's parent run, with the named metric histories."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                              max_results=10000)
+    records = []
+    for run in runs:
+        histories = {name: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
+                     for name in curves}
+        records.append(TrialRecord(
+            run_id=run.info.run_id, variant=run.data.tags.get("k3lab.variant_name", run.info.run_name),
+            seed=int(run.data.tags.get("k3lab.seed", 0)), status=run.info.status, params=run.data.params,
+            final=dict(run.data.metrics), start_ms=run.info.start_time, end_ms=run.info.end_time,
+            curves=histories,
+        ))
+    return sorted(records, key=lambda r: (r.variant, r.seed))
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarize(records: list[TrialRecord], metric: str = "val_loss") -> list[dict]:
+    """One row per variant: metric mean/std over finished seeds, params, active params, tokens/s."""
+    rows = []
+    for variant in sorted({r.variant for r in records}):
+        group = [r for r in records if r.variant == variant]
+        finished = [r for r in group if r.status == "FINISHED"]
+        mean, std = mean_std([r.value(metric) for r in finished])
+        tps, _ = mean_std([r.value("tokens_per_s") for r in finished])
+        first = group[0].params
+        rows.append({
+            "variant": variant, "seeds": len(finished), "trials": len(group),
+            "statuses": sorted({r.status for r in group}), f"{metric}_mean": mean, f"{metric}_std": std,
+            "params_total": int(first.get("params.total", 0)), "params_active": int(first.get("params.active", 0)),
+            "tokens_per_s": tps, "tokens": max((r.value("tokens") or 0) for r in group),
+        })
+    return rows
+
+
+def summary_table(rows: list[dict], metric: str = "val_loss", title: str = "sweep summary") -> Table:
+    table = Table(title=title)
+    for column in ("variant", "seeds", metric, "params", "active", "tokens/s", "status"):
+        table.add_column(column, justify="left" if column in ("variant", "status") else "right")
+    for row in rows:
+        mean, std = row[f"{metric}_mean"], row[f"{metric}_std"]
+        table.add_row(row["variant"], f"{row['seeds']}/{row['trials']}",
+                      "-" if math.isnan(mean) else f"{mean:.4f} ± {std:.4f}",
+                      f"{row['params_total']:,}", f"{row['params_active']:,}",
+                      "-" if math.isnan(row["tokens_per_s"]) else f"{row['tokens_per_s']:,.0f}",
+                      ",".join(row["statuses"]))
+    return table
+
+
+def plot_loss_curves(records: list[TrialRecord], path: Path, metric: str = "val_loss") -> Path:
+    """Loss curves by variant (one colour per variant, one line per seed), train and validation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = sorted({r.variant for r in records})
+    colours = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, name in zip(axes, ("train_loss", metric)):
+        for record in records:
+            points = record.curves.get(name, [])
+            if points:
+                steps, values = zip(*points)
+                label = record.variant if record.seed == min(r.seed for r in records if r.variant == record.variant) else None
+                ax.plot(steps, values, color=colours[record.variant], alpha=0.8, label=label)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(name)
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_metric_vs_params(rows: list[dict], path: Path, metric: str = "val_loss") -> Path:
+    """Final metric (mean +- std over seeds) against active parameters, one point per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for row in rows:
+        if math.isnan(row[f"{metric}_mean"]):
+            continue
+        ax.errorbar(row["params_active"], row[f"{metric}_mean"], yerr=row[f"{metric}_std"], fmt="o", capsize=3)
+        ax.annotate(row["variant"], (row["params_active"], row[f"{metric}_mean"]), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")
+    ax.set_xlabel("active parameters")
+    ax.set_ylabel(f"final {metric}")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss", mode: str = "min",
+                 out_dir: Path | None = None) -> dict:
+    """Summary rows plus plot and JSON files in out_dir; returns {"rows", "records", "files"}."""
+    records = load_trials(tracking_uri, parent_run_id, curves=("train_loss", metric))
+    rows = summarize(records, metric)
+    rows.sort(key=lambda r: (math.isnan(r[f"{metric}_mean"]), r[f"{metric}_mean"] * (1 if mode == "min" else -1)))
+    files = []
+    if out_dir is not None and records:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        files.append(plot_loss_curves(records, out_dir / "loss_curves.png", metric))
+        files.append(plot_metric_vs_params(rows, out_dir / f"{metric}_vs_params.png", metric))
+        summary_path = out_dir / "summary.json"
+        summary_path.write_text(json.dumps(rows, indent=2, default=str))
+        files.append(summary_path)
+    return {"rows": rows, "records": records, "files": files, "metric": metric}

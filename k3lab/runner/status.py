@@ -1,0 +1,55 @@
+"""Closing each trial's MLflow run with the status Ray Tune gave the trial.
+
+A trial that ASHA stops early never gets to close its own run (its actor is stopped),
+and a trial that crashed past its retries ends in Tune, not in the trial; so the driver
+sets the final status: FINISHED, FAILED (with the error) or KILLED (early-stopped).
+"""
+
+from __future__ import annotations
+
+from ray import tune
+
+from k3lab.runner.trial import RUN_ID_KEY
+
+
+def final_status(result: dict, errored: bool) -> str:
+    if errored or result.get("trial_status") == "diverged":
+        return "FAILED"
+    if result.get("done_steps", 0) >= result.get("total_steps", 1):
+        return "FINISHED"
+    return "KILLED"
+
+
+class MLflowStatusCallback(tune.Callback):
+    def __init__(self, tracking_uri: str):
+        self.tracking_uri = tracking_uri
+
+    def _close(self, trial, errored: bool) -> None:
+        from mlflow.tracking import MlflowClient
+
+        result = trial.last_result or {}
+        run_id = result.get(RUN_ID_KEY)
+        if not run_id:
+            return
+        client = MlflowClient(self.tracking_uri)
+        status = final_status(result, errored)
+        if errored and trial.error_file:
+            client.set_tag(run_id, "k3lab.error", _first_error_line(trial))
+        if status == "KILLED":
+            client.set_tag(run_id, "k3lab.stopped_at_step", str(result.get("done_steps")))
+        client.set_terminated(run_id, status)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._close(trial, errored=False)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._close(trial, errored=True)
+
+
+def _first_error_line(trial) -> str:
+    try:
+        with open(trial.error_file) as handle:
+            lines = [line.strip() for line in handle if line.strip()]
+        return (lines[-1] if lines else "error")[:5000]
+    except OSError:
+        return "error (no error file)"

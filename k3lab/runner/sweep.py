@@ -1,0 +1,207 @@
+"""`k3lab sweep`: every valid variant x seed of a sweep as a Ray Tune trial, tracked in MLflow.
+
+Layout under the storage folder (default ./k3lab_runs):
+    <storage>/<experiment>/           Ray Tune's experiment directory (fixed name, so --resume works)
+    <storage>/<experiment>.k3lab.json the sweep's MLflow parent run id, for --resume
+    <storage>/kernel_cache/           Triton/FLA kernel cache shared by all trials on a node
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import attrs
+
+import k3lab
+from k3lab.errors import UserError
+from k3lab.registry import Sweep
+from k3lab.runner.tracking import MLflowTracker, default_tracking_uri, flatten
+from k3lab.runner.trial import RUN_ID_KEY, TrialSpec, tune_trainable
+
+
+@dataclass
+class SweepRun:
+    """Where a sweep runs and logs."""
+
+    sweep: Sweep
+    storage: Path
+    tracking_uri: str
+    address: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    max_failures: int = 2
+
+    @property
+    def experiment(self) -> str:
+        return self.sweep.name if self.sweep.profile is None else f"{self.sweep.name}-{self.sweep.profile}"
+
+    @property
+    def tune_dir(self) -> Path:
+        return self.storage / self.experiment
+
+    @property
+    def state_file(self) -> Path:
+        return self.storage / f"{self.experiment}.k3lab.json"
+
+    @property
+    def kernel_cache(self) -> Path:
+        return self.storage / "kernel_cache"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(k3lab.__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def check_experiment_dir(run: SweepRun) -> None:
+    """A fixed directory per sweep: refuse to mix a new sweep into an old one by accident."""
+    exists = run.tune_dir.exists() or run.state_file.exists()
+    if run.resume and not exists:
+        raise UserError(f"--resume: no earlier run of {run.experiment} under {run.storage}")
+    if exists and not run.resume:
+        if not run.overwrite:
+            raise UserError(f"{run.tune_dir} exists from an earlier run: pass --resume to continue it "
+                            "or --overwrite to start again")
+        shutil.rmtree(run.tune_dir, ignore_errors=True)
+        run.state_file.unlink(missing_ok=True)
+
+
+def open_parent_run(run: SweepRun) -> MLflowTracker:
+    """The sweep's parent MLflow run: reopened on --resume, else created with the sweep's params."""
+    if run.resume and run.state_file.exists():
+        state = json.loads(run.state_file.read_text())
+        tracker = MLflowTracker(run.tracking_uri, state["parent_run_id"])
+        tracker.client.update_run(tracker.run_id, status="RUNNING")
+        return tracker
+    sweep = run.sweep
+    tags = {"k3lab.kind": "sweep", "k3lab.sweep": sweep.name, "k3lab.profile": sweep.profile or "",
+            "k3lab.version": k3lab.__version__, "git_commit": git_commit(),
+            "mlflow.note.content": sweep.description}
+    tracker = MLflowTracker.start(run.tracking_uri, run.experiment, run.experiment, tags=tags)
+    params = {"sweep": sweep.name, "profile": sweep.profile, "seeds": list(sweep.seeds),
+              "variants": len(sweep.valid_variants), "trials": len(sweep.trials),
+              "metric": f"{sweep.metric.name}:{sweep.metric.mode}"}
+    params |= flatten("train", attrs.asdict(sweep.train)) | flatten("resources", attrs.asdict(sweep.resources))
+    params |= flatten("scheduler", attrs.asdict(sweep.scheduler))
+    tracker.log_params(params)
+    tracker.log_artifact(sweep.path)
+    run.storage.mkdir(parents=True, exist_ok=True)
+    run.state_file.write_text(json.dumps({"parent_run_id": tracker.run_id, "tracking_uri": run.tracking_uri}))
+    return tracker
+
+
+def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
+    return {
+        trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
+                            config=trial.variant.config.to_dict(), train=run.sweep.train,
+                            tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id)
+        for trial in run.sweep.trials
+    }
+
+
+def start_ray(run: SweepRun) -> None:
+    """Join the cluster at --address/RAY_ADDRESS, or start a local Ray instance for this sweep."""
+    import ray
+
+    run.kernel_cache.mkdir(parents=True, exist_ok=True)
+    env = {"TRITON_CACHE_DIR": str((run.kernel_cache / "triton").resolve()),
+           "FLA_CACHE_DIR": str((run.kernel_cache / "fla").resolve()),
+           "K3LAB_TRIAL_CPUS": str(max(1, int(run.sweep.resources.cpu))),
+           "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    for key in ("K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    address = run.address or os.environ.get("RAY_ADDRESS")
+    kwargs = dict(runtime_env={"env_vars": env}, log_to_driver=False, configure_logging=False)
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(include_dashboard=False, **kwargs)
+
+
+def build_scheduler(sweep: Sweep):
+    spec = sweep.scheduler
+    if spec.kind == "none":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    time_attr = "tokens" if spec.time_attr == "tokens" else "training_iteration"
+    return ASHAScheduler(time_attr=time_attr, max_t=spec.max_t, grace_period=spec.grace_period,
+                         reduction_factor=spec.reduction_factor)
+
+
+def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
+    from ray import tune
+
+    sweep = run.sweep
+    trainable = tune.with_resources(tune.with_parameters(tune_trainable, trials=specs),
+                                    sweep.resources.tune_resources())
+    run_config = tune.RunConfig(
+        name=run.experiment, storage_path=str(run.storage.resolve()), callbacks=callbacks, verbose=0,
+        failure_config=tune.FailureConfig(max_failures=run.max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+    )
+    if run.resume:
+        return tune.Tuner.restore(str(run.tune_dir.resolve()), trainable, resume_unfinished=True,
+                                  resume_errored=True)
+    tune_config = tune.TuneConfig(metric=sweep.metric.name, mode=sweep.metric.mode,
+                                  scheduler=build_scheduler(sweep),
+                                  max_concurrent_trials=sweep.resources.max_concurrent_trials)
+    return tune.Tuner(trainable, param_space={"trial": tune.grid_search(list(specs))}, tune_config=tune_config,
+                      run_config=run_config)
+
+
+def run_sweep(run: SweepRun, live: bool = True) -> dict:
+    """Run (or resume) the sweep; returns the report summary (see `k3lab.runner.report`)."""
+    import ray
+
+    from k3lab.data import prepare_dataset
+    from k3lab.runner.progress import SweepProgress
+    from k3lab.runner.report import build_report
+    from k3lab.runner.status import MLflowStatusCallback
+
+    check_experiment_dir(run)
+    sweep = run.sweep
+    prepare_dataset(sweep.train.dataset, sweep.train.tokenizer, progress=live)  # once, before any trial
+    parent = open_parent_run(run)
+    specs = trial_specs(run, parent.run_id)
+    started = time.time()
+    start_ray(run)
+    progress = SweepProgress(sweep, specs, live=live)
+    try:
+        with progress:
+            tuner = make_tuner(run, specs, [progress, MLflowStatusCallback(run.tracking_uri)])
+            results = tuner.fit()
+        errors = [str(r.error).splitlines()[0] for r in results if r.error is not None]
+    finally:
+        ray.shutdown()
+    summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
+                           out_dir=run.storage / f"{run.experiment}_report")
+    for path in summary["files"]:
+        parent.log_artifact(path, "report")
+    parent.log_metrics({"sweep_wall_s": time.time() - started, "trials_failed": len(errors)}, step=0)
+    parent.finish("FINISHED" if not errors else "FAILED")
+    summary["errors"] = errors
+    summary["parent_run_id"] = parent.run_id
+    return summary
+
+
+def default_storage() -> Path:
+    return Path(os.environ.get("K3LAB_STORAGE", "k3lab_runs"))
+
+
+def tracking_uri_or_default(uri: str | None) -> str:
+    return uri or default_tracking_uri()
+
+
+__all__ = ["SweepRun", "run_sweep", "default_storage", "tracking_uri_or_default", "RUN_ID_KEY"]

@@ -1,0 +1,166 @@
+"""Experiment tracking: MLflow runs fed in batches, and an in-memory tracker for tests.
+
+The training loop calls `log_metrics(values, step)` every step; the MLflow tracker
+buffers those values and sends them with `log_batch` (at most 1000 metrics a call)
+every `flush_every` steps, so tracking never costs a network round trip per value.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
+MAX_PARAMS_PER_BATCH = 100
+MAX_PARAM_LENGTH = 6000
+
+
+class Tracker(Protocol):
+    run_id: str | None
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def flush(self) -> None: ...
+    def finish(self, status: str) -> None: ...
+
+
+def default_tracking_uri(root: str | Path | None = None) -> str:
+    """MLFLOW_TRACKING_URI if set, else a SQLite file `mlflow.db` in `root` (default: cwd)."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{Path(root or Path.cwd()).resolve() / 'mlflow.db'}"
+
+
+def artifact_root_for(tracking_uri: str) -> str | None:
+    """Local artifacts beside a local SQLite store (`mlartifacts/`); a server picks its own."""
+    if tracking_uri.startswith("sqlite:///"):
+        return (Path(tracking_uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+def get_or_create_experiment(client, name: str, tracking_uri: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    root = artifact_root_for(tracking_uri)
+    location = f"{root}/{name}" if root else None
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # created by a concurrent trial in the meantime
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def flatten(prefix: str, value: Any) -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists and tuples become strings."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), item))
+        return out
+    if isinstance(value, (list, tuple)):
+        value = ",".join(map(str, value))
+    return {prefix: value}
+
+
+class MLflowTracker:
+    """One MLflow run. Metrics are buffered and sent in batches."""
+
+    def __init__(self, tracking_uri: str, run_id: str, flush_every: int = 50):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri)
+        self.tracking_uri, self.run_id, self.flush_every = tracking_uri, run_id, flush_every
+        self._pending: list = []
+        self._steps_since_flush = 0
+        self.seconds_in_tracking = 0.0  # wall time spent inside this tracker, for overhead figures
+
+    @classmethod
+    def start(cls, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, str] | None = None,
+              parent_run_id: str | None = None, flush_every: int = 50) -> "MLflowTracker":
+        """Open a new run (nested under `parent_run_id` when given)."""
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri)
+        experiment_id = get_or_create_experiment(client, experiment, tracking_uri)
+        tags = dict(tags or {})
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run = client.create_run(experiment_id, run_name=run_name, tags=tags)
+        return cls(tracking_uri, run.info.run_id, flush_every)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        start = time.perf_counter()
+        items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
+        existing = self.client.get_run(self.run_id).data.params
+        items = [p for p in items if p.key not in existing]  # a resumed run re-logs nothing
+        for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
+        self.seconds_in_tracking += time.perf_counter() - start
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        start = time.perf_counter()
+        now = int(time.time() * 1000)
+        self._pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
+        self._steps_since_flush += 1
+        self.seconds_in_tracking += time.perf_counter() - start
+        if self._steps_since_flush >= self.flush_every or len(self._pending) >= MAX_METRICS_PER_BATCH * 10:
+            self.flush()
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, str(value))
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def flush(self) -> None:
+        start = time.perf_counter()
+        pending, self._pending, self._steps_since_flush = self._pending, [], 0
+        for i in range(0, len(pending), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=pending[i:i + MAX_METRICS_PER_BATCH])
+        self.seconds_in_tracking += time.perf_counter() - start
+
+    def finish(self, status: str) -> None:
+        """Flush and close the run; status FINISHED, FAILED or KILLED."""
+        self.flush()
+        self.client.set_terminated(self.run_id, status)
+
+
+class MemoryTracker:
+    """Keeps everything in memory; for tests and for runs without tracking."""
+
+    def __init__(self, run_id: str | None = None):
+        self.run_id = run_id
+        self.params: dict[str, Any] = {}
+        self.metrics: dict[str, list[tuple[int, float]]] = {}
+        self.tags: dict[str, str] = {}
+        self.status: str | None = None
+        self.log_calls = 0
+        self.flushes = 0
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self.params.update(params)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.log_calls += 1
+        for key, value in metrics.items():
+            self.metrics.setdefault(key, []).append((step, float(value)))
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.tags.update(tags)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+    def finish(self, status: str) -> None:
+        self.status = status

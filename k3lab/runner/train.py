@@ -1,0 +1,261 @@
+"""One training trial: a KimiK3 variant trained on cached token shards, measured and checkpointed.
+
+    result = train(config, train_spec, tracker=None, checkpoint=None, seed=0)
+
+Used in-process (`k3lab train`) and inside Ray Tune trials (`k3lab.runner.trainable`).
+Per-step values stay on the device and are fetched once per `log_interval` window,
+so the loop does not wait on the host every step; NaN/inf is caught at that point and
+stops the trial with status "diverged".
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from k3lab.data import BatchSampler, prepare_dataset
+from k3lab.errors import UserError
+from k3lab.model.config import KimiK3Config
+from k3lab.model.counting import count_parameters
+from k3lab.model.model import KimiK3
+from k3lab.model.optim import build_optimizers
+from k3lab.registry import TrainSpec
+from k3lab.runner.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from k3lab.runner.metrics import attn_res_metrics, moe_metrics, peak_flops
+
+FINISHED, DIVERGED = "finished", "diverged"
+
+
+@dataclass
+class TrainResult:
+    status: str  # "finished" or "diverged"
+    step: int  # optimizer steps done
+    tokens: int  # training tokens seen
+    val_loss: float | None = None
+    val_bpb: float | None = None
+    train_loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    error: str | None = None
+    counts: dict = field(default_factory=dict)
+
+
+def lr_factor(step: int, spec: TrainSpec) -> float:
+    """Multiplier of the base learning rate after `step` optimizer steps: linear warmup,
+    then cosine decay to min_lr_ratio at spec.steps (or constant)."""
+    if step < spec.warmup_steps:
+        return (step + 1) / spec.warmup_steps
+    if spec.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps))
+    return spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def check_shapes(config: KimiK3Config, spec: TrainSpec, vocab_size: int) -> None:
+    """Reject a trial that cannot run, with the field that breaks it, before building anything."""
+    if vocab_size > config.vocab_size:
+        raise UserError(f"vocab_size: the tokenizer has {vocab_size} ids, more than the model's "
+                        f"vocab_size={config.vocab_size}")
+    if spec.seq_len > config.max_seq_len:
+        raise UserError(f"train.seq_len: {spec.seq_len} exceeds the model's max_seq_len={config.max_seq_len}")
+    if "kda" in config.layer_types and spec.seq_len % config.kda_chunk_size:
+        raise UserError(f"train.seq_len: {spec.seq_len} is not a multiple of kda_chunk_size={config.kda_chunk_size}")
+
+
+class Trainer:
+    """Model, optimizers, schedules and samplers of one trial, with their full state."""
+
+    def __init__(self, config: KimiK3Config, spec: TrainSpec, seed: int = 0, device=None, dataset=None,
+                 rank: int = 0, world_size: int = 1, progress: bool = False):
+        self.config, self.spec, self.seed = config, spec, seed
+        self.device = resolve_device(device)
+        self.dataset = dataset or prepare_dataset(spec.dataset, spec.tokenizer, progress=progress)
+        check_shapes(config, spec, self.dataset.vocab_size)
+        torch.manual_seed(seed)
+        dtype = getattr(torch, spec.dtype)
+        self.model = KimiK3(config).to(device=self.device, dtype=dtype)
+        self.counts = count_parameters(self.model, spec.seq_len)
+        self.forward = self.model
+        if spec.compile:
+            for layer in self.model.layers:
+                layer.compile()
+        self.autocast = self._autocast_dtype()
+        self.optimizers = build_optimizers(self.model, lr=spec.lr, muon_lr=spec.muon_lr,
+                                           weight_decay=spec.weight_decay)
+        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
+                           for opt in self.optimizers]
+        self.sampler = BatchSampler(self.dataset.train_tokens, spec.batch_size, spec.seq_len, seed=seed,
+                                    rank=rank, world_size=world_size)
+        self.val_sampler = BatchSampler(self.dataset.val_tokens, spec.batch_size, spec.seq_len, seed=seed,
+                                        rank=rank, world_size=world_size)
+        self.step = 0
+        self.tokens_per_step = spec.tokens_per_step * world_size
+
+    def _autocast_dtype(self) -> torch.dtype | None:
+        """The spec's autocast dtype; unset means bf16 on CUDA and none on CPU."""
+        if self.spec.autocast is not None:
+            return getattr(torch, self.spec.autocast)
+        return torch.bfloat16 if self.device.type == "cuda" else None
+
+    def autocast_context(self):
+        enabled = self.autocast is not None
+        return torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=enabled)
+
+    # -- one step -------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, torch.Tensor]:
+        """One optimizer step (with gradient accumulation). Returns device tensors, no host sync."""
+        self.model.train()
+        total = torch.zeros((), device=self.device)
+        for _ in range(self.spec.grad_accum):
+            x, y = self.sampler.next_batch(self.device)
+            with self.autocast_context():
+                _, loss = self.forward(x, y)
+            (loss / self.spec.grad_accum).backward()
+            total += loss.detach() / self.spec.grad_accum
+        clip = self.spec.grad_clip if self.spec.grad_clip is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        lr = self.schedulers[-1].get_last_lr()[0]
+        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+        loads = self.model.update_moe_biases()
+        self.step += 1
+        return {"train_loss": total, "grad_norm": grad_norm, "lr": torch.tensor(lr), "loads": loads}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean validation loss (nats/token) over the fixed eval windows, and bits per byte."""
+        self.model.eval()
+        losses = []
+        for x, y in self.val_sampler.eval_batches(self.spec.eval_batches, self.device):
+            with self.autocast_context():
+                _, loss = self.forward(x, y)
+            losses.append(loss.float())
+        val_loss = torch.stack(losses).mean().item()
+        return {"val_loss": val_loss, "val_bpb": self.dataset.bits_per_byte(val_loss)}
+
+    # -- state ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizers": [opt.state_dict() for opt in self.optimizers],
+            "schedulers": [sched.state_dict() for sched in self.schedulers],
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        for opt, opt_state in zip(self.optimizers, state["optimizers"]):
+            opt.load_state_dict(opt_state)
+        for sched, sched_state in zip(self.schedulers, state["schedulers"]):
+            sched.load_state_dict(sched_state)
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+
+
+class Window:
+    """Per-step device values of one logging window, fetched with one host sync."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+        self.steps: list[int] = []
+        self.values: list[dict] = []
+        self.start = time.perf_counter()
+
+    def add(self, step: int, values: dict) -> None:
+        self.steps.append(step)
+        self.values.append(values)
+
+    def collect(self) -> tuple[list[tuple[int, dict[str, float]]], dict[str, float]]:
+        """Per-step scalar metrics and the window's throughput/architecture metrics."""
+        keys = ("train_loss", "grad_norm", "lr")
+        stacked = torch.stack([torch.stack([v[k].float().to(self.trainer.device) for k in keys])
+                               for v in self.values]).tolist()  # the one sync
+        elapsed = time.perf_counter() - self.start
+        per_step = [(s, dict(zip(keys, row))) for s, row in zip(self.steps, stacked)]
+        trainer = self.trainer
+        tokens_per_s = len(self.steps) * trainer.tokens_per_step / elapsed
+        window = {"tokens_per_s": tokens_per_s, "step_time_ms": 1e3 * elapsed / len(self.steps)}
+        peak = peak_flops(trainer.device)
+        if peak:
+            window["mfu"] = trainer.counts["flops_per_token"] * tokens_per_s / peak
+        if trainer.device.type == "cuda":
+            window["peak_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 1e9
+        window.update(moe_metrics([v["loads"] for v in self.values]))
+        window.update(attn_res_metrics(trainer.model))
+        return per_step, window
+
+
+def train(config: KimiK3Config, train_spec: TrainSpec, tracker=None, checkpoint: str | Path | dict | None = None,
+          *, seed: int = 0, device=None, dataset=None, on_eval: Callable | None = None,
+          progress: Callable[[int, dict], None] | None = None, rank: int = 0, world_size: int = 1,
+          trainer: Trainer | None = None) -> TrainResult:
+    """Train one variant for train_spec.steps optimizer steps.
+
+    checkpoint: a path or state dict from `Trainer.state_dict()` to resume from; the run
+    continues at the saved step with the same batches it would have drawn.
+    on_eval(trainer, metrics) is called after every evaluation (Ray Tune reports and saves
+    checkpoints there); progress(step, metrics) after every logging window.
+    """
+    trainer = trainer or Trainer(config, train_spec, seed=seed, device=device, dataset=dataset,
+                                 rank=rank, world_size=world_size)
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
+        trainer.load_state_dict(state)
+    spec = train_spec
+    result = TrainResult(status=FINISHED, step=trainer.step, tokens=trainer.step * trainer.tokens_per_step,
+                         counts=trainer.counts)
+    window = Window(trainer)
+    while trainer.step < spec.steps:
+        values = trainer.train_step()
+        window.add(trainer.step, values)
+        at_eval = trainer.step % spec.eval_interval == 0 or trainer.step == spec.steps
+        if len(window.steps) >= spec.log_interval or at_eval:
+            per_step, window_metrics = window.collect()
+            bad = next((s for s, m in per_step if not math.isfinite(m["train_loss"])), None)
+            for step, metrics in per_step:
+                if tracker is not None:
+                    tracker.log_metrics(metrics | (window_metrics if step == per_step[-1][0] else {}), step)
+            result.train_loss = per_step[-1][1]["train_loss"]
+            result.tokens_per_s, result.mfu = window_metrics["tokens_per_s"], window_metrics.get("mfu")
+            result.step, result.tokens = trainer.step, trainer.step * trainer.tokens_per_step
+            if bad is not None:
+                result.status, result.step = DIVERGED, bad
+                result.error = f"non-finite training loss at step {bad}"
+                break
+            if progress is not None:
+                progress(trainer.step, per_step[-1][1] | window_metrics)
+            window = Window(trainer)
+        if at_eval:
+            evaluation = trainer.evaluate()
+            result.val_loss, result.val_bpb = evaluation["val_loss"], evaluation["val_bpb"]
+            if tracker is not None:
+                tracker.log_metrics(evaluation | {"tokens": result.tokens}, trainer.step)
+            if on_eval is not None:
+                on_eval(trainer, evaluation | {"train_loss": result.train_loss, "tokens": result.tokens,
+                                               "tokens_per_s": result.tokens_per_s, "step": trainer.step})
+            window = Window(trainer)  # evaluation time is not training throughput
+    if tracker is not None:
+        tracker.flush()
+    return result
+
+
+def save_trainer(trainer: Trainer, path: str | Path, extra: dict | None = None) -> None:
+    save_checkpoint(trainer.state_dict() | {"extra": extra or {}}, path)

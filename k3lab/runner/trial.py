@@ -1,0 +1,126 @@
+"""One trial = one variant and seed: its MLflow run, and the function Ray Tune runs.
+
+The trial's MLflow run id travels inside its checkpoints, so a trial restored by
+`Tuner.restore` reopens the same run and logs the steps after the checkpoint
+into it: exactly one MLflow run per trial, no repeated steps.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import attrs
+
+from k3lab.model.config import KimiK3Config
+from k3lab.registry import TrainSpec
+from k3lab.runner.checkpoint import load_checkpoint
+from k3lab.runner.tracking import MLflowTracker, flatten
+from k3lab.runner.train import FINISHED, TrainResult, Trainer, save_trainer, train
+
+RUN_ID_KEY = "mlflow_run_id"
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything a trial needs, picklable for Ray: which variant, which seed, where to log."""
+
+    variant_id: str
+    variant_name: str
+    seed: int
+    config: dict  # KimiK3Config fields
+    train: TrainSpec
+    tracking_uri: str | None
+    experiment: str
+    parent_run_id: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant_name}-s{self.seed}"
+
+    def model_config(self) -> KimiK3Config:
+        return KimiK3Config(**self.config)
+
+
+def trial_params(spec: TrialSpec, counts: dict) -> dict:
+    """MLflow params of a trial run: the flattened model config, train spec and counts."""
+    params = flatten("model", spec.config) | flatten("train", attrs.asdict(spec.train))
+    params |= {f"params.{k}": v for k, v in counts.items() if k != "by_component"}
+    params |= {f"params.component.{k}": v for k, v in counts["by_component"].items()}
+    return params | {"seed": spec.seed, "variant_id": spec.variant_id, "variant_name": spec.variant_name}
+
+
+def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None) -> MLflowTracker:
+    """The trial's MLflow run: reopened when `run_id` is known (a resumed trial), else created."""
+    if run_id is not None:
+        tracker = MLflowTracker(spec.tracking_uri, run_id)
+        tracker.client.update_run(run_id, status="RUNNING")
+        return tracker
+    tags = {"k3lab.variant_id": spec.variant_id, "k3lab.variant_name": spec.variant_name,
+            "k3lab.seed": str(spec.seed), "k3lab.kind": "trial"}
+    tracker = MLflowTracker.start(spec.tracking_uri, spec.experiment, spec.name, tags=tags,
+                                  parent_run_id=spec.parent_run_id)
+    tracker.log_params(trial_params(spec, counts))
+    tracker.log_metrics({"params_total": counts["total"], "params_active": counts["active"],
+                         "params_embedding": counts["embedding"],
+                         "flops_per_token": counts["flops_per_token"]}, step=0)
+    return tracker
+
+
+def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progress=None) -> tuple[TrainResult, str | None]:
+    """Train one trial with MLflow tracking (when a tracking URI is set); returns (result, run_id)."""
+    state = load_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
+    trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device)
+    tracker = None
+    if spec.tracking_uri:
+        run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
+        tracker = open_trial_run(spec, trainer.counts, run_id)
+    try:
+        result = train(trainer.config, spec.train, tracker=tracker, checkpoint=state, trainer=trainer,
+                       on_eval=on_eval and (lambda t, m: on_eval(t, m, tracker)), progress=progress)
+    except BaseException as error:
+        if tracker is not None:
+            tracker.set_tags({"k3lab.error": f"{type(error).__name__}: {error}"[:5000]})
+            tracker.finish("FAILED" if not isinstance(error, KeyboardInterrupt) else "KILLED")
+        raise
+    if tracker is not None:
+        tracker.log_metrics({"final_val_loss": result.val_loss or float("nan"),
+                             "final_val_bpb": result.val_bpb or float("nan")}, step=result.step)
+        if result.status != FINISHED:
+            tracker.set_tags({"k3lab.error": result.error or result.status})
+        tracker.finish("FINISHED" if result.status == FINISHED else "FAILED")
+    return result, tracker.run_id if tracker else None
+
+
+def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
+    """The function Ray Tune runs for one trial (param = {"trial": key into `trials`})."""
+    import torch
+    from ray import tune
+
+    spec = trials[param["trial"]]
+    cpus = int(os.environ.get("K3LAB_TRIAL_CPUS", "0")) or None
+    if cpus:
+        torch.set_num_threads(cpus)
+    restored = tune.get_checkpoint()
+    state = None
+    if restored is not None:
+        with restored.as_directory() as directory:
+            state = load_checkpoint(directory)
+
+    def report(trainer, metrics, tracker):
+        if tracker is not None:
+            tracker.flush()
+        metrics = metrics | {RUN_ID_KEY: tracker.run_id if tracker else "", "variant": spec.variant_name,
+                             "trial_status": "finished" if trainer.step >= spec.train.steps else "running",
+                             "seed": spec.seed, "done_steps": trainer.step, "total_steps": spec.train.steps}
+        with tempfile.TemporaryDirectory() as directory:
+            save_trainer(trainer, directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+
+    result, run_id = run_trial(spec, checkpoint=state, on_eval=report)
+    if result.status != FINISHED:  # diverged: a retry would diverge again, so report and stop
+        tune.report({"trial_status": result.status, "error": result.error, RUN_ID_KEY: run_id or "",
+                     "variant": spec.variant_name, "seed": spec.seed, "done_steps": result.step,
+                     "total_steps": spec.train.steps})
