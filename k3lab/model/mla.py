@@ -54,16 +54,18 @@ class GatedMLA(nn.Module):
         return self.o_proj(o * torch.sigmoid(self.g_proj(x)))
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad_head_dims: bool | None = None) -> torch.Tensor:
     """Causal softmax attention, scale d_qk^-0.5: q, k (B, H, T, d_qk), v (B, H, T, d_v) -> (B, H, T, d_v).
 
-    On CUDA with d_qk != d_v the smaller head dim is zero-padded to the larger one (zero
-    q/k columns add nothing to q.k; zero v columns are sliced off), so SDPA's flash
-    backend, which wants equal head dims, stays eligible.
+    With d_qk != d_v and pad_head_dims (default: on CUDA) the smaller head dim is
+    zero-padded to the larger one (zero q/k columns add nothing to q.k; zero v columns
+    are sliced off), so SDPA's flash backend, which wants equal head dims, stays eligible.
     """
     d_qk, d_v = q.shape[-1], v.shape[-1]
     scale = d_qk**-0.5
-    if q.is_cuda and d_qk != d_v:
+    if pad_head_dims is None:
+        pad_head_dims = q.is_cuda
+    if pad_head_dims and d_qk != d_v:
         if d_v < d_qk:
             v = F.pad(v, (0, d_qk - d_v))
         else:

@@ -1,0 +1,464 @@
+"""The fused GPU path against the plain PyTorch reference.
+
+CPU tests (unmarked) check the logic every GPU path shares with its reference: the
+fused KDA layer's parameters and CPU fallback, the tuple-endpoint AttnRes state
+machine, the padded grouped-GEMM MoE layout, the chunked linear cross-entropy, the MLA
+head-dim padding and compile_blocks.
+
+GPU tests (`gpu` marker; FLA required) compare the kernels in bf16 autocast with the
+reference. Error metric, as FLA's tests: rms(out - ref) / rms(ref). Tolerance: the
+fused result must be as close to the fp32 truth (the reference path in fp32) as the
+reference path itself is in bf16 -- within 2x its error -- or within FLA's own
+tolerances (5e-3 outputs, 8e-3 gradients); every measured error is printed (pytest -rP).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from k3lab.model import kda_fused
+from k3lab.model.config import KimiK3Config, tiny_config
+from k3lab.model.kda import KDAChunkwise
+from k3lab.model.kda_fused import KDAFused
+from k3lab.model.loss import linear_cross_entropy
+from k3lab.model.mla import GatedMLA, causal_attention
+from k3lab.model.model import KimiK3, apply_attn_res, attn_res_mixture, compile_blocks
+from k3lab.model.moe import GROUP_ALIGN, StableLatentMoE, grouped_layout, grouped_mm_reference
+from k3lab.model.norm import RMSNorm
+
+
+def err_ratio(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.detach().double(), ref.detach().double()
+    return ((out - ref).square().mean().sqrt() / ref.square().mean().sqrt().clamp(min=1e-30)).item()
+
+
+def assert_as_accurate(name: str, out, ref16, ref32, floor: float) -> None:
+    """out (fused, bf16) is within 2x the bf16 reference's own error against fp32, or within floor."""
+    e_out, e_ref = err_ratio(out, ref32), err_ratio(ref16, ref32)
+    print(f"{name:>28}: fused {e_out:.2e}  bf16 reference {e_ref:.2e}  (floor {floor:.0e})")
+    assert e_out <= max(2 * e_ref, floor), f"{name}: fused error {e_out:.2e}, bf16 reference {e_ref:.2e}"
+
+
+def randomize_scorers(model: torch.nn.Module, std: float = 0.05) -> None:
+    """Non-zero AttnRes scorers, so every mixture is non-uniform."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("res_proj.weight"):
+                p.normal_(std=std)
+
+
+# -- CPU: fused KDA layer ----------------------------------------------------------------
+
+def fused_tiny(**overrides):
+    return tiny_config(kda_implementation="fused", kda_chunk_size=32, **overrides)
+
+
+def test_fused_kda_has_exactly_the_chunkwise_parameters():
+    config = fused_tiny()
+    fused, chunkwise = KDAFused(config), KDAChunkwise(config)
+    assert {k: v.shape for k, v in fused.state_dict().items()} == {k: v.shape for k, v in chunkwise.state_dict().items()}
+    chunkwise.load_state_dict(fused.state_dict())  # strict
+
+
+def test_fused_model_checkpoints_load_into_the_chunkwise_model():
+    fused = KimiK3(fused_tiny())
+    assert all(isinstance(layer.attn, KDAFused) for layer in fused.layers if layer.layer_type == "kda")
+    chunkwise = KimiK3(fused.config.replace(kda_implementation="chunkwise"))
+    chunkwise.load_state_dict(fused.state_dict())
+
+
+def test_fused_kda_cpu_fallback_is_the_reference_for_any_length():
+    config = fused_tiny()
+    fused = KDAFused(config)
+    chunkwise = KDAChunkwise(config)
+    chunkwise.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 45, 64)
+    expected = chunkwise(F.pad(x, (0, 0, 0, 64 - 45)))[:, :45]  # causal: padding after the end changes nothing
+    torch.testing.assert_close(fused(x), expected)
+
+
+def test_fused_config_model_on_cpu_matches_the_chunkwise_model():
+    fused = KimiK3(fused_tiny())
+    randomize_scorers(fused)
+    chunkwise = KimiK3(fused.config.replace(kda_implementation="chunkwise"))
+    chunkwise.load_state_dict(fused.state_dict())
+    idx = torch.randint(0, 320, (2, 20))
+    logits, _ = fused(idx)
+    expected, _ = chunkwise(F.pad(idx, (0, 12)))
+    torch.testing.assert_close(logits, expected[:, :20], atol=1e-5, rtol=1e-5)
+
+
+# -- CPU: the tuple-endpoint AttnRes state machine ------------------------------------
+
+def standin_fused_attn_res(candidates, norm, proj, out_norm):
+    """`kda_fused.fused_attn_res` in plain PyTorch, to run the fused block path on CPU."""
+    B, T, M = candidates[-1].shape
+    flat = [c.reshape(B * T, M) for c in candidates]
+    h, weights = attn_res_mixture(torch.stack(flat[:-1], dim=1), flat[-1], norm, proj)
+    return out_norm(h).view(B, T, M), weights.mean(dim=0)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3])
+def test_fused_attn_res_state_machine_matches_the_reference(monkeypatch, block_size):
+    model = KimiK3(tiny_config(num_layers=5, layer_types=("kda", "kda", "mla", "kda", "mla"),
+                               attn_res_block_size=block_size))
+    randomize_scorers(model, std=0.3)
+    idx = torch.randint(0, 320, (2, 16))
+    expected = model.final_hidden_states(idx)
+    expected_weights = [dict(layer.attn_res_weights) for layer in model.layers]
+    monkeypatch.setattr(kda_fused, "fused_attn_res", standin_fused_attn_res)
+    monkeypatch.setattr(model, "uses_fused_attn_res", lambda idx: True)
+    torch.testing.assert_close(model.final_hidden_states(idx), expected, atol=1e-5, rtol=1e-5)
+    for layer, weights in zip(model.layers, expected_weights):
+        assert layer.attn_res_weights.keys() == weights.keys()
+        for site in weights:
+            torch.testing.assert_close(layer.attn_res_weights[site], weights[site], atol=1e-6, rtol=1e-5)
+
+
+# -- CPU: grouped MoE dispatch ------------------------------------------------------------
+
+def init_moe(moe):
+    for p in moe.parameters():
+        if p.ndim == 2:
+            torch.nn.init.normal_(p, std=0.2)
+    return moe
+
+
+def test_grouped_layout_groups_pairs_by_expert_on_aligned_offsets():
+    flat_expert = torch.tensor([3, 0, 3, 1, 3, 0, 5, 3, 1, 0] * 7)
+    E = 6
+    pos, offs, R = grouped_layout(flat_expert, E)
+    assert R % GROUP_ALIGN == 0 and R >= flat_expert.numel() + E * (GROUP_ALIGN - 1)
+    assert offs.dtype == torch.int32 and offs[-1] == R
+    assert (offs[:-1] % GROUP_ALIGN == 0).all() and (offs.diff() >= 0).all()
+    assert len(set(pos.tolist())) == flat_expert.numel()  # distinct rows
+    group_of_row = torch.searchsorted(offs, pos, right=True)
+    assert torch.equal(group_of_row, flat_expert)
+    for e in range(E):  # pairs keep their order inside their group, packed from the group start
+        rows = pos[flat_expert == e]
+        start = 0 if e == 0 else offs[e - 1].item()
+        assert torch.equal(rows, torch.arange(start, start + rows.numel()))
+
+
+@pytest.mark.parametrize("latent", [32, None])
+def test_grouped_dispatch_matches_the_loop_with_gradients(latent):
+    moe = init_moe(StableLatentMoE(tiny_config(num_experts=8, num_experts_per_token=3, moe_latent_size=latent)))
+    x = torch.randn(2, 21, 64, requires_grad=True)
+    results = {}
+    for mode in ("loop", "grouped"):
+        moe.dispatch_mode = mode
+        moe.zero_grad()
+        x.grad = None
+        y = moe(x)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        results[mode] = [y.detach(), x.grad.clone()] + [p.grad.clone() for p in moe.experts.parameters()]
+    for loop, grouped in zip(results["loop"], results["grouped"]):
+        torch.testing.assert_close(grouped, loop, atol=1e-5, rtol=1e-5)
+
+
+def test_torch_grouped_mm_on_cpu_matches_the_reference_loop():
+    a, b = torch.randn(48, 16), torch.randn(4, 16, 24)
+    offs = torch.tensor([16, 16, 32, 48], dtype=torch.int32)  # one empty group
+    try:
+        out = torch._grouped_mm(a, b, offs=offs)
+    except (RuntimeError, NotImplementedError) as error:
+        pytest.skip(f"torch._grouped_mm has no CPU kernel in this torch: {error}")
+    torch.testing.assert_close(out, grouped_mm_reference(a, b, offs))
+
+
+def test_load_is_counted_without_bincount():
+    moe = init_moe(StableLatentMoE(tiny_config(num_experts=8))).train()
+    indices, _ = moe.route(torch.randn(30, 64))
+    torch.testing.assert_close(moe.load_counts, torch.bincount(indices.flatten(), minlength=8).float())
+
+
+# -- CPU: chunked linear cross-entropy ------------------------------------------------------
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, None])
+def test_linear_cross_entropy_matches_cross_entropy_with_gradients(chunk_size):
+    x = torch.randn(40, 16, requires_grad=True)
+    w = torch.randn(50, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (40,))
+    targets[[3, 17]] = -100  # ignored, as F.cross_entropy does
+    loss = linear_cross_entropy(x, w, targets, chunk_size=chunk_size)
+    (2.5 * loss).backward()
+    x_ref, w_ref = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    loss_ref = F.cross_entropy(x_ref @ w_ref.T, targets)
+    (2.5 * loss_ref).backward()
+    torch.testing.assert_close(loss, loss_ref)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    torch.testing.assert_close(w.grad, w_ref.grad)
+
+
+def test_model_loss_without_logits_equals_the_default_loss():
+    model = KimiK3(tiny_config())
+    idx, targets = torch.randint(0, 320, (2, 16)), torch.randint(0, 320, (2, 16))
+    _, loss = model(idx, targets)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    logits, chunked = model(idx, targets, return_logits=False)
+    chunked.backward()
+    assert logits is None
+    torch.testing.assert_close(chunked, loss)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+# -- CPU: MLA head dims, compile_blocks ------------------------------------------------------
+
+def test_padding_the_head_dims_is_exact():
+    q, k = torch.randn(2, 3, 10, 24), torch.randn(2, 3, 10, 24)
+    v = torch.randn(2, 3, 10, 16)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(causal_attention(q, k, v, pad_head_dims=True), expected)
+    torch.testing.assert_close(causal_attention(v, v, q, pad_head_dims=True),
+                               F.scaled_dot_product_attention(v, v, q, is_causal=True))
+
+
+def test_compile_blocks_keeps_names_and_outputs():
+    model = KimiK3(tiny_config())
+    idx = torch.randint(0, 320, (1, 16))
+    expected, _ = model(idx)
+    keys = list(model.state_dict())
+    compile_blocks(model, backend="eager")
+    logits, _ = model(idx)
+    assert list(model.state_dict()) == keys
+    torch.testing.assert_close(logits, expected)
+
+
+# == GPU ======================================================================================
+
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture
+def fp32_truth():
+    """fp32 means fp32: no TF32 in cuDNN convolutions or cuBLAS matmuls for the truth runs."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def needs_fla():
+    pytest.importorskip("fla")
+
+
+def gpu_config(**overrides) -> KimiK3Config:
+    """A small Kimi-shaped model whose dims suit the kernels (multiples of 16, head dim 64)."""
+    settings = dict(
+        vocab_size=1024, hidden_size=256, num_layers=4, layer_types=("kda", "kda", "kda", "mla"),
+        max_seq_len=512, num_dense_layers=1, intermediate_size=512, attn_res_block_size=2,
+        kda_num_heads=4, kda_head_dim=64, kda_chunk_size=64, mla_num_heads=4, mla_q_lora_rank=128,
+        mla_kv_lora_rank=128, mla_qk_head_dim=64, mla_v_head_dim=64, num_experts=8, num_experts_per_token=2,
+        moe_intermediate_size=128, moe_latent_size=128,
+    )
+    settings.update(overrides)
+    return KimiK3Config(**settings)
+
+
+def run(module, inputs, dout, bf16: bool):
+    """Forward + backward of (out * dout).sum(); returns {name: tensor} of output and gradients."""
+    module.zero_grad()
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        out = module(*inputs)
+    (out.float() * dout).sum().backward()
+    result = {"out": out.detach().float()}
+    result.update({f"d_input{i}": t.grad for i, t in enumerate(inputs)})
+    result.update({f"d_{n}": p.grad for n, p in module.named_parameters() if p.grad is not None})
+    return result
+
+
+@gpu
+def test_fused_kda_layer_matches_chunkwise(fp32_truth):
+    needs_fla()
+    config = gpu_config(kda_implementation="fused")
+    fused = KDAFused(config).cuda()
+    chunkwise = KDAChunkwise(config).cuda()
+    chunkwise.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 512, 256, device="cuda")
+    dout = torch.randn(2, 512, 256, device="cuda")
+    out = run(fused, [x], dout, bf16=True)
+    ref16 = run(chunkwise, [x], dout, bf16=True)
+    ref32 = run(chunkwise, [x], dout, bf16=False)
+    assert out.keys() == ref32.keys()
+    for name in ref32:
+        assert_as_accurate(name, out[name], ref16[name], ref32[name], 5e-3 if name == "out" else 8e-3)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_attn_res_matches_apply_attn_res(dtype, fp32_truth):
+    needs_fla()
+    B, T, M, K = 2, 128, 256, 4
+    norm, out_norm = RMSNorm(M).cuda(), RMSNorm(M).cuda()
+    proj = torch.nn.Linear(M, 1, bias=False).cuda()
+    with torch.no_grad():
+        proj.weight.normal_(std=0.1)
+        norm.weight.uniform_(0.5, 1.5)
+        out_norm.weight.uniform_(0.5, 1.5)
+    modules = torch.nn.ModuleList([norm, proj, out_norm])
+    candidates = [torch.randn(B, T, M, device="cuda") * (i + 1) for i in range(K)]
+    dout = torch.randn(B, T, M, device="cuda")
+
+    def reference(*cands):
+        flat = torch.stack([c.reshape(B * T, M) for c in cands], dim=1)
+        return out_norm(apply_attn_res(flat[:, :-1], flat[:, -1], norm, proj)).view(B, T, M)
+
+    def grads(fn, dtype):
+        modules.zero_grad()
+        cands = [c.detach().to(dtype).requires_grad_() for c in candidates]
+        out = fn(*cands)
+        (out.float() * dout).sum().backward()
+        return [out.float()] + [c.grad.float() for c in cands] + [p.grad.clone() for p in modules.parameters()]
+
+    fused = grads(lambda *c: kda_fused.fused_attn_res(c, norm, proj, out_norm)[0], dtype)
+    ref = grads(reference, dtype)
+    names = ["out"] + [f"d_candidate{i}" for i in range(K)] + ["d_norm", "d_proj", "d_out_norm"]
+    if dtype == torch.float32:
+        for name, a, b in zip(names, fused, ref):
+            print(f"{name:>28}: fp32 error {err_ratio(a, b):.2e}")
+            assert err_ratio(a, b) < 1e-5, name
+    else:
+        ref32 = grads(reference, torch.float32)
+        for name, a, b, c in zip(names, fused, ref, ref32):
+            assert_as_accurate(name, a, b, c, 5e-3 if name == "out" else 8e-3)
+    _, weights = kda_fused.fused_attn_res(candidates, norm, proj, out_norm)
+    flat = torch.stack([c.reshape(B * T, M) for c in candidates], dim=1)
+    _, ref_weights = attn_res_mixture(flat[:, :-1], flat[:, -1], norm, proj)
+    torch.testing.assert_close(weights, ref_weights.mean(dim=0), atol=1e-5, rtol=1e-4)
+
+
+@gpu
+def test_torch_grouped_mm_on_cuda_matches_the_reference_loop():
+    sizes = [0, 48, 16, 0, 96, 32, 0, 64]  # multiples of GROUP_ALIGN, empty groups included
+    offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+    a = torch.randn(sum(sizes), 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(8, 128, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
+    b.requires_grad_()
+    dout = torch.randn(sum(sizes), 64, device="cuda", dtype=torch.bfloat16)
+    out = torch._grouped_mm(a, b, offs=offs)
+    da, db = torch.autograd.grad(out, (a, b), dout)
+    ref = grouped_mm_reference(a.float(), b.float(), offs)
+    da_ref, db_ref = torch.autograd.grad(ref, (a, b), dout.float())
+    for name, x, y in (("out", out, ref), ("d_a", da, da_ref), ("d_b", db, db_ref)):
+        print(f"{name:>28}: bf16 vs fp32 loop {err_ratio(x, y):.2e}")
+        assert err_ratio(x, y) < 5e-3, name
+
+
+@gpu
+@pytest.mark.parametrize("latent", [128, None])
+def test_grouped_moe_matches_the_loop(latent, fp32_truth):
+    moe = init_moe(StableLatentMoE(gpu_config(moe_latent_size=latent))).cuda()
+    x = torch.randn(4, 256, 256, device="cuda")
+    dout = torch.randn(4, 256, 256, device="cuda")
+    results = {}
+    for mode, bf16 in (("grouped", True), ("loop", True), ("loop", False)):
+        moe.dispatch_mode = mode
+        results[mode, bf16] = run(moe, [x], dout, bf16)
+    for name in results["loop", False]:
+        assert_as_accurate(name, results["grouped", True][name], results["loop", True][name],
+                           results["loop", False][name], 5e-3 if name == "out" else 8e-3)
+
+
+@gpu
+def test_grouped_moe_step_has_no_host_sync():
+    moe = init_moe(StableLatentMoE(gpu_config(moe_balance="sign"))).cuda().train()
+    x = torch.randn(4, 256, 256, device="cuda", requires_grad=True)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = moe(x)
+        y.float().sum().backward()
+
+    step()  # lazy initialisation (cuBLAS handles, allocator) may synchronise once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        moe.update_bias()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@gpu
+def test_linear_cross_entropy_on_cuda_matches_cross_entropy(fp32_truth):
+    N, M, V = 4096, 256, 32000
+    x = torch.randn(N, M, device="cuda")
+    w = torch.randn(V, M, device="cuda") * 0.05
+    targets = torch.randint(0, V, (N,), device="cuda")
+
+    def chunked(x, w):
+        return linear_cross_entropy(x, w, targets, chunk_size=1000)
+
+    def full(x, w):
+        return F.cross_entropy((x @ w.T).float(), targets)
+
+    def grads(fn, bf16):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = fn(xs, ws)
+        loss.backward()
+        return {"loss": loss.detach(), "d_x": xs.grad, "d_w": ws.grad}
+
+    out, ref16, ref32 = grads(chunked, True), grads(full, True), grads(full, False)
+    for name in ref32:
+        assert_as_accurate(name, out[name], ref16[name], ref32[name], 1e-4 if name == "loss" else 8e-3)
+
+
+@gpu
+def test_mla_runs_on_the_flash_backend_with_unequal_head_dims():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    mla = GatedMLA(gpu_config(mla_qk_head_dim=128, mla_v_head_dim=64)).cuda()
+    x = torch.randn(2, 256, 256, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = mla(x)
+    assert out.dtype == torch.bfloat16
+    ref = mla(x)  # fp32, any backend
+    print(f"{'mla flash bf16 vs fp32':>28}: {err_ratio(out, ref):.2e}")
+    assert err_ratio(out, ref) < 1e-2
+
+
+@gpu
+def test_fused_model_matches_the_chunkwise_model(fp32_truth):
+    needs_fla()
+    torch.manual_seed(0)
+    fused = KimiK3(gpu_config(kda_implementation="fused")).cuda()
+    randomize_scorers(fused)
+    chunkwise = KimiK3(fused.config.replace(kda_implementation="chunkwise")).cuda()
+    chunkwise.load_state_dict(fused.state_dict())
+    idx = torch.randint(0, 1024, (2, 512), device="cuda")
+    targets = torch.roll(idx, -1, dims=1)
+    assert fused.uses_fused_attn_res(idx) and not chunkwise.uses_fused_attn_res(idx)
+
+    def loss_and_grads(model, bf16, return_logits=True):
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            _, loss = model(idx, targets, return_logits=return_logits)
+        loss.backward()
+        grads = torch.cat([p.grad.flatten().float() for p in model.parameters()])
+        return {"loss": loss.detach(), "grads": grads}
+
+    out = loss_and_grads(fused, True, return_logits=False)
+    ref16, ref32 = loss_and_grads(chunkwise, True), loss_and_grads(chunkwise, False)
+    assert_as_accurate("model loss", out["loss"], ref16["loss"], ref32["loss"], 1e-3)
+    assert_as_accurate("model gradients", out["grads"], ref16["grads"], ref32["grads"], 1e-2)
+
+
+@gpu
+def test_compiled_fused_model_matches_eager():
+    needs_fla()
+    model = KimiK3(gpu_config(kda_implementation="fused")).cuda()
+    randomize_scorers(model)
+    idx = torch.randint(0, 1024, (2, 256), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        _, expected = model(idx, torch.roll(idx, -1, 1), return_logits=False)
+        compiled = compile_blocks(model)
+        _, loss = compiled(idx, torch.roll(idx, -1, 1), return_logits=False)
+    print(f"{'compiled vs eager loss':>28}: {abs(loss.item() - expected.item()):.2e}")
+    assert abs(loss.item() - expected.item()) <= 1e-3 * expected.item()
