@@ -30,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray instance)")
     sweep.add_argument("--resume", action="store_true", help="continue an interrupted run of this sweep")
     sweep.add_argument("--overwrite", action="store_true", help="discard an earlier run of this sweep and start again")
+    sweep.add_argument("--max-failures", type=int, default=2, help="retries of a crashed trial (from its checkpoint)")
     sweep.add_argument("--no-live", action="store_true", help="no live table (for logs and CI)")
     sweep.set_defaults(func=run_sweep_command)
 
@@ -92,6 +93,10 @@ def build_train_inputs(args):
         spec = TrainSpec(**train_overrides)
     except (ValueError, TypeError) as error:
         raise UserError(f"--set train: {error}") from None
+    from k3lab.data import get_tokenizer
+    from k3lab.runner.train import check_shapes
+
+    check_shapes(config, spec, get_tokenizer(spec.tokenizer).vocab_size)  # before any progress bar starts
     return config, spec
 
 
@@ -133,9 +138,16 @@ def run_train(args) -> int:
 
 # -- k3lab sweep / report -----------------------------------------------------------------
 
-def run_sweep_command(args) -> int:
+def wide_console():
+    """A console at least 120 columns wide, so summary tables do not wrap in logs."""
+    import shutil
+
     from rich.console import Console
 
+    return Console(width=max(120, shutil.get_terminal_size().columns))
+
+
+def run_sweep_command(args) -> int:
     from k3lab.registry import load_sweep
     from k3lab.runner.report import summary_table
     from k3lab.runner.sweep import SweepRun, default_storage, run_sweep, tracking_uri_or_default
@@ -145,8 +157,8 @@ def run_sweep_command(args) -> int:
         raise UserError(f"{args.file}: no valid variant to run")
     run = SweepRun(sweep=sweep, storage=Path(args.storage) if args.storage else default_storage(),
                    tracking_uri=tracking_uri_or_default(args.tracking_uri), address=args.address,
-                   resume=args.resume, overwrite=args.overwrite)
-    console = Console()
+                   resume=args.resume, overwrite=args.overwrite, max_failures=args.max_failures)
+    console = wide_console()
     console.print(f"{sweep.name}: {len(sweep.valid_variants)} variants x seeds = {len(sweep.trials)} trials; "
                   f"MLflow {run.tracking_uri} (experiment {run.experiment})")
     summary = run_sweep(run, live=not args.no_live)
@@ -161,8 +173,6 @@ def run_sweep_command(args) -> int:
 def run_report(args) -> int:
     import json
 
-    from rich.console import Console
-
     from k3lab.registry import load_sweep
     from k3lab.runner.report import build_report, summary_table
     from k3lab.runner.sweep import SweepRun, default_storage, tracking_uri_or_default
@@ -175,7 +185,7 @@ def run_report(args) -> int:
     parent_run_id = json.loads(run.state_file.read_text())["parent_run_id"]
     out = Path(args.out) if args.out else run.storage / f"{run.experiment}_report"
     summary = build_report(run.tracking_uri, parent_run_id, sweep.metric.name, sweep.metric.mode, out_dir=out)
-    console = Console()
+    console = wide_console()
     console.print(summary_table(summary["rows"], summary["metric"], title=f"{run.experiment}: final {summary['metric']}"))
     for path in summary["files"]:
         console.print(f"wrote {path}")

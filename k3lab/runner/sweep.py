@@ -118,6 +118,11 @@ def start_ray(run: SweepRun) -> None:
            "FLA_CACHE_DIR": str((run.kernel_cache / "fla").resolve()),
            "K3LAB_TRIAL_CPUS": str(max(1, int(run.sweep.resources.cpu))),
            "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    for key in ("K3LAB_FAIL_AT_STEP",):  # fault injection for crash-recovery tests
+        if key in os.environ:
+            env[key] = os.environ[key]
     for key in ("K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI"):
         if key in os.environ:
             env[key] = os.environ[key]

@@ -109,7 +109,11 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
         with restored.as_directory() as directory:
             state = load_checkpoint(directory)
 
+    fail_at = int(os.environ.get("K3LAB_FAIL_AT_STEP", "0"))
+
     def report(trainer, metrics, tracker):
+        if fail_at and restored is None and trainer.step >= fail_at:  # fault injection: crash once
+            raise RuntimeError(f"K3LAB_FAIL_AT_STEP: injected failure at step {trainer.step}")
         if tracker is not None:
             tracker.flush()
         metrics = metrics | {RUN_ID_KEY: tracker.run_id if tracker else "", "variant": spec.variant_name,

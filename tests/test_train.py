@@ -1,0 +1,139 @@
+import math
+
+import pytest
+import torch
+
+from k3lab.cli import main
+from k3lab.registry import TrainSpec, load_preset
+from k3lab.runner.checkpoint import load_checkpoint
+from k3lab.runner.train import DIVERGED, FINISHED, Trainer, lr_factor, save_trainer, train
+from k3lab.runner.tracking import MemoryTracker, MLflowTracker
+
+pytestmark = pytest.mark.usefixtures("isolated_data")
+
+
+def tiny_spec(**overrides):
+    settings = dict(steps=12, batch_size=4, seq_len=32, warmup_steps=2, eval_interval=6, eval_batches=2,
+                    log_interval=3, lr=3e-3)
+    return TrainSpec(**(settings | overrides))
+
+
+def test_loss_goes_down_on_the_builtin_corpus():
+    tracker = MemoryTracker()
+    result = train(load_preset("tiny"), tiny_spec(steps=40, eval_interval=40, batch_size=8, seq_len=64),
+                   tracker=tracker)
+    losses = [v for _, v in tracker.metrics["train_loss"]]
+    assert result.status == FINISHED and result.step == 40
+    assert sum(losses[-5:]) / 5 < losses[0] - 1.5  # from ~5.8 (uniform over 320 ids) to well below
+    assert result.val_loss < losses[0] - 1.5
+    assert result.val_bpb == pytest.approx(result.val_loss / math.log(2), rel=0.2)  # byte tokens: ~1 byte each
+
+
+def test_every_step_is_logged_once_with_window_metrics():
+    tracker = MemoryTracker()
+    train(load_preset("tiny"), tiny_spec(), tracker=tracker)
+    assert [s for s, _ in tracker.metrics["train_loss"]] == list(range(1, 13))
+    assert [s for s, _ in tracker.metrics["val_loss"]] == [6, 12]
+    assert all(v > 0 for _, v in tracker.metrics["tokens_per_s"])
+    assert any(k.startswith("moe/L1/load_entropy") for k in tracker.metrics)
+    assert any(k.startswith("attnres/L3/ffn/c") for k in tracker.metrics)
+
+
+def test_nan_loss_stops_the_trial_with_a_clear_status():
+    config, spec = load_preset("tiny"), tiny_spec()
+    trainer = Trainer(config, spec)
+    calls = {"n": 0}
+    original = trainer.forward
+
+    def poisoned(x, y):
+        calls["n"] += 1
+        logits, loss = original(x, y)
+        return logits, loss * (float("nan") if calls["n"] >= 5 else 1.0)
+
+    trainer.forward = poisoned
+    result = train(config, spec, trainer=trainer)
+    assert result.status == DIVERGED
+    assert result.step == 5 and "step 5" in result.error
+    assert trainer.step < spec.steps  # stopped, did not train on to the end
+
+
+def test_resumed_run_continues_bitwise_identically(tmp_path):
+    config, spec = load_preset("tiny"), tiny_spec()
+    straight_tracker = MemoryTracker()
+    straight = Trainer(config, spec)
+    train(config, spec, tracker=straight_tracker, trainer=straight)
+
+    first = Trainer(config, tiny_spec())
+    first_tracker = MemoryTracker()
+    train(config, tiny_spec(steps=6), tracker=first_tracker, trainer=first)
+    save_trainer(first, tmp_path / "ckpt", extra={"note": "x"})
+    state = load_checkpoint(tmp_path / "ckpt")
+    assert state["step"] == 6 and state["extra"] == {"note": "x"}
+
+    resumed_tracker = MemoryTracker()
+    resumed = Trainer(config, spec)
+    train(config, spec, tracker=resumed_tracker, checkpoint=tmp_path / "ckpt", trainer=resumed)
+    steps = [s for s, _ in first_tracker.metrics["train_loss"] + resumed_tracker.metrics["train_loss"]]
+    assert steps == list(range(1, 13))  # same step numbers, no repeats
+    losses = [v for _, v in first_tracker.metrics["train_loss"] + resumed_tracker.metrics["train_loss"]]
+    assert losses == [v for _, v in straight_tracker.metrics["train_loss"]]
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    spec = tiny_spec(steps=100, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_factor(0, spec) == pytest.approx(0.1)
+    assert lr_factor(9, spec) == pytest.approx(1.0)
+    assert lr_factor(55, spec) == pytest.approx(0.55)
+    assert lr_factor(100, spec) == pytest.approx(0.1)
+    assert lr_factor(50, tiny_spec(steps=100, warmup_steps=10, schedule="constant")) == 1.0
+
+
+def test_gradient_accumulation_matches_the_bigger_batch():
+    config = load_preset("tiny")
+    big = Trainer(config, tiny_spec(batch_size=4, grad_accum=1))
+    small = Trainer(config, tiny_spec(batch_size=2, grad_accum=2))
+    x, y = big.sampler.next_batch()
+    big.sampler.step = 0
+    batches = iter([(x[:2], y[:2]), (x[2:], y[2:])])
+    small.sampler.next_batch = lambda device=None: next(batches)
+    small.model.load_state_dict(big.model.state_dict())
+    big_step, small_step = big.train_step(), small.train_step()
+    torch.testing.assert_close(small_step["train_loss"], big_step["train_loss"], atol=1e-5, rtol=1e-5)
+    # the gradient norm (before clipping) is scale-sensitive, unlike Muon's and AdamW's updates
+    torch.testing.assert_close(small_step["grad_norm"], big_step["grad_norm"], atol=1e-5, rtol=1e-4)
+
+
+def test_mlflow_tracker_sends_metrics_in_batches(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = MLflowTracker.start(uri, "batching", "run", flush_every=50)
+    calls = []
+    original = tracker.client.log_batch
+    monkeypatch.setattr(tracker.client, "log_batch", lambda *a, **k: (calls.append(k), original(*a, **k))[1])
+    for step in range(1, 121):
+        tracker.log_metrics({"train_loss": 1.0 / step, "lr": 0.1}, step)
+    tracker.finish("FINISHED")
+    assert len(calls) == 3  # steps 50, 100, and the rest at finish: not one call per value
+    history = tracker.client.get_metric_history(tracker.run_id, "train_loss")
+    assert sorted(m.step for m in history) == list(range(1, 121))
+    assert tracker.client.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+def test_train_command_runs_without_tracking(capsys):
+    assert main(["train", "tiny", "--steps", "4", "--no-tracking", "--set", "train.batch_size=2",
+                 "--set", "train.seq_len=32"]) == 0
+    assert "finished: 4 steps" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("hidden_sizee=3", "--set hidden_sizee: not a KimiK3Config field"),
+    ("num_experts_per_token=99", "num_experts_per_token must be in"),
+    ("train.stepz=3", "--set train.stepz: not a train field"),
+    ("train.seq_len=40", "train.seq_len: 40 is not a multiple of kda_chunk_size=16"),
+    ("hidden_size", "expected FIELD=VALUE"),
+])
+def test_train_command_rejects_bad_settings_in_one_line(flag, message, capsys):
+    assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--set", flag]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
