@@ -39,6 +39,7 @@ def match_config(config: KimiK3Config, target: int, spec: MatchSpec, seq_len: in
         raise MatchError(f"cannot match {spec.by}: {spec.adjust} is null in this variant")
     step = 64 if start % 64 == 0 and start >= 512 else 8
     search = _Search(config, spec, target, seq_len)
+    search.check_effect(start, step)
     lo, hi = search.bracket(start, step)
     best = search.narrow(lo, hi, step)
     value = search.count_at(best)
@@ -67,6 +68,12 @@ class _Search:
     def count_at(self, value: int) -> int:
         return _count(self.config.replace(**{self.spec.adjust: value}), self.spec, self.seq_len)
 
+    def check_effect(self, start: int, step: int) -> None:
+        """Fail early when the adjusted field does not change the count at all."""
+        other = start + step if start + step <= self.limit else max(start - step, 1)
+        if self.count_at(other) == self.count_at(start):
+            self._fail(f"{self.spec.adjust} does not change {self.spec.by} in this variant")
+
     def bracket(self, start: int, step: int) -> tuple[int, int]:
         """(lo, hi) with count(lo) <= target <= count(hi)."""
         if self.count_at(start) > self.target:
@@ -84,8 +91,6 @@ class _Search:
     def narrow(self, lo: int, hi: int, step: int) -> int:
         """The multiple of `step` in [lo, hi] (or lo, hi) whose count is closest."""
         f_lo, f_hi = self.count_at(lo), self.count_at(hi)
-        if f_lo == f_hi and f_lo != self.target:
-            self._fail(f"{self.spec.adjust} does not change {self.spec.by} in this variant")
         for attempt in range(64):
             probe = self._probe(lo, hi, f_lo, f_hi, step, interpolate=attempt < 3)
             if probe is None:

@@ -112,8 +112,9 @@ class TrainSpec:
 
     @property
     def num_evals(self) -> int:
-        """Evaluations (Tune reports) in one trial: every eval_interval steps."""
-        return max(1, self.steps // self.eval_interval)
+        """Evaluations (Tune reports) in one trial: every eval_interval steps and
+        after the last step."""
+        return -(-self.steps // self.eval_interval)
 
 
 @attrs.frozen

@@ -9,6 +9,7 @@ including a sweep in which no variant is valid.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from k3lab.registry.profiles import apply_profile, check_profiles, locate, profi
 from k3lab.registry.spec import BaseSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SweepSpec, TrainSpec
 from k3lab.registry.variants import Point, Variant, expand, parse_explicit, points
 from k3lab.registry.yamlfile import read_yaml
+
+MAX_VARIANTS = 1000
 
 
 @attrs.frozen
@@ -130,6 +133,9 @@ def _resolve(document: dict[str, Any], directory: Path, original: dict[str, Any]
     explicit = parse_explicit(spec.variants)
     if not axes and not explicit:
         raise SpecError(("axes",), "the sweep needs at least one axis or one entry under variants")
+    size = math.prod(len(a.values) for a in axes) if axes else 0
+    if size + len(explicit) > MAX_VARIANTS:
+        raise SpecError(("axes",), f"{size + len(explicit):,} variants is more than {MAX_VARIANTS:,}; split the sweep")
     if spec.match is not None:
         _check_match(spec.match, axes, explicit)
     return _Resolved(spec, base_fields, base, axes, explicit)

@@ -156,9 +156,11 @@ def short_hash(data: Any) -> str:
 
 
 def _unique_name(variant: Variant, taken: set[str]) -> Variant:
-    if variant.name not in taken:
-        return variant
-    return attrs.evolve(variant, name=f"{variant.name}_{variant.id[:6]}")
+    """The variant, renamed `<name>_2`, `<name>_3`, ... when its name is taken."""
+    name, k = variant.name, 2
+    while name in taken:
+        name, k = f"{variant.name}_{k}", k + 1
+    return attrs.evolve(variant, name=name)
 
 
 def _jsonable(overrides: dict[str, Any]) -> dict[str, Any]:
