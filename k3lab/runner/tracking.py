@@ -71,7 +71,7 @@ def flatten(prefix: str, value: Any) -> dict[str, Any]:
 class MLflowTracker:
     """One MLflow run. Metrics are buffered and sent in batches."""
 
-    def __init__(self, tracking_uri: str, run_id: str, flush_every: int = 50):
+    def __init__(self, tracking_uri: str, run_id: str, flush_every: int | None = 50):
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri)
@@ -82,7 +82,7 @@ class MLflowTracker:
 
     @classmethod
     def start(cls, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, str] | None = None,
-              parent_run_id: str | None = None, flush_every: int = 50) -> "MLflowTracker":
+              parent_run_id: str | None = None, flush_every: int | None = 50) -> "MLflowTracker":
         """Open a new run (nested under `parent_run_id` when given)."""
         from mlflow.tracking import MlflowClient
 
@@ -113,7 +113,7 @@ class MLflowTracker:
         self._pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
         self._steps_since_flush += 1
         self.seconds_in_tracking += time.perf_counter() - start
-        if self._steps_since_flush >= self.flush_every or len(self._pending) >= MAX_METRICS_PER_BATCH * 10:
+        if self.flush_every is not None and self._steps_since_flush >= self.flush_every:
             self.flush()
 
     def set_tags(self, tags: dict[str, str]) -> None:
@@ -129,6 +129,11 @@ class MLflowTracker:
         for i in range(0, len(pending), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=pending[i:i + MAX_METRICS_PER_BATCH])
         self.seconds_in_tracking += time.perf_counter() - start
+
+    def discard_pending(self) -> int:
+        """Drop metrics not yet sent (those a restored trial will log again); returns how many."""
+        dropped, self._pending, self._steps_since_flush = len(self._pending), [], 0
+        return dropped
 
     def finish(self, status: str) -> None:
         """Flush and close the run; status FINISHED, FAILED or KILLED."""
@@ -161,6 +166,9 @@ class MemoryTracker:
 
     def flush(self) -> None:
         self.flushes += 1
+
+    def discard_pending(self) -> int:
+        return 0
 
     def finish(self, status: str) -> None:
         self.status = status

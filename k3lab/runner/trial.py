@@ -52,16 +52,17 @@ def trial_params(spec: TrialSpec, counts: dict) -> dict:
     return params | {"seed": spec.seed, "variant_id": spec.variant_id, "variant_name": spec.variant_name}
 
 
-def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None) -> MLflowTracker:
+def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
+                   flush_every: int | None = 50) -> MLflowTracker:
     """The trial's MLflow run: reopened when `run_id` is known (a resumed trial), else created."""
     if run_id is not None:
-        tracker = MLflowTracker(spec.tracking_uri, run_id)
+        tracker = MLflowTracker(spec.tracking_uri, run_id, flush_every)
         tracker.client.update_run(run_id, status="RUNNING")
         return tracker
     tags = {"k3lab.variant_id": spec.variant_id, "k3lab.variant_name": spec.variant_name,
             "k3lab.seed": str(spec.seed), "k3lab.kind": "trial"}
     tracker = MLflowTracker.start(spec.tracking_uri, spec.experiment, spec.name, tags=tags,
-                                  parent_run_id=spec.parent_run_id)
+                                  parent_run_id=spec.parent_run_id, flush_every=flush_every)
     tracker.log_params(trial_params(spec, counts))
     tracker.log_metrics({"params_total": counts["total"], "params_active": counts["active"],
                          "params_embedding": counts["embedding"],
@@ -69,19 +70,27 @@ def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None) -> 
     return tracker
 
 
-def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progress=None) -> tuple[TrainResult, str | None]:
-    """Train one trial with MLflow tracking (when a tracking URI is set); returns (result, run_id)."""
+def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progress=None,
+              flush_with_checkpoints: bool = False) -> tuple[TrainResult, str | None]:
+    """Train one trial with MLflow tracking (when a tracking URI is set); returns (result, run_id).
+
+    flush_with_checkpoints: metrics reach MLflow only when `on_eval` has saved a checkpoint
+    and flushed them, and a crash drops the unsent ones. A trial restored from its last
+    checkpoint then logs those steps again exactly once: no repeated steps in the run.
+    """
     state = load_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
     trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device)
     tracker = None
     if spec.tracking_uri:
         run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
-        tracker = open_trial_run(spec, trainer.counts, run_id)
+        tracker = open_trial_run(spec, trainer.counts, run_id, None if flush_with_checkpoints else 50)
     try:
         result = train(trainer.config, spec.train, tracker=tracker, checkpoint=state, trainer=trainer,
                        on_eval=on_eval and (lambda t, m: on_eval(t, m, tracker)), progress=progress)
     except BaseException as error:
         if tracker is not None:
+            if flush_with_checkpoints:
+                tracker.discard_pending()
             tracker.set_tags({"k3lab.error": f"{type(error).__name__}: {error}"[:5000]})
             tracker.finish("FAILED" if not isinstance(error, KeyboardInterrupt) else "KILLED")
         raise
@@ -114,16 +123,16 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
     def report(trainer, metrics, tracker):
         if fail_at and restored is None and trainer.step >= fail_at:  # fault injection: crash once
             raise RuntimeError(f"K3LAB_FAIL_AT_STEP: injected failure at step {trainer.step}")
-        if tracker is not None:
-            tracker.flush()
         metrics = metrics | {RUN_ID_KEY: tracker.run_id if tracker else "", "variant": spec.variant_name,
                              "trial_status": "finished" if trainer.step >= spec.train.steps else "running",
                              "seed": spec.seed, "done_steps": trainer.step, "total_steps": spec.train.steps}
         with tempfile.TemporaryDirectory() as directory:
             save_trainer(trainer, directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+        if tracker is not None:
+            tracker.flush()  # only now: everything sent is covered by a saved checkpoint
 
-    result, run_id = run_trial(spec, checkpoint=state, on_eval=report)
+    result, run_id = run_trial(spec, checkpoint=state, on_eval=report, flush_with_checkpoints=True)
     if result.status != FINISHED:  # diverged: a retry would diverge again, so report and stop
         tune.report({"trial_status": result.status, "error": result.error, RUN_ID_KEY: run_id or "",
                      "variant": spec.variant_name, "seed": spec.seed, "done_steps": result.step,

@@ -1,0 +1,99 @@
+"""`k3lab sweep` end to end on CPU: Ray Tune trials, MLflow runs, crash recovery and --resume."""
+
+import json
+import textwrap
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from k3lab.cli import main
+from k3lab.runner.status import final_status
+
+pytestmark = [pytest.mark.usefixtures("isolated_data"), pytest.mark.slow]
+
+SWEEP = """
+name: mini
+description: two variants of a very small model
+base: {preset: tiny, num_layers: 2, layer_types: [kda, mla], num_dense_layers: 1}
+axes:
+  attn_res_block_size: [off, 1]
+seeds: [0]
+train: {steps: 8, batch_size: 2, seq_len: 32, warmup_steps: 1, eval_interval: 4, eval_batches: 1, log_interval: 2}
+resources: {cpu: 1, gpu: 0}
+"""
+
+
+@pytest.fixture
+def sweep_file(tmp_path):
+    path = tmp_path / "mini.yaml"
+    path.write_text(textwrap.dedent(SWEEP))
+    return path
+
+
+def sweep_args(tmp_path, sweep_file, *extra):
+    return ["sweep", str(sweep_file), "--storage", str(tmp_path / "runs"), "--no-live",
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra]
+
+
+def trial_runs(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent_id = json.loads((tmp_path / "runs" / "mini.k3lab.json").read_text())["parent_run_id"]
+    parent = client.get_run(parent_id)
+    runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
+    return client, parent, runs
+
+
+def assert_one_clean_run_per_trial(client, runs):
+    assert sorted(r.data.tags["k3lab.variant_name"] for r in runs) == ["attnres_bs1", "attnres_off"]
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+        assert sorted(steps) == list(range(1, 9))  # every step once: no repeats after recovery
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [4, 8]
+        assert int(run.data.params["params.total"]) > 0
+        assert run.data.params["model.use_attn_res"] in ("True", "False")
+
+
+def test_sweep_logs_one_run_per_trial_and_recovers_from_a_crash(tmp_path, sweep_file, monkeypatch, capsys):
+    monkeypatch.setenv("K3LAB_FAIL_AT_STEP", "8")  # every trial crashes once, after its step-4 checkpoint
+    assert main(sweep_args(tmp_path, sweep_file, "--max-failures", "1")) == 0
+    client, parent, runs = trial_runs(tmp_path)
+    assert_one_clean_run_per_trial(client, runs)
+    assert parent.info.status == "FINISHED"
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"mini.yaml", "report"} <= artifacts
+    report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/loss_curves.png", "report/val_loss_vs_params.png", "report/summary.json"} <= report
+    out = capsys.readouterr().out
+    assert "attnres_off" in out and "attnres_bs1" in out
+
+
+def test_resume_finishes_an_interrupted_sweep_in_the_same_runs(tmp_path, sweep_file, monkeypatch):
+    monkeypatch.setenv("K3LAB_FAIL_AT_STEP", "8")
+    assert main(sweep_args(tmp_path, sweep_file, "--max-failures", "0")) == 1  # both trials errored
+    client, _, runs = trial_runs(tmp_path)
+    before = {r.info.run_id for r in runs}
+    assert {r.info.status for r in runs} == {"FAILED"}
+    monkeypatch.delenv("K3LAB_FAIL_AT_STEP")
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 0
+    client, parent, runs = trial_runs(tmp_path)
+    assert {r.info.run_id for r in runs} == before  # the same runs continued, no duplicates
+    assert_one_clean_run_per_trial(client, runs)
+
+
+def test_sweep_refuses_to_mix_runs_and_to_resume_nothing(tmp_path, sweep_file, capsys):
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    assert "no earlier run of mini" in capsys.readouterr().err
+    (tmp_path / "runs" / "mini").mkdir(parents=True)
+    assert main(sweep_args(tmp_path, sweep_file)) == 2
+    assert "pass --resume to continue it or --overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("result, errored, status", [
+    ({"done_steps": 8, "total_steps": 8}, False, "FINISHED"),
+    ({"done_steps": 4, "total_steps": 8}, False, "KILLED"),
+    ({"done_steps": 3, "total_steps": 8, "trial_status": "diverged"}, False, "FAILED"),
+    ({"done_steps": 4, "total_steps": 8}, True, "FAILED"),
+])
+def test_trial_end_maps_to_mlflow_status(result, errored, status):
+    assert final_status(result, errored) == status
