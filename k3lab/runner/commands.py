@@ -24,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     sweep = subparsers.add_parser("sweep", help="run every variant x seed of a sweep file as Ray Tune trials")
     sweep.add_argument("file", help="sweep file, e.g. experiments/attnres_block.yaml")
-    sweep.add_argument("--profile", help="a profile of the sweep file, e.g. cpu or gpu")
+    sweep.add_argument("--profile", default="auto",
+                       help="a profile of the sweep file; auto (default): gpu when this machine has CUDA, "
+                            "else cpu, when the file has them; none: the file's top-level settings")
     sweep.add_argument("--storage", help="folder for Tune state, checkpoints and kernel cache (default ./k3lab_runs)")
     sweep.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
     sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray instance)")
@@ -36,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     report = subparsers.add_parser("report", help="rebuild a sweep's summary and plots from the MLflow store")
     report.add_argument("file", help="the sweep file")
-    report.add_argument("--profile")
+    report.add_argument("--profile", default="auto", help="as for k3lab sweep")
     report.add_argument("--storage")
     report.add_argument("--tracking-uri")
     report.add_argument("--out", help="folder for the plots and summary.json")
@@ -147,19 +149,34 @@ def wide_console():
     return Console(width=max(120, shutil.get_terminal_size().columns))
 
 
+def resolve_profile(path: str, profile: str | None) -> str | None:
+    """'auto' -> 'gpu' on a CUDA machine, else 'cpu', if the sweep file defines that profile."""
+    if profile == "none":
+        return None
+    if profile != "auto":
+        return profile
+    import torch
+
+    from k3lab.registry import load_sweep
+
+    wanted = "gpu" if torch.cuda.is_available() else "cpu"
+    return wanted if wanted in load_sweep(path).profiles else None
+
+
 def run_sweep_command(args) -> int:
     from k3lab.registry import load_sweep
     from k3lab.runner.report import summary_table
     from k3lab.runner.sweep import SweepRun, default_storage, run_sweep, tracking_uri_or_default
 
-    sweep = load_sweep(args.file, profile=args.profile)
+    sweep = load_sweep(args.file, profile=resolve_profile(args.file, args.profile))
     if not sweep.trials:
         raise UserError(f"{args.file}: no valid variant to run")
     run = SweepRun(sweep=sweep, storage=Path(args.storage) if args.storage else default_storage(),
                    tracking_uri=tracking_uri_or_default(args.tracking_uri), address=args.address,
                    resume=args.resume, overwrite=args.overwrite, max_failures=args.max_failures)
     console = wide_console()
-    console.print(f"{sweep.name}: {len(sweep.valid_variants)} variants x seeds = {len(sweep.trials)} trials; "
+    console.print(f"{sweep.name} ({sweep.profile or 'top-level'} profile): "
+                  f"{len(sweep.valid_variants)} variants x seeds = {len(sweep.trials)} trials; "
                   f"MLflow {run.tracking_uri} (experiment {run.experiment})")
     summary = run_sweep(run, live=not args.no_live)
     console.print(summary_table(summary["rows"], summary["metric"], title=f"{run.experiment}: final {summary['metric']}"))
@@ -177,7 +194,7 @@ def run_report(args) -> int:
     from k3lab.runner.report import build_report, summary_table
     from k3lab.runner.sweep import SweepRun, default_storage, tracking_uri_or_default
 
-    sweep = load_sweep(args.file, profile=args.profile)
+    sweep = load_sweep(args.file, profile=resolve_profile(args.file, args.profile))
     run = SweepRun(sweep=sweep, storage=Path(args.storage) if args.storage else default_storage(),
                    tracking_uri=tracking_uri_or_default(args.tracking_uri))
     if not run.state_file.exists():
