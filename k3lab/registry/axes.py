@@ -114,7 +114,7 @@ _LETTERS = re.compile(r"^[KMkm]+$")
 
 
 def _parse_schedule(value: Any, path: Path) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 60:
         raise SpecError(path, f"got the integer {value}; quote ratios such as '3:1' (YAML reads an unquoted "
                               "3:1 as a base-60 number)")
     if not isinstance(value, str):

@@ -9,6 +9,7 @@ validation via `cattrs.transform_error`.
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any, get_origin
 
 import attrs
@@ -47,6 +48,8 @@ def _int(value, _type) -> int:
 def _float(value, _type) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise StrictTypeError(f"expected a number, got {describe(value)}")
+    if not math.isfinite(value):
+        raise StrictTypeError(f"expected a finite number, got {value}")
     return float(value)
 
 
