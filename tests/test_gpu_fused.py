@@ -90,6 +90,43 @@ def test_fused_config_model_on_cpu_matches_the_chunkwise_model():
     torch.testing.assert_close(logits, expected[:, :20], atol=1e-5, rtol=1e-5)
 
 
+# -- CPU: FLA's own PyTorch references define what its kernels compute ---------------------
+# (FLA's test-suite checks each kernel against these; they need FLA installed, not a GPU)
+
+def test_fla_bounded_gate_formula_is_decay_gate():
+    gate = pytest.importorskip("fla.ops.kda.gate")
+    from k3lab.model.kda import decay_gate
+
+    f, A_log, dt_bias = torch.randn(2, 8, 3, 4) * 5, torch.randn(3), torch.randn(12)
+    fla_g = gate.naive_kda_lowerbound_gate(f, A_log, dt_bias, lower_bound=-5.0)
+    torch.testing.assert_close(fla_g, decay_gate(f, A_log, dt_bias, lower_bound=-5.0))
+
+
+def test_fla_recurrence_is_ours():
+    naive = pytest.importorskip("fla.ops.kda.naive")
+    from k3lab.model.kda import recurrent_kda
+
+    B, T, H, d = 2, 12, 3, 8
+    q, k = F.normalize(torch.randn(B, T, H, d), dim=-1), F.normalize(torch.randn(B, T, H, d), dim=-1)
+    v, g, beta = torch.randn(B, T, H, d), F.logsigmoid(torch.randn(B, T, H, d)), torch.rand(B, T, H)
+    o_fla, s_fla = naive.naive_recurrent_kda(q, k, v, g, beta, output_final_state=True)
+    o, s = recurrent_kda(q, k, v, g, beta, output_final_state=True)
+    torch.testing.assert_close(o, o_fla, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s, s_fla, atol=1e-5, rtol=1e-5)
+
+
+def test_fla_attnres_with_output_norm_is_apply_attn_res_then_the_prenorm():
+    naive = pytest.importorskip("fla.ops.attnres.naive")
+    BT, K, M = 10, 4, 32
+    candidates = [torch.randn(BT, M) * (i + 1) for i in range(K)]
+    norm, out_norm, proj = RMSNorm(M), RMSNorm(M), torch.nn.Linear(M, 1, bias=False)
+    for w in (norm.weight, out_norm.weight, proj.weight):
+        torch.nn.init.normal_(w, mean=1.0 if w.ndim == 1 else 0.0, std=0.3)
+    expected = out_norm(apply_attn_res(torch.stack(candidates[:-1], dim=1), candidates[-1], norm, proj))
+    fla_h = naive.naive_attnres(proj.weight, candidates, norm.weight, output_rms_weight=out_norm.weight, rms_eps=1e-6)
+    torch.testing.assert_close(fla_h, expected, atol=1e-5, rtol=1e-5)
+
+
 # -- CPU: the tuple-endpoint AttnRes state machine ------------------------------------
 
 def standin_fused_attn_res(candidates, norm, proj, out_norm):

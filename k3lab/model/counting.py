@@ -85,9 +85,14 @@ def flops_per_token(config: KimiK3Config, active_matmul: int, seq_len: int) -> i
     mla_layers = config.layer_types.count("mla")
     kda_layers = config.layer_types.count("kda")
     mla = 6 * config.mla_num_heads * (config.mla_qk_head_dim + config.mla_v_head_dim) * seq_len
-    C, d = min(config.kda_chunk_size, seq_len), config.kda_head_dim
-    kda = 6 * config.kda_num_heads * (C * (3 * d + 2 * d) + 3 * d * d)
+    kda = kda_flops_per_token(config.kda_num_heads, config.kda_head_dim, config.kda_chunk_size, seq_len)
     return 6 * active_matmul + mla_layers * mla + kda_layers * kda
+
+
+def kda_flops_per_token(num_heads: int, head_dim: int, chunk_size: int, seq_len: int) -> int:
+    """One KDA layer's chunk term (see the module docstring), dk = dv = head_dim."""
+    C, d = min(chunk_size, seq_len), head_dim
+    return 6 * num_heads * (C * (3 * d + 2 * d) + 3 * d * d)
 
 
 def count_config(config: KimiK3Config, seq_len: int | None = None) -> dict:

@@ -77,7 +77,7 @@ class KDAFused(KDAChunkwise):
 
 def short_conv(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     """SiLU(causal depthwise conv(x)) with FLA's kernel and our nn.Conv1d weight (D, 1, W): (B, T, D)."""
-    from fla.modules import causal_conv1d
+    from fla.modules.causal_conv1d import causal_conv1d
 
     y, _ = causal_conv1d(x=x, weight=conv.weight.squeeze(1), bias=conv.bias, activation="silu")
     return y

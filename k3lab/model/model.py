@@ -67,6 +67,8 @@ class KimiK3DecoderBlock(nn.Module):
         self.layer_type = config.layer_types[layer_idx]
         self.use_attn_res = config.use_attn_res
         self.attn_res_block_size = config.attn_res_block_size
+        # a bool, not layer_idx % S in forward: torch.compile then guards on two values, not on every index
+        self.starts_block = layer_idx % config.attn_res_block_size == 0
         M, eps = config.hidden_size, config.rms_norm_eps
         if self.layer_type == "kda":
             self.attn = build_kda(config)
@@ -102,7 +104,7 @@ class KimiK3DecoderBlock(nn.Module):
             hidden_states = self.mix("attn", block_residual, prefix_sum, self.attn_res_norm, self.attn_res_proj)
 
         # at a block boundary the incoming prefix (not the mixed input) becomes an endpoint
-        if self.layer_idx % self.attn_res_block_size == 0:
+        if self.starts_block:
             block_residual = torch.cat([block_residual, prefix_sum.reshape(B * T, 1, C)], dim=1)
             prefix_sum = None
 
@@ -127,7 +129,7 @@ class KimiK3DecoderBlock(nn.Module):
                 (*endpoints, prefix_sum), self.attn_res_norm, self.attn_res_proj, self.attn_norm)
         else:
             h = self.attn_norm(prefix_sum)
-        if self.layer_idx % self.attn_res_block_size == 0:
+        if self.starts_block:
             stream_dtype = endpoints[0].dtype if endpoints else prefix_sum.dtype
             endpoints = (*endpoints, prefix_sum.to(stream_dtype))
             prefix_sum = None
@@ -248,6 +250,10 @@ def compile_blocks(model: KimiK3, **options) -> KimiK3:
     assignment are unchanged. FLA calls are `torch.compiler.disable`d: graph breaks.
     """
     options.setdefault("fullgraph", False)
+    # blocks share one forward: each distinct block kind (attention, FFN, boundary) is one
+    # more compiled graph of that code object; keep them all under the recompile limit
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 2 * len(model.layers)))
     for layer in model.layers:
         layer.compile(**options)
     return model
