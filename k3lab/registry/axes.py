@@ -70,10 +70,6 @@ class Axis:
     name: str
     values: tuple
 
-    @property
-    def kind(self) -> AxisKind:
-        return axis_kind(self.name, ())
-
 
 def current(fields: Fields, name: str) -> Any:
     """The value of config field `name` given overrides `fields` (else the default)."""

@@ -38,7 +38,7 @@ def _positive(instance, attribute, value) -> None:
 
 
 def _non_negative(instance, attribute, value) -> None:
-    if value is not None and value < 0:
+    if value is not None and not value >= 0:
         raise FieldError(attribute.name, f"must be non-negative, got {value!r}")
 
 
