@@ -63,7 +63,11 @@ def test_sweep_logs_one_run_per_trial_and_recovers_from_a_crash(tmp_path, sweep_
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"mini.yaml", "report"} <= artifacts
     report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
-    assert {"report/loss_curves.png", "report/val_loss_vs_params.png", "report/summary.json"} <= report
+    assert {"report/loss_curves.png", "report/val_loss_by_variant.png", "report/val_loss_vs_params.png",
+            "report/summary.json"} <= report
+    summary = json.loads(open(client.download_artifacts(parent.info.run_id, "report/summary.json")).read())
+    assert {row["axes"]["attn_res_block_size"] for row in summary} == {"off", "1"}
+    assert all(row["seeds"] == 1 and row["val_loss_mean"] > 0 for row in summary)
     out = capsys.readouterr().out
     assert "attnres_off" in out and "attnres_bs1" in out
 
@@ -79,6 +83,31 @@ def test_resume_finishes_an_interrupted_sweep_in_the_same_runs(tmp_path, sweep_f
     client, parent, runs = trial_runs(tmp_path)
     assert {r.info.run_id for r in runs} == before  # the same runs continued, no duplicates
     assert_one_clean_run_per_trial(client, runs)
+
+
+def test_unreachable_tracking_server_is_reported_before_any_trial(tmp_path, sweep_file, capsys):
+    args = ["sweep", str(sweep_file), "--storage", str(tmp_path / "runs"), "--no-live",
+            "--tracking-uri", "http://127.0.0.1:9"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "the MLflow server does not answer" in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+
+
+def test_dry_run_lists_trials_and_starts_nothing(tmp_path, sweep_file, capsys):
+    assert main(sweep_args(tmp_path, sweep_file, "--dry-run")) == 0
+    out = capsys.readouterr().out
+    assert "attnres_off" in out and "dry run" in out
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_sweep_file_error_stops_before_ray_starts(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SWEEP.replace("attn_res_block_size: [off, 1]", "attn_res_block_size: [0]"))
+    assert main(["sweep", str(bad), "--storage", str(tmp_path / "runs"), "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_sweep_refuses_to_mix_runs_and_to_resume_nothing(tmp_path, sweep_file, capsys):

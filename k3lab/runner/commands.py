@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.add_argument("--resume", action="store_true", help="continue an interrupted run of this sweep")
     sweep.add_argument("--overwrite", action="store_true", help="discard an earlier run of this sweep and start again")
     sweep.add_argument("--max-failures", type=int, default=2, help="retries of a crashed trial (from its checkpoint)")
+    sweep.add_argument("--max-concurrent", type=int, help="trials at a time (default: the sweep file's, else all "
+                                                          "that fit)")
+    sweep.add_argument("--dry-run", action="store_true", help="list the trials that would run, start nothing")
     sweep.add_argument("--no-live", action="store_true", help="no live table (for logs and CI)")
     sweep.set_defaults(func=run_sweep_command)
 
@@ -43,6 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--tracking-uri")
     report.add_argument("--out", help="folder for the plots and summary.json")
     report.set_defaults(func=run_report)
+
+    ui = subparsers.add_parser("ui", help="open the MLflow UI on k3lab's tracking store")
+    ui.add_argument("--tracking-uri", help="the store (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    ui.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.set_defaults(func=run_ui)
 
 
 # -- k3lab train -----------------------------------------------------------------------
@@ -171,10 +180,20 @@ def run_sweep_command(args) -> int:
     sweep = load_sweep(args.file, profile=resolve_profile(args.file, args.profile))
     if not sweep.trials:
         raise UserError(f"{args.file}: no valid variant to run")
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
     run = SweepRun(sweep=sweep, storage=Path(args.storage) if args.storage else default_storage(),
                    tracking_uri=tracking_uri_or_default(args.tracking_uri), address=args.address,
-                   resume=args.resume, overwrite=args.overwrite, max_failures=args.max_failures)
+                   resume=args.resume, overwrite=args.overwrite, max_failures=args.max_failures,
+                   max_concurrent=args.max_concurrent)
     console = wide_console()
+    if args.dry_run:
+        from k3lab.registry.commands import variant_table
+
+        console.print(variant_table(sweep))
+        console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
+                      f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}")
+        return 0
     console.print(f"{sweep.name} ({sweep.profile or 'top-level'} profile): "
                   f"{len(sweep.valid_variants)} variants x seeds = {len(sweep.trials)} trials; "
                   f"MLflow {run.tracking_uri} (experiment {run.experiment})")
@@ -207,3 +226,20 @@ def run_report(args) -> int:
     for path in summary["files"]:
         console.print(f"wrote {path}")
     return 0
+
+
+def run_ui(args) -> int:
+    """`mlflow server` on the same store k3lab logs to, serving local artifacts."""
+    import os
+    import shutil
+
+    from k3lab.runner.sweep import tracking_uri_or_default
+
+    uri = tracking_uri_or_default(args.tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        raise UserError(f"--tracking-uri {uri} is already a server: open it in a browser")
+    mlflow = shutil.which("mlflow")
+    if mlflow is None:
+        raise UserError("the mlflow command is not installed in this environment")
+    print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C to stop)")
+    os.execv(mlflow, [mlflow, "server", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)])

@@ -73,6 +73,7 @@ def summarize(records: list[TrialRecord], metric: str = "val_loss") -> list[dict
             "statuses": sorted({r.status for r in group}), f"{metric}_mean": mean, f"{metric}_std": std,
             "params_total": int(first.get("params.total", 0)), "params_active": int(first.get("params.active", 0)),
             "tokens_per_s": tps, "tokens": max((r.value("tokens") or 0) for r in group),
+            "axes": {k.removeprefix("axis."): v for k, v in first.items() if k.startswith("axis.")},
         })
     return rows
 
@@ -142,6 +143,28 @@ def plot_metric_vs_params(rows: list[dict], path: Path, metric: str = "val_loss"
     return path
 
 
+def plot_metric_by_variant(rows: list[dict], path: Path, metric: str = "val_loss") -> Path:
+    """Final metric against the swept axis values (one point per variant, seed std as error bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(rows, key=lambda r: sorted(r["axes"].items()))  # axis order, not result order
+    labels = [", ".join(f"{k}={v}" for k, v in r["axes"].items()) or r["variant"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.8))
+    means = [r[f"{metric}_mean"] for r in rows]
+    stds = [r[f"{metric}_std"] for r in rows]
+    ax.errorbar(range(len(rows)), means, yerr=stds, fmt="o", capsize=4)
+    ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(f"final {metric} (mean ± std over seeds)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss", mode: str = "min",
                  out_dir: Path | None = None) -> dict:
     """Summary rows plus plot and JSON files in out_dir; returns {"rows", "records", "files"}."""
@@ -152,6 +175,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     if out_dir is not None and records:
         out_dir.mkdir(parents=True, exist_ok=True)
         files.append(plot_loss_curves(records, out_dir / "loss_curves.png", metric))
+        files.append(plot_metric_by_variant(rows, out_dir / f"{metric}_by_variant.png", metric))
         files.append(plot_metric_vs_params(rows, out_dir / f"{metric}_vs_params.png", metric))
         summary_path = out_dir / "summary.json"
         summary_path.write_text(json.dumps(rows, indent=2, default=str))

@@ -36,6 +36,7 @@ class SweepRun:
     resume: bool = False
     overwrite: bool = False
     max_failures: int = 2
+    max_concurrent: int | None = None  # overrides the sweep file's resources.max_concurrent_trials
 
     @property
     def experiment(self) -> str:
@@ -76,6 +77,23 @@ def check_experiment_dir(run: SweepRun) -> None:
         run.state_file.unlink(missing_ok=True)
 
 
+def check_tracking_server(uri: str) -> None:
+    """Fail in one line, before Ray starts, when an HTTP tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=10) as response:
+            if response.status == 200:
+                return
+            problem = f"HTTP {response.status}"
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        problem = str(getattr(error, "reason", error))
+    raise UserError(f"--tracking-uri {uri}: the MLflow server does not answer ({problem})")
+
+
 def open_parent_run(run: SweepRun) -> MLflowTracker:
     """The sweep's parent MLflow run: reopened on --resume, else created with the sweep's params."""
     if run.resume and run.state_file.exists():
@@ -104,7 +122,8 @@ def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
     return {
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
                             config=trial.variant.config.to_dict(), train=run.sweep.train,
-                            tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id)
+                            tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id,
+                            overrides={k: str(v) for k, v in trial.variant.overrides.items()})
         for trial in run.sweep.trials
     }
 
@@ -161,7 +180,7 @@ def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
                                   resume_errored=True)
     tune_config = tune.TuneConfig(metric=sweep.metric.name, mode=sweep.metric.mode,
                                   scheduler=build_scheduler(sweep),
-                                  max_concurrent_trials=sweep.resources.max_concurrent_trials)
+                                  max_concurrent_trials=run.max_concurrent or sweep.resources.max_concurrent_trials)
     return tune.Tuner(trainable, param_space={"trial": tune.grid_search(list(specs))}, tune_config=tune_config,
                       run_config=run_config)
 
@@ -175,6 +194,7 @@ def run_sweep(run: SweepRun, live: bool = True) -> dict:
     from k3lab.runner.report import build_report
     from k3lab.runner.status import MLflowStatusCallback
 
+    check_tracking_server(run.tracking_uri)
     check_experiment_dir(run)
     sweep = run.sweep
     prepare_dataset(sweep.train.dataset, sweep.train.tokenizer, progress=live)  # once, before any trial

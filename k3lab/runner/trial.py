@@ -35,6 +35,7 @@ class TrialSpec:
     tracking_uri: str | None
     experiment: str
     parent_run_id: str | None = None
+    overrides: dict | None = None  # the swept axis values of this variant, e.g. {"attn_res_block_size": 4}
 
     @property
     def name(self) -> str:
@@ -49,6 +50,7 @@ def trial_params(spec: TrialSpec, counts: dict) -> dict:
     params = flatten("model", spec.config) | flatten("train", attrs.asdict(spec.train))
     params |= {f"params.{k}": v for k, v in counts.items() if k != "by_component"}
     params |= {f"params.component.{k}": v for k, v in counts["by_component"].items()}
+    params |= {f"axis.{k}": v for k, v in (spec.overrides or {}).items()}
     return params | {"seed": spec.seed, "variant_id": spec.variant_id, "variant_name": spec.variant_name}
 
 
