@@ -40,6 +40,17 @@ def build_kda(config: KimiK3Config) -> nn.Module:
     return KDAChunkwise(config)
 
 
+@torch.compiler.disable
+def fused_attn_res(candidates, norm, proj, out_norm):
+    """out_norm(AttnRes mixture of candidates) with FLA's kernel: see `kda_fused.fused_attn_res`.
+
+    Imported here, at call time, so the plain model never imports the fused module.
+    """
+    from k3lab.model import kda_fused
+
+    return kda_fused.fused_attn_res(candidates, norm, proj, out_norm)
+
+
 def attn_res_mixture(block_residual, prefix_sum, norm, proj):
     """`apply_attn_res`, also returning the mixture weights (BT, K) for logging."""
     V = torch.cat([block_residual, prefix_sum.unsqueeze(1)], dim=1).float()  # (BT, K, M)
@@ -121,8 +132,6 @@ class KimiK3DecoderBlock(nn.Module):
         Each mixture comes back already through the pre-norm that follows it
         (attn_norm / ffn_norm), which the kernel fuses.
         """
-        from k3lab.model.kda_fused import fused_attn_res
-
         prefix_sum = hidden_states
         if endpoints:
             h, self.attn_res_weights["attn"] = fused_attn_res(
@@ -213,8 +222,6 @@ class KimiK3(nn.Module):
             raise ValueError(f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}")
         hidden_states = self.embed_tokens(idx)  # (B, T, M)
         if self.uses_fused_attn_res(idx):
-            from k3lab.model.kda_fused import fused_attn_res
-
             endpoints = ()
             for layer in self.layers:
                 hidden_states, endpoints = layer(hidden_states, endpoints)
