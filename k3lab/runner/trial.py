@@ -8,6 +8,8 @@ into it: exactly one MLflow run per trial, no repeated steps.
 from __future__ import annotations
 
 import os
+import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,15 +56,28 @@ def trial_params(spec: TrialSpec, counts: dict) -> dict:
     return params | {"seed": spec.seed, "variant_id": spec.variant_id, "variant_name": spec.variant_name}
 
 
+def node_tags() -> dict[str, str]:
+    """Where a trial runs: k3lab.host, and k3lab.node (the Ray node id) inside a Ray worker."""
+    tags = {"k3lab.host": socket.gethostname()}
+    ray = sys.modules.get("ray")  # never imported outside Ray: no Ray node to name
+    try:
+        if ray is not None and ray.is_initialized():
+            tags["k3lab.node"] = ray.get_runtime_context().get_node_id()
+    except Exception:  # a tag is not worth failing a trial for
+        pass
+    return tags
+
+
 def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
                    flush_every: int | None = 50) -> MLflowTracker:
     """The trial's MLflow run: reopened when `run_id` is known (a resumed trial), else created."""
     if run_id is not None:
         tracker = MLflowTracker(spec.tracking_uri, run_id, flush_every)
         tracker.client.update_run(run_id, status="RUNNING")
+        tracker.set_tags(node_tags())  # a restored trial may run on another node
         return tracker
     tags = {"k3lab.variant_id": spec.variant_id, "k3lab.variant_name": spec.variant_name,
-            "k3lab.seed": str(spec.seed), "k3lab.kind": "trial"}
+            "k3lab.seed": str(spec.seed), "k3lab.kind": "trial"} | node_tags()
     tracker = MLflowTracker.start(spec.tracking_uri, spec.experiment, spec.name, tags=tags,
                                   parent_run_id=spec.parent_run_id, flush_every=flush_every)
     tracker.log_params(trial_params(spec, counts))
