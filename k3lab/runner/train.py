@@ -42,6 +42,7 @@ class TrainResult:
     tokens_per_s: float | None = None
     mfu: float | None = None
     error: str | None = None
+    startup_s: float | None = None
     counts: dict = field(default_factory=dict)
 
 
@@ -206,13 +207,15 @@ class Window:
 def train(config: KimiK3Config, train_spec: TrainSpec, tracker=None, checkpoint: str | Path | dict | None = None,
           *, seed: int = 0, device=None, dataset=None, on_eval: Callable | None = None,
           progress: Callable[[int, dict], None] | None = None, rank: int = 0, world_size: int = 1,
-          trainer: Trainer | None = None) -> TrainResult:
+          trainer: Trainer | None = None, started_at: float | None = None) -> TrainResult:
     """Train one variant for train_spec.steps optimizer steps.
 
     checkpoint: a path or state dict from `Trainer.state_dict()` to resume from; the run
     continues at the saved step with the same batches it would have drawn.
     on_eval(trainer, metrics) is called after every evaluation (Ray Tune reports and saves
     checkpoints there); progress(step, metrics) after every logging window.
+    started_at (time.time() when the trial process began) adds `startup_s`: the time from
+    then until the first optimizer step had finished (imports, data, model, kernels).
     """
     trainer = trainer or Trainer(config, train_spec, seed=seed, device=device, dataset=dataset,
                                  rank=rank, world_size=world_size)
@@ -226,6 +229,12 @@ def train(config: KimiK3Config, train_spec: TrainSpec, tracker=None, checkpoint:
     while trainer.step < spec.steps:
         values = trainer.train_step()
         window.add(trainer.step, values)
+        if started_at is not None:
+            values["train_loss"].item()  # one sync: the first step has really finished
+            result.startup_s = time.time() - started_at
+            if tracker is not None:
+                tracker.log_metrics({"startup_s": result.startup_s}, trainer.step)
+            started_at = None
         at_eval = trainer.step % spec.eval_interval == 0 or trainer.step == spec.steps
         if len(window.steps) >= spec.log_interval or at_eval:
             per_step, window_metrics = window.collect()

@@ -88,7 +88,7 @@ def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
 
 
 def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progress=None,
-              flush_with_checkpoints: bool = False) -> tuple[TrainResult, str | None]:
+              flush_with_checkpoints: bool = False, started_at: float | None = None) -> tuple[TrainResult, str | None]:
     """Train one trial with MLflow tracking (when a tracking URI is set); returns (result, run_id).
 
     flush_with_checkpoints: metrics reach MLflow only when `on_eval` has saved a checkpoint
@@ -103,7 +103,8 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
         tracker = open_trial_run(spec, trainer.counts, run_id, None if flush_with_checkpoints else 50)
     try:
         result = train(trainer.config, spec.train, tracker=tracker, checkpoint=state, trainer=trainer,
-                       on_eval=on_eval and (lambda t, m: on_eval(t, m, tracker)), progress=progress)
+                       on_eval=on_eval and (lambda t, m: on_eval(t, m, tracker)), progress=progress,
+                       started_at=started_at)
     except BaseException as error:
         if tracker is not None:
             if flush_with_checkpoints:
@@ -122,6 +123,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
 
 def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
     """The function Ray Tune runs for one trial (param = {"trial": key into `trials`})."""
+    started_at = time.time()
     import torch
     from ray import tune
 
@@ -149,7 +151,8 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
         if tracker is not None:
             tracker.flush()  # only now: everything sent is covered by a saved checkpoint
 
-    result, run_id = run_trial(spec, checkpoint=state, on_eval=report, flush_with_checkpoints=True)
+    result, run_id = run_trial(spec, checkpoint=state, on_eval=report, flush_with_checkpoints=True,
+                               started_at=started_at)
     if result.status != FINISHED:  # diverged: a retry would diverge again, so report and stop
         tune.report({"trial_status": result.status, "error": result.error, RUN_ID_KEY: run_id or "",
                      "variant": spec.variant_name, "seed": spec.seed, "done_steps": result.step,
