@@ -9,11 +9,13 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import re
 import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from k3lab.markdown import replace_section  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 HEADER = "# Benchmarks\n\nEvery section below is written by the benchmark it names; none is typed by hand.\n"
@@ -30,10 +32,5 @@ def machine() -> str:
 def write_section(name: str, body: str, command: str | None = None, doc: Path = DOC) -> None:
     command = command or "python " + " ".join(sys.argv)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    section = (f"<!-- bench:{name} -->\n## {name}\n\nCommand: `{command}`  \nMachine: {machine()}  \n"
-               f"Measured: {date}\n\n{body.strip()}\n<!-- /bench:{name} -->\n")
-    text = doc.read_text() if doc.exists() else HEADER
-    pattern = re.compile(rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->\n", re.S)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
+    text = (f"## {name}\n\nCommand: `{command}`  \nMachine: {machine()}  \nMeasured: {date}\n\n{body.strip()}\n")
+    replace_section(doc, name, text, header=HEADER)

@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--storage")
     report.add_argument("--tracking-uri")
     report.add_argument("--out", help="folder for the plots and summary.json")
+    report.add_argument("--markdown", help="also write the results as a section of this markdown file")
+    report.add_argument("--gpu-log", help="GPU utilisation samples (epoch_seconds,percent per line) for --markdown")
+    report.add_argument("--baseline", help="variant that the markdown's relative differences refer to")
     report.set_defaults(func=run_report)
 
     ui = subparsers.add_parser("ui", help="open the MLflow UI on k3lab's tracking store")
@@ -221,6 +224,8 @@ def run_report(args) -> int:
     parent_run_id = json.loads(run.state_file.read_text())["parent_run_id"]
     out = Path(args.out) if args.out else run.storage / f"{run.experiment}_report"
     summary = build_report(run.tracking_uri, parent_run_id, sweep.metric.name, sweep.metric.mode, out_dir=out)
+    if args.markdown:
+        write_results_markdown(args, run, parent_run_id)
     console = wide_console()
     console.print(summary_table(summary["rows"], summary["metric"], title=f"{run.experiment}: final {summary['metric']}"))
     for path in summary["files"]:
@@ -243,3 +248,17 @@ def run_ui(args) -> int:
         raise UserError("the mlflow command is not installed in this environment")
     print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C to stop)")
     os.execv(mlflow, [mlflow, "server", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)])
+
+
+def write_results_markdown(args, run, parent_run_id: str) -> None:
+    import sys
+
+    from k3lab.markdown import replace_section
+    from k3lab.runner.results import results_markdown
+
+    if args.gpu_log and not Path(args.gpu_log).exists():
+        raise UserError(f"--gpu-log {args.gpu_log}: no such file")
+    title = f"{run.experiment}: {run.sweep.description}" if run.sweep.description else run.experiment
+    body = results_markdown(run.tracking_uri, parent_run_id, title, run.sweep.metric.name, args.gpu_log,
+                            args.baseline, command="k3lab " + " ".join(sys.argv[1:]))
+    replace_section(args.markdown, run.experiment, body, header="# Results\n")

@@ -26,6 +26,7 @@ class TrialRecord:
     start_ms: int | None
     end_ms: int | None
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    first_step_ms: int | None = None  # when the trial logged its first optimizer step
 
     def value(self, name: str) -> float | None:
         return self.final.get(name)
@@ -41,13 +42,14 @@ def load_trials(tracking_uri: str, parent_run_id: str, curves=("train_loss", "va
                               max_results=10000)
     records = []
     for run in runs:
-        histories = {name: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
-                     for name in curves}
+        raw = {name: client.get_metric_history(run.info.run_id, name) for name in {"train_loss", *curves}}
+        histories = {name: sorted((m.step, m.value) for m in raw[name]) for name in curves}
+        first_step = min(raw["train_loss"], key=lambda m: m.step, default=None)
         records.append(TrialRecord(
             run_id=run.info.run_id, variant=run.data.tags.get("k3lab.variant_name", run.info.run_name),
             seed=int(run.data.tags.get("k3lab.seed", 0)), status=run.info.status, params=run.data.params,
             final=dict(run.data.metrics), start_ms=run.info.start_time, end_ms=run.info.end_time,
-            curves=histories,
+            curves=histories, first_step_ms=first_step.timestamp if first_step else None,
         ))
     return sorted(records, key=lambda r: (r.variant, r.seed))
 

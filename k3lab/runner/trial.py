@@ -101,6 +101,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
     if spec.tracking_uri:
         run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
         tracker = open_trial_run(spec, trainer.counts, run_id, None if flush_with_checkpoints else 50)
+    train_start = time.perf_counter()
     try:
         result = train(trainer.config, spec.train, tracker=tracker, checkpoint=state, trainer=trainer,
                        on_eval=on_eval and (lambda t, m: on_eval(t, m, tracker)), progress=progress,
@@ -113,8 +114,11 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
             tracker.finish("FAILED" if not isinstance(error, KeyboardInterrupt) else "KILLED")
         raise
     if tracker is not None:
+        train_wall = time.perf_counter() - train_start
         tracker.log_metrics({"final_val_loss": result.val_loss or float("nan"),
-                             "final_val_bpb": result.val_bpb or float("nan")}, step=result.step)
+                             "final_val_bpb": result.val_bpb or float("nan"), "train_wall_s": train_wall,
+                             # time inside the tracker (buffering and sending metrics) over the loop's time
+                             "tracking_overhead": tracker.seconds_in_tracking / train_wall}, step=result.step)
         if result.status != FINISHED:
             tracker.set_tags({"k3lab.error": result.error or result.status})
         tracker.finish("FINISHED" if result.status == FINISHED else "FAILED")
