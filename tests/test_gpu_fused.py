@@ -10,6 +10,11 @@ reference. Error metric, as FLA's tests: rms(out - ref) / rms(ref). Tolerance: t
 fused result must be as close to the fp32 truth (the reference path in fp32) as the
 reference path itself is in bf16 -- within 2x its error -- or within FLA's own
 tolerances (5e-3 outputs, 8e-3 gradients); every measured error is printed (pytest -rP).
+The bf16 reference's own error is the yardstick because it is far from zero: measured
+with CPU autocast on these shapes, ~1e-2 for one KDA layer's output and gradients, and
+~1e-1 for the whole 4-layer model's gradients (relative errors roughly double per
+layer at initialisation), so the whole-model gradient check only catches gross errors;
+the per-kernel tests carry the precision claims, and the model loss (~6e-4) is tight.
 """
 
 from __future__ import annotations
@@ -39,6 +44,24 @@ def assert_as_accurate(name: str, out, ref16, ref32, floor: float) -> None:
     e_out, e_ref = err_ratio(out, ref32), err_ratio(ref16, ref32)
     print(f"{name:>28}: fused {e_out:.2e}  bf16 reference {e_ref:.2e}  (floor {floor:.0e})")
     assert e_out <= max(2 * e_ref, floor), f"{name}: fused error {e_out:.2e}, bf16 reference {e_ref:.2e}"
+
+
+def shared_routing(*models) -> None:
+    """Each MoE layer of every model sends a token to the experts the first run chose for it.
+
+    Top-k over sigmoid scores flips for near-tied tokens under any rounding change
+    upstream (bf16 vs fp32 moves a layer's input by ~1%), and a flipped token's output
+    changes by O(1): comparisons of whole models would measure routing luck, not kernels.
+    Mixture weights still come from each model's own scores, so router gradients flow.
+    """
+    recorded = {}
+    for model in models:
+        for layer, moe in model.moe_layers():
+            def route(x, moe=moe, layer=layer):
+                scores = moe.router_scores(x)
+                indices = recorded.setdefault(layer, moe.select(scores))
+                return indices, moe.mixture_weights(scores, indices)
+            moe.route = route
 
 
 def randomize_scorers(model: torch.nn.Module, std: float = 0.05) -> None:
@@ -156,10 +179,11 @@ def test_fused_attn_res_state_machine_matches_the_reference(monkeypatch, block_s
 
 # -- CPU: grouped MoE dispatch ------------------------------------------------------------
 
-def init_moe(moe):
+def init_moe(moe, std: float | None = 0.2):
+    """Random 2-D weights; std None: fan_in^-0.5, keeping activations O(1) at any width."""
     for p in moe.parameters():
         if p.ndim == 2:
-            torch.nn.init.normal_(p, std=0.2)
+            torch.nn.init.normal_(p, std=p.shape[1] ** -0.5 if std is None else std)
     return moe
 
 
@@ -285,13 +309,14 @@ def needs_fla():
 
 
 def gpu_config(**overrides) -> KimiK3Config:
-    """A small Kimi-shaped model whose dims suit the kernels (multiples of 16, head dim 64)."""
+    """A small Kimi-shaped model with bench_gpu.py's widths (hidden 1024, 8 KDA heads x 128), so
+    FLA's autotuned kernel configs (keyed by those widths) are shared with the benchmark."""
     settings = dict(
-        vocab_size=1024, hidden_size=256, num_layers=4, layer_types=("kda", "kda", "kda", "mla"),
-        max_seq_len=512, num_dense_layers=1, intermediate_size=512, attn_res_block_size=2,
-        kda_num_heads=4, kda_head_dim=64, kda_chunk_size=64, mla_num_heads=4, mla_q_lora_rank=128,
-        mla_kv_lora_rank=128, mla_qk_head_dim=64, mla_v_head_dim=64, num_experts=8, num_experts_per_token=2,
-        moe_intermediate_size=128, moe_latent_size=128,
+        vocab_size=1024, hidden_size=1024, num_layers=4, layer_types=("kda", "kda", "kda", "mla"),
+        max_seq_len=512, num_dense_layers=1, intermediate_size=2048, attn_res_block_size=2,
+        kda_num_heads=8, kda_head_dim=128, kda_chunk_size=64, mla_num_heads=8, mla_q_lora_rank=256,
+        mla_kv_lora_rank=256, mla_qk_head_dim=128, mla_v_head_dim=128, num_experts=8, num_experts_per_token=2,
+        moe_intermediate_size=256, moe_latent_size=256,
     )
     settings.update(overrides)
     return KimiK3Config(**settings)
@@ -317,8 +342,8 @@ def test_fused_kda_layer_matches_chunkwise(fp32_truth):
     fused = KDAFused(config).cuda()
     chunkwise = KDAChunkwise(config).cuda()
     chunkwise.load_state_dict(fused.state_dict())
-    x = torch.randn(2, 512, 256, device="cuda")
-    dout = torch.randn(2, 512, 256, device="cuda")
+    x = torch.randn(2, 512, 1024, device="cuda")
+    dout = torch.randn(2, 512, 1024, device="cuda")
     out = run(fused, [x], dout, bf16=True)
     ref16 = run(chunkwise, [x], dout, bf16=True)
     ref32 = run(chunkwise, [x], dout, bf16=False)
@@ -331,7 +356,7 @@ def test_fused_kda_layer_matches_chunkwise(fp32_truth):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_attn_res_matches_apply_attn_res(dtype, fp32_truth):
     needs_fla()
-    B, T, M, K = 2, 128, 256, 4
+    B, T, M, K = 2, 128, 1024, 4
     norm, out_norm = RMSNorm(M).cuda(), RMSNorm(M).cuda()
     proj = torch.nn.Linear(M, 1, bias=False).cuda()
     with torch.no_grad():
@@ -388,11 +413,11 @@ def test_torch_grouped_mm_on_cuda_matches_the_reference_loop():
 
 
 @gpu
-@pytest.mark.parametrize("latent", [128, None])
+@pytest.mark.parametrize("latent", [256, None])
 def test_grouped_moe_matches_the_loop(latent, fp32_truth):
-    moe = init_moe(StableLatentMoE(gpu_config(moe_latent_size=latent))).cuda()
-    x = torch.randn(4, 256, 256, device="cuda")
-    dout = torch.randn(4, 256, 256, device="cuda")
+    moe = init_moe(StableLatentMoE(gpu_config(moe_latent_size=latent)), std=None).cuda()
+    x = torch.randn(4, 256, 1024, device="cuda")
+    dout = torch.randn(4, 256, 1024, device="cuda")
     results = {}
     for mode, bf16 in (("grouped", True), ("loop", True), ("loop", False)):
         moe.dispatch_mode = mode
@@ -404,8 +429,8 @@ def test_grouped_moe_matches_the_loop(latent, fp32_truth):
 
 @gpu
 def test_grouped_moe_step_has_no_host_sync():
-    moe = init_moe(StableLatentMoE(gpu_config(moe_balance="sign"))).cuda().train()
-    x = torch.randn(4, 256, 256, device="cuda", requires_grad=True)
+    moe = init_moe(StableLatentMoE(gpu_config(moe_balance="sign")), std=None).cuda().train()
+    x = torch.randn(4, 256, 1024, device="cuda", requires_grad=True)
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -452,7 +477,7 @@ def test_mla_runs_on_the_flash_backend_with_unequal_head_dims():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     mla = GatedMLA(gpu_config(mla_qk_head_dim=128, mla_v_head_dim=64)).cuda()
-    x = torch.randn(2, 256, 256, device="cuda")
+    x = torch.randn(2, 256, 1024, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         out = mla(x)
     assert out.dtype == torch.bfloat16
@@ -482,8 +507,9 @@ def test_fused_model_matches_the_chunkwise_model(fp32_truth):
                            for p in model.parameters()])  # the loop skips experts that got no token
         return {"loss": loss.detach(), "grads": grads}
 
-    out = loss_and_grads(fused, True, return_logits=False)
-    ref16, ref32 = loss_and_grads(chunkwise, True), loss_and_grads(chunkwise, False)
+    shared_routing(chunkwise, fused)
+    ref32 = loss_and_grads(chunkwise, False)  # first: its expert choices are replayed
+    ref16, out = loss_and_grads(chunkwise, True), loss_and_grads(fused, True, return_logits=False)
     assert_as_accurate("model loss", out["loss"], ref16["loss"], ref32["loss"], 1e-3)
     assert_as_accurate("model gradients", out["grads"], ref16["grads"], ref32["grads"], 1e-2)
 
@@ -493,6 +519,7 @@ def test_compiled_fused_model_matches_eager():
     needs_fla()
     model = KimiK3(gpu_config(kda_implementation="fused")).cuda()
     randomize_scorers(model)
+    shared_routing(model)
     idx = torch.randint(0, 1024, (2, 256), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         _, expected = model(idx, torch.roll(idx, -1, 1), return_logits=False)

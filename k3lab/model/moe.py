@@ -141,15 +141,27 @@ class StableLatentMoE(nn.Module):
 
     def route(self, x: torch.Tensor):
         """x (N, M) -> expert indices (N, k) and mixture weights (N, k) in fp32."""
+        scores = self.router_scores(x)
+        indices = self.select(scores)
+        if self.training:
+            self.record_load(scores.detach(), indices)
+        return indices, self.mixture_weights(scores, indices)
+
+    def router_scores(self, x: torch.Tensor) -> torch.Tensor:
+        """s = sigmoid(x W_r^T) in fp32: (N, M) -> (N, E)."""
         with torch.autocast(x.device.type, enabled=False):
-            scores = torch.sigmoid(x.float() @ self.router.weight.float().T)  # (N, E)
-        _, indices = torch.topk(scores + self.expert_bias, self.top_k, dim=-1)
+            return torch.sigmoid(x.float() @ self.router.weight.float().T)
+
+    def select(self, scores: torch.Tensor) -> torch.Tensor:
+        """top-k of s + b: (N, E) -> expert indices (N, k)."""
+        return torch.topk(scores + self.expert_bias, self.top_k, dim=-1).indices
+
+    def mixture_weights(self, scores: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """The selected unbiased scores, renormalised (k > 1), times the scaling factor: (N, k)."""
         weights = scores.gather(-1, indices)
         if self.top_k > 1:
             weights = weights / weights.sum(-1, keepdim=True)
-        if self.training:
-            self.record_load(scores.detach(), indices)
-        return indices, weights * self.routed_scaling_factor
+        return weights * self.routed_scaling_factor
 
     @torch.no_grad()
     def record_load(self, scores: torch.Tensor, indices: torch.Tensor) -> None:
@@ -181,7 +193,7 @@ class StableLatentMoE(nn.Module):
         counts = torch.bincount(flat_expert, minlength=self.num_experts)
         expert_out = self.experts(z[token_of_pair], counts)  # (N*k, d), grouped by expert
         weighted = expert_out * weights.flatten()[order].unsqueeze(-1).to(expert_out.dtype)
-        return torch.zeros_like(z).index_add_(0, token_of_pair, weighted)
+        return torch.zeros_like(z).index_add_(0, token_of_pair, weighted.to(z.dtype))  # autocast: bf16 into fp32 z
 
     def dispatch_grouped(self, z: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """`dispatch_loop` as grouped GEMMs over a padded, expert-grouped buffer: (N, d) -> (N, d)."""
