@@ -22,7 +22,9 @@ S = 3 decoder layers (FLA 6 sub-layers): both put a block boundary before layers
 
 Reported, all measured: tokens/s (B*T over the mean timed step), MFU, peak memory
 (torch.cuda.max_memory_allocated over the whole run, weights and optimizer included),
-the first step's time (Triton autotuning and compilation included) and the last loss.
+the first step's time and the last loss. The first step includes Triton compilation and
+FLA's autotuning only for kernels and shapes not already tuned in this process or found
+in the kernel cache, so it depends on the order of the configurations and on the cache.
 MFU = tokens/s * FLOPs per token / 989e12 (H200 dense bf16 peak). FLOPs per token:
 KimiK3 -- `count_parameters(model, T)["flops_per_token"]`; FLA -- the same rule applied
 to its parameters: 6 x (every 2-D weight a token is multiplied by: the tied embedding once,
@@ -252,7 +254,8 @@ def main() -> None:
     body = (f"B={args.batch}, T={args.seq}, {args.warmup} warm-up + {args.steps} timed steps, bf16 autocast, "
             f"fused AdamW, random tokens, KimiK3 blocks {'torch.compile' if args.compile else 'eager'}. "
             f"AttnRes block size {BLOCK} decoder layers (FLA: {2 * BLOCK} sub-layers). "
-            "MFU against 989 TFLOP/s; FLOPs per token as in bench/bench_gpu.py's docstring.\n\n"
+            "MFU against 989 TFLOP/s; FLOPs per token as in bench/bench_gpu.py's docstring. First step: "
+            "includes compilation/autotuning not already cached, so it depends on run order and cache.\n\n"
             + table(results, failures))
     print(body)
     if args.write:
