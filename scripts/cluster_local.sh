@@ -117,14 +117,18 @@ spawn() {  # spawn NAME CMD...: CMD in a session of its own, pid in pids/NAME, o
     log "$name started (pid $(cat "$DIR/pids/$name"), log $DIR/logs/$name.log)"
 }
 
-stop() {  # stop NAME: SIGTERM to its process group, SIGKILL after 30 s
+stop() {  # stop NAME: SIGTERM to its leader (ray start --block stops its node), then to the group, then SIGKILL
     local pidfile="$DIR/pids/$1"
     [ -s "$pidfile" ] || return 0
-    local pid; pid=$(cat "$pidfile")
-    if kill -TERM -- "-$pid" 2>/dev/null; then
-        local waited=0
-        while kill -0 -- "-$pid" 2>/dev/null && [ $waited -lt 300 ]; do sleep 0.1; waited=$((waited + 1)); done
-        kill -KILL -- "-$pid" 2>/dev/null || true
+    local pid signal waited; pid=$(cat "$pidfile")
+    if kill -0 -- "-$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for signal in TERM KILL; do
+            waited=0
+            while kill -0 -- "-$pid" 2>/dev/null && [ $waited -lt 150 ]; do sleep 0.1; waited=$((waited + 1)); done
+            kill -0 -- "-$pid" 2>/dev/null || break
+            kill -"$signal" -- "-$pid" 2>/dev/null || true
+        done
         log "$1 stopped"
     fi
     rm -f "$pidfile"
