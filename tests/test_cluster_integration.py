@@ -262,7 +262,7 @@ def test_the_compose_health_checks_pass_against_the_processes(cluster):
         assert out.returncode == 0, f"{shlex.join(command)}: {out.stderr}"
     # ray-worker's check asks the worker's dashboard agent, which needs ray[default] (the images have it)
     try:
-        import aiohttp_cors  # noqa: F401
+        import ray.dashboard.optional_deps  # noqa: F401  (what Ray checks before starting the agent's HTTP server)
     except ImportError:
         return
     command = compose_healthcheck("ray-worker", {52365: cluster["agent"] + 1})
