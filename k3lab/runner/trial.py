@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
