@@ -149,8 +149,9 @@ def start_ray(run: SweepRun) -> None:
     kwargs = dict(runtime_env={"env_vars": env}, log_to_driver=False, configure_logging=False)
     if address:
         ray.init(address=address, **kwargs)
-    else:
-        ray.init(include_dashboard=False, **kwargs)
+    else:  # a DDP trial's waiting driver gets a logical CPU of its own, so the workers can have them all
+        extra = 1 if run.sweep.resources.strategy == "ddp" else 0
+        ray.init(include_dashboard=False, num_cpus=(os.cpu_count() or 1) + extra, **kwargs)
 
 
 def build_scheduler(sweep: Sweep):
@@ -164,12 +165,33 @@ def build_scheduler(sweep: Sweep):
                          reduction_factor=spec.reduction_factor)
 
 
+DDP_DRIVER_CPU = 0.01  # the Tune trial of a DDP variant only waits on its workers
+
+
+def build_trainable(run: SweepRun, specs: dict[str, TrialSpec]):
+    """One-worker trials run `tune_trainable`; `strategy: ddp` trials a Ray Train TorchTrainer
+    with `gpus_per_trial` workers (GPUs with NCCL, or CPU workers with gloo on a cluster
+    without GPUs, so the same sweep file can be tried on a laptop)."""
+    import ray
+    from ray import tune
+
+    resources = run.sweep.resources
+    if resources.strategy != "ddp":
+        return tune.with_resources(tune.with_parameters(tune_trainable, trials=specs), resources.tune_resources())
+    from k3lab.runner.distributed import ddp_trainable
+
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    trainable = tune.with_parameters(ddp_trainable, trials=specs, num_workers=resources.gpus_per_trial,
+                                     cpus_per_worker=resources.cpu, use_gpu=use_gpu,
+                                     storage=str((run.storage / "ddp").resolve()))
+    return tune.with_resources(trainable, {"cpu": DDP_DRIVER_CPU})  # the workers hold the real resources
+
+
 def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
     from ray import tune
 
     sweep = run.sweep
-    trainable = tune.with_resources(tune.with_parameters(tune_trainable, trials=specs),
-                                    sweep.resources.tune_resources())
+    trainable = build_trainable(run, specs)
     run_config = tune.RunConfig(
         name=run.experiment, storage_path=str(run.storage.resolve()), callbacks=callbacks, verbose=0,
         failure_config=tune.FailureConfig(max_failures=run.max_failures),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from k3lab.data import BatchSampler, prepare_dataset
 from k3lab.errors import UserError
@@ -74,6 +75,13 @@ def check_shapes(config: KimiK3Config, spec: TrainSpec, vocab_size: int) -> None
         raise UserError(f"train.seq_len: {spec.seq_len} is not a multiple of kda_chunk_size={config.kda_chunk_size}")
 
 
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean of `tensor` over all ranks (a new tensor)."""
+    tensor = tensor.clone()
+    dist.all_reduce(tensor)
+    return tensor / dist.get_world_size()
+
+
 class Trainer:
     """Model, optimizers, schedules and samplers of one trial, with their full state."""
 
@@ -87,10 +95,18 @@ class Trainer:
         dtype = getattr(torch, spec.dtype)
         self.model = KimiK3(config).to(device=self.device, dtype=dtype)
         self.counts = count_parameters(self.model, spec.seq_len)
-        self.forward = self.model
         if spec.compile:
             for layer in self.model.layers:
                 layer.compile()
+        self.distributed = world_size > 1
+        self.forward = self.model
+        if self.distributed:  # the process group is set up by the launcher (Ray Train)
+            device_ids = [self.device] if self.device.type == "cuda" else None
+            # experts that no token chose in a step get no gradient: DDP must not wait for them;
+            # MoE buffers stay in step through the all-reduces in train_step, not broadcasts
+            self.forward = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids,
+                                                                     find_unused_parameters=True,
+                                                                     broadcast_buffers=False)
         self.autocast = self._autocast_dtype()
         self.optimizers = build_optimizers(self.model, lr=spec.lr, muon_lr=spec.muon_lr,
                                            weight_decay=spec.weight_decay)
@@ -122,9 +138,14 @@ class Trainer:
         for _ in range(self.spec.grad_accum):
             x, y = self.sampler.next_batch(self.device)
             with self.autocast_context():
-                _, loss = self.forward(x, y)
+                _, loss = self.forward(x, y, return_logits=False)
             (loss / self.spec.grad_accum).backward()
             total += loss.detach() / self.spec.grad_accum
+        if self.distributed:  # the logged loss and the MoE balancing see the global batch
+            total = all_reduce_mean(total)
+            for _, moe in self.model.moe_layers():
+                dist.all_reduce(moe.load_counts)
+                moe.score_quantiles.copy_(all_reduce_mean(moe.score_quantiles))
         clip = self.spec.grad_clip if self.spec.grad_clip is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         lr = self.schedulers[-1].get_last_lr()[0]
@@ -143,9 +164,10 @@ class Trainer:
         losses = []
         for x, y in self.val_sampler.eval_batches(self.spec.eval_batches, self.device):
             with self.autocast_context():
-                _, loss = self.forward(x, y)
+                _, loss = self.forward(x, y, return_logits=False)
             losses.append(loss.float())
-        val_loss = torch.stack(losses).mean().item()
+        val_loss = torch.stack(losses).mean()
+        val_loss = (all_reduce_mean(val_loss) if self.distributed else val_loss).item()
         return {"val_loss": val_loss, "val_bpb": self.dataset.bits_per_byte(val_loss)}
 
     # -- state ----------------------------------------------------------------------

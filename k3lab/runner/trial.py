@@ -89,7 +89,8 @@ def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
 
 
 def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progress=None,
-              flush_with_checkpoints: bool = False, started_at: float | None = None) -> tuple[TrainResult, str | None]:
+              flush_with_checkpoints: bool = False, started_at: float | None = None,
+              rank: int = 0, world_size: int = 1) -> tuple[TrainResult, str | None]:
     """Train one trial with MLflow tracking (when a tracking URI is set); returns (result, run_id).
 
     flush_with_checkpoints: metrics reach MLflow only when `on_eval` has saved a checkpoint
@@ -97,7 +98,8 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
     checkpoint then logs those steps again exactly once: no repeated steps in the run.
     """
     state = load_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
-    trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device)
+    trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device, rank=rank,
+                      world_size=world_size)
     tracker = None
     if spec.tracking_uri:
         run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
@@ -126,6 +128,14 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
     return result, tracker.run_id if tracker else None
 
 
+def inject_failure(step: int, restored: bool) -> None:
+    """Fault injection for crash-recovery tests: with K3LAB_FAIL_AT_STEP=N, a trial that was
+    not restored from a checkpoint raises at its first report at or after step N."""
+    fail_at = int(os.environ.get("K3LAB_FAIL_AT_STEP", "0"))
+    if fail_at and not restored and step >= fail_at:
+        raise RuntimeError(f"K3LAB_FAIL_AT_STEP: injected failure at step {step}")
+
+
 def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
     """The function Ray Tune runs for one trial (param = {"trial": key into `trials`})."""
     started_at = time.time()
@@ -142,11 +152,8 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
         with restored.as_directory() as directory:
             state = load_checkpoint(directory)
 
-    fail_at = int(os.environ.get("K3LAB_FAIL_AT_STEP", "0"))
-
     def report(trainer, metrics, tracker):
-        if fail_at and restored is None and trainer.step >= fail_at:  # fault injection: crash once
-            raise RuntimeError(f"K3LAB_FAIL_AT_STEP: injected failure at step {trainer.step}")
+        inject_failure(trainer.step, restored=restored is not None)
         metrics = metrics | {RUN_ID_KEY: tracker.run_id if tracker else "", "variant": spec.variant_name,
                              "trial_status": "finished" if trainer.step >= spec.train.steps else "running",
                              "seed": spec.seed, "done_steps": trainer.step, "total_steps": spec.train.steps}

@@ -1,0 +1,84 @@
+"""Trials that span several workers: DDP through a Ray Train `TorchTrainer` inside a Tune trial.
+
+The Tune trial runs `ddp_trainable`, which starts a TorchTrainer whose workers each run
+`ddp_worker` on one GPU (NCCL), or on CPU with gloo where the cluster has no GPUs.
+`TuneReportCallback` forwards rank 0's reports to Tune. Every rank trains on its own
+slice of each global batch (the sampler shards by rank); rank 0 alone logs to the
+trial's MLflow run and writes checkpoints, whose extra data carries the run id, so a
+restored trial (Train restores from the latest checkpoint in its storage folder)
+continues the same run, as single-worker trials do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+
+from k3lab.runner.checkpoint import load_checkpoint
+from k3lab.runner.trial import RUN_ID_KEY, TrialSpec, inject_failure, run_trial
+from k3lab.runner.train import FINISHED, save_trainer
+
+
+def ddp_worker(config: dict) -> None:
+    """One rank of a DDP trial (runs inside a Ray Train worker)."""
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    started_at = time.time()
+    spec: TrialSpec = config["spec"]
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    cpus = int(os.environ.get("K3LAB_TRIAL_CPUS", "0"))
+    if cpus:
+        torch.set_num_threads(cpus)
+    restored = ray.train.get_checkpoint()
+    state = None
+    if restored is not None:
+        with restored.as_directory() as directory:
+            state = load_checkpoint(directory)
+
+    def report(trainer, metrics, tracker):
+        inject_failure(trainer.step, restored=restored is not None)
+        metrics = metrics | {RUN_ID_KEY: tracker.run_id if tracker else "", "variant": spec.variant_name,
+                             "seed": spec.seed, "done_steps": trainer.step, "total_steps": spec.train.steps,
+                             "trial_status": "finished" if trainer.step >= spec.train.steps else "running",
+                             "world_size": world_size}
+        if rank != 0:
+            ray.train.report(metrics, checkpoint=None)
+            return
+        with tempfile.TemporaryDirectory() as directory:
+            save_trainer(trainer, directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+        if tracker is not None:
+            tracker.flush()
+
+    tracked = spec if rank == 0 else dataclasses.replace(spec, tracking_uri=None)
+    result, _ = run_trial(tracked, checkpoint=state, on_eval=report, flush_with_checkpoints=True,
+                          started_at=started_at, device=ray.train.torch.get_device(), rank=rank,
+                          world_size=world_size)
+    if result.status != FINISHED:
+        raise RuntimeError(f"trial {spec.name} {result.status}: {result.error}")
+
+
+def ddp_trainable(param: dict, trials: dict[str, TrialSpec], num_workers: int, cpus_per_worker: float,
+                  use_gpu: bool, storage: str) -> None:
+    """The Tune trial of a DDP variant: start the workers and wait for them."""
+    from ray import train
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    key = param["trial"]
+    resources = {"CPU": cpus_per_worker, "GPU": 1} if use_gpu else {"CPU": cpus_per_worker}
+    trainer = TorchTrainer(
+        ddp_worker,
+        train_loop_config={"spec": trials[key]},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=train.ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+                                           resources_per_worker=resources),
+        run_config=train.RunConfig(name=f"ddp-{key}", storage_path=storage, callbacks=[TuneReportCallback()],
+                                   checkpoint_config=train.CheckpointConfig(num_to_keep=1)),
+    )
+    trainer.fit()
