@@ -45,9 +45,9 @@ def test_nan_loss_stops_the_trial_with_a_clear_status():
     calls = {"n": 0}
     original = trainer.forward
 
-    def poisoned(x, y):
+    def poisoned(x, y, **kwargs):
         calls["n"] += 1
-        logits, loss = original(x, y)
+        logits, loss = original(x, y, **kwargs)
         return logits, loss * (float("nan") if calls["n"] >= 5 else 1.0)
 
     trainer.forward = poisoned
