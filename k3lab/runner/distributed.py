@@ -12,48 +12,33 @@ continues the same run, as single-worker trials do.
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 import time
 
-from k3lab.runner.checkpoint import load_checkpoint
-from k3lab.runner.trial import RUN_ID_KEY, TrialSpec, inject_failure, run_trial
-from k3lab.runner.train import FINISHED, save_trainer
+from k3lab.runner.train import FINISHED
+from k3lab.runner.trial import (TrialSpec, inject_failure, limit_threads, load_ray_checkpoint, report_metrics,
+                                report_with_checkpoint, run_trial)
 
 
 def ddp_worker(config: dict) -> None:
     """One rank of a DDP trial (runs inside a Ray Train worker)."""
     import ray.train
     import ray.train.torch
-    import torch
 
     started_at = time.time()
     spec: TrialSpec = config["spec"]
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
-    cpus = int(os.environ.get("K3LAB_TRIAL_CPUS", "0"))
-    if cpus:
-        torch.set_num_threads(cpus)
+    limit_threads()
     restored = ray.train.get_checkpoint()
-    state = None
-    if restored is not None:
-        with restored.as_directory() as directory:
-            state = load_checkpoint(directory)
+    state = load_ray_checkpoint(restored)
 
     def report(trainer, metrics, tracker):
         inject_failure(trainer.step, restored=restored is not None)
-        metrics = metrics | {RUN_ID_KEY: tracker.run_id if tracker else "", "variant": spec.variant_name,
-                             "seed": spec.seed, "done_steps": trainer.step, "total_steps": spec.train.steps,
-                             "trial_status": "finished" if trainer.step >= spec.train.steps else "running",
-                             "world_size": world_size}
-        if rank != 0:
+        metrics = report_metrics(spec, trainer, metrics, tracker) | {"world_size": world_size}
+        if rank == 0:
+            report_with_checkpoint(ray.train.report, ray.train.Checkpoint, trainer, metrics, tracker)
+        else:
             ray.train.report(metrics, checkpoint=None)
-            return
-        with tempfile.TemporaryDirectory() as directory:
-            save_trainer(trainer, directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
-        if tracker is not None:
-            tracker.flush()
 
     tracked = spec if rank == 0 else dataclasses.replace(spec, tracking_uri=None)
     result, _ = run_trial(tracked, checkpoint=state, on_eval=report, flush_with_checkpoints=True,

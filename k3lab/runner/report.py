@@ -94,13 +94,26 @@ def summary_table(rows: list[dict], metric: str = "val_loss", title: str = "swee
     return table
 
 
-def plot_loss_curves(records: list[TrialRecord], path: Path, metric: str = "val_loss") -> Path:
-    """Loss curves by variant (one colour per variant, one line per seed), train and validation."""
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (sweeps run without a display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_loss_curves(records: list[TrialRecord], path: Path, metric: str = "val_loss") -> Path:
+    """Loss curves by variant (one colour per variant, one line per seed), train and validation."""
+    plt = pyplot()
     variants = sorted({r.variant for r in records})
     colours = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -116,19 +129,12 @@ def plot_loss_curves(records: list[TrialRecord], path: Path, metric: str = "val_
         ax.set_title(name)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)
 
 
 def plot_metric_vs_params(rows: list[dict], path: Path, metric: str = "val_loss") -> Path:
     """Final metric (mean +- std over seeds) against active parameters, one point per variant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for row in rows:
         if math.isnan(row[f"{metric}_mean"]):
@@ -139,19 +145,12 @@ def plot_metric_vs_params(rows: list[dict], path: Path, metric: str = "val_loss"
     ax.set_xlabel("active parameters")
     ax.set_ylabel(f"final {metric}")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)
 
 
 def plot_metric_by_variant(rows: list[dict], path: Path, metric: str = "val_loss") -> Path:
     """Final metric against the swept axis values (one point per variant, seed std as error bars)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = sorted(rows, key=lambda r: sorted(r["axes"].items()))  # axis order, not result order
     labels = [", ".join(f"{k}={v}" for k, v in r["axes"].items()) or r["variant"] for r in rows]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.8))
@@ -161,10 +160,7 @@ def plot_metric_by_variant(rows: list[dict], path: Path, metric: str = "val_loss
     ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(f"final {metric} (mean ± std over seeds)")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)
 
 
 def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss", mode: str = "min",

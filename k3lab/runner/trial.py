@@ -136,32 +136,54 @@ def inject_failure(step: int, restored: bool) -> None:
         raise RuntimeError(f"K3LAB_FAIL_AT_STEP: injected failure at step {step}")
 
 
+def limit_threads() -> None:
+    """One trial's torch threads = the CPUs Ray gave it (K3LAB_TRIAL_CPUS), not the whole node."""
+    import torch
+
+    cpus = int(os.environ.get("K3LAB_TRIAL_CPUS", "0"))
+    if cpus:
+        torch.set_num_threads(cpus)
+
+
+def load_ray_checkpoint(checkpoint) -> dict | None:
+    """The trainer state inside a Ray (Tune or Train) checkpoint, or None."""
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as directory:
+        return load_checkpoint(directory)
+
+
+def report_metrics(spec: TrialSpec, trainer, metrics: dict, tracker) -> dict:
+    """What a trial reports to Ray at an evaluation: the metrics plus what the driver needs."""
+    return metrics | {RUN_ID_KEY: tracker.run_id if tracker else "", "variant": spec.variant_name,
+                      "trial_status": "finished" if trainer.step >= spec.train.steps else "running",
+                      "seed": spec.seed, "done_steps": trainer.step, "total_steps": spec.train.steps}
+
+
+def report_with_checkpoint(report, checkpoint_type, trainer, metrics: dict, tracker) -> None:
+    """Save the trainer (with the MLflow run id) as a Ray checkpoint, report, then flush the
+    tracker: everything MLflow receives is covered by a saved checkpoint."""
+    with tempfile.TemporaryDirectory() as directory:
+        save_trainer(trainer, directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
+        report(metrics, checkpoint=checkpoint_type.from_directory(directory))
+    if tracker is not None:
+        tracker.flush()
+
+
 def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
     """The function Ray Tune runs for one trial (param = {"trial": key into `trials`})."""
     started_at = time.time()
-    import torch
     from ray import tune
 
     spec = trials[param["trial"]]
-    cpus = int(os.environ.get("K3LAB_TRIAL_CPUS", "0")) or None
-    if cpus:
-        torch.set_num_threads(cpus)
+    limit_threads()
     restored = tune.get_checkpoint()
-    state = None
-    if restored is not None:
-        with restored.as_directory() as directory:
-            state = load_checkpoint(directory)
+    state = load_ray_checkpoint(restored)
 
     def report(trainer, metrics, tracker):
         inject_failure(trainer.step, restored=restored is not None)
-        metrics = metrics | {RUN_ID_KEY: tracker.run_id if tracker else "", "variant": spec.variant_name,
-                             "trial_status": "finished" if trainer.step >= spec.train.steps else "running",
-                             "seed": spec.seed, "done_steps": trainer.step, "total_steps": spec.train.steps}
-        with tempfile.TemporaryDirectory() as directory:
-            save_trainer(trainer, directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
-        if tracker is not None:
-            tracker.flush()  # only now: everything sent is covered by a saved checkpoint
+        report_with_checkpoint(tune.report, tune.Checkpoint, trainer, report_metrics(spec, trainer, metrics, tracker),
+                               tracker)
 
     result, run_id = run_trial(spec, checkpoint=state, on_eval=report, flush_with_checkpoints=True,
                                started_at=started_at)
