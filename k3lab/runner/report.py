@@ -87,7 +87,7 @@ def summary_table(rows: list[dict], metric: str = "val_loss", title: str = "swee
     for row in rows:
         mean, std = row[f"{metric}_mean"], row[f"{metric}_std"]
         table.add_row(row["variant"], f"{row['seeds']}/{row['trials']}",
-                      "-" if math.isnan(mean) else f"{mean:.4f} ± {std:.4f}",
+                      "-" if math.isnan(mean) else f"{mean:.4f}" + (f" ± {std:.4f}" if row["seeds"] > 1 else ""),
                       f"{row['params_total']:,}", f"{row['params_active']:,}",
                       "-" if math.isnan(row["tokens_per_s"]) else f"{row['tokens_per_s']:,.0f}",
                       ",".join(row["statuses"]))

@@ -68,7 +68,8 @@ def results_markdown(tracking_uri: str, parent_run_id: str, title: str, metric: 
         delta = "n/a"
         if base_row and row is not base_row and not math.isnan(mean):
             delta = f"{100 * (mean / base_row[f'{metric}_mean'] - 1):+.2f}%"
-        lines.append(f"| {row['variant']} | {row['seeds']}/{row['trials']} | {fmt(mean, '.4f')} ± {fmt(std, '.4f')} "
+        spread = f" ± {fmt(std, '.4f')}" if row["seeds"] > 1 else " (one seed)"
+        lines.append(f"| {row['variant']} | {row['seeds']}/{row['trials']} | {fmt(mean, '.4f')}{spread} "
                      f"| {delta} | {row['params_total']:,} | {row['params_active']:,} | {fmt(row['tokens_per_s'], ',.0f')} "
                      f"| {int(row['tokens']):,} |")
     lines += ["", *sweep_timing_lines(records, gpu_log)]
