@@ -126,3 +126,8 @@ def test_sweep_refuses_to_mix_runs_and_to_resume_nothing(tmp_path, sweep_file, c
 ])
 def test_trial_end_maps_to_mlflow_status(result, errored, status):
     assert final_status(result, errored) == status
+
+
+def test_ui_refuses_a_tracking_server_uri(capsys):
+    assert main(["ui", "--tracking-uri", "http://127.0.0.1:5000"]) == 2
+    assert "is already a server" in capsys.readouterr().err
