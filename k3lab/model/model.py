@@ -182,8 +182,9 @@ class KimiK3(nn.Module):
             self.final_res_proj = nn.Linear(M, 1, bias=False)
         self.norm = RMSNorm(M, config.rms_norm_eps)
         self.lm_head = nn.Linear(M, config.vocab_size, bias=False)
-        self.apply(self._init_weights)
-        self._init_special()
+        if not self.lm_head.weight.is_meta:  # meta tensors (for counting) hold no values to initialise
+            self.apply(self._init_weights)
+            self._init_special()
         # k3lab's choice for efficiency, not a claim about the original Kimi implementation
         self.lm_head.weight = self.embed_tokens.weight
 
