@@ -44,7 +44,7 @@ def make_wheel(directory: Path, name: str, version: str, requires=(), files=None
     module = name.replace("-", "_")
     files = dict(files if files is not None else {f"{module}/__init__.py": f"VERSION = {version!r}\n"})
     dist_info = f"{module}-{version}.dist-info"
-    metadata = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     metadata += [f"Requires-Dist: {r}" for r in requires]
     files[f"{dist_info}/METADATA"] = "\n".join(metadata) + "\n"
     files[f"{dist_info}/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n"

@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
 from k3lab.registry import TrainSpec
-from k3lab.runner.trial import TrialSpec, run_trial
+from k3lab.runner.trial import TrialSpec
 from k3lab.runner.tracking import MemoryTracker
 
 pytestmark = [pytest.mark.usefixtures("isolated_data"), pytest.mark.slow]

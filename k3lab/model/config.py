@@ -8,7 +8,7 @@ names the field and the rule, before any module is built.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 LAYER_TYPES = ("kda", "mla")
 KDA_IMPLEMENTATIONS = ("chunkwise", "fused")

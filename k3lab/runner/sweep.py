@@ -22,7 +22,7 @@ import k3lab
 from k3lab.errors import UserError
 from k3lab.registry import Sweep
 from k3lab.runner.tracking import MLflowTracker, default_tracking_uri, flatten
-from k3lab.runner.trial import RUN_ID_KEY, TrialSpec, tune_trainable
+from k3lab.runner.trial import TrialSpec, tune_trainable
 
 
 @dataclass
@@ -249,6 +249,3 @@ def default_storage() -> Path:
 
 def tracking_uri_or_default(uri: str | None) -> str:
     return uri or default_tracking_uri()
-
-
-__all__ = ["SweepRun", "run_sweep", "default_storage", "tracking_uri_or_default", "RUN_ID_KEY"]
