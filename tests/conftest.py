@@ -1,3 +1,6 @@
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -26,3 +29,20 @@ def data_dir(tmp_path_factory):
 def isolated_data(data_dir, monkeypatch):
     monkeypatch.setenv("K3LAB_DATA_DIR", str(data_dir))
     return data_dir
+
+
+def fla_reference(relative_path: str):
+    """One of FLA's plain-PyTorch reference files (e.g. "ops/kda/naive.py"), loaded by path.
+
+    `import fla` needs Triton; these files need only torch and einops, so the test extra
+    installs fla-core and the tests read its references directly, on any CPU.
+    """
+    spec = importlib.util.find_spec("fla")  # locates the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("fla-core is not installed (pip install -e '.[test]')")
+    path = Path(list(spec.submodule_search_locations)[0]) / relative_path
+    name = "fla_reference_" + relative_path.replace("/", "_").removesuffix(".py")
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module

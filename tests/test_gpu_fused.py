@@ -22,6 +22,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import fla_reference
 
 from k3lab.model import kda_fused
 from k3lab.model.config import KimiK3Config, tiny_config
@@ -126,7 +127,7 @@ def test_fla_bounded_gate_formula_is_decay_gate():
 
 
 def test_fla_recurrence_is_ours():
-    naive = pytest.importorskip("fla.ops.kda.naive")
+    naive = fla_reference("ops/kda/naive.py")
     from k3lab.model.kda import recurrent_kda
 
     B, T, H, d = 2, 12, 3, 8
@@ -139,7 +140,7 @@ def test_fla_recurrence_is_ours():
 
 
 def test_fla_attnres_with_output_norm_is_apply_attn_res_then_the_prenorm():
-    naive = pytest.importorskip("fla.ops.attnres.naive")
+    naive = fla_reference("ops/attnres/naive.py")
     BT, K, M = 10, 4, 32
     candidates = [torch.randn(BT, M) * (i + 1) for i in range(K)]
     norm, out_norm, proj = RMSNorm(M), RMSNorm(M), torch.nn.Linear(M, 1, bias=False)

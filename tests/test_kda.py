@@ -1,6 +1,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import fla_reference
 
 from k3lab.model.config import tiny_config
 from k3lab.model.kda import KDAChunkwise, chunk_kda_reference, decay_gate, recurrent_kda
@@ -106,3 +107,17 @@ def test_kda_layer_is_causal():
     y2 = layer(x2)
     torch.testing.assert_close(y[:, :10], y2[:, :10])
     assert not torch.allclose(y[:, 10:], y2[:, 10:])
+
+
+@pytest.mark.parametrize("chunk_size", [8, 16])
+def test_chunkwise_matches_fla_naive_references(chunk_size):
+    """FLA's own PyTorch references (recurrent and chunked) define the semantics we must match."""
+    naive = fla_reference("ops/kda/naive.py")
+    q, k, v, g, beta = kda_inputs(T=32)
+    h0 = torch.randn(2, 2, 8, 12)
+    o, s = chunk_kda_reference(q, k, v, g, beta, chunk_size=chunk_size, initial_state=h0, output_final_state=True)
+    for reference in (naive.naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True),
+                      naive.naive_chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                            chunk_size=chunk_size)):
+        torch.testing.assert_close(o, reference[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(s, reference[1], atol=1e-5, rtol=1e-5)
