@@ -133,8 +133,9 @@ def start_ray(run: SweepRun) -> None:
     import ray
 
     run.kernel_cache.mkdir(parents=True, exist_ok=True)
+    # FLA caches its autotuning results in Triton's cache (FLA_CACHE_RESULTS, on by default):
+    # one directory for all trials means only the first trial on a node pays the tuning
     env = {"TRITON_CACHE_DIR": str((run.kernel_cache / "triton").resolve()),
-           "FLA_CACHE_DIR": str((run.kernel_cache / "fla").resolve()),
            "K3LAB_TRIAL_CPUS": str(max(1, int(run.sweep.resources.cpu))),
            "PYTHONWARNINGS": "ignore::DeprecationWarning"}
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
