@@ -262,3 +262,22 @@ def test_a_few_optimizer_steps_lower_the_loss(model):
         model.update_moe_biases()
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.5
+
+
+def test_attn_res_stream_stays_fp32_under_bf16_autocast(model):
+    """AttnRes and the pre-norm baseline must accumulate the residual stream alike (fp32)."""
+    for config in (model.config, model.config.replace(use_attn_res=False)):
+        net = KimiK3(config)
+        dtypes = []
+        for layer in net.layers:
+            layer.register_forward_hook(lambda m, a, out: dtypes.append(out[0].dtype))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            net(tokens())
+        assert dtypes == [torch.float32] * len(net.layers)
+
+
+def test_moe_balancing_buffers_stay_fp32_in_a_bf16_model():
+    model = KimiK3(tiny_config()).to(torch.bfloat16)
+    moe = model.layers[1].ffn
+    assert moe.router.weight.dtype == torch.bfloat16
+    assert {getattr(moe, n).dtype for n in moe.BALANCING_BUFFERS} == {torch.float32}

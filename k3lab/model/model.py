@@ -109,6 +109,7 @@ class KimiK3DecoderBlock(nn.Module):
             return self.forward_fused(hidden_states, block_residual)
         B, T, C = hidden_states.shape
         prefix_sum = hidden_states
+        stream = prefix_sum.dtype  # the residual stream keeps the embedding's dtype (fp32 under autocast)
 
         # attention input: a mixture over completed endpoints and the incoming prefix
         if block_residual.shape[1] > 0:
@@ -119,11 +120,11 @@ class KimiK3DecoderBlock(nn.Module):
             block_residual = torch.cat([block_residual, prefix_sum.reshape(B * T, 1, C)], dim=1)
             prefix_sum = None
 
-        attn_output = self.attn(self.attn_norm(hidden_states))
+        attn_output = self.attn(self.attn_norm(hidden_states)).to(stream)
         prefix_sum = attn_output if prefix_sum is None else prefix_sum + attn_output
 
         hidden_states = self.mix("ffn", block_residual, prefix_sum, self.mlp_res_norm, self.mlp_res_proj)
-        prefix_sum = prefix_sum + self.ffn(self.ffn_norm(hidden_states))
+        prefix_sum = prefix_sum + self.ffn(self.ffn_norm(hidden_states)).to(stream)
         return prefix_sum, block_residual
 
     def forward_fused(self, hidden_states: torch.Tensor, endpoints: tuple):
@@ -143,12 +144,13 @@ class KimiK3DecoderBlock(nn.Module):
             endpoints = (*endpoints, prefix_sum.to(stream_dtype))
             prefix_sum = None
 
-        attn_output = self.attn(h)
+        stream = hidden_states.dtype  # as in `forward`: the stream stays in the embedding's dtype
+        attn_output = self.attn(h).to(stream)
         prefix_sum = attn_output if prefix_sum is None else prefix_sum + attn_output
 
         h, self.attn_res_weights["ffn"] = fused_attn_res(
             (*endpoints, prefix_sum), self.mlp_res_norm, self.mlp_res_proj, self.ffn_norm)
-        prefix_sum = prefix_sum + self.ffn(h)
+        prefix_sum = prefix_sum + self.ffn(h).to(stream)
         return prefix_sum, endpoints
 
     def forward_prenorm(self, x: torch.Tensor) -> torch.Tensor:

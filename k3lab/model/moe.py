@@ -139,6 +139,16 @@ class StableLatentMoE(nn.Module):
         self.register_buffer("score_quantiles", torch.zeros(E))  # quantile rule's running statistic
         self.dispatch_mode = "auto"  # "auto": grouped on CUDA with bf16 compute, else loop
 
+    BALANCING_BUFFERS = ("expert_bias", "load_counts", "score_quantiles")
+
+    def _apply(self, fn, recurse=True):
+        """`.to(bfloat16)` and friends move the balancing buffers but keep them fp32: a bias
+        step of 1e-3 vanishes in bf16 once |b| > 0.25, and bf16 counts round above 256."""
+        super()._apply(fn, recurse)
+        for name in self.BALANCING_BUFFERS:
+            self._buffers[name] = self._buffers[name].float()
+        return self
+
     def route(self, x: torch.Tensor):
         """x (N, M) -> expert indices (N, k) and mixture weights (N, k) in fp32."""
         scores = self.router_scores(x)
