@@ -131,3 +131,24 @@ def test_trial_end_maps_to_mlflow_status(result, errored, status):
 def test_ui_refuses_a_tracking_server_uri(capsys):
     assert main(["ui", "--tracking-uri", "http://127.0.0.1:5000"]) == 2
     assert "is already a server" in capsys.readouterr().err
+
+
+def test_diverged_trial_reports_the_worst_metric_value():
+    from k3lab.registry import TrainSpec
+    from k3lab.runner.train import TrainResult
+    from k3lab.runner.trial import TrialSpec, diverged_report
+
+    spec = TrialSpec("id", "v", 0, {}, TrainSpec(steps=10, warmup_steps=1), None, "x", metric="val_bpb", mode="max")
+    report = diverged_report(spec, TrainResult(status="diverged", step=3, tokens=300, error="nan"), "run")
+    # Tune requires the sweep's metric in every result: without it the whole sweep would stop
+    assert report["val_bpb"] == float("-inf") and report["trial_status"] == "diverged"
+    assert final_status(report, errored=False) == "FAILED"
+
+
+def test_resume_refuses_a_changed_sweep_file(tmp_path, sweep_file, capsys):
+    import json as _json
+
+    (tmp_path / "runs" / "mini").mkdir(parents=True)
+    (tmp_path / "runs" / "mini.k3lab.json").write_text(_json.dumps({"parent_run_id": "x", "trials": ["other_s0"]}))
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    assert "no longer describes the trials" in capsys.readouterr().err

@@ -21,6 +21,7 @@ SCHEDULES = ("cosine", "constant")
 DTYPES = ("float32", "bfloat16")
 AUTOCAST_DTYPES = ("bfloat16", "float16")
 METRIC_MODES = ("min", "max")
+METRICS = ("val_loss", "val_bpb", "train_loss")  # what every trial reports at each evaluation
 SCHEDULER_KINDS = ("none", "asha")
 TIME_ATTRS = ("training_iteration", "tokens")
 STRATEGIES = ("ddp",)
@@ -121,7 +122,7 @@ class TrainSpec:
 class MetricSpec:
     """The metric the sweep optimises and compares, e.g. val_loss (min)."""
 
-    name: str = attrs.field(default="val_loss", validator=_non_empty)
+    name: str = attrs.field(default="val_loss", validator=_one_of(*METRICS))
     mode: str = attrs.field(default="min", validator=_one_of(*METRIC_MODES))
 
 

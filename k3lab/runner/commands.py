@@ -141,8 +141,10 @@ def run_train(args) -> int:
                               f"val_bpb {metrics['val_bpb']:.3f}")
 
         result, run_id = run_trial(trial, device=args.device, progress=progress, on_eval=on_eval)
-    console.print(f"{result.status}: {result.step} steps, {result.tokens:,} tokens, val_loss {result.val_loss:.4f}, "
-                  f"{result.tokens_per_s:,.0f} tokens/s, {result.counts['total']:,} parameters"
+    val = "-" if result.val_loss is None else f"{result.val_loss:.4f}"
+    speed = "-" if result.tokens_per_s is None else f"{result.tokens_per_s:,.0f}"
+    console.print(f"{result.status}: {result.step} steps, {result.tokens:,} tokens, val_loss {val}, "
+                  f"{speed} tokens/s, {result.counts['total']:,} parameters"
                   + (f"; MLflow run {run_id} in {tracking_uri}" if run_id else ""))
     if result.status != "finished":
         console.print(f"[red]{result.error}")
@@ -223,6 +225,11 @@ def run_report(args) -> int:
         raise UserError(f"{args.file}: no run of {run.experiment} under {run.storage}")
     parent_run_id = json.loads(run.state_file.read_text())["parent_run_id"]
     out = Path(args.out) if args.out else run.storage / f"{run.experiment}_report"
+    if args.gpu_log and not Path(args.gpu_log).exists():
+        raise UserError(f"--gpu-log {args.gpu_log}: no such file")
+    names = {v.name for v in sweep.valid_variants}
+    if args.baseline and args.baseline not in names:
+        raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
     summary = build_report(run.tracking_uri, parent_run_id, sweep.metric.name, sweep.metric.mode, out_dir=out)
     if args.markdown:
         write_results_markdown(args, run, parent_run_id)
@@ -256,8 +263,6 @@ def write_results_markdown(args, run, parent_run_id: str) -> None:
     from k3lab.markdown import replace_section
     from k3lab.runner.results import results_markdown
 
-    if args.gpu_log and not Path(args.gpu_log).exists():
-        raise UserError(f"--gpu-log {args.gpu_log}: no such file")
     title = f"{run.experiment}: {run.sweep.description}" if run.sweep.description else run.experiment
     body = results_markdown(run.tracking_uri, parent_run_id, title, run.sweep.metric.name, args.gpu_log,
                             args.baseline, command="k3lab " + " ".join(sys.argv[1:]))

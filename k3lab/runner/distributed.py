@@ -15,8 +15,8 @@ import dataclasses
 import time
 
 from k3lab.runner.train import FINISHED
-from k3lab.runner.trial import (TrialSpec, inject_failure, limit_threads, load_ray_checkpoint, report_metrics,
-                                report_with_checkpoint, run_trial)
+from k3lab.runner.trial import (TrialSpec, diverged_report, inject_failure, limit_threads, load_ray_checkpoint,
+                                report_metrics, report_with_checkpoint, run_trial)
 
 
 def ddp_worker(config: dict) -> None:
@@ -41,11 +41,11 @@ def ddp_worker(config: dict) -> None:
             ray.train.report(metrics, checkpoint=None)
 
     tracked = spec if rank == 0 else dataclasses.replace(spec, tracking_uri=None)
-    result, _ = run_trial(tracked, checkpoint=state, on_eval=report, flush_with_checkpoints=True,
-                          started_at=started_at, device=ray.train.torch.get_device(), rank=rank,
-                          world_size=world_size)
-    if result.status != FINISHED:
-        raise RuntimeError(f"trial {spec.name} {result.status}: {result.error}")
+    result, run_id = run_trial(tracked, checkpoint=state, on_eval=report, flush_with_checkpoints=True,
+                               started_at=started_at, device=ray.train.torch.get_device(), rank=rank,
+                               world_size=world_size)
+    if result.status != FINISHED:  # every rank sees the same all-reduced loss, so all stop together
+        ray.train.report(diverged_report(spec, result, run_id), checkpoint=None)
 
 
 def ddp_trainable(param: dict, trials: dict[str, TrialSpec], num_workers: int, cpus_per_worker: float,

@@ -22,6 +22,7 @@ import k3lab
 from k3lab.errors import UserError
 from k3lab.registry import Sweep
 from k3lab.runner.tracking import MLflowTracker, default_tracking_uri, flatten
+from k3lab.runner.train import check_shapes
 from k3lab.runner.trial import TrialSpec, tune_trainable
 
 
@@ -51,6 +52,11 @@ class SweepRun:
         return self.storage / f"{self.experiment}.k3lab.json"
 
     @property
+    def ddp_dir(self) -> Path:
+        """Ray Train's run folders of this sweep's DDP trials (Train resumes from them)."""
+        return self.storage / f"{self.experiment}.ddp"
+
+    @property
     def kernel_cache(self) -> Path:
         return self.storage / "kernel_cache"
 
@@ -67,14 +73,23 @@ def git_commit() -> str:
 def check_experiment_dir(run: SweepRun) -> None:
     """A fixed directory per sweep: refuse to mix a new sweep into an old one by accident."""
     exists = run.tune_dir.exists() or run.state_file.exists()
-    if run.resume and not exists:
+    if run.resume and not (run.tune_dir.exists() and run.state_file.exists()):
         raise UserError(f"--resume: no earlier run of {run.experiment} under {run.storage}")
-    if exists and not run.resume:
-        if not run.overwrite:
-            raise UserError(f"{run.tune_dir} exists from an earlier run: pass --resume to continue it "
-                            "or --overwrite to start again")
-        shutil.rmtree(run.tune_dir, ignore_errors=True)
-        run.state_file.unlink(missing_ok=True)
+    if run.resume:
+        saved = json.loads(run.state_file.read_text()).get("trials")
+        if saved is not None and sorted(saved) != sorted(t.id for t in run.sweep.trials):
+            raise UserError(f"--resume: {run.sweep.path} no longer describes the trials of the run under "
+                            f"{run.tune_dir} (variants or seeds changed): run it with --overwrite instead")
+    if exists and not run.resume and not run.overwrite:
+        raise UserError(f"{run.tune_dir} exists from an earlier run: pass --resume to continue it "
+                        "or --overwrite to start again")
+
+
+def discard_earlier_run(run: SweepRun) -> None:
+    """--overwrite, once the new sweep has passed every check: remove the old run's folders."""
+    for folder in (run.tune_dir, run.ddp_dir):
+        shutil.rmtree(folder, ignore_errors=True)
+    run.state_file.unlink(missing_ok=True)
 
 
 def check_tracking_server(uri: str) -> None:
@@ -114,7 +129,8 @@ def open_parent_run(run: SweepRun) -> MLflowTracker:
     tracker.log_params(params)
     tracker.log_artifact(sweep.path)
     run.storage.mkdir(parents=True, exist_ok=True)
-    run.state_file.write_text(json.dumps({"parent_run_id": tracker.run_id, "tracking_uri": run.tracking_uri}))
+    run.state_file.write_text(json.dumps({"parent_run_id": tracker.run_id, "tracking_uri": run.tracking_uri,
+                                          "trials": [t.id for t in sweep.trials]}))
     return tracker
 
 
@@ -123,7 +139,8 @@ def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
                             config=trial.variant.config.to_dict(), train=run.sweep.train,
                             tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id,
-                            overrides={k: str(v) for k, v in trial.variant.overrides.items()})
+                            overrides={k: str(v) for k, v in trial.variant.overrides.items()},
+                            metric=run.sweep.metric.name, mode=run.sweep.metric.mode)
         for trial in run.sweep.trials
     }
 
@@ -184,7 +201,7 @@ def build_trainable(run: SweepRun, specs: dict[str, TrialSpec]):
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     trainable = tune.with_parameters(ddp_trainable, trials=specs, num_workers=resources.gpus_per_trial,
                                      cpus_per_worker=resources.cpu, use_gpu=use_gpu,
-                                     storage=str((run.storage / "ddp").resolve()))
+                                     storage=str(run.ddp_dir.resolve()))
     return tune.with_resources(trainable, {"cpu": DDP_DRIVER_CPU})  # the workers hold the real resources
 
 
@@ -220,17 +237,27 @@ def run_sweep(run: SweepRun, live: bool = True) -> dict:
     check_tracking_server(run.tracking_uri)
     check_experiment_dir(run)
     sweep = run.sweep
-    prepare_dataset(sweep.train.dataset, sweep.train.tokenizer, progress=live)  # once, before any trial
+    dataset = prepare_dataset(sweep.train.dataset, sweep.train.tokenizer, progress=live)  # once, before any trial
+    for trial in sweep.trials:  # what would stop a trial inside Ray, found before anything starts
+        try:
+            check_shapes(trial.variant.config, sweep.train, dataset.vocab_size)
+        except UserError as error:
+            raise UserError(f"{sweep.path}: variant {trial.variant.name}: {error}") from None
+    if run.overwrite:
+        discard_earlier_run(run)
     parent = open_parent_run(run)
     specs = trial_specs(run, parent.run_id)
     started = time.time()
-    start_ray(run)
     progress = SweepProgress(sweep, specs, live=live)
     try:
+        start_ray(run)
         with progress:
             tuner = make_tuner(run, specs, [progress, MLflowStatusCallback(run.tracking_uri)])
             results = tuner.fit()
         errors = [str(r.error).splitlines()[0] for r in results if r.error is not None]
+    except BaseException:
+        parent.finish("KILLED")  # interrupted or broken: the parent run must not stay RUNNING
+        raise
     finally:
         ray.shutdown()
     summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,

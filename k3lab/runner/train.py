@@ -23,7 +23,7 @@ from k3lab.data import BatchSampler, prepare_dataset
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.model.counting import count_parameters
-from k3lab.model.model import KimiK3
+from k3lab.model.model import KimiK3, compile_blocks
 from k3lab.model.optim import build_optimizers
 from k3lab.registry import TrainSpec
 from k3lab.runner.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -71,7 +71,8 @@ def check_shapes(config: KimiK3Config, spec: TrainSpec, vocab_size: int) -> None
                         f"vocab_size={config.vocab_size}")
     if spec.seq_len > config.max_seq_len:
         raise UserError(f"train.seq_len: {spec.seq_len} exceeds the model's max_seq_len={config.max_seq_len}")
-    if "kda" in config.layer_types and spec.seq_len % config.kda_chunk_size:
+    chunkwise = "kda" in config.layer_types and config.kda_implementation == "chunkwise"
+    if chunkwise and spec.seq_len % config.kda_chunk_size:
         raise UserError(f"train.seq_len: {spec.seq_len} is not a multiple of kda_chunk_size={config.kda_chunk_size}")
 
 
@@ -96,8 +97,7 @@ class Trainer:
         self.model = KimiK3(config).to(device=self.device, dtype=dtype)
         self.counts = count_parameters(self.model, spec.seq_len)
         if spec.compile:
-            for layer in self.model.layers:
-                layer.compile()
+            compile_blocks(self.model)
         self.distributed = world_size > 1
         self.forward = self.model
         if self.distributed:  # the process group is set up by the launcher (Ray Train)
@@ -117,7 +117,8 @@ class Trainer:
         self.val_sampler = BatchSampler(self.dataset.val_tokens, spec.batch_size, spec.seq_len, seed=seed,
                                         rank=rank, world_size=world_size)
         self.step = 0
-        self.tokens_per_step = spec.tokens_per_step * world_size
+        self.world_size = world_size
+        self.tokens_per_step = spec.tokens_per_step * world_size  # global: all ranks together
 
     def _autocast_dtype(self) -> torch.dtype | None:
         """The spec's autocast dtype; unset means bf16 on CUDA and none on CPU."""
@@ -218,7 +219,7 @@ class Window:
         window = {"tokens_per_s": tokens_per_s, "step_time_ms": 1e3 * elapsed / len(self.steps)}
         peak = peak_flops(trainer.device)
         if peak:
-            window["mfu"] = trainer.counts["flops_per_token"] * tokens_per_s / peak
+            window["mfu"] = trainer.counts["flops_per_token"] * tokens_per_s / (peak * trainer.world_size)
         if trainer.device.type == "cuda":
             window["peak_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 1e9
         window.update(moe_metrics([v["loads"] for v in self.values]))

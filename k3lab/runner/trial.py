@@ -39,6 +39,8 @@ class TrialSpec:
     experiment: str
     parent_run_id: str | None = None
     overrides: dict | None = None  # the swept axis values of this variant, e.g. {"attn_res_block_size": 4}
+    metric: str = "val_loss"  # the sweep's metric and mode: a diverged trial reports its worst value
+    mode: str = "min"
 
     @property
     def name(self) -> str:
@@ -71,7 +73,9 @@ def node_tags() -> dict[str, str]:
 
 def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
                    flush_every: int | None = 50) -> MLflowTracker:
-    """The trial's MLflow run: reopened when `run_id` is known (a resumed trial), else created."""
+    """The trial's MLflow run: reopened when `run_id` is known (a resumed trial) or when an
+    earlier attempt made one before crashing ahead of its first checkpoint; else created."""
+    run_id = run_id or existing_trial_run(spec)
     if run_id is not None:
         tracker = MLflowTracker(spec.tracking_uri, run_id, flush_every)
         tracker.client.update_run(run_id, status="RUNNING")
@@ -85,7 +89,22 @@ def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
     tracker.log_metrics({"params_total": counts["total"], "params_active": counts["active"],
                          "params_embedding": counts["embedding"],
                          "flops_per_token": counts["flops_per_token"]}, step=0)
+    tracker.flush()  # constants of the run: sent now, whatever happens to the trial later
     return tracker
+
+
+def existing_trial_run(spec: TrialSpec) -> str | None:
+    """This trial's run under the sweep's parent run, if an earlier attempt created one."""
+    if spec.parent_run_id is None:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(spec.tracking_uri)
+    experiment = client.get_run(spec.parent_run_id).info.experiment_id
+    query = (f"tags.mlflow.parentRunId = '{spec.parent_run_id}' and tags.`k3lab.variant_id` = '{spec.variant_id}' "
+             f"and tags.`k3lab.seed` = '{spec.seed}'")
+    runs = client.search_runs([experiment], query, max_results=1)
+    return runs[0].info.run_id if runs else None
 
 
 def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progress=None,
@@ -188,6 +207,13 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
     result, run_id = run_trial(spec, checkpoint=state, on_eval=report, flush_with_checkpoints=True,
                                started_at=started_at)
     if result.status != FINISHED:  # diverged: a retry would diverge again, so report and stop
-        tune.report({"trial_status": result.status, "error": result.error, RUN_ID_KEY: run_id or "",
-                     "variant": spec.variant_name, "seed": spec.seed, "done_steps": result.step,
-                     "total_steps": spec.train.steps})
+        tune.report(diverged_report(spec, result, run_id))
+
+
+def diverged_report(spec: TrialSpec, result, run_id: str | None) -> dict:
+    """The last report of a diverged trial. Tune requires the sweep's metric in every result,
+    so it carries the worst value: schedulers rank the trial last instead of failing the sweep."""
+    worst = float("inf") if spec.mode == "min" else float("-inf")
+    return {spec.metric: worst, "tokens": result.tokens, "trial_status": result.status, "error": result.error,
+            RUN_ID_KEY: run_id or "", "variant": spec.variant_name, "seed": spec.seed, "done_steps": result.step,
+            "total_steps": spec.train.steps}
