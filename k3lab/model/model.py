@@ -40,11 +40,13 @@ def build_kda(config: KimiK3Config) -> nn.Module:
     return KDAChunkwise(config)
 
 
-@torch.compiler.disable
 def fused_attn_res(candidates, norm, proj, out_norm):
-    """out_norm(AttnRes mixture of candidates) with FLA's kernel: see `kda_fused.fused_attn_res`.
+    """out_norm(AttnRes mixture of candidates) with FLA's kernel: see `kda_fused.fused_attn_res`
+    (which is the compiler-disabled one).
 
-    Imported here, at call time, so the plain model never imports the fused module.
+    Imported here, at call time, so the plain model never imports the fused module; and no
+    `torch.compiler` decorator at import time, which would import torch._dynamo and with it
+    Triton on CUDA builds of torch.
     """
     from k3lab.model import kda_fused
 
