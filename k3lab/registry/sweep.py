@@ -103,6 +103,11 @@ def load_sweep(path: str | Path, profile: str | None = None) -> Sweep:
     return _sweep(path, profile, tuple(names), resolved[profile])
 
 
+def sweep_profiles(path: str | Path) -> tuple[str, ...]:
+    """The profile names a sweep file defines, read without expanding any variant."""
+    return tuple(profile_names(_read(Path(path))))
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         document = read_yaml(path)

@@ -171,26 +171,41 @@ def resolve_profile(path: str, profile: str | None) -> str | None:
         return profile
     import torch
 
-    from k3lab.registry import load_sweep
+    from k3lab.registry import sweep_profiles
 
     wanted = "gpu" if torch.cuda.is_available() else "cpu"
-    return wanted if wanted in load_sweep(path).profiles else None
+    return wanted if wanted in sweep_profiles(path) else None
+
+
+def sweep_run_from_args(args, **options):
+    """The sweep file under its profile, with the storage and tracking store the flags name."""
+    from k3lab.registry import load_sweep
+    from k3lab.runner.sweep import SweepRun, default_storage, tracking_uri_or_default
+
+    sweep = load_sweep(args.file, profile=resolve_profile(args.file, args.profile))
+    return SweepRun(sweep=sweep, storage=Path(args.storage) if args.storage else default_storage(),
+                    tracking_uri=tracking_uri_or_default(args.tracking_uri), **options)
+
+
+def print_summary(console, run, summary: dict) -> None:
+    """The per-variant comparison table, then the report files written."""
+    from k3lab.runner.report import summary_table
+
+    console.print(summary_table(summary["rows"], summary["metric"], title=f"{run.experiment}: final {summary['metric']}"))
+    for path in summary["files"]:
+        console.print(f"wrote {path}")
 
 
 def run_sweep_command(args) -> int:
-    from k3lab.registry import load_sweep
-    from k3lab.runner.report import summary_table
-    from k3lab.runner.sweep import SweepRun, default_storage, run_sweep, tracking_uri_or_default
+    from k3lab.runner.sweep import run_sweep
 
-    sweep = load_sweep(args.file, profile=resolve_profile(args.file, args.profile))
-    if not sweep.trials:
-        raise UserError(f"{args.file}: no valid variant to run")
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
-    run = SweepRun(sweep=sweep, storage=Path(args.storage) if args.storage else default_storage(),
-                   tracking_uri=tracking_uri_or_default(args.tracking_uri), address=args.address,
-                   resume=args.resume, overwrite=args.overwrite, max_failures=args.max_failures,
-                   max_concurrent=args.max_concurrent)
+    run = sweep_run_from_args(args, address=args.address, resume=args.resume, overwrite=args.overwrite,
+                              max_failures=args.max_failures, max_concurrent=args.max_concurrent)
+    sweep = run.sweep
+    if not sweep.trials:
+        raise UserError(f"{args.file}: no valid variant to run")
     console = wide_console()
     if args.dry_run:
         from k3lab.registry.commands import variant_table
@@ -203,27 +218,20 @@ def run_sweep_command(args) -> int:
                   f"{len(sweep.valid_variants)} variants x seeds = {len(sweep.trials)} trials; "
                   f"MLflow {run.tracking_uri} (experiment {run.experiment})")
     summary = run_sweep(run, live=not args.no_live)
-    console.print(summary_table(summary["rows"], summary["metric"], title=f"{run.experiment}: final {summary['metric']}"))
-    for path in summary["files"]:
-        console.print(f"wrote {path}")
+    print_summary(console, run, summary)
     for error in summary["errors"]:
         console.print(f"[red]trial error: {error}")
     return 1 if summary["errors"] else 0
 
 
 def run_report(args) -> int:
-    import json
+    from k3lab.runner.report import build_report
 
-    from k3lab.registry import load_sweep
-    from k3lab.runner.report import build_report, summary_table
-    from k3lab.runner.sweep import SweepRun, default_storage, tracking_uri_or_default
-
-    sweep = load_sweep(args.file, profile=resolve_profile(args.file, args.profile))
-    run = SweepRun(sweep=sweep, storage=Path(args.storage) if args.storage else default_storage(),
-                   tracking_uri=tracking_uri_or_default(args.tracking_uri))
+    run = sweep_run_from_args(args)
+    sweep = run.sweep
     if not run.state_file.exists():
         raise UserError(f"{args.file}: no run of {run.experiment} under {run.storage}")
-    parent_run_id = json.loads(run.state_file.read_text())["parent_run_id"]
+    parent_run_id = run.parent_run_id()
     out = Path(args.out) if args.out else run.storage / f"{run.experiment}_report"
     if args.gpu_log and not Path(args.gpu_log).exists():
         raise UserError(f"--gpu-log {args.gpu_log}: no such file")
@@ -233,10 +241,7 @@ def run_report(args) -> int:
     summary = build_report(run.tracking_uri, parent_run_id, sweep.metric.name, sweep.metric.mode, out_dir=out)
     if args.markdown:
         write_results_markdown(args, run, parent_run_id)
-    console = wide_console()
-    console.print(summary_table(summary["rows"], summary["metric"], title=f"{run.experiment}: final {summary['metric']}"))
-    for path in summary["files"]:
-        console.print(f"wrote {path}")
+    print_summary(wide_console(), run, summary)
     return 0
 
 

@@ -51,6 +51,10 @@ class SweepRun:
     def state_file(self) -> Path:
         return self.storage / f"{self.experiment}.k3lab.json"
 
+    def parent_run_id(self) -> str:
+        """The MLflow parent run of this sweep's earlier run (its state file must exist)."""
+        return json.loads(self.state_file.read_text())["parent_run_id"]
+
     @property
     def ddp_dir(self) -> Path:
         """Ray Train's run folders of this sweep's DDP trials (Train resumes from them)."""
@@ -112,8 +116,7 @@ def check_tracking_server(uri: str) -> None:
 def open_parent_run(run: SweepRun) -> MLflowTracker:
     """The sweep's parent MLflow run: reopened on --resume, else created with the sweep's params."""
     if run.resume and run.state_file.exists():
-        state = json.loads(run.state_file.read_text())
-        tracker = MLflowTracker(run.tracking_uri, state["parent_run_id"])
+        tracker = MLflowTracker(run.tracking_uri, run.parent_run_id())
         tracker.client.update_run(tracker.run_id, status="RUNNING")
         return tracker
     sweep = run.sweep
