@@ -46,3 +46,17 @@ def fla_reference(relative_path: str):
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module
+
+
+def mini_sweep(name: str, description: str) -> str:
+    """A sweep file of two variants (AttnRes off / block size 1) of a 2-layer tiny model, 8 steps."""
+    return f"""\
+name: {name}
+description: {description}
+base: {{preset: tiny, num_layers: 2, layer_types: [kda, mla], num_dense_layers: 1}}
+axes:
+  attn_res_block_size: [off, 1]
+seeds: [0]
+train: {{steps: 8, batch_size: 2, seq_len: 32, warmup_steps: 1, eval_interval: 4, eval_batches: 1, log_interval: 2}}
+resources: {{cpu: 1, gpu: 0}}
+"""

@@ -20,12 +20,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import mini_sweep
 import yaml
 
 pytestmark = pytest.mark.slow
@@ -34,16 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "cluster_local.sh"
 BIN = Path(sys.executable).parent  # this environment's ray, mlflow and k3lab
 
-SWEEP = """
-name: cluster_mini
-description: two variants of a very small model, on the worker node
-base: {preset: tiny, num_layers: 2, layer_types: [kda, mla], num_dense_layers: 1}
-axes:
-  attn_res_block_size: [off, 1]
-seeds: [0]
-train: {steps: 8, batch_size: 2, seq_len: 32, warmup_steps: 1, eval_interval: 4, eval_batches: 1, log_interval: 2}
-resources: {cpu: 1, gpu: 0}
-"""
+SWEEP = mini_sweep("cluster_mini", "two variants of a very small model, on the worker node")
 
 
 def postgres_missing() -> str | None:
@@ -155,7 +146,7 @@ def sweep(cluster):
     """`k3lab sweep` submitted to the cluster as a user would: the env file, then explicit flags."""
     cenv = cluster["cluster_env"]
     sweep_file = cluster["work"] / "cluster_mini.yaml"
-    sweep_file.write_text(textwrap.dedent(SWEEP))
+    sweep_file.write_text(SWEEP)
     env = cluster["env"] | {k: cenv[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     env["K3LAB_DATA_DIR"] = str(cluster["data_dir"])  # the session's token cache: tokenize once per run
     args = [str(BIN / "k3lab"), "sweep", str(sweep_file), "--address", cenv["RAY_ADDRESS"],
@@ -199,7 +190,7 @@ def test_runs_land_in_the_server_one_parent_and_one_nested_run_per_trial(cluster
     listed = api(base, f"/api/2.0/mlflow/artifacts/list?run_id={parent_id}")
     assert {"cluster_mini.yaml", "report"} <= {f["path"] for f in listed["files"]}
     stored = list((cluster["dir"] / "mlartifacts").rglob("cluster_mini.yaml"))
-    assert stored and stored[0].read_text() == textwrap.dedent(SWEEP)
+    assert stored and stored[0].read_text() == SWEEP
 
 
 def test_the_runs_are_stored_in_postgresql(cluster, sweep):

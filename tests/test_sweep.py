@@ -1,9 +1,9 @@
 """`k3lab sweep` end to end on CPU: Ray Tune trials, MLflow runs, crash recovery and --resume."""
 
 import json
-import textwrap
 
 import pytest
+from conftest import mini_sweep
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
@@ -11,22 +11,13 @@ from k3lab.runner.status import final_status
 
 pytestmark = [pytest.mark.usefixtures("isolated_data"), pytest.mark.slow]
 
-SWEEP = """
-name: mini
-description: two variants of a very small model
-base: {preset: tiny, num_layers: 2, layer_types: [kda, mla], num_dense_layers: 1}
-axes:
-  attn_res_block_size: [off, 1]
-seeds: [0]
-train: {steps: 8, batch_size: 2, seq_len: 32, warmup_steps: 1, eval_interval: 4, eval_batches: 1, log_interval: 2}
-resources: {cpu: 1, gpu: 0}
-"""
+SWEEP = mini_sweep("mini", "two variants of a very small model")
 
 
 @pytest.fixture
 def sweep_file(tmp_path):
     path = tmp_path / "mini.yaml"
-    path.write_text(textwrap.dedent(SWEEP))
+    path.write_text(SWEEP)
     return path
 
 
