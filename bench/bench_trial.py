@@ -6,7 +6,8 @@
 
 A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
 Muon + AdamW), compile (torch.compile'd blocks), chunkwise (plain-PyTorch KDA instead of
-FLA's). Each row runs in its own process with the trial's step: bf16 autocast over fp32
+FLA's), graph (forward+backward replayed as one CUDA graph after the warm-up steps, as
+trials do with `cuda_graph`), ckpt (activation checkpointing of every decoder layer). Each row runs in its own process with the trial's step: bf16 autocast over fp32
 weights, the loss without logits, gradient clipping at 1.0, every optimizer, the MoE bias
 update. `--before DIR` runs every row a second time with DIR (an older checkout of k3lab,
 e.g. `git archive <commit> | tar x -C DIR`) first on PYTHONPATH, so one run shows before
@@ -33,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = "small@16x512,small@64x1024,small@64x1024:adamw,base@16x2048"
-OPTIONS = ("adamw", "compile", "chunkwise")
+OPTIONS = ("adamw", "compile", "chunkwise", "graph", "ckpt")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
 
 
@@ -84,6 +85,7 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
         kda_implementation="chunkwise" if "chunkwise" in options else "fused", max_seq_len=max(row["seq"], 1024))
     torch.manual_seed(0)
     model = KimiK3(config).cuda().train()
+    model.checkpoint_layers = "ckpt" in options
     counts = count_parameters(model, row["seq"])
     if "compile" in options:
         compile_blocks(model)
@@ -95,17 +97,31 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
     targets = torch.roll(idx, -1, dims=1)
     events = []
 
+    def loss_fn(x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(x, y, return_logits=False)[1]
+
+    graphed = None
+    if "graph" in options:
+        from k3lab.runner.graphs import GraphedForwardBackward
+
+        graphed = GraphedForwardBackward(loss_fn, model.parameters())
+
     def step():
         start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         start.record()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = model(idx, targets, return_logits=False)
-        loss.backward()
+        replay = graphed is not None and len(events) >= 2  # captured after two eager steps
+        if replay:
+            loss = graphed(idx, targets)
+        else:
+            loss = loss_fn(idx, targets)
+            loss.backward()
         middle.record()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         for optimizer in optimizers:
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            if not replay:
+                optimizer.zero_grad(set_to_none=True)
         model.update_moe_biases()
         end.record()
         events.append((start, middle, end))
@@ -119,14 +135,14 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
     for _ in range(warmup - 1):
         step()
     torch.cuda.synchronize()
-    events.clear()
+    timed_from = len(events)
     started = time.perf_counter()
     for _ in range(steps):
         loss = step()
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - started) / steps
-    fwd_bwd = sum(s.elapsed_time(m) for s, m, _ in events) / steps
-    opt = sum(m.elapsed_time(e) for _, m, e in events) / steps
+    fwd_bwd = sum(s.elapsed_time(m) for s, m, _ in events[timed_from:]) / steps
+    opt = sum(m.elapsed_time(e) for _, m, e in events[timed_from:]) / steps
     kernels, launches, top_kernels = profile_steps(step, 2, top)
     tokens_per_s = row["batch"] * row["seq"] / step_s
     peak = peak_flops(torch.device("cuda"))
