@@ -167,3 +167,17 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
     for (name, p), q in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
         if p.grad is not None:
             torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+def test_trial_run_records_how_it_ran(tmp_path):
+    from k3lab.runner.trial import TrialSpec, run_trial
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny").to_dict(),
+                     train=tiny_spec(steps=2, eval_interval=2), tracking_uri=uri, experiment="execution")
+    assert spec.model_config().kda_implementation == "auto"
+    _, run_id = run_trial(spec, device="cpu")
+    run = MLflowTracker(uri, run_id).client.get_run(run_id)
+    assert run.data.tags["k3lab.kda_implementation"] == "chunkwise"  # auto, resolved for the CPU
+    assert run.data.params["run.kda_implementation"] == "chunkwise"
+    assert run.data.tags["k3lab.cuda_graph"].startswith("off: CUDA graphs need a CUDA device")

@@ -179,6 +179,7 @@ class KimiK3(nn.Module):
 
     def __init__(self, config: KimiK3Config):
         super().__init__()
+        config = config.resolve_kda(cuda=torch.cuda.is_available())  # build on CPU to train on CPU: resolve first
         self.config = config
         M = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, M)

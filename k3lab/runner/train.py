@@ -77,7 +77,7 @@ def check_shapes(config: KimiK3Config, spec: TrainSpec, vocab_size: int) -> None
                         f"vocab_size={config.vocab_size}")
     if spec.seq_len > config.max_seq_len:
         raise UserError(f"train.seq_len: {spec.seq_len} exceeds the model's max_seq_len={config.max_seq_len}")
-    chunkwise = "kda" in config.layer_types and config.kda_implementation == "chunkwise"
+    chunkwise = "kda" in config.layer_types and config.kda_implementation != "fused"  # auto may be chunkwise
     if chunkwise and spec.seq_len % config.kda_chunk_size:
         raise UserError(f"train.seq_len: {spec.seq_len} is not a multiple of kda_chunk_size={config.kda_chunk_size}")
 
@@ -96,6 +96,7 @@ class Trainer:
                  rank: int = 0, world_size: int = 1, progress: bool = False):
         self.config, self.spec, self.seed = config, spec, seed
         self.device = resolve_device(device)
+        config = self.config = config.resolve_kda(cuda=self.device.type == "cuda")
         self.dataset = dataset or prepare_dataset(spec.dataset, spec.tokenizer, progress=progress)
         check_shapes(config, spec, self.dataset.vocab_size)
         torch.manual_seed(seed)
@@ -139,6 +140,11 @@ class Trainer:
                 warnings.warn(f"train.cuda_graph: running eagerly: {blocker}")
             return None, f"off: {blocker}"
         return GraphedForwardBackward(self.micro_batch_loss, self.model.parameters()), "on"
+
+    def execution(self) -> dict[str, str]:
+        """How this trial runs, resolved for its device: logged with every trial."""
+        return {"device": str(self.device), "kda_implementation": self.config.kda_implementation,
+                "cuda_graph": self.cuda_graph, "compile": str(self.spec.compile)}
 
     def micro_batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.autocast_context():
