@@ -232,6 +232,7 @@ class SweepSpec:
     resources: ResourceSpec = ResourceSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
     match: MatchSpec | None = None
+    kernel_cache: str | None = None  # GPU kernel cache folder; null: $K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels
     profiles: dict[str, Any] = attrs.Factory(dict)
 
     @name.validator
