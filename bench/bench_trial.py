@@ -2,6 +2,7 @@
 
     python bench/bench_trial.py --write
     python bench/bench_trial.py --rows small@16x512,small@64x1024:adamw --before .carry/before --write
+    python bench/bench_trial.py --before .carry/before --before-rows small@16x512   # before for one row
     python bench/bench_trial.py --rows small@64x1024:compile --top 15        # with the top kernels
 
 A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
@@ -45,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--before", default=None, help="an older k3lab checkout to measure the same rows with")
     parser.add_argument("--before-label", default="before")
+    parser.add_argument("--before-rows", default=None, help="the rows to measure with --before too (default: all)")
     parser.add_argument("--top", type=int, default=0, help="print the N kernels with the most GPU time per row")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -214,9 +216,10 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         sys.exit("bench_trial.py needs a CUDA GPU")
-    codes = [("after", ROOT)] + ([(args.before_label, Path(args.before).resolve())] if args.before else [])
+    before_rows = set((args.before_rows or args.rows).split(",")) if args.before else set()
     results = []
     for row in args.rows.split(","):
+        codes = [("after", ROOT)] + ([(args.before_label, Path(args.before).resolve())] if row in before_rows else [])
         for label, code_dir in codes:
             result = run_row(row, args, code_dir)
             results.append((row, label, result))
