@@ -194,7 +194,11 @@ def warm_kernels_on_a_gpu(run: SweepRun, say=print) -> dict:
     shapes = kernel_shapes(run.sweep)
     say(f"kernels: warming {len(shapes)} kernel shape{'s' if len(shapes) != 1 else ''} on one GPU "
         f"(cache {run.kernel_cache}) before the trials start ...")
-    result = ray.get(ray.remote(num_gpus=1, num_cpus=1)(_warm_task).remote(shapes))
+    try:
+        result = ray.get(ray.remote(num_gpus=1, num_cpus=1)(_warm_task).remote(shapes))
+    except Exception as error:  # the trials can still tune for themselves: not worth failing the sweep
+        say(f"kernels: warm-up failed ({str(error).strip().splitlines()[-1][:200]}); trials tune their own kernels")
+        return {}
     say(f"kernels: warm in {result['seconds']:.1f} s ({result['new_autotune_results']} new autotune results)")
     return result
 
@@ -301,11 +305,12 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
                            out_dir=run.storage / f"{run.experiment}_report")
     for path in summary["files"]:
         parent.log_artifact(path, "report")
-    wall = time.time() - started
-    efficiency = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id), wall, gpus,
-                                  warm.get("device_name"), warm.get("seconds", 0.0))
-    parent.log_metrics(efficiency | {"trials_failed": len(errors)}, step=0)
-    summary["efficiency"] = efficiency
+    if not run.resume:  # a resumed sweep's wall time is only its own part: no efficiency figures
+        efficiency = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id), time.time() - started, gpus,
+                                      warm.get("device_name"), warm.get("seconds", 0.0))
+        parent.log_metrics(efficiency, step=0)
+        summary["efficiency"] = efficiency
+    parent.log_metrics({"trials_failed": len(errors)}, step=0)
     parent.finish("FINISHED" if not errors else "FAILED")
     summary["errors"] = errors
     summary["parent_run_id"] = parent.run_id
