@@ -549,3 +549,19 @@ def test_cuda_graph_training_steps_match_eager_steps(isolated_data):
     print(f"{'graphed vs eager losses':>28}: {runs[True]} vs {runs[False]}")
     assert EAGER_STEPS_BEFORE_CAPTURE < 6  # replays were compared, not only eager steps
     torch.testing.assert_close(torch.tensor(runs[True]), torch.tensor(runs[False]), rtol=2e-3, atol=2e-3)
+
+
+@gpu
+def test_evaluation_of_a_compiled_trainer_equals_eager_evaluation(isolated_data):
+    """Compiled no-grad forwards of the fused model were wrong on an H200 (val 3.5 vs 1.0):
+    evaluation runs the compiled blocks eagerly, and must give the eager trainer's value."""
+    needs_fla()
+    from k3lab.registry import TrainSpec
+    from k3lab.runner.train import Trainer
+
+    config = gpu_config(kda_implementation="fused", vocab_size=320)
+    trainers = [Trainer(config, TrainSpec(steps=4, batch_size=2, seq_len=256, warmup_steps=1, compile=compiled,
+                                          eval_batches=2), seed=0) for compiled in (False, True)]
+    trainers[1].model.load_state_dict(trainers[0].model.state_dict())
+    eager, compiled = (t.evaluate()["val_loss"] for t in trainers)
+    assert abs(compiled - eager) < 1e-2 * eager

@@ -10,6 +10,7 @@ stops the trial with status "diverged".
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -214,13 +215,20 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean validation loss (nats/token) over the fixed eval windows, and bits per byte."""
+        """Mean validation loss (nats/token) over the fixed eval windows, and bits per byte.
+
+        Compiled blocks run eagerly here: on an H200 (torch 2.11, FLA 0.6.0) the graphs
+        torch.compile builds for a no-grad forward of the fused model gave a loss of 3.5
+        where the eager and the compiled training forward gave 1.0 on the same weights.
+        """
         self.model.eval()
         losses = []
-        for x, y in self.val_sampler.eval_batches(self.spec.eval_batches, self.device):
-            with self.autocast_context():
-                _, loss = self.forward(x, y, return_logits=False)
-            losses.append(loss.float())
+        eager = torch.compiler.set_stance("force_eager") if self.spec.compile else contextlib.nullcontext()
+        with eager:
+            for x, y in self.val_sampler.eval_batches(self.spec.eval_batches, self.device):
+                with self.autocast_context():
+                    _, loss = self.forward(x, y, return_logits=False)
+                losses.append(loss.float())
         val_loss = torch.stack(losses).mean()
         val_loss = (all_reduce_mean(val_loss) if self.distributed else val_loss).item()
         return {"val_loss": val_loss, "val_bpb": self.dataset.bits_per_byte(val_loss)}
