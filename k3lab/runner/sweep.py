@@ -38,6 +38,7 @@ class SweepRun:
     overwrite: bool = False
     max_failures: int = 2
     max_concurrent: int | None = None  # overrides the sweep file's resources.max_concurrent_trials
+    command: str = ""  # the command line that ran it, recorded on the parent run for reports
 
     @property
     def experiment(self) -> str:
@@ -118,11 +119,13 @@ def open_parent_run(run: SweepRun) -> MLflowTracker:
     if run.resume and run.state_file.exists():
         tracker = MLflowTracker(run.tracking_uri, run.parent_run_id())
         tracker.client.update_run(tracker.run_id, status="RUNNING")
+        record_resume_command(tracker, run.command)
         return tracker
     sweep = run.sweep
     tags = {"k3lab.kind": "sweep", "k3lab.sweep": sweep.name, "k3lab.profile": sweep.profile or "",
             "k3lab.version": k3lab.__version__, "git_commit": git_commit(),
-            "mlflow.note.content": sweep.description}
+            "mlflow.note.content": sweep.description, "k3lab.command": run.command,
+            "k3lab.baseline": sweep.baseline}
     tracker = MLflowTracker.start(run.tracking_uri, run.experiment, run.experiment, tags=tags)
     params = {"sweep": sweep.name, "profile": sweep.profile, "seeds": list(sweep.seeds),
               "variants": len(sweep.valid_variants), "trials": len(sweep.trials),
@@ -135,6 +138,12 @@ def open_parent_run(run: SweepRun) -> MLflowTracker:
     run.state_file.write_text(json.dumps({"parent_run_id": tracker.run_id, "tracking_uri": run.tracking_uri,
                                           "trials": [t.id for t in sweep.trials]}))
     return tracker
+
+
+def record_resume_command(tracker: MLflowTracker, command: str) -> None:
+    """Add the command of a resume to the parent's `k3lab.resumed_with` tag (one line each)."""
+    earlier = tracker.client.get_run(tracker.run_id).data.tags.get("k3lab.resumed_with")
+    tracker.set_tags({"k3lab.resumed_with": f"{earlier}\n{command}" if earlier else command})
 
 
 def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
@@ -264,7 +273,7 @@ def run_sweep(run: SweepRun, live: bool = True) -> dict:
     finally:
         ray.shutdown()
     summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
-                           out_dir=run.storage / f"{run.experiment}_report")
+                           out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline)
     for path in summary["files"]:
         parent.log_artifact(path, "report")
     parent.log_metrics({"sweep_wall_s": time.time() - started, "trials_failed": len(errors)}, step=0)
