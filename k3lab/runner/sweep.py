@@ -21,7 +21,7 @@ import attrs
 import k3lab
 from k3lab.errors import UserError
 from k3lab.registry import Sweep
-from k3lab.runner.tracking import MLflowTracker, default_tracking_uri, flatten
+from k3lab.runner.tracking import MLflowTracker, default_tracking_uri, flatten, relocate_artifacts
 from k3lab.runner.train import check_shapes
 from k3lab.runner.trial import TrialSpec, tune_trainable
 
@@ -115,7 +115,9 @@ def check_tracking_server(uri: str) -> None:
 
 
 def open_parent_run(run: SweepRun) -> MLflowTracker:
-    """The sweep's parent MLflow run: reopened on --resume, else created with the sweep's params."""
+    """The sweep's parent MLflow run: reopened on --resume, else created with the sweep's params.
+    A store copied from another folder or machine first gets its artifact locations moved here."""
+    relocate_artifacts(run.tracking_uri, run.experiment)
     if run.resume and run.state_file.exists():
         tracker = MLflowTracker(run.tracking_uri, run.parent_run_id())
         tracker.client.update_run(tracker.run_id, status="RUNNING")
@@ -228,13 +230,29 @@ def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
     )
     if run.resume:
-        return tune.Tuner.restore(str(run.tune_dir.resolve()), trainable, resume_unfinished=True,
-                                  resume_errored=True)
+        return restore_tuner(run, trainable, run_config)
     tune_config = tune.TuneConfig(metric=sweep.metric.name, mode=sweep.metric.mode,
                                   scheduler=build_scheduler(sweep),
                                   max_concurrent_trials=run.max_concurrent or sweep.resources.max_concurrent_trials)
     return tune.Tuner(trainable, param_space={"trial": tune.grid_search(list(specs))}, tune_config=tune_config,
                       run_config=run_config)
+
+
+def restore_tuner(run: SweepRun, trainable, run_config):
+    """`Tuner.restore` of the sweep's experiment folder, with this run's callbacks and failure config.
+
+    Ray restores the run config that the first run pickled into the folder, callbacks included
+    (ray-project/ray#38894): their tracking URI is the first run's (on another machine's path after
+    a move) and their live table is not the one on screen. Ray has no public way to replace them
+    (ray-project/ray#41364), hence the private `_local_tuner`.
+    """
+    from ray import tune
+
+    tuner = tune.Tuner.restore(str(run.tune_dir.resolve()), trainable, resume_unfinished=True, resume_errored=True)
+    restored = tuner._local_tuner.get_run_config()
+    restored.callbacks = run_config.callbacks
+    restored.failure_config = run_config.failure_config
+    return tuner
 
 
 def run_sweep(run: SweepRun, live: bool = True) -> dict:
