@@ -57,12 +57,16 @@ def test_sweep_logs_one_run_per_trial_and_recovers_from_a_crash(tmp_path, sweep_
     assert {"mini.yaml", "report"} <= artifacts
     report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/loss_curves.png", "report/val_loss_by_variant.png", "report/val_loss_vs_params.png",
-            "report/summary.json"} <= report
+            "report/val_loss_vs_baseline.png", "report/summary.json"} <= report
     summary = json.loads(open(client.download_artifacts(parent.info.run_id, "report/summary.json")).read())
     assert {row["axes"]["attn_res_block_size"] for row in summary} == {"off", "1"}
     assert all(row["seeds"] == 1 and row["val_loss_mean"] > 0 for row in summary)
+    paired = {row["variant"]: row["paired"] for row in summary}
+    assert paired["attnres_off"] is None  # the baseline
+    assert (paired["attnres_bs1"]["pairs"], paired["attnres_bs1"]["reason"]) == (1, "one pair")
     out = capsys.readouterr().out
     assert "attnres_off" in out and "attnres_bs1" in out
+    assert "paired by seed" in out and "not resolved (one pair)" in out
 
 
 def test_resume_finishes_an_interrupted_sweep_in_the_same_runs(tmp_path, sweep_file, monkeypatch):
@@ -170,3 +174,6 @@ def test_sweep_moved_to_another_machine_resumes_there(tmp_path, sweep_file, monk
         assert client.get_run(run.info.run_id).info.artifact_uri.startswith((second / "mlartifacts").as_uri())
     assert {"mini.yaml", "report"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert (second / "runs" / "mini_report" / "summary.json").exists()
+    tags = parent.data.tags  # the commands that ran it, for reports
+    assert tags["k3lab.command"].endswith("--max-failures 0") and tags["k3lab.resumed_with"].endswith("--resume")
+    assert all(run.data.tags["k3lab.device"].startswith("CPU") for run in runs)
