@@ -195,12 +195,8 @@ def print_summary(console, run, summary: dict) -> None:
     metric, baseline = summary["metric"], summary.get("baseline")
     console.print(summary_table(summary["rows"], metric, title=f"{run.experiment}: final {metric}"))
     if summary.get("comparisons"):
-        table = paired_table(summary["comparisons"], metric, baseline,
-                             title=f"{run.experiment}: {metric} against {baseline}, paired by seed")
-        table.caption = ("pairs: seeds where both trials finished, of the seeds run; 95% t-interval over the "
-                         "pairs; not resolved: the interval covers 0 at this budget (more seeds or steps may "
-                         "resolve it), or fewer than two pairs")
-        console.print(table)
+        console.print(paired_table(summary["comparisons"], metric, baseline,
+                                   title=f"{run.experiment}: {metric} against {baseline}, paired by seed"))
     for path in summary["files"]:
         console.print(f"wrote {path}")
 

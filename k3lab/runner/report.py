@@ -105,7 +105,7 @@ def paired_comparisons(records: list[TrialRecord], rows: list[dict], baseline: s
 def paired_table(comparisons: list[stats.Comparison], metric: str, baseline: str, title: str) -> Table:
     """The paired comparisons as a terminal table."""
     headers = stats.paired_headers(metric, baseline)
-    table = Table(title=title)
+    table = Table(title=title, caption=stats.PAIRED_NOTE)
     for column in stats.PAIRED_COLUMNS:
         table.add_column(headers[column], justify="left" if column in ("variant", "verdict") else "right",
                          no_wrap=column == "verdict")

@@ -170,9 +170,7 @@ def variant_table_lines(rows: list[dict], metric: str) -> list[str]:
 
 def paired_table_lines(comparisons: list[stats.Comparison], metric: str, baseline: str) -> list[str]:
     headers = stats.paired_headers(metric, baseline)
-    lines = [f"Against `{baseline}`, paired by seed: the mean of (variant - baseline) over the seeds where both "
-             "trials finished (pairs, of the seeds run), its 95% t-interval, and the verdict; not resolved: the "
-             "interval covers 0 at this budget, or there are fewer than two pairs.", "",
+    lines = [f"Against `{baseline}`, paired by seed ({stats.PAIRED_NOTE}):", "",
              "| " + " | ".join(headers[c] for c in stats.PAIRED_COLUMNS) + " |",
              "|" + "---|" * len(stats.PAIRED_COLUMNS)]
     for comparison in comparisons:

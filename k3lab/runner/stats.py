@@ -184,6 +184,9 @@ def comparison_cells(c: Comparison) -> dict[str, str]:
 
 
 PAIRED_COLUMNS = ("variant", "pairs", "difference", "interval", "relative", "verdict")
+PAIRED_NOTE = ("pairs: seeds where both trials finished, of the seeds run; difference: the mean of variant "
+               "minus baseline over the pairs, with its 95% t-interval; not resolved: the interval covers 0 "
+               "at this budget (more seeds or steps may resolve it), or there are fewer than two pairs")
 
 
 def paired_headers(metric: str, baseline: str) -> dict[str, str]:
