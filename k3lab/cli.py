@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 from k3lab.errors import UserError
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = shlex.join(["k3lab", *(sys.argv[1:] if argv is None else argv)])  # for the records
     try:
         result = args.func(args)
     except UserError as error:

@@ -164,6 +164,13 @@ ERRORS = {
                      ["profiles.gpu.axes.attn_res_block_size[1]: expected a block size"]),
     "all_invalid": ("name: t\nbase: tiny\naxes: {num_experts_per_token: [8, 9]}\n",
                     ["no valid variant", "top8: num_experts_per_token must be in"]),
+    "unknown_baseline": (MINIMAL + "baseline: attnres_bs4\n",
+                         ["baseline: no variant named 'attnres_bs4' (variants: attnres_off, attnres_bs2)"]),
+    "profile_drops_baseline": (MINIMAL + "baseline: attnres_bs2\nprofiles: {cpu: {axes: {attn_res_block_size: [off, 4]}}}\n",
+                               ["baseline: no variant named 'attnres_bs2' under profile cpu"]),
+    "baseline_not_run": ("name: t\nbase: {preset: tiny, num_layers: 4}\naxes: {attn_res_block_size: [off, 4, 8]}\n"
+                         "baseline: attnres_bs8\n",
+                         ["baseline: variant attnres_bs8 is not run (duplicate: duplicate of attnres_bs4)"]),
     "too_many": ("name: t\nbase: tiny\naxes: {hidden_size: " + str(list(range(8, 8 + 40))) + ", num_layers: "
                  + str(list(range(1, 31))) + "}\n", ["axes: 1,200 variants is more than 1,000"]),
 }
@@ -267,6 +274,22 @@ def test_names_stay_unique(tmp_path):
     path = write(tmp_path, "name: t\nbase: tiny\nvariants: [{name: a, hidden_size: 96}, {name: a, hidden_size: 128}]\n")
     names = [v.name for v in load_sweep(path).variants]
     assert names == ["a", "a_2"]
+
+
+def test_baseline_defaults_to_the_standard_residual_variant(tmp_path):
+    sweep = load_sweep(write(tmp_path, "name: t\nbase: tiny\naxes:\n  attn_res_block_size: [2, off, 4]\n"))
+    assert sweep.baseline == "attnres_off"  # not the first variant: the standard residual stream
+
+
+def test_baseline_defaults_to_the_first_variant_without_attnres_axis(tmp_path):
+    sweep = load_sweep(write(tmp_path, "name: t\nbase: tiny\naxes: {num_experts_per_token: [2, 1]}\n"))
+    assert sweep.baseline == "top2"
+
+
+def test_baseline_named_in_the_file_or_its_profile(tmp_path):
+    path = write(tmp_path, MINIMAL + "baseline: attnres_bs2\nprofiles: {cpu: {baseline: attnres_off}}\n")
+    assert load_sweep(path).baseline == "attnres_bs2"
+    assert load_sweep(path, "cpu").baseline == "attnres_off"
 
 
 # -- parameter matching --------------------------------------------------------------

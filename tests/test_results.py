@@ -1,38 +1,68 @@
 """The results/report code on a small MLflow store shaped like a sweep's (no training needed)."""
 
+import json
+import math
 import time
 
 import pytest
+from conftest import mini_sweep
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from k3lab.runner.report import build_report, summarize, load_trials
-from k3lab.runner.results import busy_fraction, read_gpu_log, results_markdown
+from k3lab.cli import main
+from k3lab.runner.report import build_report, load_trials, summarize
+from k3lab.runner.results import busy_fraction, load_parent, read_gpu_log, results_markdown
 
 VAL_LOSS = {("attnres_off", 0): 2.00, ("attnres_off", 1): 2.02, ("attnres_bs4", 0): 1.96, ("attnres_bs4", 1): 1.98}
 
 
-@pytest.fixture
-def store(tmp_path):
+def make_store(tmp_path, val_loss: dict, failed: tuple = (), parent_metrics: dict | None = None):
+    """A store shaped like a sweep's: a parent run and one trial run per (variant, seed) of `val_loss`;
+    trials listed in `failed` end FAILED with a NaN metric. Returns (uri, parent run id, t0 seconds)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment = client.create_experiment("attnres_block-gpu", artifact_location=(tmp_path / "art").as_uri())
-    parent = client.create_run(experiment, run_name="attnres_block-gpu", tags={"k3lab.kind": "sweep"}).info.run_id
+    parent_tags = {"k3lab.kind": "sweep", "k3lab.command": "k3lab sweep experiments/attnres_block.yaml --profile gpu",
+                   "k3lab.resumed_with": "k3lab sweep experiments/attnres_block.yaml --profile gpu --resume"}
+    parent = client.create_run(experiment, run_name="attnres_block-gpu", tags=parent_tags).info.run_id
+    train = {"train.steps": 10, "train.batch_size": 16, "train.seq_len": 512, "train.grad_accum": 1}
+    client.log_batch(parent, params=[Param(k, str(v)) for k, v in train.items()],
+                     metrics=[Metric(k, v, 0, 0) for k, v in (parent_metrics or {}).items()])
     t0 = int(time.time() * 1000)
-    for (variant, seed), val_loss in VAL_LOSS.items():
-        tags = {"mlflow.parentRunId": parent, "k3lab.variant_name": variant, "k3lab.seed": str(seed)}
+    for (variant, seed), value in val_loss.items():
+        tags = {"mlflow.parentRunId": parent, "k3lab.variant_name": variant, "k3lab.seed": str(seed),
+                "k3lab.device": "NVIDIA H200", "k3lab.host": "node-a"}
         run = client.create_run(experiment, run_name=f"{variant}-s{seed}", tags=tags, start_time=t0).info.run_id
-        block = "off" if variant == "attnres_off" else "4"
+        block = "off" if variant == "attnres_off" else variant.removeprefix("attnres_bs")
         params = {"params.total": 1000 if block == "off" else 1010, "params.active": 600 if block == "off" else 610,
                   "axis.attn_res_block_size": block}
         metrics = [Metric("train_loss", 3.0 - s / 10, t0 + 10_000 + 1000 * s, s) for s in range(1, 11)]
-        metrics += [Metric("val_loss", val_loss, t0 + 21_000, 10), Metric("tokens_per_s", 5000.0 + seed, t0, 10),
+        metrics += [Metric("val_loss", value, t0 + 21_000, 10), Metric("tokens_per_s", 5000.0 + seed, t0, 10),
                     Metric("startup_s", 10.0 + seed, t0, 1), Metric("tracking_overhead", 0.004, t0, 10),
                     Metric("tokens", 81920, t0, 10)]
         client.log_batch(run, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()],
                          tags=[RunTag("k3lab.kind", "trial")])
-        client.set_terminated(run, "FINISHED", end_time=t0 + 30_000)
-    return uri, parent, t0 / 1000, tmp_path
+        client.set_terminated(run, "FAILED" if (variant, seed) in failed else "FINISHED", end_time=t0 + 30_000)
+    return uri, parent, t0 / 1000
+
+
+@pytest.fixture
+def store(tmp_path):
+    uri, parent, t0 = make_store(tmp_path, VAL_LOSS)
+    return uri, parent, t0, tmp_path
+
+
+# three seeds: bs4 is better on every seed, bs2 lost seed 1 to divergence, bs8 ran one seed only
+PAIRED = {("attnres_off", 0): 2.00, ("attnres_off", 1): 2.10, ("attnres_off", 2): 2.20,
+          ("attnres_bs4", 0): 1.97, ("attnres_bs4", 1): 2.08, ("attnres_bs4", 2): 2.16,
+          ("attnres_bs2", 0): 1.99, ("attnres_bs2", 1): math.nan, ("attnres_bs2", 2): 2.22,
+          ("attnres_bs8", 0): 1.95}
+
+
+@pytest.fixture
+def paired_store(tmp_path):
+    uri, parent, t0 = make_store(tmp_path, PAIRED, failed=(("attnres_bs2", 1),))
+    return uri, parent, tmp_path
 
 
 def test_summary_has_mean_and_std_over_seeds(store):
@@ -53,16 +83,98 @@ def test_report_writes_plots_and_orders_by_metric(store):
     assert all(p.stat().st_size > 1000 for p in summary["files"] if p.suffix == ".png")
 
 
-def test_results_markdown_reports_deltas_startup_tracking_and_gpu_busy(store):
+def test_results_markdown_reports_table_startup_tracking_and_gpu_busy(store):
     uri, parent, t0, tmp_path = store
     log = tmp_path / "gpu.csv"
     # 0% for the first 10 s (start-up), then busy 90% of the time until the end at 30 s
     log.write_text("".join(f"{t0 + t:.3f},{0 if t < 10 else 90}\n" for t in range(0, 31)))
-    text = results_markdown(uri, parent, "AttnRes", gpu_log=log, baseline="attnres_off")
-    assert "| attnres_bs4 | 2/2 | 1.9700 ± 0.0141 | -1.99% | 1,010 | 610 | 5,000 | 81,920 |" in text
+    summary = build_report(uri, parent, "val_loss", "min", baseline="attnres_off")
+    text = results_markdown(summary, load_parent(uri, parent), "AttnRes", gpu_log=log)
+    assert "| attnres_bs4 | 2/2 | 1.9700 ± 0.0141 | 1,010 | 610 | 5,000 | 81,920 |" in text
     assert "mean 10.5 s, max 11.0 s, 42 trial-seconds" in text
     assert "mean 0.40%" in text
     assert "60.0% of the sweep; 90.0% after the first trial's first step" in text
+
+
+def test_report_pairs_variants_by_seed_against_the_baseline(paired_store):
+    uri, parent, tmp_path = paired_store
+    summary = build_report(uri, parent, "val_loss", "min", out_dir=tmp_path / "report", baseline="attnres_off")
+    paired = {c.variant: c for c in summary["comparisons"]}
+    assert set(paired) == {"attnres_bs4", "attnres_bs2", "attnres_bs8"}
+    # bs4: diffs -0.03, -0.02, -0.04 -> mean -0.03, sd 0.01, half-width 4.303 * 0.01 / sqrt(3) = 0.0248
+    bs4 = paired["attnres_bs4"]
+    assert (bs4.pairs, bs4.seeds, bs4.verdict) == (3, 3, "better")
+    assert bs4.mean_diff == pytest.approx(-0.03) and bs4.half_width == pytest.approx(0.02484, abs=1e-5)
+    # bs2: seed 1 failed, so diffs -0.01, +0.02 over two pairs: the interval covers 0
+    bs2 = paired["attnres_bs2"]
+    assert (bs2.pairs, bs2.seeds, bs2.verdict, bs2.reason) == (2, 3, "not resolved", "interval covers 0")
+    assert bs2.mean_diff == pytest.approx(0.005)
+    bs8 = paired["attnres_bs8"]
+    assert (bs8.pairs, bs8.seeds, bs8.half_width, bs8.reason) == (1, 3, None, "one pair")
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "report" / "summary.json").read_text())}
+    assert rows["attnres_off"]["paired"] is None and rows["attnres_bs4"]["baseline"] == "attnres_off"
+    assert rows["attnres_bs4"]["paired"]["verdict"] == "better"
+    assert rows["attnres_bs4"]["paired"]["low"] == pytest.approx(-0.05484, abs=1e-5)
+    plot = tmp_path / "report" / "val_loss_vs_baseline.png"
+    assert plot in summary["files"] and plot.stat().st_size > 1000
+
+
+def test_results_markdown_has_how_it_ran_and_the_paired_table(paired_store):
+    uri, parent, tmp_path = paired_store
+    summary = build_report(uri, parent, "val_loss", "min", baseline="attnres_off")
+    text = results_markdown(summary, load_parent(uri, parent), "AttnRes", report_command="k3lab report x",
+                            plots=["results/attnres_block-gpu/val_loss_vs_baseline.png"])
+    assert "- Command: `k3lab sweep experiments/attnres_block.yaml --profile gpu`" in text
+    assert "- Resumed with: `k3lab sweep experiments/attnres_block.yaml --profile gpu --resume`" in text
+    assert "- Report: `k3lab report x`" in text
+    assert "- Machine: NVIDIA H200 on 1 host" in text
+    assert "- Tokens per trial: 81,920 (10 steps of 16 x 512 tokens)" in text
+    assert "- Sweep: wall time n/a, tokens in all n/a, aggregate tokens/s n/a, MFU n/a" in text
+    assert "| variant | pairs | val_loss - attnres_off | 95% interval | vs attnres_off | verdict |" in text
+    assert "| attnres_bs4 | 3/3 | -0.0300 | [-0.0548, -0.0052] | -1.43% | better |" in text
+    assert "| attnres_bs2 | 2/3 | +0.0050 |" in text and "not resolved (interval covers 0) |" in text
+    assert "| attnres_bs8 | 1/3 | -0.0500 | n/a | -2.50% | not resolved (one pair) |" in text
+    assert "![val_loss_vs_baseline](results/attnres_block-gpu/val_loss_vs_baseline.png)" in text
+
+
+def test_results_markdown_shows_the_sweep_totals_the_parent_logged(tmp_path):
+    totals = {"sweep_wall_s": 1234.4, "sweep_tokens": 16_384_000, "sweep_tokens_per_s": 13_272.5, "sweep_mfu": 0.1234}
+    uri, parent, _ = make_store(tmp_path, VAL_LOSS, parent_metrics=totals)
+    text = results_markdown(build_report(uri, parent), load_parent(uri, parent), "AttnRes")
+    assert "- Sweep: wall time 1,234 s, tokens in all 16,384,000, aggregate tokens/s 13,272, MFU 12.3%" in text
+
+
+def test_report_command_writes_markdown_with_plots_beside_it(tmp_path, capsys):
+    sweep_file = tmp_path / "mini.yaml"
+    sweep_file.write_text(mini_sweep("mini", "two variants").replace("seeds: [0]", "seeds: [0, 1]"))
+    uri, parent, _ = make_store(tmp_path, {("attnres_off", 0): 2.0, ("attnres_off", 1): 2.1,
+                                           ("attnres_bs1", 0): 1.9, ("attnres_bs1", 1): 2.05})
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "mini.k3lab.json").write_text(json.dumps({"parent_run_id": parent}))
+    markdown = tmp_path / "docs" / "results.md"
+    args = ["report", str(sweep_file), "--profile", "none", "--storage", str(tmp_path / "runs"),
+            "--tracking-uri", uri, "--markdown", str(markdown)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "paired by seed" in out and "attnres_bs1" in out
+    text = markdown.read_text()
+    assert text.startswith("# Results\n") and "<!-- section:mini -->" in text
+    assert "| attnres_bs1 | 2/2 | -0.0750 |" in text
+    assert f"- Report: `k3lab report {sweep_file}" in text
+    links = [line[line.index("(") + 1:-1] for line in text.splitlines() if line.startswith("![")]
+    assert "results/mini/val_loss_vs_baseline.png" in links and len(links) == 4
+    assert all((markdown.parent / link).stat().st_size > 1000 for link in links)
+
+
+def test_report_refuses_an_unknown_baseline(tmp_path, capsys):
+    sweep_file = tmp_path / "mini.yaml"
+    sweep_file.write_text(mini_sweep("mini", "two variants"))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "mini.k3lab.json").write_text(json.dumps({"parent_run_id": "x"}))
+    assert main(["report", str(sweep_file), "--profile", "none", "--storage", str(tmp_path / "runs"),
+                 "--baseline", "attnres_bs9"]) == 2
+    err = capsys.readouterr().err
+    assert "--baseline attnres_bs9: not a variant of" in err and err.count("\n") == 1
 
 
 def test_busy_fraction_weights_utilisation_by_time():

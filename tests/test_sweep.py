@@ -1,6 +1,7 @@
 """`k3lab sweep` end to end on CPU: Ray Tune trials, MLflow runs, crash recovery and --resume."""
 
 import json
+import shutil
 
 import pytest
 from conftest import mini_sweep
@@ -21,14 +22,15 @@ def sweep_file(tmp_path):
     return path
 
 
-def sweep_args(tmp_path, sweep_file, *extra):
-    return ["sweep", str(sweep_file), "--storage", str(tmp_path / "runs"), "--no-live",
-            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra]
+def sweep_args(machine, sweep_file, *extra):
+    """A sweep of `sweep_file` with its storage and MLflow store in the folder `machine`."""
+    return ["sweep", str(sweep_file), "--storage", str(machine / "runs"), "--no-live",
+            "--tracking-uri", f"sqlite:///{machine / 'mlflow.db'}", *extra]
 
 
-def trial_runs(tmp_path):
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    parent_id = json.loads((tmp_path / "runs" / "mini.k3lab.json").read_text())["parent_run_id"]
+def trial_runs(machine):
+    client = MlflowClient(f"sqlite:///{machine / 'mlflow.db'}")
+    parent_id = json.loads((machine / "runs" / "mini.k3lab.json").read_text())["parent_run_id"]
     parent = client.get_run(parent_id)
     runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
     return client, parent, runs
@@ -55,12 +57,16 @@ def test_sweep_logs_one_run_per_trial_and_recovers_from_a_crash(tmp_path, sweep_
     assert {"mini.yaml", "report"} <= artifacts
     report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/loss_curves.png", "report/val_loss_by_variant.png", "report/val_loss_vs_params.png",
-            "report/summary.json"} <= report
+            "report/val_loss_vs_baseline.png", "report/summary.json"} <= report
     summary = json.loads(open(client.download_artifacts(parent.info.run_id, "report/summary.json")).read())
     assert {row["axes"]["attn_res_block_size"] for row in summary} == {"off", "1"}
     assert all(row["seeds"] == 1 and row["val_loss_mean"] > 0 for row in summary)
+    paired = {row["variant"]: row["paired"] for row in summary}
+    assert paired["attnres_off"] is None  # the baseline
+    assert (paired["attnres_bs1"]["pairs"], paired["attnres_bs1"]["reason"]) == (1, "one pair")
     out = capsys.readouterr().out
     assert "attnres_off" in out and "attnres_bs1" in out
+    assert "paired by seed" in out and "not resolved (one pair)" in out
 
 
 def test_resume_finishes_an_interrupted_sweep_in_the_same_runs(tmp_path, sweep_file, monkeypatch):
@@ -143,3 +149,31 @@ def test_resume_refuses_a_changed_sweep_file(tmp_path, sweep_file, capsys):
     (tmp_path / "runs" / "mini.k3lab.json").write_text(_json.dumps({"parent_run_id": "x", "trials": ["other_s0"]}))
     assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
     assert "no longer describes the trials" in capsys.readouterr().err
+
+
+def test_sweep_moved_to_another_machine_resumes_there(tmp_path, sweep_file, monkeypatch):
+    """Preemptible nodes: run part of a sweep, copy its storage folder and SQLite MLflow store
+    (mlflow.db and mlartifacts/) to a fresh machine, and --resume it there."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    monkeypatch.setenv("K3LAB_FAIL_AT_STEP", "8")  # both trials stop after their step-4 checkpoint
+    assert main(sweep_args(first, sweep_file, "--max-failures", "0")) == 1
+    before = {r.info.run_id for r in trial_runs(first)[2]}
+    second.mkdir()
+    for name in ("runs", "mlartifacts"):
+        shutil.copytree(first / name, second / name)
+    shutil.copy2(first / "mlflow.db", second / "mlflow.db")
+    shutil.rmtree(first)  # the first machine is gone: nothing may still point into it
+    monkeypatch.delenv("K3LAB_FAIL_AT_STEP")
+    assert main(sweep_args(second, sweep_file, "--resume")) == 0
+    assert not first.exists(), sorted(str(p) for p in first.rglob("*"))
+    client, parent, runs = trial_runs(second)
+    assert {r.info.run_id for r in runs} == before  # the same runs continued, no duplicates
+    assert_one_clean_run_per_trial(client, runs)  # every step once, none repeated
+    for run in [parent, *runs]:  # artifacts live, and are read, at the new place
+        assert client.get_run(run.info.run_id).info.artifact_uri.startswith((second / "mlartifacts").as_uri())
+    assert {"mini.yaml", "report"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert (second / "runs" / "mini_report" / "summary.json").exists()
+    tags = parent.data.tags  # the commands that ran it, for reports
+    assert tags["k3lab.command"].endswith("--max-failures 0") and tags["k3lab.resumed_with"].endswith("--resume")
+    assert all(run.data.tags["k3lab.device"].startswith("CPU") for run in runs)

@@ -1,7 +1,9 @@
 import math
+import shutil
 
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
 from k3lab.registry import TrainSpec, load_preset
@@ -181,3 +183,38 @@ def test_trial_run_records_how_it_ran(tmp_path):
     assert run.data.tags["k3lab.kda_implementation"] == "chunkwise"  # auto, resolved for the CPU
     assert run.data.params["run.kda_implementation"] == "chunkwise"
     assert run.data.tags["k3lab.cuda_graph"].startswith("off: CUDA graphs need a CUDA device")
+
+
+def test_moved_sqlite_store_writes_artifacts_beside_itself(tmp_path):
+    from k3lab.runner.tracking import relocate_artifacts
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    tracker = MLflowTracker.start(f"sqlite:///{first / 'mlflow.db'}", "moved", "run")
+    (tmp_path / "note.txt").write_text("hello")
+    tracker.log_artifact(tmp_path / "note.txt")
+    tracker.finish("FINISHED")
+    shutil.copytree(first, second)
+    shutil.rmtree(first)  # the first machine is gone
+    uri = f"sqlite:///{second / 'mlflow.db'}"
+    assert relocate_artifacts(uri, "moved") == 1
+    assert relocate_artifacts(uri, "moved") == 0  # already in place
+    client = MlflowClient(uri)
+    assert client.get_run(tracker.run_id).info.artifact_uri.startswith((second / "mlartifacts" / "moved").as_uri())
+    assert [a.path for a in client.list_artifacts(tracker.run_id)] == ["note.txt"]
+    MLflowTracker(uri, tracker.run_id).log_artifact(tmp_path / "note.txt", "again")
+    assert (second / "mlartifacts" / "moved" / tracker.run_id / "artifacts" / "again" / "note.txt").exists()
+    assert not first.exists()
+    new_run = MLflowTracker.start(uri, "moved", "later")  # new runs of the experiment land there too
+    assert client.get_run(new_run.run_id).info.artifact_uri.startswith(second.as_uri())
+
+
+def test_relocation_leaves_other_artifact_locations_alone(tmp_path):
+    from k3lab.runner.tracking import relocate_artifacts
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    client.create_experiment("elsewhere", artifact_location=(tmp_path / "custom").as_uri())
+    assert relocate_artifacts(uri, "elsewhere") == 0 and relocate_artifacts(uri, "absent") == 0
+    assert client.get_experiment_by_name("elsewhere").artifact_location == (tmp_path / "custom").as_uri()
+    assert relocate_artifacts("http://127.0.0.1:5000", "elsewhere") == 0  # a server keeps its own

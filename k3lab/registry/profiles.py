@@ -1,14 +1,14 @@
 """Profiles: named partial overrides of a sweep document (e.g. `cpu`, `gpu`).
 
-A profile may set `base`, `axes`, `variants`, `seeds`, `train`, `metric`,
-`resources`, `scheduler` and `match`. Merging, on the raw YAML document:
+A profile may set `base`, `axes`, `variants`, `seeds`, `baseline`, `train`,
+`metric`, `resources`, `scheduler` and `match`. Merging, on the raw YAML document:
 - `train`, `metric`, `resources`, `scheduler`, `match`: key by key over the
   top-level section (`scheduler: asha` counts as `{kind: asha}`); `match:
   null` turns matching off.
 - `base`: a string replaces the base; a mapping merges key by key over it
   (`base: tiny` counts as `{preset: tiny}`).
 - `axes`: axis by axis; an axis set to null is dropped.
-- `variants`, `seeds`: replaced.
+- `variants`, `seeds`, `baseline`: replaced.
 Problems in the merged document that come from the profile are reported at
 their path inside the profile, e.g. `profiles.cpu.train.steps`.
 """
@@ -20,7 +20,7 @@ from typing import Any
 from k3lab.registry.convert import describe
 from k3lab.registry.keypath import Path, SpecError
 
-PROFILE_KEYS = ("base", "axes", "variants", "seeds", "train", "metric", "resources", "scheduler", "match")
+PROFILE_KEYS = ("base", "axes", "variants", "seeds", "baseline", "train", "metric", "resources", "scheduler", "match")
 _SECTIONS = ("train", "metric", "resources", "match")
 
 

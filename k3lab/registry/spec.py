@@ -227,6 +227,7 @@ class SweepSpec:
     axes: dict[str, Any] = attrs.Factory(dict)
     variants: list[Any] = attrs.Factory(list)
     seeds: list[int] = attrs.field(factory=lambda: [0])
+    baseline: str | None = None  # the variant others are compared against (null: see `Sweep.baseline`)
     train: TrainSpec = TrainSpec()
     metric: MetricSpec = MetricSpec()
     resources: ResourceSpec = ResourceSpec()

@@ -24,7 +24,7 @@ from k3lab.registry.keypath import SpecError
 from k3lab.registry.presets import model_fields
 from k3lab.registry.profiles import apply_profile, check_profiles, locate, profile_names
 from k3lab.registry.spec import BaseSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SweepSpec, TrainSpec
-from k3lab.registry.variants import Point, Variant, expand, parse_explicit, points
+from k3lab.registry.variants import Point, Variant, expand, parse_explicit, point_names, points
 from k3lab.registry.yamlfile import read_yaml
 
 MAX_VARIANTS = 1000
@@ -64,6 +64,7 @@ class Sweep:
     scheduler: SchedulerSpec  # max_t resolved from train when the file leaves it null
     match: MatchSpec | None
     variants: tuple[Variant, ...]
+    baseline: str  # the valid variant the others are compared against, paired by seed
     kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.runner.kernels
 
     @property
@@ -121,11 +122,14 @@ def _read(path: Path) -> dict[str, Any]:
 
 def _resolve_profile(document: dict[str, Any], profile: str | None, directory: Path) -> _Resolved:
     if profile is None:
-        return _resolve({k: v for k, v in document.items() if k != "profiles"}, directory, document)
-    try:
-        return _resolve(apply_profile(document, profile), directory, document)
-    except SpecError as error:
-        raise error.mapped(lambda p: locate(p, document["profiles"][profile], profile)) from None
+        resolved = _resolve({k: v for k, v in document.items() if k != "profiles"}, directory, document)
+    else:
+        try:
+            resolved = _resolve(apply_profile(document, profile), directory, document)
+        except SpecError as error:
+            raise error.mapped(lambda p: locate(p, document["profiles"][profile], profile)) from None
+    _check_baseline_named(resolved, profile, document)
+    return resolved
 
 
 def _resolve(document: dict[str, Any], directory: Path, original: dict[str, Any]) -> _Resolved:
@@ -164,6 +168,31 @@ def _check_match(match: MatchSpec, axes: tuple[Axis, ...], explicit: tuple[Point
                                                  "matching cannot adjust a field the sweep varies")
 
 
+def _check_baseline_named(resolved: _Resolved, profile: str | None, document: dict[str, Any]) -> None:
+    """`baseline:`, when set, names one of the variants (checked for every profile)."""
+    baseline = resolved.spec.baseline
+    names = point_names(points(resolved.axes, resolved.explicit))
+    if baseline is None or baseline in names:
+        return
+    path = ("baseline",)
+    if profile is not None:
+        path = locate(path, document["profiles"][profile], profile)
+    raise SpecError(path, f"no variant named {baseline!r}{_profile_note(profile)} (variants: {', '.join(names)})")
+
+
+def _baseline(spec: SweepSpec, variants: tuple[Variant, ...]) -> str:
+    """The named baseline (it must be valid), else the first valid variant with the standard
+    residual stream (the AttnRes ablations' baseline), else the first valid variant."""
+    valid = [v for v in variants if v.ok]
+    if spec.baseline is None:
+        standard = [v for v in valid if not v.config.use_attn_res]
+        return (standard or valid)[0].name
+    named = next(v for v in variants if v.name == spec.baseline)  # present: see _check_baseline_named
+    if not named.ok:
+        raise SpecError(("baseline",), f"variant {named.name} is not run ({named.status}: {named.reason})")
+    return named.name
+
+
 def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved: _Resolved) -> Sweep:
     spec = resolved.spec
     seeds = tuple(spec.seeds)
@@ -171,11 +200,15 @@ def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved:
                       spec.train, spec.match)
     if not any(v.ok for v in variants):
         raise UserError(f"{path}: no valid variant{_profile_note(profile)}: " + _summarise(variants))
+    try:
+        baseline = _baseline(spec, variants)
+    except SpecError as error:
+        raise UserError(f"{path}: {error}{_profile_note(profile)}") from None
     return Sweep(
         name=spec.name, description=spec.description, path=str(path), profile=profile, profiles=profiles,
         base=resolved.base, axes=resolved.axes, seeds=seeds, train=spec.train, metric=spec.metric,
         resources=spec.resources, scheduler=spec.scheduler.resolved(spec.train), match=spec.match,
-        variants=variants, kernel_cache=_relative_to(path.parent, spec.kernel_cache),
+        variants=variants, baseline=baseline, kernel_cache=_relative_to(path.parent, spec.kernel_cache),
     )
 
 

@@ -83,17 +83,27 @@ def expand(base: KimiK3Config, base_fields: dict[str, Any], requested: tuple[Poi
            train: TrainSpec = TrainSpec(), match: MatchSpec | None = None) -> tuple[Variant, ...]:
     """Every requested point as a Variant (ok, rejected or duplicate), in order."""
     target = count(base, train.seq_len).get(match.by) if match else None
-    variants, seen_ids, seen_names = [], {}, set()
-    for point in requested:
-        variant = _build(point, base, base_fields, seeds, train, match, target)
-        variant = _unique_name(variant, seen_names)
+    variants, seen_ids = [], {}
+    for point, name in zip(requested, point_names(requested)):
+        variant = attrs.evolve(_build(point, base, base_fields, seeds, train, match, target), name=name)
         if variant.ok and variant.id in seen_ids:
             variant = attrs.evolve(variant, status=DUPLICATE, reason=f"duplicate of {seen_ids[variant.id]}")
         elif variant.ok:
             seen_ids[variant.id] = variant.name
-        seen_names.add(variant.name)
         variants.append(variant)
     return tuple(variants)
+
+
+def point_names(requested: tuple[Point, ...]) -> list[str]:
+    """The variant name of each point: its own name or its label, made unique with `_2`, `_3`, ..."""
+    names: list[str] = []
+    for point in requested:
+        name = wanted = point.name or label(point.overrides)
+        k = 2
+        while name in names:
+            name, k = f"{wanted}_{k}", k + 1
+        names.append(name)
+    return names
 
 
 def _build(point: Point, base: KimiK3Config, base_fields: dict[str, Any], seeds: tuple[int, ...],
@@ -153,14 +163,6 @@ def config_id(config: KimiK3Config) -> str:
 def short_hash(data: Any) -> str:
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def _unique_name(variant: Variant, taken: set[str]) -> Variant:
-    """The variant, renamed `<name>_2`, `<name>_3`, ... when its name is taken."""
-    name, k = variant.name, 2
-    while name in taken:
-        name, k = f"{variant.name}_{k}", k + 1
-    return attrs.evolve(variant, name=name)
 
 
 def _jsonable(overrides: dict[str, Any]) -> dict[str, Any]:

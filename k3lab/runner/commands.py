@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--out", help="folder for the plots and summary.json")
     report.add_argument("--markdown", help="also write the results as a section of this markdown file")
     report.add_argument("--gpu-log", help="GPU utilisation samples (epoch_seconds,percent per line) for --markdown")
-    report.add_argument("--baseline", help="variant that the markdown's relative differences refer to")
+    report.add_argument("--baseline", help="the variant the others are compared against, paired by seed "
+                                            "(default: the sweep file's baseline)")
     report.set_defaults(func=run_report)
 
     ui = subparsers.add_parser("ui", help="open the MLflow UI on k3lab's tracking store")
@@ -191,10 +192,14 @@ def sweep_run_from_args(args, **options):
 
 
 def print_summary(console, run, summary: dict) -> None:
-    """The per-variant comparison table, then the report files written."""
-    from k3lab.runner.report import summary_table
+    """The per-variant table, the paired comparisons against the baseline, then the report files written."""
+    from k3lab.runner.report import paired_table, summary_table
 
-    console.print(summary_table(summary["rows"], summary["metric"], title=f"{run.experiment}: final {summary['metric']}"))
+    metric, baseline = summary["metric"], summary.get("baseline")
+    console.print(summary_table(summary["rows"], metric, title=f"{run.experiment}: final {metric}"))
+    if summary.get("comparisons"):
+        console.print(paired_table(summary["comparisons"], metric, baseline,
+                                   title=f"{run.experiment}: {metric} against {baseline}, paired by seed"))
     if summary.get("efficiency"):
         console.print(efficiency_line(summary["efficiency"]))
     for path in summary["files"]:
@@ -216,7 +221,7 @@ def run_sweep_command(args) -> int:
         raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
     run = sweep_run_from_args(args, address=args.address, resume=args.resume, overwrite=args.overwrite,
                               max_failures=args.max_failures, max_concurrent=args.max_concurrent,
-                              kernel_cache_dir=args.kernel_cache)
+                              kernel_cache_dir=args.kernel_cache, command=args.command_line)
     sweep = run.sweep
     if not sweep.trials:
         raise UserError(f"{args.file}: no valid variant to run")
@@ -252,9 +257,10 @@ def run_report(args) -> int:
     names = {v.name for v in sweep.valid_variants}
     if args.baseline and args.baseline not in names:
         raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
-    summary = build_report(run.tracking_uri, parent_run_id, sweep.metric.name, sweep.metric.mode, out_dir=out)
+    summary = build_report(run.tracking_uri, parent_run_id, sweep.metric.name, sweep.metric.mode, out_dir=out,
+                           baseline=args.baseline or sweep.baseline)
     if args.markdown:
-        write_results_markdown(args, run, parent_run_id)
+        write_results_markdown(args, run, parent_run_id, summary)
     print_summary(wide_console(), run, summary)
     return 0
 
@@ -276,13 +282,15 @@ def run_ui(args) -> int:
     os.execv(mlflow, [mlflow, "server", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)])
 
 
-def write_results_markdown(args, run, parent_run_id: str) -> None:
-    import sys
-
+def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> None:
+    """The sweep's section of the markdown file, with its plots copied into a folder beside it
+    (docs/results.md -> docs/results/<experiment>/*.png) and linked from the section."""
     from k3lab.markdown import replace_section
-    from k3lab.runner.results import results_markdown
+    from k3lab.runner.results import copy_plots, load_parent, results_markdown
 
+    markdown = Path(args.markdown)
+    plots = copy_plots(summary["files"], markdown.parent / markdown.stem / run.experiment, markdown.parent)
     title = f"{run.experiment}: {run.sweep.description}" if run.sweep.description else run.experiment
-    body = results_markdown(run.tracking_uri, parent_run_id, title, run.sweep.metric.name, args.gpu_log,
-                            args.baseline, command="k3lab " + " ".join(sys.argv[1:]))
-    replace_section(args.markdown, run.experiment, body, header="# Results\n")
+    body = results_markdown(summary, load_parent(run.tracking_uri, parent_run_id), title,
+                            report_command=args.command_line, gpu_log=args.gpu_log, plots=plots)
+    replace_section(markdown, run.experiment, body, header="# Results\n")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import platform
+
 import torch
 
 # dense bf16 tensor-core peaks (FLOP/s), by device-name substring; first match wins
@@ -19,6 +22,13 @@ def peak_flops(device: torch.device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
+
+
+def device_name(device: torch.device) -> str:
+    """What a trial ran on, for reports: the GPU's name, or the CPU's architecture and core count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count()} cores)"
 
 
 def moe_metrics(window_loads: list[dict[int, torch.Tensor]]) -> dict[str, float]:

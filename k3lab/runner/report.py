@@ -14,6 +14,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from k3lab.runner import stats
+
 
 @dataclass
 class TrialRecord:
@@ -27,6 +29,7 @@ class TrialRecord:
     end_ms: int | None
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     first_step_ms: int | None = None  # when the trial logged its first optimizer step
+    tags: dict = field(default_factory=dict)
 
     def value(self, name: str) -> float | None:
         return self.final.get(name)
@@ -49,7 +52,7 @@ def load_trials(tracking_uri: str, parent_run_id: str, curves=("train_loss", "va
             run_id=run.info.run_id, variant=run.data.tags.get("k3lab.variant_name", run.info.run_name),
             seed=int(run.data.tags.get("k3lab.seed", 0)), status=run.info.status, params=run.data.params,
             final=dict(run.data.metrics), start_ms=run.info.start_time, end_ms=run.info.end_time,
-            curves=histories, first_step_ms=first_step.timestamp if first_step else None,
+            curves=histories, first_step_ms=first_step.timestamp if first_step else None, tags=run.data.tags,
         ))
     return sorted(records, key=lambda r: (r.variant, r.seed))
 
@@ -78,6 +81,38 @@ def summarize(records: list[TrialRecord], metric: str = "val_loss") -> list[dict
             "axes": {k.removeprefix("axis."): v for k, v in first.items() if k.startswith("axis.")},
         })
     return rows
+
+
+def values_by_seed(records: list[TrialRecord], metric: str) -> dict[str, stats.SeedValues]:
+    """{variant: {seed: final metric}} for pairing; None for a trial that did not finish (failed,
+    diverged, stopped early by the scheduler, still running) or has no finite value."""
+    values: dict[str, stats.SeedValues] = {}
+    for r in records:
+        value = r.value(metric) if r.status == "FINISHED" else None
+        values.setdefault(r.variant, {})[r.seed] = value if stats.usable(value) else None
+    return values
+
+
+def paired_comparisons(records: list[TrialRecord], rows: list[dict], baseline: str, metric: str,
+                       mode: str) -> list[stats.Comparison]:
+    """Every variant against `baseline`, paired by seed, in the order of `rows`."""
+    by_seed = values_by_seed(records, metric)
+    ordered = {row["variant"]: by_seed.get(row["variant"], {}) for row in rows}
+    ordered.setdefault(baseline, by_seed.get(baseline, {}))
+    return stats.compare_to_baseline(ordered, baseline, mode)
+
+
+def paired_table(comparisons: list[stats.Comparison], metric: str, baseline: str, title: str) -> Table:
+    """The paired comparisons as a terminal table."""
+    headers = stats.paired_headers(metric, baseline)
+    table = Table(title=title, caption=stats.PAIRED_NOTE)
+    for column in stats.PAIRED_COLUMNS:
+        table.add_column(headers[column], justify="left" if column in ("variant", "verdict") else "right",
+                         no_wrap=column == "verdict")
+    for comparison in comparisons:
+        cells = stats.comparison_cells(comparison)
+        table.add_row(*(cells[column] for column in stats.PAIRED_COLUMNS))
+    return table
 
 
 def summary_table(rows: list[dict], metric: str = "val_loss", title: str = "sweep summary") -> Table:
@@ -163,19 +198,55 @@ def plot_metric_by_variant(rows: list[dict], path: Path, metric: str = "val_loss
     return save_figure(plt, fig, path)
 
 
+def plot_paired_differences(comparisons: list[stats.Comparison], path: Path, metric: str, mode: str) -> Path:
+    """Each variant's mean paired difference from the baseline with its 95% interval; a hollow
+    marker without a bar where one pair gives no interval, nothing where there is no pair."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(comparisons) + 2), 4.8))
+    for x, c in enumerate(comparisons):
+        if c.mean_diff is None:
+            continue
+        error = None if c.half_width is None else [[c.half_width], [c.half_width]]
+        ax.errorbar([x], [c.mean_diff], yerr=error, fmt="o", capsize=4, color="C0",
+                    markerfacecolor="C0" if c.half_width is not None else "none")
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    labels = [f"{c.variant}\n{c.verdict} ({c.pairs}/{c.seeds} pairs)" for c in comparisons]
+    ax.set_xticks(range(len(comparisons)), labels, rotation=30, ha="right", fontsize=8)
+    baseline = comparisons[0].baseline if comparisons else "baseline"
+    ax.set_ylabel(f"{metric} - {baseline} ({'lower' if mode == 'min' else 'higher'} is better)")
+    ax.set_title(f"final {metric} minus {baseline}'s, paired by seed (95% t-interval)", fontsize=10)
+    ax.grid(alpha=0.3)
+    return save_figure(plt, fig, path)
+
+
 def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss", mode: str = "min",
-                 out_dir: Path | None = None) -> dict:
-    """Summary rows plus plot and JSON files in out_dir; returns {"rows", "records", "files"}."""
+                 out_dir: Path | None = None, baseline: str | None = None) -> dict:
+    """Summary rows, paired comparisons against `baseline` (when given), and plot and JSON files in
+    out_dir; returns {"rows", "records", "files", "metric", "baseline", "comparisons"}."""
     records = load_trials(tracking_uri, parent_run_id, curves=("train_loss", metric))
     rows = summarize(records, metric)
     rows.sort(key=lambda r: (math.isnan(r[f"{metric}_mean"]), r[f"{metric}_mean"] * (1 if mode == "min" else -1)))
+    comparisons = paired_comparisons(records, rows, baseline, metric, mode) if baseline else []
+    add_paired_columns(rows, comparisons, baseline)
     files = []
     if out_dir is not None and records:
         out_dir.mkdir(parents=True, exist_ok=True)
         files.append(plot_loss_curves(records, out_dir / "loss_curves.png", metric))
         files.append(plot_metric_by_variant(rows, out_dir / f"{metric}_by_variant.png", metric))
         files.append(plot_metric_vs_params(rows, out_dir / f"{metric}_vs_params.png", metric))
+        if comparisons:
+            files.append(plot_paired_differences(comparisons, out_dir / f"{metric}_vs_baseline.png", metric, mode))
         summary_path = out_dir / "summary.json"
         summary_path.write_text(json.dumps(rows, indent=2, default=str))
         files.append(summary_path)
-    return {"rows": rows, "records": records, "files": files, "metric": metric}
+    return {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
+            "comparisons": comparisons}
+
+
+def add_paired_columns(rows: list[dict], comparisons: list[stats.Comparison], baseline: str | None) -> None:
+    """Each row gets "baseline" (the variant compared against) and "paired" (its comparison, None
+    for the baseline itself), so summary.json carries the paired results too."""
+    by_variant = {c.variant: c.to_json() for c in comparisons}
+    for row in rows:
+        row["baseline"] = baseline
+        row["paired"] = by_variant.get(row["variant"])

@@ -3,6 +3,12 @@
     k3lab report experiments/attnres_block.yaml --profile gpu --markdown docs/results.md \
         --gpu-log gpu_util.csv
 
+writes the sweep's section of docs/results.md (replaced whole on the next write): the commands that
+ran it (recorded on its parent run), date, machine (the trials' k3lab.device tags), tokens per trial,
+the sweep's totals (sweep_* metrics of the parent run, "n/a" where not logged), the per-variant
+table, the seed-paired table against the baseline (`k3lab.runner.stats`), timing, and the plots,
+copied to docs/results/<experiment>/.
+
 The GPU log has one `epoch_seconds,utilization_percent` line per sample, e.g. from
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 |
         while read u; do echo "$(date +%s.%N),$u"; done
@@ -14,10 +20,14 @@ step any trial finished).
 from __future__ import annotations
 
 import math
+import shutil
 import statistics
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
-from k3lab.runner.report import TrialRecord, load_trials, mean_std, summarize
+from k3lab.runner import stats
+from k3lab.runner.report import TrialRecord, mean_std
 
 
 def read_gpu_log(path: str | Path) -> list[tuple[float, float]]:
@@ -51,29 +61,122 @@ def fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-def results_markdown(tracking_uri: str, parent_run_id: str, title: str, metric: str = "val_loss",
-                     gpu_log: str | Path | None = None, baseline: str | None = None, command: str = "") -> str:
-    """Per variant: final metric mean +- std over seeds, params, active params, tokens/s, tokens trained;
-    then sweep wall time, GPU utilisation, trial start-up and tracking overhead."""
-    records = load_trials(tracking_uri, parent_run_id, curves=("train_loss",))
-    rows = summarize(records, metric)
-    lines = [f"### {title}", ""]
-    if command:
-        lines += [f"Command: `{command}`", ""]
-    base_row = next((r for r in rows if r["variant"] == baseline), None)
-    lines += [f"| variant | seeds | final {metric} | vs {baseline or 'baseline'} | total params | active params "
-              "| tokens/s (per trial) | tokens trained |", "|---|---|---|---|---|---|---|---|"]
+@dataclass
+class ParentRecord:
+    """The sweep's parent run: when it ran, its params (train.*), metrics (sweep_*) and tags."""
+
+    run_id: str
+    start_ms: int | None
+    end_ms: int | None
+    params: dict
+    metrics: dict
+    tags: dict
+
+
+def load_parent(tracking_uri: str, parent_run_id: str) -> ParentRecord:
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(tracking_uri).get_run(parent_run_id)
+    return ParentRecord(run.info.run_id, run.info.start_time, run.info.end_time, run.data.params,
+                        dict(run.data.metrics), run.data.tags)
+
+
+def copy_plots(files: list[Path], folder: Path, relative_to: Path) -> list[str]:
+    """Copy the report's PNG files into `folder`; their paths relative to `relative_to` (for links)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    links = []
+    for path in (Path(f) for f in files):
+        if path.suffix == ".png":
+            shutil.copyfile(path, folder / path.name)
+            links.append((folder / path.name).relative_to(relative_to).as_posix())
+    return links
+
+
+def results_markdown(summary: dict, parent: ParentRecord, title: str, report_command: str = "",
+                     gpu_log: str | Path | None = None, plots: list[str] = ()) -> str:
+    """A sweep's markdown section, from a `build_report` summary and its parent run: how it was run
+    (commands, date, machine, tokens), the per-variant table, the paired table, timing, the plots."""
+    records, metric = summary["records"], summary["metric"]
+    lines = [f"### {title}", "", *run_lines(parent, records, report_command), "",
+             *variant_table_lines(summary["rows"], metric), ""]
+    if summary.get("comparisons"):
+        lines += [*paired_table_lines(summary["comparisons"], metric, summary["baseline"]), ""]
+    lines += sweep_timing_lines(records, gpu_log)
+    if plots:
+        lines += ["", *(f"![{Path(link).stem}]({link})" for link in plots)]
+    return "\n".join(lines) + "\n"
+
+
+def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: str) -> list[str]:
+    """Commands, date, machine, tokens per trial and the sweep's totals, as a bullet list."""
+    command = parent.tags.get("k3lab.command") or "n/a (not recorded)"
+    lines = [f"- Command: `{command}`"]
+    lines += [f"- Resumed with: `{line}`" for line in parent.tags.get("k3lab.resumed_with", "").splitlines()]
+    if report_command:
+        lines.append(f"- Report: `{report_command}`")
+    lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms)}", f"- Machine: {machine(records)}",
+              f"- Tokens per trial: {tokens_per_trial(parent.params)}", f"- Sweep: {sweep_totals(parent.metrics)}"]
+    return lines
+
+
+def date_range(start_ms: int | None, end_ms: int | None) -> str:
+    def utc(ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+    if not start_ms:
+        return "n/a"
+    return utc(start_ms) + (f" to {utc(end_ms)}" if end_ms else " (not finished)")
+
+
+def machine(records: list[TrialRecord]) -> str:
+    """The devices the trials logged (k3lab.device) and on how many hosts."""
+    devices = sorted({r.tags["k3lab.device"] for r in records if r.tags.get("k3lab.device")})
+    hosts = {r.tags["k3lab.host"] for r in records if r.tags.get("k3lab.host")}
+    where = f" on {len(hosts)} host{'s' if len(hosts) != 1 else ''}" if hosts else ""
+    return (", ".join(devices) or "n/a (no trial logged its device)") + where
+
+
+def tokens_per_trial(params: dict) -> str:
+    """steps x batch x sequence x accumulation, from the parent run's train.* params."""
+    try:
+        steps, batch, seq, accum = (int(params[f"train.{k}"]) for k in ("steps", "batch_size", "seq_len", "grad_accum"))
+    except (KeyError, ValueError):
+        return "n/a"
+    accumulation = f" x {accum} accumulation steps" if accum > 1 else ""
+    return f"{steps * batch * seq * accum:,} ({steps} steps of {batch} x {seq} tokens{accumulation})"
+
+
+def sweep_totals(metrics: dict) -> str:
+    """The sweep's wall time, tokens, aggregate tokens/s and MFU where the parent run logged them."""
+    def value(name: str, spec: str, unit: str = "", scale: float = 1.0) -> str:
+        number = metrics.get(name)
+        return "n/a" if number is None else format(scale * number, spec) + unit
+
+    return (f"wall time {value('sweep_wall_s', ',.0f', ' s')}, tokens in all {value('sweep_tokens', ',.0f')}, "
+            f"aggregate tokens/s {value('sweep_tokens_per_s', ',.0f')}, MFU {value('sweep_mfu', '.1f', '%', 100)}")
+
+
+def variant_table_lines(rows: list[dict], metric: str) -> list[str]:
+    lines = [f"| variant | seeds | final {metric} (mean ± std) | total params | active params "
+             "| tokens/s (per trial) | tokens trained |", "|---|---|---|---|---|---|---|"]
     for row in rows:
         mean, std = row[f"{metric}_mean"], row[f"{metric}_std"]
-        delta = "n/a"
-        if base_row and row is not base_row and not math.isnan(mean):
-            delta = f"{100 * (mean / base_row[f'{metric}_mean'] - 1):+.2f}%"
         spread = f" ± {fmt(std, '.4f')}" if row["seeds"] > 1 else " (one seed)"
         lines.append(f"| {row['variant']} | {row['seeds']}/{row['trials']} | {fmt(mean, '.4f')}{spread} "
-                     f"| {delta} | {row['params_total']:,} | {row['params_active']:,} | {fmt(row['tokens_per_s'], ',.0f')} "
+                     f"| {row['params_total']:,} | {row['params_active']:,} | {fmt(row['tokens_per_s'], ',.0f')} "
                      f"| {int(row['tokens']):,} |")
-    lines += ["", *sweep_timing_lines(records, gpu_log)]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def paired_table_lines(comparisons: list[stats.Comparison], metric: str, baseline: str) -> list[str]:
+    headers = stats.paired_headers(metric, baseline)
+    lines = [f"Against `{baseline}`, paired by seed ({stats.PAIRED_NOTE}):", "",
+             "| " + " | ".join(headers[c] for c in stats.PAIRED_COLUMNS) + " |",
+             "|" + "---|" * len(stats.PAIRED_COLUMNS)]
+    for comparison in comparisons:
+        cells = stats.comparison_cells(comparison)
+        lines.append("| " + " | ".join(cells[c] for c in stats.PAIRED_COLUMNS) + " |")
+    return lines
 
 
 def sweep_timing_lines(records: list[TrialRecord], gpu_log: str | Path | None) -> list[str]:

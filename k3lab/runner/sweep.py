@@ -25,7 +25,7 @@ from k3lab.errors import UserError
 from k3lab.registry import Sweep
 from k3lab.runner.efficiency import sweep_efficiency, trial_figures
 from k3lab.runner.kernels import cache_env, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
-from k3lab.runner.tracking import MLflowTracker, default_tracking_uri, flatten
+from k3lab.runner.tracking import MLflowTracker, default_tracking_uri, flatten, relocate_artifacts
 from k3lab.runner.train import check_shapes
 from k3lab.runner.trial import TrialSpec, tune_trainable
 
@@ -43,6 +43,7 @@ class SweepRun:
     max_failures: int = 2
     max_concurrent: int | None = None  # overrides the sweep file's resources.max_concurrent_trials
     kernel_cache_dir: str | None = None  # --kernel-cache; else the sweep file's, $K3LAB_KERNEL_CACHE, ~/.cache
+    command: str = ""  # the command line that ran it, recorded on the parent run for reports
 
     @property
     def experiment(self) -> str:
@@ -124,15 +125,19 @@ def check_tracking_server(uri: str) -> None:
 
 
 def open_parent_run(run: SweepRun) -> MLflowTracker:
-    """The sweep's parent MLflow run: reopened on --resume, else created with the sweep's params."""
+    """The sweep's parent MLflow run: reopened on --resume, else created with the sweep's params.
+    A store copied from another folder or machine first gets its artifact locations moved here."""
+    relocate_artifacts(run.tracking_uri, run.experiment)
     if run.resume and run.state_file.exists():
         tracker = MLflowTracker(run.tracking_uri, run.parent_run_id())
         tracker.client.update_run(tracker.run_id, status="RUNNING")
+        record_resume_command(tracker, run.command)
         return tracker
     sweep = run.sweep
     tags = {"k3lab.kind": "sweep", "k3lab.sweep": sweep.name, "k3lab.profile": sweep.profile or "",
             "k3lab.version": k3lab.__version__, "git_commit": git_commit(),
-            "mlflow.note.content": sweep.description}
+            "mlflow.note.content": sweep.description, "k3lab.command": run.command,
+            "k3lab.baseline": sweep.baseline}
     tracker = MLflowTracker.start(run.tracking_uri, run.experiment, run.experiment, tags=tags)
     params = {"sweep": sweep.name, "profile": sweep.profile, "seeds": list(sweep.seeds),
               "variants": len(sweep.valid_variants), "trials": len(sweep.trials),
@@ -145,6 +150,12 @@ def open_parent_run(run: SweepRun) -> MLflowTracker:
     run.state_file.write_text(json.dumps({"parent_run_id": tracker.run_id, "tracking_uri": run.tracking_uri,
                                           "trials": [t.id for t in sweep.trials]}))
     return tracker
+
+
+def record_resume_command(tracker: MLflowTracker, command: str) -> None:
+    """Add the command of a resume to the parent's `k3lab.resumed_with` tag (one line each)."""
+    earlier = tracker.client.get_run(tracker.run_id).data.tags.get("k3lab.resumed_with")
+    tracker.set_tags({"k3lab.resumed_with": f"{earlier}\n{command}" if earlier else command})
 
 
 def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
@@ -253,13 +264,29 @@ def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
     )
     if run.resume:
-        return tune.Tuner.restore(str(run.tune_dir.resolve()), trainable, resume_unfinished=True,
-                                  resume_errored=True)
+        return restore_tuner(run, trainable, run_config)
     tune_config = tune.TuneConfig(metric=sweep.metric.name, mode=sweep.metric.mode,
                                   scheduler=build_scheduler(sweep),
                                   max_concurrent_trials=run.max_concurrent or sweep.resources.max_concurrent_trials)
     return tune.Tuner(trainable, param_space={"trial": tune.grid_search(list(specs))}, tune_config=tune_config,
                       run_config=run_config)
+
+
+def restore_tuner(run: SweepRun, trainable, run_config):
+    """`Tuner.restore` of the sweep's experiment folder, with this run's callbacks and failure config.
+
+    Ray restores the run config that the first run pickled into the folder, callbacks included
+    (ray-project/ray#38894): their tracking URI is the first run's (on another machine's path after
+    a move) and their live table is not the one on screen. Ray has no public way to replace them
+    (ray-project/ray#41364), hence the private `_local_tuner`.
+    """
+    from ray import tune
+
+    tuner = tune.Tuner.restore(str(run.tune_dir.resolve()), trainable, resume_unfinished=True, resume_errored=True)
+    restored = tuner._local_tuner.get_run_config()
+    restored.callbacks = run_config.callbacks
+    restored.failure_config = run_config.failure_config
+    return tuner
 
 
 def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
@@ -302,7 +329,7 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
     finally:
         ray.shutdown()
     summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
-                           out_dir=run.storage / f"{run.experiment}_report")
+                           out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline)
     for path in summary["files"]:
         parent.log_artifact(path, "report")
     if not run.resume:  # a resumed sweep's wall time is only its own part: no efficiency figures

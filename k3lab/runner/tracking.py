@@ -8,6 +8,7 @@ every `flush_every` steps, so tracking never costs a network round trip per valu
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,6 +40,41 @@ def artifact_root_for(tracking_uri: str) -> str | None:
     if tracking_uri.startswith("sqlite:///"):
         return (Path(tracking_uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
     return None
+
+
+def relocate_artifacts(tracking_uri: str, experiment: str) -> int:
+    """Point a moved SQLite store's artifact locations at the `mlartifacts/` beside it now.
+
+    MLflow stores absolute URIs: the experiment's artifact location and each run's artifact URI.
+    After the store (mlflow.db with mlartifacts/) is copied to another folder or machine, they
+    still name the old place, and a resumed run would write its artifacts there. MLflow has no
+    API to change them, so the two columns are rewritten in the database. Only k3lab's own layout
+    (file:.../mlartifacts/<experiment>) is touched. Returns the number of runs moved.
+    """
+    root = artifact_root_for(tracking_uri)
+    if root is None:
+        return 0
+    from mlflow.tracking import MlflowClient
+
+    found = MlflowClient(tracking_uri).get_experiment_by_name(experiment)
+    old, new = (found.artifact_location if found else None), f"{root}/{experiment}"
+    if old is None or old == new or not (old.startswith("file:") and old.endswith(f"/mlartifacts/{experiment}")):
+        return 0
+    with sqlite3.connect(tracking_uri[len("sqlite:///"):]) as db:
+        db.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?", (new, int(found.experiment_id)))
+        moved = db.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) "
+                           "WHERE experiment_id = ? AND substr(artifact_uri, 1, ?) = ?",
+                           (new, len(old) + 1, int(found.experiment_id), len(old) + 1, old + "/"))
+    forget_artifact_locations()
+    return moved.rowcount
+
+
+def forget_artifact_locations() -> None:
+    """Drop MLflow's per-process cache of run artifact repositories (private, keyed by run id),
+    which would keep the old locations in a process that used the store before it moved."""
+    from mlflow.tracking._tracking_service import utils
+
+    getattr(utils, "_artifact_repos_cache", {}).clear()
 
 
 def get_or_create_experiment(client, name: str, tracking_uri: str) -> str:

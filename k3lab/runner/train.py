@@ -144,7 +144,7 @@ class Trainer:
 
     def execution(self) -> dict[str, str]:
         """How this trial runs, resolved for its device: logged with every trial."""
-        return {"device": str(self.device), "kda_implementation": self.config.kda_implementation,
+        return {"kda_implementation": self.config.kda_implementation,
                 "cuda_graph": self.cuda_graph, "compile": str(self.spec.compile)}
 
     def micro_batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

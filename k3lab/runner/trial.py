@@ -20,6 +20,7 @@ import attrs
 from k3lab.model.config import KimiK3Config
 from k3lab.registry import TrainSpec
 from k3lab.runner.checkpoint import load_checkpoint
+from k3lab.runner.metrics import device_name
 from k3lab.runner.tracking import MLflowTracker, flatten
 from k3lab.runner.train import FINISHED, TrainResult, Trainer, save_trainer, train
 
@@ -129,6 +130,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
         run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
         tracker = open_trial_run(spec, trainer.counts, run_id, None if flush_with_checkpoints else 50,
                                  execution=trainer.execution())
+        tracker.set_tags({"k3lab.device": device_name(trainer.device)})
     train_start = time.perf_counter()
     try:
         result = train(trainer.config, spec.train, tracker=tracker, checkpoint=state, trainer=trainer,
