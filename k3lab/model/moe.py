@@ -130,7 +130,7 @@ class StableLatentMoE(nn.Module):
         self.experts = RoutedExperts(E, expert_dim, config.moe_intermediate_size,
                                      config.situ_beta, config.situ_linear_beta)
         self.shared = nn.ModuleList(
-            DenseFFN(M, config.moe_intermediate_size, config.situ_beta, config.situ_linear_beta)
+            DenseFFN(M, config.moe_intermediate_size, config.situ_beta, config.situ_linear_beta, config.ffn_activation)
             for _ in range(config.num_shared_experts)
         )
         # selection bias and load statistics: buffers, so they checkpoint but never get gradients
