@@ -181,10 +181,11 @@ def test_fused_attn_res_state_machine_matches_the_reference(monkeypatch, block_s
 # -- CPU: grouped MoE dispatch ------------------------------------------------------------
 
 def init_moe(moe, std: float | None = 0.2):
-    """Random 2-D weights; std None: fan_in^-0.5, keeping activations O(1) at any width."""
+    """Random weight matrices (2-D, and the experts' 3-D stacks); std None: fan_in^-0.5,
+    keeping activations O(1) at any width."""
     for p in moe.parameters():
-        if p.ndim == 2:
-            torch.nn.init.normal_(p, std=p.shape[1] ** -0.5 if std is None else std)
+        if p.ndim >= 2:
+            torch.nn.init.normal_(p, std=p.shape[-1] ** -0.5 if std is None else std)
     return moe
 
 

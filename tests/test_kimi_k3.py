@@ -240,7 +240,7 @@ def test_optimizer_assigns_every_parameter_exactly_once(model):
     muon, adamw = split_parameters(model)
     names = [n for n, _ in muon] + [n for n, _ in adamw]
     assert len(names) == len(set(names)) == len(list(model.parameters()))
-    assert all(p.ndim == 2 for _, p in muon)
+    assert all(p.ndim == 2 or (p.ndim == 3 and ".experts.w_" in n) for n, p in muon)
     adamw_names = {n for n, _ in adamw}
     assert "embed_tokens.weight" in adamw_names
     assert {n for n in names if n.endswith("res_proj.weight")} <= adamw_names

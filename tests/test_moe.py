@@ -13,7 +13,7 @@ def make_moe(**overrides):
 
 def init(moe):
     for p in moe.parameters():
-        if p.ndim == 2:
+        if p.ndim >= 2:  # Linear weights and the experts' (E, out, in) stacks
             torch.nn.init.normal_(p, std=0.2)
     return moe
 

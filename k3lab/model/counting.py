@@ -47,7 +47,10 @@ def component_of(name: str, layer_types: tuple[str, ...]) -> str:
 
 
 def is_matmul_weight(name: str, param: nn.Parameter) -> bool:
-    """Weights a token is multiplied by: Linear and expert matrices and the (tied) head."""
+    """Weights a token is multiplied by: Linear matrices, the stacked expert matrices
+    (E, out, in) and the (tied) head."""
+    if ".experts." in name:
+        return True
     return param.ndim == 2 and "res_proj" not in name
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from k3lab.model.compiling import raise_recompile_limit
 from k3lab.model.config import KimiK3Config
 from k3lab.model.ffn import DenseFFN
 from k3lab.model.loss import linear_cross_entropy
@@ -270,8 +271,7 @@ def compile_blocks(model: KimiK3, **options) -> KimiK3:
     options.setdefault("fullgraph", False)
     # blocks share one forward: each distinct block kind (attention, FFN, boundary) is one
     # more compiled graph of that code object; keep them all under the recompile limit
-    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-    setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 2 * len(model.layers)))
+    raise_recompile_limit(2 * len(model.layers))
     for layer in model.layers:
         layer.compile(**options)
     return model

@@ -69,19 +69,24 @@ def grouped_layout(flat_expert: torch.Tensor, num_experts: int, align: int = GRO
     pos = torch.empty_like(order)
     pos[order] = group_start[sorted_expert] + rank
     R = -(-(P + E * (align - 1)) // align) * align
-    offs = (group_start + padded).to(torch.int32)
-    offs[-1] = R
+    ends = (group_start + padded)[:-1]  # the last group is stretched to R below
+    offs = torch.cat([ends, ends.new_full((1,), R)]).to(torch.int32)  # no item assignment: it would sync
     return pos, offs, R
 
 
 class RoutedExperts(nn.Module):
-    """E SiTU-GLU experts of width d -> I -> d, one 2-D matrix each (so Muon can take them)."""
+    """E SiTU-GLU experts of width d -> I -> d, stored stacked: one 3-D weight per projection.
+
+    w_gate, w_up (E, I, d) and w_down (E, d, I): expert e's matrices are slices [e]. The
+    grouped GEMM takes the stacks as they are (no per-step re-stacking), and Muon still
+    orthogonalises each expert's matrix on its own (`k3lab.model.muon`).
+    """
 
     def __init__(self, num_experts: int, dim: int, intermediate: int, beta: float, linear_beta: float):
         super().__init__()
-        self.w_gate = nn.ParameterList(nn.Parameter(torch.empty(intermediate, dim)) for _ in range(num_experts))
-        self.w_up = nn.ParameterList(nn.Parameter(torch.empty(intermediate, dim)) for _ in range(num_experts))
-        self.w_down = nn.ParameterList(nn.Parameter(torch.empty(dim, intermediate)) for _ in range(num_experts))
+        self.w_gate = nn.Parameter(torch.empty(num_experts, intermediate, dim))
+        self.w_up = nn.Parameter(torch.empty(num_experts, intermediate, dim))
+        self.w_down = nn.Parameter(torch.empty(num_experts, dim, intermediate))
         self.beta, self.linear_beta = beta, linear_beta
 
     def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -95,17 +100,22 @@ class RoutedExperts(nn.Module):
         return torch.cat(outputs) if outputs else x_sorted.new_zeros(0, x_sorted.shape[1])
 
     def forward_grouped(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        """x (R, d) rows grouped by expert, groups ending at offs (E,) -> (R, d), in x's dtype.
+        """x (R, d) rows grouped by expert, groups ending at offs (E,) -> (R, d), in x's dtype."""
+        dtype = x.dtype
+        gate = grouped_mm(x, self.w_gate.to(dtype).transpose(1, 2), offs)  # (R, I)
+        up = grouped_mm(x, self.w_up.to(dtype).transpose(1, 2), offs)  # (R, I)
+        h = situ_glu(gate, up, self.beta, self.linear_beta)
+        return grouped_mm(h, self.w_down.to(dtype).transpose(1, 2), offs)  # (R, d)
 
-        The per-expert 2-D parameters are stacked for each call (they stay separate
-        Parameters for Muon); gate and up share one grouped GEMM.
-        """
-        I = self.w_gate[0].shape[0]
-        w_gate_up = torch.cat([torch.stack(tuple(self.w_gate)), torch.stack(tuple(self.w_up))], dim=1)  # (E, 2I, d)
-        w_down = torch.stack(tuple(self.w_down))  # (E, d, I)
-        gate_up = grouped_mm(x, w_gate_up.to(x.dtype).transpose(1, 2), offs)  # (R, 2I)
-        h = situ_glu(gate_up[:, :I], gate_up[:, I:], self.beta, self.linear_beta)
-        return grouped_mm(h, w_down.to(x.dtype).transpose(1, 2), offs)  # (R, d)
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Checkpoints from before the stacking hold one 2-D matrix per expert
+        (`w_gate.0`, `w_gate.1`, ...): stack them into the 3-D weights."""
+        for name in ("w_gate", "w_up", "w_down"):
+            per_expert = sorted((k for k in state_dict if k.startswith(f"{prefix}{name}.")),
+                                key=lambda k: int(k.rsplit(".", 1)[1]))
+            if per_expert and f"{prefix}{name}" not in state_dict:
+                state_dict[f"{prefix}{name}"] = torch.stack([state_dict.pop(k) for k in per_expert])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class StableLatentMoE(nn.Module):

@@ -30,6 +30,9 @@ from k3lab.runner.checkpoint import load_checkpoint, rng_state, save_checkpoint,
 from k3lab.runner.metrics import attn_res_metrics, moe_metrics, peak_flops
 
 FINISHED, DIVERGED = "finished", "diverged"
+# 2: MoE experts stored as (E, out, in) stacks, each a Muon parameter; 1 (no "format" key):
+# one 2-D parameter per expert matrix
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass
@@ -175,6 +178,7 @@ class Trainer:
 
     def state_dict(self) -> dict:
         return {
+            "format": CHECKPOINT_FORMAT,
             "step": self.step,
             "model": self.model.state_dict(),
             "optimizers": [opt.state_dict() for opt in self.optimizers],
@@ -184,6 +188,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        check_checkpoint_format(state)
         self.model.load_state_dict(state["model"])
         for opt, opt_state in zip(self.optimizers, state["optimizers"]):
             opt.load_state_dict(opt_state)
@@ -192,6 +197,17 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         self.step = state["step"]
+
+
+def check_checkpoint_format(state: dict) -> None:
+    """Refuse a format-1 MoE checkpoint: its optimizer state has one entry per expert matrix,
+    which no longer lines up with the stacked experts (its weights alone still load)."""
+    if state.get("format", 1) >= CHECKPOINT_FORMAT:
+        return
+    if any(".experts.w_" in key and key.rsplit(".", 1)[1].isdigit() for key in state["model"]):
+        raise UserError("checkpoint: written by an older k3lab with one matrix per expert (format 1); its "
+                        "optimizer state cannot resume a trial of this version -- rerun the trial "
+                        "(k3lab sweep --overwrite), or load only the weights with KimiK3.load_state_dict")
 
 
 class Window:

@@ -1,0 +1,126 @@
+"""Muon with every same-shape matrix orthogonalised in one batched Newton-Schulz.
+
+`torch.optim.Muon` is the numerical reference: per matrix W with gradient G,
+
+    B = mu B + (1 - mu) G                 momentum (lerp form)
+    U = G + mu (B - G)   (nesterov)        i.e. lerp(G, B, mu)
+    O = NS5(U)                             quintic Newton-Schulz, bf16, on the wide orientation
+    W = W (1 - lr wd) - lr * 0.2 sqrt(max(rows, cols)) * O     ("match_rms_adamw")
+
+but it runs that as a Python loop, ~23 kernels per matrix, and takes only 2-D tensors.
+Here the parameters of a group are bucketed by matrix shape (the last two dims); a
+bucket's momentum is one multi-tensor (`torch._foreach_*`) update, its matrices are
+stacked into one (S, rows, cols) tensor and orthogonalised together with batched
+matmuls, and the decay and update are two more multi-tensor ops. A 3-D parameter
+(E, rows, cols), such as the stacked MoE experts, is E matrices: each slice gets exactly
+the update it would get as a 2-D parameter of its own.
+
+The state is torch.optim.Muon's (`momentum_buffer` per parameter), so state dicts look
+the same. The learning rate is read from the param group each step and never enters a
+compiled function: schedules cost no recompilation. `compile=True` compiles the
+Newton-Schulz iteration once per bucket shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from k3lab.model.compiling import raise_recompile_limit
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's quintic coefficients
+
+
+def newton_schulz(G: torch.Tensor, coefficients=NS_COEFFICIENTS, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """Approximately orthogonalise each matrix of G (S, rows, cols) -> bf16 (S, rows, cols).
+
+    The same iteration as torch.optim.Muon's, batched: each slice is scaled by its own
+    Frobenius norm and iterated on its wide orientation (rows <= cols).
+    """
+    a, b, c = coefficients
+    X = G.bfloat16()
+    tall = G.size(-2) > G.size(-1)
+    if tall:
+        X = X.mT
+    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        A = X @ X.mT  # (S, r, r)
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)
+        X = torch.baddbmm(X, B, X, beta=a)
+    return X.mT if tall else X
+
+
+def adjusted_lr(lr: float, adjust_lr_fn: str | None, rows: int, cols: int) -> float:
+    """torch.optim.Muon's learning-rate adjustment for one (rows, cols) matrix."""
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(rows, cols))
+    if adjust_lr_fn in (None, "original"):
+        return lr * math.sqrt(max(1.0, rows / cols))
+    return lr
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon over 2-D matrices and 3-D stacks of matrices, batched by shape (module docstring)."""
+
+    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
+                 nesterov: bool = True, ns_coefficients=NS_COEFFICIENTS, ns_steps: int = 5, eps: float = 1e-7,
+                 adjust_lr_fn: str | None = "match_rms_adamw", compile: bool = False):
+        if lr < 0 or momentum < 0 or weight_decay < 0:
+            raise ValueError(f"Muon: lr, momentum and weight_decay must be >= 0, got {lr}, {momentum}, {weight_decay}")
+        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+            raise ValueError(f"Muon: adjust_lr_fn must be 'original' or 'match_rms_adamw', got {adjust_lr_fn!r}")
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_coefficients=tuple(ns_coefficients), ns_steps=ns_steps, eps=eps, adjust_lr_fn=adjust_lr_fn)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim not in (2, 3):
+                    raise ValueError(f"Muon takes matrices (2-D) and stacks of matrices (3-D), got shape {tuple(p.shape)}")
+        self.orthogonalise = newton_schulz
+        if compile:
+            self.orthogonalise = torch.compile(newton_schulz, dynamic=False)
+            raise_recompile_limit(64)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for params in shape_buckets(p for p in group["params"] if p.grad is not None).values():
+                self.update_bucket(params, group)
+        return loss
+
+    def update_bucket(self, params: list[torch.Tensor], group: dict) -> None:
+        """One Muon step for parameters whose matrices all have one (rows, cols) shape."""
+        rows, cols = params[0].shape[-2:]
+        grads = [p.grad for p in params]
+        buffers = [self.momentum_buffer(p) for p in params]
+        momentum = group["momentum"]
+        torch._foreach_lerp_(buffers, grads, 1 - momentum)
+        updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
+        stacked = torch.cat([u.reshape(-1, rows, cols) for u in updates])  # (S, rows, cols)
+        ortho = self.orthogonalise(stacked, group["ns_coefficients"], group["ns_steps"], group["eps"])
+        ortho = ortho.to(params[0].dtype).split([u.numel() // (rows * cols) for u in updates])
+        lr = float(group["lr"])
+        if group["weight_decay"]:
+            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+        torch._foreach_add_(params, [o.view_as(p) for o, p in zip(ortho, params)],
+                            alpha=-adjusted_lr(lr, group["adjust_lr_fn"], rows, cols))
+
+    def momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state["momentum_buffer"]
+
+
+def shape_buckets(params) -> dict[tuple, list[torch.Tensor]]:
+    """Parameters keyed by (matrix shape, dtype, device), in their original order."""
+    buckets: dict[tuple, list[torch.Tensor]] = {}
+    for p in params:
+        buckets.setdefault((tuple(p.shape[-2:]), p.dtype, p.device), []).append(p)
+    return buckets
+
