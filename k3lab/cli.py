@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "k3lab.data.commands",  # k3lab data prepare|info
     "k3lab.runner.commands",  # k3lab train|sweep|report
     "k3lab.bundle",  # k3lab bundle
+    "k3lab.runner.export",  # k3lab export
 )
 
 
