@@ -140,3 +140,9 @@ def test_base_fidelity_comes_before_the_base_overrides(tmp_path):
 def test_bad_fidelity_settings_are_one_line_errors(tmp_path, text, message):
     with pytest.raises(UserError, match=".*" + message.replace("[", r"\[").replace("]", r"\]")):
         load_sweep(write(tmp_path, "name: t\n" + text + "\n"))
+
+
+def test_a_switch_of_a_layer_kind_the_model_lacks_makes_a_duplicate(tmp_path):
+    sweep = load_sweep(write(tmp_path, "name: t\nbase: {preset: tiny, layer_types: [mla, mla, mla, mla]}\n"
+                                       "axes: {kda_gate_rank: [head_dim, full]}\n"))
+    assert [v.status for v in sweep.variants] == ["ok", "duplicate"]
