@@ -1,0 +1,223 @@
+"""The training step of a trial on one GPU: the presets at the gpu profiles' shapes and larger.
+
+    python bench/bench_trial.py --write
+    python bench/bench_trial.py --rows small@16x512,small@64x1024:adamw --before .carry/before --write
+    python bench/bench_trial.py --rows small@64x1024:compile --top 15        # with the top kernels
+
+A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
+Muon + AdamW), compile (torch.compile'd blocks), chunkwise (plain-PyTorch KDA instead of
+FLA's). Each row runs in its own process with the trial's step: bf16 autocast over fp32
+weights, the loss without logits, gradient clipping at 1.0, every optimizer, the MoE bias
+update. `--before DIR` runs every row a second time with DIR (an older checkout of k3lab,
+e.g. `git archive <commit> | tar x -C DIR`) first on PYTHONPATH, so one run shows before
+and after side by side.
+
+Measured per row (random tokens, after `--warmup` steps, over `--steps` timed steps):
+tokens/s from the wall clock; MFU = tokens/s x FLOPs per token (`count_parameters`) /
+the GPU's bf16 peak; forward+backward and optimizer (clipping, optimizer steps, MoE bias
+update) milliseconds per step from CUDA events; GPU kernels per step and CUDA launch calls
+per step from torch.profiler over 2 steps; peak memory (torch.cuda.max_memory_allocated,
+weights and optimizer state included); the first step's seconds (compilation and any
+autotuning not in the kernel cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ROWS = "small@16x512,small@64x1024,small@64x1024:adamw,base@16x2048"
+OPTIONS = ("adamw", "compile", "chunkwise")
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", default=DEFAULT_ROWS, help="comma-separated PRESET@BxT[:option...]")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--before", default=None, help="an older k3lab checkout to measure the same rows with")
+    parser.add_argument("--before-label", default="before")
+    parser.add_argument("--top", type=int, default=0, help="print the N kernels with the most GPU time per row")
+    parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    for row in args.rows.split(","):
+        parse_row(row, parser.error)
+    return args
+
+
+def parse_row(row: str, error=None) -> dict:
+    """'small@64x1024:adamw' -> {'preset': 'small', 'batch': 64, 'seq': 1024, 'options': ['adamw']}."""
+    try:
+        head, *options = row.strip().split(":")
+        preset, shape = head.split("@")
+        batch, seq = (int(n) for n in shape.split("x"))
+    except ValueError:
+        (error or sys.exit)(f"row {row!r}: expected PRESET@BxT[:option...]")
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        (error or sys.exit)(f"row {row!r}: unknown options {sorted(unknown)} (choose from {', '.join(OPTIONS)})")
+    return {"preset": preset, "batch": batch, "seq": seq, "options": options}
+
+
+# -- one row, in a child process -------------------------------------------------------------
+
+def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
+    import torch
+
+    from k3lab.model.counting import count_parameters
+    from k3lab.model.model import KimiK3, compile_blocks
+    from k3lab.model.optim import build_optimizers
+    from k3lab.registry.presets import load_preset
+    from k3lab.runner.metrics import peak_flops
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    options = row["options"]
+    config = load_preset(row["preset"]).replace(
+        kda_implementation="chunkwise" if "chunkwise" in options else "fused", max_seq_len=max(row["seq"], 1024))
+    torch.manual_seed(0)
+    model = KimiK3(config).cuda().train()
+    counts = count_parameters(model, row["seq"])
+    if "compile" in options:
+        compile_blocks(model)
+    if "adamw" in options:
+        optimizers = [torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, fused=True)]
+    else:
+        optimizers = build_optimizers(model, lr=3e-3, weight_decay=0.1)
+    idx = torch.randint(0, config.vocab_size, (row["batch"], row["seq"]), device="cuda")
+    targets = torch.roll(idx, -1, dims=1)
+    events = []
+
+    def step():
+        start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start.record()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = model(idx, targets, return_logits=False)
+        loss.backward()
+        middle.record()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        model.update_moe_biases()
+        end.record()
+        events.append((start, middle, end))
+        return loss
+
+    torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    first_step = time.perf_counter() - started
+    for _ in range(warmup - 1):
+        step()
+    torch.cuda.synchronize()
+    events.clear()
+    started = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    torch.cuda.synchronize()
+    step_s = (time.perf_counter() - started) / steps
+    fwd_bwd = sum(s.elapsed_time(m) for s, m, _ in events) / steps
+    opt = sum(m.elapsed_time(e) for _, m, e in events) / steps
+    kernels, launches, top_kernels = profile_steps(step, 2, top)
+    tokens_per_s = row["batch"] * row["seq"] / step_s
+    peak = peak_flops(torch.device("cuda"))
+    return {
+        "tokens_per_s": tokens_per_s, "step_ms": 1e3 * step_s, "fwd_bwd_ms": fwd_bwd, "optimizer_ms": opt,
+        "mfu": tokens_per_s * counts["flops_per_token"] / peak if peak else None,
+        "kernels": kernels, "launches": launches, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "first_step_s": first_step, "loss": loss.item(), "params": counts["total"], "active": counts["active"],
+        "top_kernels": top_kernels,
+    }
+
+
+def profile_steps(step, n: int, top: int) -> tuple[float, float, list]:
+    """GPU kernels and CUDA launch calls per step over n profiled steps, and the top kernels."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    kernels = launches = 0
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels += not event.name.startswith(("Memcpy", "Memset"))
+        elif event.name in LAUNCH_CALLS:
+            launches += 1
+    device_time = [(e.key, e.device_time_total / n / 1e3, e.count / n) for e in prof.key_averages()
+                   if e.device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA]
+    device_time.sort(key=lambda t: -t[1])
+    return kernels / n, launches / n, device_time[:top]
+
+
+# -- the parent: rows in child processes, the table ---------------------------------------
+
+def run_row(row: str, args: argparse.Namespace, code_dir: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code_dir), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, __file__, "--child", row, "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--top", str(args.top)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=code_dir)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        return {"error": (lines[-1] if lines else f"exit {done.returncode}")[:160]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def table(results: list[tuple[str, str, dict]]) -> str:
+    lines = ["| row | code | tokens/s | MFU | step (ms) | fwd+bwd (ms) | optimizer (ms) | optimizer share "
+             "| GPU kernels/step | launch calls/step | peak mem (GiB) | first step (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row, code, r in results:
+        if "error" in r:
+            lines.append(f"| {row} | {code} | failed: {r['error']} |" + " |" * 9)
+            continue
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
+        share = r["optimizer_ms"] / (r["fwd_bwd_ms"] + r["optimizer_ms"])
+        lines.append(f"| {row} | {code} | {r['tokens_per_s']:,.0f} | {mfu} | {r['step_ms']:.1f} | {r['fwd_bwd_ms']:.1f} "
+                     f"| {r['optimizer_ms']:.1f} | {share:.0%} | {r['kernels']:,.0f} | {r['launches']:,.0f} "
+                     f"| {r['peak_gib']:.1f} | {r['first_step_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        print(json.dumps(measure(parse_row(args.child), args.steps, args.warmup, args.top)))
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_trial.py needs a CUDA GPU")
+    codes = [("after", ROOT)] + ([(args.before_label, Path(args.before).resolve())] if args.before else [])
+    results = []
+    for row in args.rows.split(","):
+        for label, code_dir in codes:
+            result = run_row(row, args, code_dir)
+            results.append((row, label, result))
+            print(table(results[-1:]).splitlines()[-1], flush=True)
+            for name, ms, count in result.get("top_kernels", []):
+                print(f"    {ms:8.2f} ms/step  {count:6.0f}x  {name[:110]}", flush=True)
+    body = (f"{torch.cuda.get_device_name()}: {args.warmup} warm-up + {args.steps} timed steps per row, random "
+            "tokens, bf16 autocast over fp32 weights, fused KDA (FLA) unless `chunkwise`, Muon + AdamW unless "
+            "`adamw`. Optimizer share = optimizer / (fwd+bwd + optimizer) GPU time. Kernels and launch calls "
+            "from torch.profiler (2 steps).\n\n" + table(results))
+    print(body)
+    if args.write:
+        sys.path.insert(0, str(ROOT))
+        from bench.report import write_section
+
+        write_section("Trial step: presets on one GPU", body)
+
+
+if __name__ == "__main__":
+    main()
