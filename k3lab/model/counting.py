@@ -9,12 +9,13 @@ FLOPs per token (forward + backward, training):
 N_active_matmul counts routed experts at top_k / num_experts, the tied embedding/head
 once (as the head's matmul; the embedding lookup is free; an untied embedding is not a
 matmul, its head is), and leaves out norm gains, biases, convolutions and scorer
-vectors. The MLA term follows PaLM's MFU convention (full T, no causal halving); its
-query-key width is d_qk + s with the shared key part s (mla_shared_key_dim). The KDA term counts, per token and head, the intra-chunk
-score matrices (q.k and k.k over C positions, dk each), the triangular solve and the
-intra-chunk output (about C * (dk + dv) + C * dv), and the three state products with
-the dk x dv state (read-out for w and q, and the update). It is an estimate of the
-work the chunk algorithm does, not a measurement.
+vectors. The MLA term follows PaLM's MFU convention (full T, no causal halving); with
+a shared key part of s dims (mla_shared_key_dim) its d_qk is the query-key width d_qk + s.
+The KDA term counts, per token and head, the intra-chunk score matrices (q.k and k.k
+over C positions, dk each), the triangular solve and the intra-chunk output (about
+C * (dk + dv) + C * dv), and the three state products with the dk x dv state (read-out
+for w and q, and the update). It is an estimate of the work the chunk algorithm does,
+not a measurement.
 """
 
 from __future__ import annotations
