@@ -139,6 +139,15 @@ def test_state_dict_round_trip_is_exact():
     assert all(torch.equal(back[k], state[k]) for k in set(state) - balancing)
 
 
+def test_a_kimi_linear_state_dict_of_another_model_is_refused():
+    config = kimi_linear_config()
+    state = hf.to_hf_state_dict(KimiK3(config).state_dict(), config)
+    with pytest.raises(ValueError, match="has model.layers.3.input_layernorm.weight, which this config does not"):
+        hf.from_hf_state_dict(state, config.replace(num_layers=3, layer_types=("kda", "kda", "mla")))
+    with pytest.raises(ValueError, match="tie_word_embeddings=true but the Kimi Linear head differs"):
+        hf.from_hf_state_dict(state, config.replace(tie_word_embeddings=True))
+
+
 def test_hf_weights_are_joined_as_documented():
     config = kimi_linear_config(num_shared_experts=2)
     state = randomised(KimiK3(config)).state_dict()

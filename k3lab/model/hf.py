@@ -243,9 +243,11 @@ def from_hf_state_dict(state: dict[str, torch.Tensor], config: KimiK3Config) -> 
     (the MoE balancing statistics start at zero)."""
     check_exportable(config)
     table = rules(config)
-    missing = sorted({rule.theirs for rule in table} - set(state))
-    if missing:
-        raise ValueError(f"from_hf_state_dict: the Kimi Linear state dict has no {missing[0]}")
+    theirs = {rule.theirs for rule in table}
+    missing, unexpected = sorted(theirs - set(state)), sorted(set(state) - theirs)
+    if missing or unexpected:
+        problem = f"has no {missing[0]}" if missing else f"has {unexpected[0]}, which this config does not"
+        raise ValueError(f"from_hf_state_dict: the Kimi Linear state dict {problem}")
     ours = {}
     for rule in table:
         ours.update(zip(rule.ours, rule.split(state[rule.theirs]), strict=True))
