@@ -110,8 +110,13 @@ def test_mla_latent_norms_use_their_own_eps():
 
 def test_old_checkpoints_load_into_the_renamed_kv_projections():
     mla = GatedMLA(tiny_config())
-    old = {k.replace("kv_a_proj.", "kv_proj.0.").replace("kv_norm.", "kv_proj.1.").replace("kv_b_proj.", "kv_proj.2."): v
-           for k, v in mla.state_dict().items()}
+    old_names = {"kv_a_proj.": "kv_proj.0.", "kv_norm.": "kv_proj.1.", "kv_b_proj.": "kv_proj.2."}
+    old = {}
+    for key, value in mla.state_dict().items():
+        for new_name, old_name in old_names.items():
+            key = key.replace(new_name, old_name)
+        old[key] = value
+    assert "kv_proj.0.weight" in old
     fresh = GatedMLA(tiny_config())
     fresh.load_state_dict(old)
     x = torch.randn(1, 5, 64)

@@ -52,7 +52,8 @@ def export_problems(config: KimiK3Config) -> list[str]:
             problems.append(f"{field}={shown}: {rule}")
 
     need(not config.use_attn_res, "use_attn_res", "Kimi Linear has no Attention Residuals (needs false)")
-    need(config.ffn_activation == "swiglu", "ffn_activation", "Kimi Linear's FFNs and experts are SwiGLU (needs swiglu)")
+    need(config.ffn_activation == "swiglu", "ffn_activation",
+         "Kimi Linear's FFNs and experts are SwiGLU (needs swiglu)")
     has_moe = config.num_dense_layers < config.num_layers
     need(config.moe_latent_size is None or not has_moe, "moe_latent_size",
          "Kimi Linear's experts run at full width: no latent MoE (needs null)")
