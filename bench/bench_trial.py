@@ -2,11 +2,13 @@
 
     python bench/bench_trial.py --write
     python bench/bench_trial.py --rows small@16x512,small@64x1024:adamw --before .carry/before --write
+    python bench/bench_trial.py --before .carry/before --before-rows small@16x512   # before for one row
     python bench/bench_trial.py --rows small@64x1024:compile --top 15        # with the top kernels
 
 A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
 Muon + AdamW), compile (torch.compile'd blocks), chunkwise (plain-PyTorch KDA instead of
-FLA's). Each row runs in its own process with the trial's step: bf16 autocast over fp32
+FLA's), graph (forward+backward replayed as one CUDA graph after the warm-up steps, as
+trials do with `cuda_graph`), ckpt (activation checkpointing of every decoder layer). Each row runs in its own process with the trial's step: bf16 autocast over fp32
 weights, the loss without logits, gradient clipping at 1.0, every optimizer, the MoE bias
 update. `--before DIR` runs every row a second time with DIR (an older checkout of k3lab,
 e.g. `git archive <commit> | tar x -C DIR`) first on PYTHONPATH, so one run shows before
@@ -33,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = "small@16x512,small@64x1024,small@64x1024:adamw,base@16x2048"
-OPTIONS = ("adamw", "compile", "chunkwise")
+OPTIONS = ("adamw", "compile", "chunkwise", "graph", "ckpt")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
 
 
@@ -44,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--before", default=None, help="an older k3lab checkout to measure the same rows with")
     parser.add_argument("--before-label", default="before")
+    parser.add_argument("--before-rows", default=None, help="the rows to measure with --before too (default: all)")
     parser.add_argument("--top", type=int, default=0, help="print the N kernels with the most GPU time per row")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -84,6 +87,7 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
         kda_implementation="chunkwise" if "chunkwise" in options else "fused", max_seq_len=max(row["seq"], 1024))
     torch.manual_seed(0)
     model = KimiK3(config).cuda().train()
+    model.checkpoint_layers = "ckpt" in options
     counts = count_parameters(model, row["seq"])
     if "compile" in options:
         compile_blocks(model)
@@ -95,17 +99,31 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
     targets = torch.roll(idx, -1, dims=1)
     events = []
 
+    def loss_fn(x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(x, y, return_logits=False)[1]
+
+    graphed = None
+    if "graph" in options:
+        from k3lab.runner.graphs import GraphedForwardBackward
+
+        graphed = GraphedForwardBackward(loss_fn, model.parameters())
+
     def step():
         start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         start.record()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = model(idx, targets, return_logits=False)
-        loss.backward()
+        replay = graphed is not None and len(events) >= 2  # captured after two eager steps
+        if replay:
+            loss = graphed(idx, targets)
+        else:
+            loss = loss_fn(idx, targets)
+            loss.backward()
         middle.record()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         for optimizer in optimizers:
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            if not replay:
+                optimizer.zero_grad(set_to_none=True)
         model.update_moe_biases()
         end.record()
         events.append((start, middle, end))
@@ -119,14 +137,14 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
     for _ in range(warmup - 1):
         step()
     torch.cuda.synchronize()
-    events.clear()
+    timed_from = len(events)
     started = time.perf_counter()
     for _ in range(steps):
         loss = step()
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - started) / steps
-    fwd_bwd = sum(s.elapsed_time(m) for s, m, _ in events) / steps
-    opt = sum(m.elapsed_time(e) for _, m, e in events) / steps
+    fwd_bwd = sum(s.elapsed_time(m) for s, m, _ in events[timed_from:]) / steps
+    opt = sum(m.elapsed_time(e) for _, m, e in events[timed_from:]) / steps
     kernels, launches, top_kernels = profile_steps(step, 2, top)
     tokens_per_s = row["batch"] * row["seq"] / step_s
     peak = peak_flops(torch.device("cuda"))
@@ -198,9 +216,10 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         sys.exit("bench_trial.py needs a CUDA GPU")
-    codes = [("after", ROOT)] + ([(args.before_label, Path(args.before).resolve())] if args.before else [])
+    before_rows = set((args.before_rows or args.rows).split(",")) if args.before else set()
     results = []
     for row in args.rows.split(","):
+        codes = [("after", ROOT)] + ([(args.before_label, Path(args.before).resolve())] if row in before_rows else [])
         for label, code_dir in codes:
             result = run_row(row, args, code_dir)
             results.append((row, label, result))

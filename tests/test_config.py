@@ -91,3 +91,17 @@ def test_kimi_linear_schedule_ends_with_mla():
     assert kimi_linear_schedule(8) == ("kda", "kda", "kda", "mla") * 2
     assert kimi_linear_schedule(6)[-1] == "mla"
     assert kimi_linear_schedule(3, kda_per_mla=0) == ("mla",) * 3
+
+
+def test_auto_kda_is_fused_only_on_cuda_with_fla_and_a_kernel_friendly_config(monkeypatch):
+    from k3lab.model import config as config_module
+
+    auto = KimiK3Config()
+    assert auto.kda_implementation == "auto"
+    monkeypatch.setattr(config_module, "fla_installed", lambda: True)
+    assert auto.resolve_kda(cuda=True).kda_implementation == "fused"
+    assert auto.resolve_kda(cuda=False).kda_implementation == "chunkwise"
+    assert auto.replace(kda_chunk_size=16).resolve_kda(cuda=True).kda_implementation == "chunkwise"
+    assert auto.replace(kda_implementation="chunkwise").resolve_kda(cuda=True).kda_implementation == "chunkwise"
+    monkeypatch.setattr(config_module, "fla_installed", lambda: False)
+    assert auto.resolve_kda(cuda=True).kda_implementation == "chunkwise"

@@ -534,3 +534,23 @@ def test_compiled_fused_model_matches_eager():
         _, loss = compiled(idx, torch.roll(idx, -1, 1), return_logits=False)
     print(f"{'compiled vs eager loss':>28}: {abs(loss.item() - expected.item()):.2e}")
     assert abs(loss.item() - expected.item()) <= 1e-3 * expected.item()
+
+
+@gpu
+def test_cuda_graph_training_steps_match_eager_steps(isolated_data):
+    """The captured forward+backward replays what the eager step computes, step after step."""
+    needs_fla()
+    from k3lab.registry import TrainSpec
+    from k3lab.runner.train import EAGER_STEPS_BEFORE_CAPTURE, Trainer
+
+    config = gpu_config(kda_implementation="fused", vocab_size=320)
+    runs = {}
+    for cuda_graph in (False, True):
+        spec = TrainSpec(steps=8, batch_size=2, seq_len=256, warmup_steps=2, cuda_graph=cuda_graph)
+        trainer = Trainer(config, spec, seed=0)
+        runs[cuda_graph] = [trainer.train_step()["train_loss"].item() for _ in range(6)]
+        assert (trainer.graphed is not None) == cuda_graph and trainer.cuda_graph == ("on" if cuda_graph else
+                                                                                     "off: cuda_graph: false")
+    print(f"{'graphed vs eager losses':>28}: {runs[True]} vs {runs[False]}")
+    assert EAGER_STEPS_BEFORE_CAPTURE < 6  # replays were compared, not only eager steps
+    torch.testing.assert_close(torch.tensor(runs[True]), torch.tensor(runs[False]), rtol=2e-3, atol=2e-3)

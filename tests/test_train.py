@@ -137,3 +137,47 @@ def test_train_command_rejects_bad_settings_in_one_line(flag, message, capsys):
     assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--set", flag]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cuda_graph_is_off_with_the_reason_where_it_cannot_run():
+    trainer = Trainer(load_preset("tiny"), tiny_spec())  # auto on a CPU: eager, no warning
+    assert trainer.graphed is None and trainer.cuda_graph == "off: CUDA graphs need a CUDA device"
+    with pytest.warns(UserWarning, match="running eagerly: CUDA graphs need a CUDA device"):
+        Trainer(load_preset("tiny"), tiny_spec(cuda_graph=True), device="cpu")
+    assert Trainer(load_preset("tiny"), tiny_spec(cuda_graph=False)).cuda_graph == "off: cuda_graph: false"
+
+
+def test_cuda_graph_blockers_name_accumulation_and_ddp():
+    from k3lab.runner.graphs import cuda_graph_blocker
+
+    cuda = torch.device("cuda")
+    assert cuda_graph_blocker(cuda, grad_accum=1, distributed=False) is None
+    assert "grad_accum" in cuda_graph_blocker(cuda, grad_accum=2, distributed=False)
+    assert "DDP" in cuda_graph_blocker(cuda, grad_accum=1, distributed=True)
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients():
+    config = load_preset("tiny")
+    plain, checkpointed = Trainer(config, tiny_spec()), Trainer(config, tiny_spec(activation_checkpointing=True))
+    assert checkpointed.model.checkpoint_layers and not plain.model.checkpoint_layers
+    checkpointed.model.load_state_dict(plain.model.state_dict())
+    x, y = plain.sampler.next_batch()
+    for trainer in (plain, checkpointed):
+        trainer.micro_batch_loss(x, y).backward()
+    for (name, p), q in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+def test_trial_run_records_how_it_ran(tmp_path):
+    from k3lab.runner.trial import TrialSpec, run_trial
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny").to_dict(),
+                     train=tiny_spec(steps=2, eval_interval=2), tracking_uri=uri, experiment="execution")
+    assert spec.model_config().kda_implementation == "auto"
+    _, run_id = run_trial(spec, device="cpu")
+    run = MLflowTracker(uri, run_id).client.get_run(run_id)
+    assert run.data.tags["k3lab.kda_implementation"] == "chunkwise"  # auto, resolved for the CPU
+    assert run.data.params["run.kda_implementation"] == "chunkwise"
+    assert run.data.tags["k3lab.cuda_graph"].startswith("off: CUDA graphs need a CUDA device")

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 LAYER_TYPES = ("kda", "mla")
-KDA_IMPLEMENTATIONS = ("chunkwise", "fused")
+KDA_IMPLEMENTATIONS = ("auto", "chunkwise", "fused")
 KDA_GATE_RANKS = ("head_dim", "full")  # or a positive integer rank
 KDA_QK_L2NORMS = ("normalize", "fla")
 FFN_ACTIVATIONS = ("situ_glu", "swiglu")
@@ -46,7 +46,7 @@ class KimiK3Config:
     attn_res_proj_init: str = "zeros"  # "zeros": the first mixture is uniform; "normal": init_std (K3)
 
     # KDA
-    kda_implementation: str = "chunkwise"
+    kda_implementation: str = "auto"  # auto: fused (FLA) on CUDA when FLA is installed, else chunkwise
     kda_num_heads: int = 4
     kda_head_dim: int = 64
     kda_chunk_size: int = 64
@@ -163,6 +163,16 @@ class KimiK3Config:
 
     # -- conveniences -------------------------------------------------------------
 
+    def resolve_kda(self, cuda: bool) -> "KimiK3Config":
+        """`kda_implementation: auto` made concrete for a device: "fused" (FLA's kernels) on
+        CUDA when FLA is installed and the KDA settings are ones its kernel takes, else
+        "chunkwise". Other values are returned unchanged."""
+        if self.kda_implementation != "auto":
+            return self
+        lb = self.kda_gate_lower_bound
+        fused_ok = self.kda_chunk_size in (32, 64) and lb is not None and -5 <= lb < 0
+        return self.replace(kda_implementation="fused" if cuda and fused_ok and fla_installed() else "chunkwise")
+
     def replace(self, **changes) -> "KimiK3Config":
         """A copy with some fields changed, validated again."""
         return dataclasses.replace(self, **changes)
@@ -183,6 +193,13 @@ class KimiK3Config:
     def schedule(self) -> str:
         """The layer schedule as letters, K for KDA and M for MLA, e.g. 'KKKMKKKM'."""
         return "".join("K" if t == "kda" else "M" for t in self.layer_types)
+
+
+def fla_installed() -> bool:
+    """Whether FLA (flash-linear-attention) can be imported, without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("fla") is not None
 
 
 def config_fields() -> tuple[str, ...]:

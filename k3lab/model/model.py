@@ -22,6 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from k3lab.model.compiling import raise_recompile_limit
 from k3lab.model.config import KimiK3Config
@@ -181,6 +182,7 @@ class KimiK3(nn.Module):
 
     def __init__(self, config: KimiK3Config):
         super().__init__()
+        config = config.resolve_kda(cuda=torch.cuda.is_available())  # build on CPU to train on CPU: resolve first
         self.config = config
         M = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, M)
@@ -190,6 +192,7 @@ class KimiK3(nn.Module):
             self.final_res_proj = nn.Linear(M, 1, bias=False)
         self.norm = RMSNorm(M, config.rms_norm_eps)
         self.lm_head = nn.Linear(M, config.vocab_size, bias=False)
+        self.checkpoint_layers = False  # recompute each layer in backward (activation checkpointing)
         if not self.lm_head.weight.is_meta:  # meta tensors (for counting) hold no values to initialise
             self.apply(self._init_weights)
             self._init_special()
@@ -236,17 +239,25 @@ class KimiK3(nn.Module):
         if self.uses_fused_attn_res(idx):
             endpoints = ()
             for layer in self.layers:
-                hidden_states, endpoints = layer(hidden_states, endpoints)
+                hidden_states, endpoints = self.run_layer(layer, hidden_states, endpoints)
             h, _ = fused_attn_res((*endpoints, hidden_states), self.final_res_norm, self.final_res_proj, self.norm)
             return h
         block_residual = hidden_states.new_zeros(B * T, 0, self.config.hidden_size)
         for layer in self.layers:
-            hidden_states, block_residual = layer(hidden_states, block_residual)
+            hidden_states, block_residual = self.run_layer(layer, hidden_states, block_residual)
         if self.config.use_attn_res:
             hidden_states = apply_attn_res(
                 block_residual, hidden_states.reshape(B * T, -1), self.final_res_norm, self.final_res_proj
             ).view(B, T, -1)
         return self.norm(hidden_states)
+
+    def run_layer(self, layer: KimiK3DecoderBlock, hidden_states: torch.Tensor, state):
+        """One decoder layer; with `checkpoint_layers` in training, its activations are
+        recomputed in backward instead of stored. (The MoE load it records is then counted
+        twice, which leaves the load fractions that balancing uses unchanged.)"""
+        if self.checkpoint_layers and self.training and torch.is_grad_enabled():
+            return checkpoint(layer, hidden_states, state, use_reentrant=False)
+        return layer(hidden_states, state)
 
     def uses_fused_attn_res(self, idx: torch.Tensor) -> bool:
         """FLA's AttnRes kernel: only with kda_implementation="fused", on CUDA."""

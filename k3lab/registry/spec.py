@@ -78,6 +78,10 @@ class TrainSpec:
     dtype; `autocast` (null, bfloat16, float16) the autocast dtype of the
     forward pass. `eval_interval` steps between evaluations of `eval_batches`
     validation batches; each evaluation is one Ray Tune report.
+    `compile` torch.compiles the decoder blocks; `cuda_graph` captures forward+backward
+    as one CUDA graph (null: wherever it can run -- CUDA, no gradient accumulation, one
+    process); `activation_checkpointing` recomputes each decoder layer in backward
+    instead of storing its activations (less memory for large batches, ~1/3 more compute).
     """
 
     steps: int = attrs.field(default=200, validator=_positive)
@@ -96,6 +100,8 @@ class TrainSpec:
     dataset: str = attrs.field(default="stdlib", validator=_non_empty)
     tokenizer: str = attrs.field(default="byte", validator=_non_empty)
     compile: bool = False
+    cuda_graph: bool | None = None
+    activation_checkpointing: bool = False
     dtype: str = attrs.field(default="float32", validator=_one_of(*DTYPES))
     autocast: str | None = attrs.field(default=None, validator=_one_of(None, *AUTOCAST_DTYPES))
     log_interval: int = attrs.field(default=10, validator=_positive)
@@ -229,6 +235,7 @@ class SweepSpec:
     resources: ResourceSpec = ResourceSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
     match: MatchSpec | None = None
+    kernel_cache: str | None = None  # GPU kernel cache folder; null: $K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels
     profiles: dict[str, Any] = attrs.Factory(dict)
 
     @name.validator

@@ -64,6 +64,7 @@ class Sweep:
     scheduler: SchedulerSpec  # max_t resolved from train when the file leaves it null
     match: MatchSpec | None
     variants: tuple[Variant, ...]
+    kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.runner.kernels
 
     @property
     def valid_variants(self) -> tuple[Variant, ...]:
@@ -178,8 +179,13 @@ def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved:
         name=spec.name, description=spec.description, path=str(path), profile=profile, profiles=profiles,
         base=resolved.base, axes=resolved.axes, seeds=seeds, train=spec.train, metric=spec.metric,
         resources=spec.resources, scheduler=spec.scheduler.resolved(spec.train), match=spec.match,
-        variants=variants,
+        variants=variants, kernel_cache=_relative_to(path.parent, spec.kernel_cache),
     )
+
+
+def _relative_to(directory: Path, value: str | None) -> str | None:
+    """A path written in the sweep file, made relative to the file's folder."""
+    return None if value is None else str(directory / Path(value).expanduser())
 
 
 def _profile_note(profile: str | None) -> str:

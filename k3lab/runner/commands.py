@@ -32,7 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.add_argument("--profile", default="auto",
                        help="a profile of the sweep file; auto (default): gpu when this machine has CUDA, "
                             "else cpu, when the file has them; none: the file's top-level settings")
-    sweep.add_argument("--storage", help="folder for Tune state, checkpoints and kernel cache (default ./k3lab_runs)")
+    sweep.add_argument("--storage", help="folder for Tune state and checkpoints (default ./k3lab_runs)")
+    sweep.add_argument("--kernel-cache", default=None,
+                       help="GPU kernel cache folder (default: the sweep file's kernel_cache, $K3LAB_KERNEL_CACHE, "
+                            "or ~/.cache/k3lab/kernels)")
     sweep.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
     sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray instance)")
     sweep.add_argument("--resume", action="store_true", help="continue an interrupted run of this sweep")
@@ -204,8 +207,18 @@ def print_summary(console, run, summary: dict) -> None:
     from k3lab.runner.report import summary_table
 
     console.print(summary_table(summary["rows"], summary["metric"], title=f"{run.experiment}: final {summary['metric']}"))
+    if summary.get("efficiency"):
+        console.print(efficiency_line(summary["efficiency"]))
     for path in summary["files"]:
         console.print(f"wrote {path}")
+
+
+def efficiency_line(e: dict) -> str:
+    """The sweep's hardware use in one line (see k3lab.runner.efficiency)."""
+    mfu = f"sweep MFU {e['sweep_mfu']:.1%}" if "sweep_mfu" in e else "sweep MFU n/a (no known GPU)"
+    startup = f", trial start-up up to {e['trial_startup_s_max']:.1f} s" if "trial_startup_s_max" in e else ""
+    return (f"sweep: {e['sweep_tokens']:,.0f} tokens in {e['sweep_wall_s']:.0f} s = {e['sweep_tokens_per_s']:,.0f} "
+            f"tokens/s, {mfu}; kernel warm-up {e['kernel_warmup_s']:.1f} s{startup}")
 
 
 def run_sweep_command(args) -> int:
@@ -214,7 +227,8 @@ def run_sweep_command(args) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
     run = sweep_run_from_args(args, address=args.address, resume=args.resume, overwrite=args.overwrite,
-                              max_failures=args.max_failures, max_concurrent=args.max_concurrent)
+                              max_failures=args.max_failures, max_concurrent=args.max_concurrent,
+                              kernel_cache_dir=args.kernel_cache)
     sweep = run.sweep
     if not sweep.trials:
         raise UserError(f"{args.file}: no valid variant to run")

@@ -3,7 +3,9 @@
 Layout under the storage folder (default ./k3lab_runs):
     <storage>/<experiment>/           Ray Tune's experiment directory (fixed name, so --resume works)
     <storage>/<experiment>.k3lab.json the sweep's MLflow parent run id, for --resume
-    <storage>/kernel_cache/           Triton/FLA kernel cache shared by all trials on a node
+
+GPU kernels are tuned once per machine in the kernel cache (`k3lab.runner.kernels`), and a
+GPU sweep warms every kernel shape it will use on one GPU before its trials start.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import attrs
 import k3lab
 from k3lab.errors import UserError
 from k3lab.registry import Sweep
+from k3lab.runner.efficiency import sweep_efficiency, trial_figures
+from k3lab.runner.kernels import cache_env, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
 from k3lab.runner.tracking import MLflowTracker, default_tracking_uri, flatten
 from k3lab.runner.train import check_shapes
 from k3lab.runner.trial import TrialSpec, tune_trainable
@@ -38,6 +42,7 @@ class SweepRun:
     overwrite: bool = False
     max_failures: int = 2
     max_concurrent: int | None = None  # overrides the sweep file's resources.max_concurrent_trials
+    kernel_cache_dir: str | None = None  # --kernel-cache; else the sweep file's, $K3LAB_KERNEL_CACHE, ~/.cache
 
     @property
     def experiment(self) -> str:
@@ -62,7 +67,12 @@ class SweepRun:
 
     @property
     def kernel_cache(self) -> Path:
-        return self.storage / "kernel_cache"
+        return resolve_kernel_cache(self.kernel_cache_dir, self.sweep.kernel_cache)
+
+    @property
+    def uses_gpus(self) -> bool:
+        resources = self.sweep.resources
+        return (resources.gpus_per_trial or resources.gpu or 0) > 0
 
 
 def git_commit() -> str:
@@ -152,12 +162,10 @@ def start_ray(run: SweepRun) -> None:
     """Join the cluster at --address/RAY_ADDRESS, or start a local Ray instance for this sweep."""
     import ray
 
-    run.kernel_cache.mkdir(parents=True, exist_ok=True)
-    # FLA caches its autotuning results in Triton's cache (FLA_CACHE_RESULTS, on by default):
-    # one directory for all trials means only the first trial on a node pays the tuning
-    env = {"TRITON_CACHE_DIR": str((run.kernel_cache / "triton").resolve()),
-           "K3LAB_TRIAL_CPUS": str(max(1, int(run.sweep.resources.cpu))),
+    env = {"K3LAB_TRIAL_CPUS": str(max(1, int(run.sweep.resources.cpu))),
            "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    if run.uses_gpus:  # one kernel cache for the driver, the warm-up and every trial
+        env |= cache_env(run.kernel_cache)
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     for key in ("K3LAB_FAIL_AT_STEP",):  # fault injection for crash-recovery tests
@@ -173,6 +181,32 @@ def start_ray(run: SweepRun) -> None:
     else:  # a DDP trial's waiting driver gets a logical CPU of its own, so the workers can have them all
         extra = 1 if run.sweep.resources.strategy == "ddp" else 0
         ray.init(include_dashboard=False, num_cpus=(os.cpu_count() or 1) + extra, **kwargs)
+
+
+def warm_kernels_on_a_gpu(run: SweepRun, say=print) -> dict:
+    """Before any trial: one forward+backward per distinct kernel shape, in one Ray task that
+    holds a whole GPU (on a cluster, a GPU worker; the cache should then be on the shared
+    volume). Returns the warm-up's result plus the GPU's name; {} when there is no GPU."""
+    import ray
+
+    if not run.uses_gpus or ray.cluster_resources().get("GPU", 0) < 1:
+        return {}
+    shapes = kernel_shapes(run.sweep)
+    say(f"kernels: warming {len(shapes)} kernel shape{'s' if len(shapes) != 1 else ''} on one GPU "
+        f"(cache {run.kernel_cache}) before the trials start ...")
+    try:
+        result = ray.get(ray.remote(num_gpus=1, num_cpus=1)(_warm_task).remote(shapes))
+    except Exception as error:  # the trials can still tune for themselves: not worth failing the sweep
+        say(f"kernels: warm-up failed ({str(error).strip().splitlines()[-1][:200]}); trials tune their own kernels")
+        return {}
+    say(f"kernels: warm in {result['seconds']:.1f} s ({result['new_autotune_results']} new autotune results)")
+    return result
+
+
+def _warm_task(shapes) -> dict:
+    import torch
+
+    return warm_kernels(shapes) | {"device_name": torch.cuda.get_device_name()}
 
 
 def build_scheduler(sweep: Sweep):
@@ -228,7 +262,7 @@ def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
                       run_config=run_config)
 
 
-def run_sweep(run: SweepRun, live: bool = True) -> dict:
+def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
     """Run (or resume) the sweep; returns the report summary (see `k3lab.runner.report`)."""
     import ray
 
@@ -239,6 +273,8 @@ def run_sweep(run: SweepRun, live: bool = True) -> dict:
 
     check_tracking_server(run.tracking_uri)
     check_experiment_dir(run)
+    if run.uses_gpus:
+        use_kernel_cache(run.kernel_cache)  # created, writable, and this process points at it
     sweep = run.sweep
     dataset = prepare_dataset(sweep.train.dataset, sweep.train.tokenizer, progress=live)  # once, before any trial
     for trial in sweep.trials:  # what would stop a trial inside Ray, found before anything starts
@@ -254,6 +290,8 @@ def run_sweep(run: SweepRun, live: bool = True) -> dict:
     progress = SweepProgress(sweep, specs, live=live)
     try:
         start_ray(run)
+        gpus = ray.cluster_resources().get("GPU", 0) if run.uses_gpus else 0
+        warm = warm_kernels_on_a_gpu(run, say=say)
         with progress:
             tuner = make_tuner(run, specs, [progress, MLflowStatusCallback(run.tracking_uri)])
             results = tuner.fit()
@@ -267,7 +305,12 @@ def run_sweep(run: SweepRun, live: bool = True) -> dict:
                            out_dir=run.storage / f"{run.experiment}_report")
     for path in summary["files"]:
         parent.log_artifact(path, "report")
-    parent.log_metrics({"sweep_wall_s": time.time() - started, "trials_failed": len(errors)}, step=0)
+    if not run.resume:  # a resumed sweep's wall time is only its own part: no efficiency figures
+        efficiency = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id), time.time() - started, gpus,
+                                      warm.get("device_name"), warm.get("seconds", 0.0))
+        parent.log_metrics(efficiency, step=0)
+        summary["efficiency"] = efficiency
+    parent.log_metrics({"trials_failed": len(errors)}, step=0)
     parent.finish("FINISHED" if not errors else "FAILED")
     summary["errors"] = errors
     summary["parent_run_id"] = parent.run_id

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -26,10 +27,12 @@ from k3lab.model.counting import count_parameters
 from k3lab.model.model import KimiK3, compile_blocks
 from k3lab.model.optim import build_optimizers
 from k3lab.registry import TrainSpec
+from k3lab.runner.graphs import GraphedForwardBackward, cuda_graph_blocker
 from k3lab.runner.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from k3lab.runner.metrics import attn_res_metrics, moe_metrics, peak_flops
 
 FINISHED, DIVERGED = "finished", "diverged"
+EAGER_STEPS_BEFORE_CAPTURE = 2  # kernels compiled and autotuned, allocator warm
 # 2: MoE experts stored as (E, out, in) stacks, each a Muon parameter; 1 (no "format" key):
 # one 2-D parameter per expert matrix
 CHECKPOINT_FORMAT = 2
@@ -74,7 +77,7 @@ def check_shapes(config: KimiK3Config, spec: TrainSpec, vocab_size: int) -> None
                         f"vocab_size={config.vocab_size}")
     if spec.seq_len > config.max_seq_len:
         raise UserError(f"train.seq_len: {spec.seq_len} exceeds the model's max_seq_len={config.max_seq_len}")
-    chunkwise = "kda" in config.layer_types and config.kda_implementation == "chunkwise"
+    chunkwise = "kda" in config.layer_types and config.kda_implementation != "fused"  # auto may be chunkwise
     if chunkwise and spec.seq_len % config.kda_chunk_size:
         raise UserError(f"train.seq_len: {spec.seq_len} is not a multiple of kda_chunk_size={config.kda_chunk_size}")
 
@@ -93,12 +96,14 @@ class Trainer:
                  rank: int = 0, world_size: int = 1, progress: bool = False):
         self.config, self.spec, self.seed = config, spec, seed
         self.device = resolve_device(device)
+        config = self.config = config.resolve_kda(cuda=self.device.type == "cuda")
         self.dataset = dataset or prepare_dataset(spec.dataset, spec.tokenizer, progress=progress)
         check_shapes(config, spec, self.dataset.vocab_size)
         torch.manual_seed(seed)
         dtype = getattr(torch, spec.dtype)
         self.model = KimiK3(config).to(device=self.device, dtype=dtype)
         self.counts = count_parameters(self.model, spec.seq_len)
+        self.model.checkpoint_layers = spec.activation_checkpointing
         if spec.compile:
             compile_blocks(self.model)
         self.distributed = world_size > 1
@@ -122,6 +127,28 @@ class Trainer:
         self.step = 0
         self.world_size = world_size
         self.tokens_per_step = spec.tokens_per_step * world_size  # global: all ranks together
+        self.graphed, self.cuda_graph = self._graphed_step()
+        self.eager_steps = 0  # in this process: the graph is captured after EAGER_STEPS_BEFORE_CAPTURE
+
+    def _graphed_step(self) -> tuple[GraphedForwardBackward | None, str]:
+        """The CUDA-graphed forward+backward, or None, and what was decided ("on" / "off: why")."""
+        if self.spec.cuda_graph is False:
+            return None, "off: cuda_graph: false"
+        blocker = cuda_graph_blocker(self.device, self.spec.grad_accum, self.distributed)
+        if blocker is not None:
+            if self.spec.cuda_graph:
+                warnings.warn(f"train.cuda_graph: running eagerly: {blocker}")
+            return None, f"off: {blocker}"
+        return GraphedForwardBackward(self.micro_batch_loss, self.model.parameters()), "on"
+
+    def execution(self) -> dict[str, str]:
+        """How this trial runs, resolved for its device: logged with every trial."""
+        return {"device": str(self.device), "kda_implementation": self.config.kda_implementation,
+                "cuda_graph": self.cuda_graph, "compile": str(self.spec.compile)}
+
+    def micro_batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with self.autocast_context():
+            return self.forward(x, y, return_logits=False)[1]
 
     def _autocast_dtype(self) -> torch.dtype | None:
         """The spec's autocast dtype; unset means bf16 on CUDA and none on CPU."""
@@ -138,13 +165,12 @@ class Trainer:
     def train_step(self) -> dict[str, torch.Tensor]:
         """One optimizer step (with gradient accumulation). Returns device tensors, no host sync."""
         self.model.train()
-        total = torch.zeros((), device=self.device)
-        for _ in range(self.spec.grad_accum):
-            x, y = self.sampler.next_batch(self.device)
-            with self.autocast_context():
-                _, loss = self.forward(x, y, return_logits=False)
-            (loss / self.spec.grad_accum).backward()
-            total += loss.detach() / self.spec.grad_accum
+        graphed = self.graphed is not None and self.eager_steps >= EAGER_STEPS_BEFORE_CAPTURE
+        if graphed:
+            total = self.graphed_forward_backward()
+            graphed = total is not None
+        if not graphed:
+            total = self.eager_forward_backward()
         if self.distributed:  # the logged loss and the MoE balancing see the global batch
             total = all_reduce_mean(total)
             for _, moe in self.model.moe_layers():
@@ -155,11 +181,36 @@ class Trainer:
         lr = self.schedulers[-1].get_last_lr()[0]
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            if not graphed:  # a replay overwrites the graph's gradients: they must stay allocated
+                optimizer.zero_grad(set_to_none=True)
             scheduler.step()
         loads = self.model.update_moe_biases()
         self.step += 1
         return {"train_loss": total, "grad_norm": grad_norm, "lr": torch.tensor(lr), "loads": loads}
+
+    def eager_forward_backward(self) -> torch.Tensor:
+        """Forward and backward of grad_accum micro-batches; the mean loss (device scalar)."""
+        total = torch.zeros((), device=self.device)
+        for _ in range(self.spec.grad_accum):
+            x, y = self.sampler.next_batch(self.device)
+            loss = self.micro_batch_loss(x, y)
+            (loss / self.spec.grad_accum).backward()
+            total += loss.detach() / self.spec.grad_accum
+        self.eager_steps += 1
+        return total
+
+    def graphed_forward_backward(self) -> torch.Tensor | None:
+        """The CUDA-graph replay of one micro-batch; None (and eager from now on) if the
+        capture fails, with the reason in `cuda_graph` and a warning."""
+        x, y = self.sampler.next_batch(self.device)
+        try:
+            return self.graphed(x, y).detach().clone()
+        except RuntimeError as error:  # e.g. an operation that cannot be captured
+            self.graphed = None
+            self.cuda_graph = f"off: capture failed: {str(error).splitlines()[0][:200]}"
+            warnings.warn(f"train.cuda_graph: running eagerly: {self.cuda_graph}")
+            self.sampler.step -= 1  # the eager step takes this batch again
+            return None
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

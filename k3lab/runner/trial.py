@@ -72,25 +72,30 @@ def node_tags() -> dict[str, str]:
 
 
 def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
-                   flush_every: int | None = 50) -> MLflowTracker:
+                   flush_every: int | None = 50, execution: dict | None = None) -> MLflowTracker:
     """The trial's MLflow run: reopened when `run_id` is known (a resumed trial) or when an
     earlier attempt made one before crashing ahead of its first checkpoint; else created."""
     run_id = run_id or existing_trial_run(spec)
     if run_id is not None:
         tracker = MLflowTracker(spec.tracking_uri, run_id, flush_every)
         tracker.client.update_run(run_id, status="RUNNING")
-        tracker.set_tags(node_tags())  # a restored trial may run on another node
+        tracker.set_tags(node_tags() | execution_tags(execution))  # a restored trial may run on another node
         return tracker
     tags = {"k3lab.variant_id": spec.variant_id, "k3lab.variant_name": spec.variant_name,
-            "k3lab.seed": str(spec.seed), "k3lab.kind": "trial"} | node_tags()
+            "k3lab.seed": str(spec.seed), "k3lab.kind": "trial"} | node_tags() | execution_tags(execution)
     tracker = MLflowTracker.start(spec.tracking_uri, spec.experiment, spec.name, tags=tags,
                                   parent_run_id=spec.parent_run_id, flush_every=flush_every)
-    tracker.log_params(trial_params(spec, counts))
+    tracker.log_params(trial_params(spec, counts) | {f"run.{k}": v for k, v in (execution or {}).items()})
     tracker.log_metrics({"params_total": counts["total"], "params_active": counts["active"],
                          "params_embedding": counts["embedding"],
                          "flops_per_token": counts["flops_per_token"]}, step=0)
     tracker.flush()  # constants of the run: sent now, whatever happens to the trial later
     return tracker
+
+
+def execution_tags(execution: dict | None) -> dict[str, str]:
+    """How the trial actually runs (resolved KDA path, CUDA graph, device) as k3lab.* tags."""
+    return {f"k3lab.{k}": str(v) for k, v in (execution or {}).items()}
 
 
 def existing_trial_run(spec: TrialSpec) -> str | None:
@@ -122,7 +127,8 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
     tracker = None
     if spec.tracking_uri:
         run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
-        tracker = open_trial_run(spec, trainer.counts, run_id, None if flush_with_checkpoints else 50)
+        tracker = open_trial_run(spec, trainer.counts, run_id, None if flush_with_checkpoints else 50,
+                                 execution=trainer.execution())
     train_start = time.perf_counter()
     try:
         result = train(trainer.config, spec.train, tracker=tracker, checkpoint=state, trainer=trainer,
@@ -141,6 +147,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
                              "final_val_bpb": result.val_bpb or float("nan"), "train_wall_s": train_wall,
                              # time inside the tracker (buffering and sending metrics) over the loop's time
                              "tracking_overhead": tracker.seconds_in_tracking / train_wall}, step=result.step)
+        tracker.set_tags(execution_tags({"cuda_graph": trainer.cuda_graph}))  # a failed capture turns it off
         if result.status != FINISHED:
             tracker.set_tags({"k3lab.error": result.error or result.status})
         tracker.finish("FINISHED" if result.status == FINISHED else "FAILED")

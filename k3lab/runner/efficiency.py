@@ -1,0 +1,47 @@
+"""How well a sweep used its hardware, from what its trials logged.
+
+    sweep MFU = sum over trials (tokens trained x FLOPs per token) / (wall time x GPUs x peak)
+
+Wall time is the sweep's own, start-up and kernel warm-up included: the figure says what
+fraction of the GPUs' bf16 peak the whole sweep turned into training FLOPs. (nvidia-smi's
+"utilisation" only says some kernel was running.) GPU count and peak come from the
+cluster the sweep ran on; without GPUs the MFU is not reported.
+"""
+
+from __future__ import annotations
+
+from k3lab.runner.metrics import PEAK_BF16_FLOPS
+
+
+def peak_flops_of(device_name: str | None) -> float | None:
+    """Dense bf16 peak FLOP/s of a GPU by name, or None when unknown."""
+    if not device_name:
+        return None
+    return next((peak for key, peak in PEAK_BF16_FLOPS if key in device_name), None)
+
+
+def sweep_efficiency(trials: list[dict], wall_s: float, gpus: float, device_name: str | None,
+                     warmup_s: float = 0.0) -> dict[str, float]:
+    """trials: dicts with "tokens", "flops_per_token" and optionally "startup_s" (None when
+    not logged). Returns the parent run's sweep_* metrics."""
+    tokens = sum(t.get("tokens") or 0 for t in trials)
+    flops = sum((t.get("tokens") or 0) * (t.get("flops_per_token") or 0) for t in trials)
+    startups = [t["startup_s"] for t in trials if t.get("startup_s") is not None]
+    out = {"sweep_tokens": float(tokens), "sweep_tokens_per_s": tokens / wall_s if wall_s > 0 else 0.0,
+           "sweep_wall_s": wall_s, "kernel_warmup_s": warmup_s}
+    if startups:
+        out |= {"trial_startup_s_max": max(startups), "trial_startup_s_mean": sum(startups) / len(startups)}
+    peak = peak_flops_of(device_name)
+    if peak and gpus > 0 and wall_s > 0:
+        out["sweep_mfu"] = flops / (wall_s * gpus * peak)
+    return out
+
+
+def trial_figures(tracking_uri: str, parent_run_id: str) -> list[dict]:
+    """tokens, flops_per_token and startup_s of every trial run under the sweep's parent run."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_run(parent_run_id).info.experiment_id
+    runs = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000)
+    return [{key: run.data.metrics.get(key) for key in ("tokens", "flops_per_token", "startup_s")} for run in runs]

@@ -1,0 +1,198 @@
+"""The kernel cache: GPU kernels tuned and compiled once per machine, shared by every sweep.
+
+FLA's Triton kernels autotune each new shape on first use (minutes for a `small` trial),
+and torch.compile builds each block's kernels. Both results are files; kept in one folder
+per machine, the next trial, sweep or benchmark starts warm.
+
+    <cache>/triton     TRITON_CACHE_DIR: compiled Triton kernels and FLA's *.autotune.json
+    <cache>/inductor   TORCHINDUCTOR_CACHE_DIR: torch.compile's graph and kernel caches
+
+The folder is the first of: `--kernel-cache DIR`, the sweep file's `kernel_cache:`,
+$K3LAB_KERNEL_CACHE, `$XDG_CACHE_HOME/k3lab/kernels` (default ~/.cache/k3lab/kernels).
+On a cluster, point it at the shared volume (docker-compose sets K3LAB_KERNEL_CACHE).
+
+Before a GPU sweep's trials start, `warm_kernels` runs one forward+backward for every
+distinct (model, batch, sequence length) of the sweep, in one process on one GPU: the
+tuning happens once, on a quiet GPU, instead of in every concurrent trial at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from k3lab.errors import UserError
+
+ENV_VAR = "K3LAB_KERNEL_CACHE"
+
+
+def default_kernel_cache() -> Path:
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR])
+    cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache_home) / "k3lab" / "kernels"
+
+
+def resolve_kernel_cache(flag: str | None = None, sweep_value: str | None = None) -> Path:
+    """The kernel cache folder (see the module docstring for the order), absolute."""
+    return Path(flag or sweep_value or default_kernel_cache()).expanduser().resolve()
+
+
+def cache_env(cache: Path) -> dict[str, str]:
+    """Environment variables that point Triton, FLA and torch.compile at `cache`."""
+    return {"TRITON_CACHE_DIR": str(cache / "triton"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+            "FLA_CACHE_RESULTS": "1"}
+
+
+def use_kernel_cache(cache: Path) -> dict[str, str]:
+    """Create `cache` and point this process (and processes it starts) at it; before Triton
+    is imported. A folder that cannot be written is a one-line error."""
+    try:
+        for sub in ("triton", "inductor"):
+            (cache / sub).mkdir(parents=True, exist_ok=True)
+        probe = cache / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise UserError(f"kernel cache {cache}: not writable ({error.strerror or error})") from None
+    env = cache_env(cache)
+    os.environ.update(env)
+    return env
+
+
+# -- what a sweep will run ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelShape:
+    """One distinct thing to compile and tune: a model config on a (batch, seq_len) input."""
+
+    name: str  # the first variant with this shape, for progress lines
+    config: tuple  # sorted (field, value) pairs of the KimiK3Config
+    batch_size: int
+    seq_len: int
+    autocast: str | None
+
+    def model_config(self):
+        from k3lab.model.config import KimiK3Config
+
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in self.config}
+        return KimiK3Config(**fields)
+
+
+def kernel_shapes(sweep) -> list[KernelShape]:
+    """The distinct kernel shapes of a sweep's valid variants (seeds share them)."""
+    shapes: dict[tuple, KernelShape] = {}
+    train = sweep.train
+    for variant in sweep.valid_variants:
+        config = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in variant.config.to_dict().items()))
+        key = (config, train.batch_size, train.seq_len, train.autocast)
+        shapes.setdefault(key, KernelShape(variant.name, config, train.batch_size, train.seq_len, train.autocast))
+    return list(shapes.values())
+
+
+def warm_kernels(shapes: list[KernelShape], progress: Callable[[int, int, str, float], None] | None = None) -> dict:
+    """One forward+backward per shape on this process's GPU, as a trial would run it (fused
+    KDA where `auto` resolves to it, bf16 autocast unless the shape says otherwise).
+
+    progress(done, total, name, seconds) after each shape. Returns {"shapes", "seconds",
+    "new_autotune_results"} (new *.autotune.json files in Triton's cache)."""
+    import torch
+
+    from k3lab.model.model import KimiK3
+
+    require_cuda()
+    before = autotune_results()
+    started = time.perf_counter()
+    for i, shape in enumerate(shapes):
+        shape_started = time.perf_counter()
+        config = shape.model_config().resolve_kda(cuda=True)
+        model = KimiK3(config).cuda().train()
+        idx = torch.randint(0, config.vocab_size, (shape.batch_size, shape.seq_len), device="cuda")
+        dtype = getattr(torch, shape.autocast or "bfloat16")
+        with torch.autocast("cuda", dtype=dtype):
+            _, loss = model(idx, torch.roll(idx, -1, dims=1), return_logits=False)
+        loss.backward()
+        torch.cuda.synchronize()
+        del model, loss
+        torch.cuda.empty_cache()
+        if progress is not None:
+            progress(i + 1, len(shapes), shape.name, time.perf_counter() - shape_started)
+    return {"shapes": len(shapes), "seconds": time.perf_counter() - started,
+            "new_autotune_results": len(autotune_results() - before)}
+
+
+def require_cuda() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError("k3lab kernels warm: no CUDA GPU here: there is nothing to tune")
+
+
+def autotune_results() -> set[Path]:
+    """The *.autotune.json files (FLA's tuned configs) in this process's Triton cache."""
+    root = os.environ.get("TRITON_CACHE_DIR")
+    return set(Path(root).rglob("*.autotune.json")) if root and Path(root).is_dir() else set()
+
+
+def cache_info(cache: Path) -> dict:
+    """What the cache holds: autotune results per kernel, compiled kernels, size on disk."""
+    files = [p for p in cache.rglob("*") if p.is_file()] if cache.is_dir() else []
+    tuned: dict[str, int] = {}
+    for path in files:
+        if path.name.endswith(".autotune.json"):
+            kernel = path.name.removesuffix(".autotune.json")
+            tuned[kernel] = tuned.get(kernel, 0) + 1
+    return {"path": str(cache), "exists": cache.is_dir(), "files": len(files),
+            "bytes": sum(p.stat().st_size for p in files), "autotuned": dict(sorted(tuned.items())),
+            "compiled_triton_kernels": sum(p.suffix == ".cubin" for p in files)}
+
+
+# -- k3lab kernels warm|info ----------------------------------------------------------------------
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("kernels", help="the per-machine GPU kernel cache (FLA autotuning, compiles)")
+    commands = parser.add_subparsers(dest="kernels_command", required=True, metavar="ACTION")
+    warm = commands.add_parser("warm", help="tune and compile every kernel shape a sweep will use, on this GPU")
+    warm.add_argument("file", help="sweep YAML file")
+    warm.add_argument("--profile", default="auto", help="as for k3lab sweep (auto: gpu on a CUDA machine)")
+    warm.add_argument("--kernel-cache", default=None, help=f"cache folder (default ${ENV_VAR} or ~/.cache/k3lab/kernels)")
+    warm.set_defaults(func=run_warm)
+    info = commands.add_parser("info", help="show the kernel cache")
+    info.add_argument("--kernel-cache", default=None, help="cache folder (as for warm)")
+    info.set_defaults(func=run_info)
+
+
+def run_warm(args: argparse.Namespace) -> int:
+    from k3lab.registry.sweep import load_sweep
+    from k3lab.runner.commands import resolve_profile
+
+    sweep = load_sweep(args.file, resolve_profile(args.file, args.profile))
+    require_cuda()
+    cache = resolve_kernel_cache(args.kernel_cache, sweep.kernel_cache)
+    use_kernel_cache(cache)
+    shapes = kernel_shapes(sweep)
+    print(f"warming {len(shapes)} kernel shapes of {sweep.name} ({sweep.profile or 'top-level'} profile) into {cache}")
+    result = warm_kernels(shapes, print_progress)
+    print(f"warm: {result['shapes']} shapes in {result['seconds']:.1f} s, "
+          f"{result['new_autotune_results']} new autotune results")
+    return 0
+
+
+def print_progress(done: int, total: int, name: str, seconds: float) -> None:
+    print(f"  [{done}/{total}] {name}: {seconds:.1f} s", flush=True)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    info = cache_info(resolve_kernel_cache(args.kernel_cache))
+    if not info["exists"]:
+        print(f"kernel cache {info['path']}: empty (nothing tuned on this machine yet)")
+        return 0
+    print(f"kernel cache {info['path']}: {info['files']} files, {info['bytes'] / 2**20:.1f} MiB, "
+          f"{info['compiled_triton_kernels']} compiled Triton kernels")
+    for kernel, n in info["autotuned"].items():
+        print(f"  {kernel}: {n} tuned shape{'s' if n != 1 else ''}")
+    return 0

@@ -1,0 +1,92 @@
+"""The per-machine kernel cache, the sweep's kernel warm-up plan, and sweep efficiency."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from k3lab.cli import main
+from k3lab.errors import UserError
+from k3lab.registry import load_sweep
+from k3lab.runner.efficiency import peak_flops_of, sweep_efficiency
+from k3lab.runner.kernels import cache_info, kernel_shapes, resolve_kernel_cache, use_kernel_cache
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_seeds_share_kernel_shapes_and_variants_do_not():
+    sweep = load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu")
+    shapes = kernel_shapes(sweep)
+    assert len(sweep.trials) > len(sweep.valid_variants) == len(shapes)  # seeds add no shapes
+    assert {(s.batch_size, s.seq_len) for s in shapes} == {(sweep.train.batch_size, sweep.train.seq_len)}
+    assert shapes[0].model_config() == sweep.valid_variants[0].config
+
+
+def test_kernel_cache_is_the_flag_then_the_file_then_the_environment_then_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("K3LAB_KERNEL_CACHE", str(tmp_path / "env"))
+    assert resolve_kernel_cache("flag", "file") == Path("flag").resolve()
+    assert resolve_kernel_cache(None, str(tmp_path / "file")) == tmp_path / "file"
+    assert resolve_kernel_cache() == tmp_path / "env"
+    monkeypatch.delenv("K3LAB_KERNEL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert resolve_kernel_cache() == tmp_path / "xdg" / "k3lab" / "kernels"
+
+
+def test_a_sweep_file_names_its_kernel_cache_relative_to_itself(tmp_path):
+    text = (ROOT / "experiments" / "attnres_block.yaml").read_text()
+    (tmp_path / "s.yaml").write_text(text + "kernel_cache: cache/kernels\n")
+    sweep = load_sweep(tmp_path / "s.yaml", "gpu")
+    assert resolve_kernel_cache(None, sweep.kernel_cache) == tmp_path / "cache" / "kernels"
+
+
+def test_using_the_cache_points_triton_fla_and_inductor_at_it(monkeypatch, tmp_path):
+    for key in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLA_CACHE_RESULTS"):
+        monkeypatch.delenv(key, raising=False)
+    use_kernel_cache(tmp_path / "kc")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "kc" / "triton")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "kc" / "inductor")
+    assert os.environ["FLA_CACHE_RESULTS"] == "1" and (tmp_path / "kc" / "triton").is_dir()
+
+
+def test_an_unwritable_kernel_cache_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="kernel cache .*file/kc: not writable"):
+        use_kernel_cache(tmp_path / "file" / "kc")
+
+
+def test_cache_info_counts_tuned_shapes_per_kernel(tmp_path):
+    for i, name in enumerate(["chunk_kda_bwd_kernel_intra", "chunk_kda_bwd_kernel_intra", "l2norm_fwd_kernel"]):
+        (tmp_path / "triton" / f"H{i}").mkdir(parents=True)
+        (tmp_path / "triton" / f"H{i}" / f"{name}.autotune.json").write_text("{}")
+    info = cache_info(tmp_path)
+    assert info["autotuned"] == {"chunk_kda_bwd_kernel_intra": 2, "l2norm_fwd_kernel": 1}
+    assert info["files"] == 3
+
+
+def test_kernels_info_command_shows_the_cache(tmp_path, capsys):
+    (tmp_path / "triton" / "A").mkdir(parents=True)
+    (tmp_path / "triton" / "A" / "attnres_fwd_kernel.autotune.json").write_text("{}")
+    assert main(["kernels", "info", "--kernel-cache", str(tmp_path)]) == 0
+    assert "attnres_fwd_kernel: 1 tuned shape" in capsys.readouterr().out
+
+
+def test_kernels_warm_without_a_gpu_says_so_in_one_line(capsys, tmp_path):
+    pytest.importorskip("torch").cuda.is_available() and pytest.skip("this machine has a GPU")
+    code = main(["kernels", "warm", str(ROOT / "experiments" / "attnres_block.yaml"), "--kernel-cache", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == "error: k3lab kernels warm: no CUDA GPU here: there is nothing to tune"
+
+
+def test_sweep_mfu_is_training_flops_over_wall_time_gpus_and_peak():
+    trials = [{"tokens": 1_000_000, "flops_per_token": 2e8, "startup_s": 10.0},
+              {"tokens": 3_000_000, "flops_per_token": 1e8, "startup_s": 14.0}]
+    e = sweep_efficiency(trials, wall_s=100.0, gpus=1, device_name="NVIDIA H200", warmup_s=5.0)
+    assert e["sweep_tokens"] == 4_000_000 and e["sweep_tokens_per_s"] == 40_000
+    assert e["sweep_mfu"] == pytest.approx((2e14 + 3e14) / (100.0 * 989e12))
+    assert e["trial_startup_s_max"] == 14.0 and e["kernel_warmup_s"] == 5.0
+
+
+def test_sweep_mfu_is_left_out_without_a_known_gpu():
+    e = sweep_efficiency([{"tokens": 10, "flops_per_token": 1.0}], wall_s=1.0, gpus=0, device_name=None)
+    assert "sweep_mfu" not in e and e["sweep_tokens"] == 10
+    assert peak_flops_of("NVIDIA H100 PCIe") == 756e12 and peak_flops_of("Some GPU") is None
