@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "k3lab.runner.commands",  # k3lab train|sweep|report
     "k3lab.runner.kernels",  # k3lab kernels warm|info
     "k3lab.bundle",  # k3lab bundle
+    "k3lab.runner.export",  # k3lab export
 )
 
 

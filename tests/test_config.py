@@ -41,6 +41,18 @@ def test_tiny_config_exercises_every_component():
         (dict(kda_implementation="triton"), "kda_implementation"),
         (dict(kda_gate_lower_bound=0.5), "kda_gate_lower_bound"),
         (dict(moe_balance="aux_loss"), "moe_balance"),
+        (dict(kda_gate_rank=0), "kda_gate_rank"),
+        (dict(kda_gate_rank="low"), "kda_gate_rank"),
+        (dict(kda_gate_rank=True), "kda_gate_rank"),
+        (dict(kda_gate_bias=1), "kda_gate_bias"),
+        (dict(kda_qk_l2norm="l1"), "kda_qk_l2norm"),
+        (dict(mla_shared_key_dim=-1), "mla_shared_key_dim"),
+        (dict(mla_output_gate="yes"), "mla_output_gate"),
+        (dict(mla_latent_norm_eps=0.0), "mla_latent_norm_eps"),
+        (dict(ffn_activation="gelu"), "ffn_activation"),
+        (dict(router_init="xavier"), "router_init"),
+        (dict(attn_res_proj_init="ones"), "attn_res_proj_init"),
+        (dict(tie_word_embeddings=None), "tie_word_embeddings"),
     ],
 )
 def test_invalid_config_is_rejected_naming_the_field(overrides, field):

@@ -75,12 +75,16 @@ def randomize_scorers(model: torch.nn.Module, std: float = 0.05) -> None:
 
 # -- CPU: fused KDA layer ----------------------------------------------------------------
 
+K3_GATE = {"kda_gate_rank": "full", "kda_gate_bias": False, "kda_qk_l2norm": "fla"}  # K3's KDA choices
+
+
 def fused_tiny(**overrides):
     return tiny_config(kda_implementation="fused", kda_chunk_size=32, **overrides)
 
 
-def test_fused_kda_has_exactly_the_chunkwise_parameters():
-    config = fused_tiny()
+@pytest.mark.parametrize("k3_gate", [False, True], ids=["low_rank_gate", "k3_full_rank_gate"])
+def test_fused_kda_has_exactly_the_chunkwise_parameters(k3_gate):
+    config = fused_tiny(**K3_GATE if k3_gate else {})
     fused, chunkwise = KDAFused(config), KDAChunkwise(config)
     assert {k: v.shape for k, v in fused.state_dict().items()} == {k: v.shape for k, v in chunkwise.state_dict().items()}
     chunkwise.load_state_dict(fused.state_dict())  # strict
@@ -338,9 +342,10 @@ def run(module, inputs, dout, bf16: bool):
 
 
 @gpu
-def test_fused_kda_layer_matches_chunkwise(fp32_truth):
+@pytest.mark.parametrize("k3_gate", [False, True], ids=["low_rank_gate", "k3_full_rank_gate"])
+def test_fused_kda_layer_matches_chunkwise(fp32_truth, k3_gate):
     needs_fla()
-    config = gpu_config(kda_implementation="fused")
+    config = gpu_config(kda_implementation="fused", **K3_GATE if k3_gate else {})
     fused = KDAFused(config).cuda()
     chunkwise = KDAChunkwise(config).cuda()
     chunkwise.load_state_dict(fused.state_dict())

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 LAYER_TYPES = ("kda", "mla")
 KDA_IMPLEMENTATIONS = ("auto", "chunkwise", "fused")
+KDA_GATE_RANKS = ("head_dim", "full")  # or a positive integer rank
+KDA_QK_L2NORMS = ("normalize", "fla")
+FFN_ACTIVATIONS = ("situ_glu", "swiglu")
 MOE_BALANCE_RULES = ("quantile", "sign")
+ROUTER_INITS = ("normal", "kaiming_uniform")
+ATTN_RES_PROJ_INITS = ("zeros", "normal")
 
 
 def kimi_linear_schedule(num_layers: int, kda_per_mla: int = 3) -> tuple[str, ...]:
@@ -38,6 +43,7 @@ class KimiK3Config:
     # Attention Residuals (block size counts decoder layers)
     use_attn_res: bool = True
     attn_res_block_size: int = 2
+    attn_res_proj_init: str = "zeros"  # "zeros": the first mixture is uniform; "normal": init_std (K3)
 
     # KDA
     kda_implementation: str = "auto"  # auto: fused (FLA) on CUDA when FLA is installed, else chunkwise
@@ -46,6 +52,13 @@ class KimiK3Config:
     kda_chunk_size: int = 64
     kda_gate_lower_bound: float | None = -5.0  # None -> unbounded decay gate
     kda_conv_size: int = 4
+    # output gate sigmoid(g_proj(x)): "head_dim" = low rank kda_head_dim (FLA, Kimi Linear),
+    # "full" = one Linear(M, H*d) (K3), or an integer rank
+    kda_gate_rank: int | str = "head_dim"
+    kda_gate_bias: bool = True  # a bias on the gate's last Linear (FLA's layer); K3 and Kimi Linear have none
+    # q, k L2 norm: "normalize" = F.normalize, x / max(|x|, 1e-12); "fla" = x / sqrt(|x|^2 + 1e-6)
+    # (FLA's kernels, the Kimi code and the fused path)
+    kda_qk_l2norm: str = "normalize"
 
     # gated MLA
     mla_num_heads: int = 4
@@ -53,6 +66,9 @@ class KimiK3Config:
     mla_kv_lora_rank: int = 128
     mla_qk_head_dim: int = 64
     mla_v_head_dim: int = 64
+    mla_shared_key_dim: int = 0  # K3's qk_rope_head_dim: a key part shared by all heads (0: none)
+    mla_output_gate: bool = True  # attn_out * sigmoid(g_proj(x)); Kimi Linear has no gate
+    mla_latent_norm_eps: float = 1e-6  # eps of the q and kv latent RMSNorms (fixed 1e-6 in K3)
 
     # Stable LatentMoE
     num_experts: int = 8
@@ -63,13 +79,16 @@ class KimiK3Config:
     routed_scaling_factor: float = 1.0
     moe_balance: str = "sign"
     moe_bias_update_rate: float = 1e-3
+    router_init: str = "normal"  # "normal": init_std; "kaiming_uniform": nn.Linear's default (K3)
 
-    # SiTU-GLU
+    # FFN activation (dense FFNs, shared and routed experts): SiTU-GLU (K3) or SwiGLU (Kimi Linear)
+    ffn_activation: str = "situ_glu"
     situ_beta: float = 4.0
     situ_linear_beta: float = 25.0
 
-    # numerics
-    rms_norm_eps: float = 1e-6
+    # head, numerics
+    tie_word_embeddings: bool = True  # one matrix for the embedding and the head (K3: untied)
+    rms_norm_eps: float = 1e-6  # every RMSNorm but the MLA latent norms (K3: 1e-5)
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
@@ -99,7 +118,8 @@ class KimiK3Config:
             _require(kind in LAYER_TYPES, f"layer_types[{i}]", f"must be one of {LAYER_TYPES}, got {kind!r}")
         _require(_is_int(self.num_dense_layers) and 0 <= self.num_dense_layers <= self.num_layers,
                  "num_dense_layers", f"must lie in [0, num_layers={self.num_layers}]")
-        _require(isinstance(self.use_attn_res, bool), "use_attn_res", "must be true or false")
+        for name in ("use_attn_res", "kda_gate_bias", "mla_output_gate", "tie_word_embeddings"):
+            _require(isinstance(getattr(self, name), bool), name, "must be true or false")
         _require(_is_int(self.attn_res_block_size) and self.attn_res_block_size > 0,
                  "attn_res_block_size", "must be a positive integer")
 
@@ -119,7 +139,17 @@ class KimiK3Config:
         _require(self.situ_beta > 0, "situ_beta", "must be positive")
         _require(self.situ_linear_beta > 0, "situ_linear_beta", "must be positive")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", "must be positive")
+        _require(self.mla_latent_norm_eps > 0, "mla_latent_norm_eps", "must be positive")
         _require(self.init_std > 0, "init_std", "must be positive")
+
+        for name, choices in (("kda_qk_l2norm", KDA_QK_L2NORMS), ("ffn_activation", FFN_ACTIVATIONS),
+                              ("router_init", ROUTER_INITS), ("attn_res_proj_init", ATTN_RES_PROJ_INITS)):
+            _require(getattr(self, name) in choices, name, f"must be one of {choices}")
+        rank = self.kda_gate_rank
+        _require(rank in KDA_GATE_RANKS or (_is_int(rank) and rank > 0), "kda_gate_rank",
+                 f"must be a positive integer or one of {KDA_GATE_RANKS}")
+        _require(_is_int(self.mla_shared_key_dim) and self.mla_shared_key_dim >= 0, "mla_shared_key_dim",
+                 "must be a non-negative integer")
 
         lb = self.kda_gate_lower_bound
         _require(lb is None or lb < 0, "kda_gate_lower_bound", "must be negative or null (unbounded)")
@@ -151,6 +181,13 @@ class KimiK3Config:
         data = dataclasses.asdict(self)
         data["layer_types"] = list(self.layer_types)
         return data
+
+    @property
+    def kda_gate_low_rank(self) -> int | None:
+        """The rank of the KDA output gate's two Linears, or None for one full-rank Linear."""
+        if self.kda_gate_rank == "full":
+            return None
+        return self.kda_head_dim if self.kda_gate_rank == "head_dim" else self.kda_gate_rank
 
     @property
     def schedule(self) -> str:

@@ -7,13 +7,15 @@ FLOPs per token (forward + backward, training):
   + sum over KDA layers  6 * H * (C * (3 dk + 2 dv) + 3 dk dv)   chunkwise KDA, chunk size C
 
 N_active_matmul counts routed experts at top_k / num_experts, the tied embedding/head
-once (as the head's matmul; the embedding lookup is free), and leaves out norm gains,
-biases, convolutions and scorer vectors. The MLA term follows PaLM's MFU convention
-(full T, no causal halving). The KDA term counts, per token and head, the intra-chunk
-score matrices (q.k and k.k over C positions, dk each), the triangular solve and the
-intra-chunk output (about C * (dk + dv) + C * dv), and the three state products with
-the dk x dv state (read-out for w and q, and the update). It is an estimate of the
-work the chunk algorithm does, not a measurement.
+once (as the head's matmul; the embedding lookup is free; an untied embedding is not a
+matmul, its head is), and leaves out norm gains, biases, convolutions and scorer
+vectors. The MLA term follows PaLM's MFU convention (full T, no causal halving); with
+a shared key part of s dims (mla_shared_key_dim) its d_qk is the query-key width d_qk + s.
+The KDA term counts, per token and head, the intra-chunk score matrices (q.k and k.k
+over C positions, dk each), the triangular solve and the intra-chunk output (about
+C * (dk + dv) + C * dv), and the three state products with the dk x dv state (read-out
+for w and q, and the update). It is an estimate of the work the chunk algorithm does,
+not a measurement.
 """
 
 from __future__ import annotations
@@ -53,11 +55,17 @@ def is_matmul_weight(name: str, param: nn.Parameter) -> bool:
     return param.ndim == 2 and "res_proj" not in name
 
 
+def is_lookup_only(name: str, config: KimiK3Config) -> bool:
+    """An untied embedding: read by index, never multiplied (the head has its own matrix)."""
+    return name == "embed_tokens.weight" and not config.tie_word_embeddings
+
+
 def count_parameters(model: nn.Module, seq_len: int | None = None) -> dict:
     """Parameter counts and training FLOPs per token of a KimiK3 (see the module docstring).
 
     Keys: total, embedding, non_embedding, active, active_matmul, by_component,
-    flops_per_token (at seq_len, default max_seq_len). A tied weight counts once.
+    flops_per_token (at seq_len, default max_seq_len). A tied weight counts once; an
+    untied head counts under embedding.
     """
     config: KimiK3Config = model.config
     routed_share = config.num_experts_per_token / config.num_experts
@@ -69,7 +77,7 @@ def count_parameters(model: nn.Module, seq_len: int | None = None) -> dict:
         by_component[component] += n
         share = routed_share if component == "moe_routed" else 1.0
         active += n * share
-        if is_matmul_weight(name, param):
+        if is_matmul_weight(name, param) and not is_lookup_only(name, config):
             active_matmul += n * share
     total = sum(by_component.values())
     return {
@@ -87,7 +95,8 @@ def flops_per_token(config: KimiK3Config, active_matmul: int, seq_len: int) -> i
     """Training FLOPs per token: 6 N_active_matmul plus the MLA and KDA sequence terms."""
     mla_layers = config.layer_types.count("mla")
     kda_layers = config.layer_types.count("kda")
-    mla = 6 * config.mla_num_heads * (config.mla_qk_head_dim + config.mla_v_head_dim) * seq_len
+    qk_dim = config.mla_qk_head_dim + config.mla_shared_key_dim
+    mla = 6 * config.mla_num_heads * (qk_dim + config.mla_v_head_dim) * seq_len
     kda = kda_flops_per_token(config.kda_num_heads, config.kda_head_dim, config.kda_chunk_size, seq_len)
     return 6 * active_matmul + mla_layers * mla + kda_layers * kda
 

@@ -135,6 +135,22 @@ class ShortConv(nn.Module):
         return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2))
 
 
+def l2_normalize(x: torch.Tensor, form: str = "normalize") -> torch.Tensor:
+    """x / |x| over the last dim. "normalize": F.normalize, x / max(|x|, 1e-12);
+    "fla": x / sqrt(|x|^2 + 1e-6) in fp32, as FLA's kernels and the Kimi code. Returns x's dtype."""
+    if form == "normalize":
+        return F.normalize(x, dim=-1)
+    x32 = x.float()
+    return (x32 / torch.sqrt((x32 * x32).sum(dim=-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def gate_projection(in_dim: int, out_dim: int, rank: int | None, bias: bool) -> nn.Module:
+    """The output gate's projection: one Linear (rank None, K3) or two through `rank` (FLA, Kimi Linear)."""
+    if rank is None:
+        return nn.Linear(in_dim, out_dim, bias=bias)
+    return nn.Sequential(nn.Linear(in_dim, rank, bias=False), nn.Linear(rank, out_dim, bias=bias))
+
+
 def decay_gate(f: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None) -> torch.Tensor:
     """Log-space decay g from the low-rank decay input f: (B, T, H, dk) -> (B, T, H, dk), in fp32.
 
@@ -162,6 +178,7 @@ class KDAChunkwise(nn.Module):
         M, H, d = config.hidden_size, config.kda_num_heads, config.kda_head_dim
         self.num_heads, self.head_dim = H, d
         self.chunk_size, self.lower_bound = config.kda_chunk_size, config.kda_gate_lower_bound
+        self.qk_l2norm = config.kda_qk_l2norm
         self.q_proj = nn.Linear(M, H * d, bias=False)
         self.k_proj = nn.Linear(M, H * d, bias=False)
         self.v_proj = nn.Linear(M, H * d, bias=False)
@@ -170,7 +187,7 @@ class KDAChunkwise(nn.Module):
         self.v_conv = ShortConv(H * d, config.kda_conv_size)
         self.b_proj = nn.Linear(M, H, bias=False)
         self.f_proj = nn.Sequential(nn.Linear(M, d, bias=False), nn.Linear(d, H * d, bias=False))
-        self.g_proj = nn.Sequential(nn.Linear(M, d, bias=False), nn.Linear(d, H * d, bias=True))
+        self.g_proj = gate_projection(M, H * d, config.kda_gate_low_rank, config.kda_gate_bias)
         self.A_log = nn.Parameter(torch.empty(H))
         self.dt_bias = nn.Parameter(torch.empty(H * d))
         self.o_norm = RMSNorm(d, config.rms_norm_eps)
@@ -188,8 +205,8 @@ class KDAChunkwise(nn.Module):
         """The kernel inputs: q, k (L2-normalised), v, g (log decay), beta; heads split out."""
         B, T, _ = x.shape
         H, d = self.num_heads, self.head_dim
-        q = F.normalize(self.q_conv(self.q_proj(x)).view(B, T, H, d), dim=-1)
-        k = F.normalize(self.k_conv(self.k_proj(x)).view(B, T, H, d), dim=-1)
+        q = l2_normalize(self.q_conv(self.q_proj(x)).view(B, T, H, d), self.qk_l2norm)
+        k = l2_normalize(self.k_conv(self.k_proj(x)).view(B, T, H, d), self.qk_l2norm)
         v = self.v_conv(self.v_proj(x)).view(B, T, H, d)
         g = decay_gate(self.f_proj(x).view(B, T, H, d), self.A_log, self.dt_bias, self.lower_bound)
         beta = torch.sigmoid(self.b_proj(x).float())

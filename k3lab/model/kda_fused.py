@@ -41,6 +41,10 @@ class KDAFused(KDAChunkwise):
     On CUDA: FLA's short convolution, `chunk_kda` with the bounded gate, L2 norm and
     beta sigmoid inside the kernel, and the fused gated RMSNorm. Any sequence length.
     Elsewhere: the plain PyTorch reference, padded to the chunk size (exact, causal).
+    The output gate g_proj is whichever projection the config asks for (low rank or K3's
+    full rank, with or without bias); the in-kernel q/k L2 norm is always FLA's form, i.e.
+    kda_qk_l2norm="fla", whatever the config says (the two differ by ~1e-6 relative for
+    vectors of norm ~1).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

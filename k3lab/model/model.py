@@ -17,6 +17,8 @@ avoids re-concatenating the endpoints; the candidates and their order are identi
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -92,7 +94,8 @@ class KimiK3DecoderBlock(nn.Module):
         else:
             raise ValueError(f"unknown layer type {self.layer_type!r} at layer {layer_idx}")
         if layer_idx < config.num_dense_layers:
-            self.ffn = DenseFFN(M, config.intermediate_size, config.situ_beta, config.situ_linear_beta)
+            self.ffn = DenseFFN(M, config.intermediate_size, config.situ_beta, config.situ_linear_beta,
+                                config.ffn_activation)
         else:
             self.ffn = StableLatentMoE(config)
         self.attn_norm = RMSNorm(M, eps)
@@ -193,8 +196,8 @@ class KimiK3(nn.Module):
         if not self.lm_head.weight.is_meta:  # meta tensors (for counting) hold no values to initialise
             self.apply(self._init_weights)
             self._init_special()
-        # k3lab's choice for efficiency, not a claim about the original Kimi implementation
-        self.lm_head.weight = self.embed_tokens.weight
+        if config.tie_word_embeddings:  # the design document's choice for efficiency; K3 unties them
+            self.lm_head.weight = self.embed_tokens.weight
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -204,11 +207,14 @@ class KimiK3(nn.Module):
 
     @torch.no_grad()
     def _init_special(self) -> None:
+        config = self.config
         for name, param in self.named_parameters():
-            if name.endswith("res_proj.weight"):  # AttnRes scorers start uniform
-                param.zero_()
+            if name.endswith("res_proj.weight") and config.attn_res_proj_init == "zeros":
+                param.zero_()  # AttnRes scorers start uniform (else normal, as every Linear)
+            elif name.endswith("ffn.router.weight") and config.router_init == "kaiming_uniform":
+                nn.init.kaiming_uniform_(param, a=math.sqrt(5))  # nn.Linear's own default, as K3
             elif ".experts.w_" in name:
-                nn.init.normal_(param, mean=0.0, std=self.config.init_std)
+                nn.init.normal_(param, mean=0.0, std=config.init_std)
         for module in self.modules():
             if hasattr(module, "reset_decay_parameters"):
                 module.reset_decay_parameters()

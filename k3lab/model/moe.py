@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from k3lab.model.config import KimiK3Config
-from k3lab.model.ffn import DenseFFN, situ_glu
+from k3lab.model.ffn import DenseFFN, glu
 from k3lab.model.norm import RMSNorm
 
 # Expert groups start at multiples of this many rows: 16-byte aligned bf16 rows for the
@@ -75,19 +75,20 @@ def grouped_layout(flat_expert: torch.Tensor, num_experts: int, align: int = GRO
 
 
 class RoutedExperts(nn.Module):
-    """E SiTU-GLU experts of width d -> I -> d, stored stacked: one 3-D weight per projection.
+    """E SiTU-GLU (or SwiGLU) experts of width d -> I -> d, stored stacked: one 3-D weight per projection.
 
     w_gate, w_up (E, I, d) and w_down (E, d, I): expert e's matrices are slices [e]. The
     grouped GEMM takes the stacks as they are (no per-step re-stacking), and Muon still
     orthogonalises each expert's matrix on its own (`k3lab.model.muon`).
     """
 
-    def __init__(self, num_experts: int, dim: int, intermediate: int, beta: float, linear_beta: float):
+    def __init__(self, num_experts: int, dim: int, intermediate: int, beta: float, linear_beta: float,
+                 activation: str = "situ_glu"):
         super().__init__()
         self.w_gate = nn.Parameter(torch.empty(num_experts, intermediate, dim))
         self.w_up = nn.Parameter(torch.empty(num_experts, intermediate, dim))
         self.w_down = nn.Parameter(torch.empty(num_experts, dim, intermediate))
-        self.beta, self.linear_beta = beta, linear_beta
+        self.beta, self.linear_beta, self.activation = beta, linear_beta, activation
 
     def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x_sorted (n, d): token copies grouped by expert; counts (E,): group sizes. -> (n, d)."""
@@ -95,7 +96,7 @@ class RoutedExperts(nn.Module):
         for e, x_e in enumerate(torch.split(x_sorted, counts.tolist())):
             if x_e.shape[0] == 0:
                 continue
-            h = situ_glu(x_e @ self.w_gate[e].T, x_e @ self.w_up[e].T, self.beta, self.linear_beta)
+            h = glu(x_e @ self.w_gate[e].T, x_e @ self.w_up[e].T, self.activation, self.beta, self.linear_beta)
             outputs.append(h @ self.w_down[e].T)
         return torch.cat(outputs) if outputs else x_sorted.new_zeros(0, x_sorted.shape[1])
 
@@ -104,7 +105,7 @@ class RoutedExperts(nn.Module):
         dtype = x.dtype
         gate = grouped_mm(x, self.w_gate.to(dtype).transpose(1, 2), offs)  # (R, I)
         up = grouped_mm(x, self.w_up.to(dtype).transpose(1, 2), offs)  # (R, I)
-        h = situ_glu(gate, up, self.beta, self.linear_beta)
+        h = glu(gate, up, self.activation, self.beta, self.linear_beta)
         return grouped_mm(h, self.w_down.to(dtype).transpose(1, 2), offs)  # (R, d)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -138,9 +139,9 @@ class StableLatentMoE(nn.Module):
             self.up = nn.Linear(latent, M, bias=False)
             expert_dim = latent
         self.experts = RoutedExperts(E, expert_dim, config.moe_intermediate_size,
-                                     config.situ_beta, config.situ_linear_beta)
+                                     config.situ_beta, config.situ_linear_beta, config.ffn_activation)
         self.shared = nn.ModuleList(
-            DenseFFN(M, config.moe_intermediate_size, config.situ_beta, config.situ_linear_beta)
+            DenseFFN(M, config.moe_intermediate_size, config.situ_beta, config.situ_linear_beta, config.ffn_activation)
             for _ in range(config.num_shared_experts)
         )
         # selection bias and load statistics: buffers, so they checkpoint but never get gradients

@@ -2,7 +2,7 @@
 
 Muon orthogonalises each update, which only makes sense for weight matrices inside
 the network: 2-D Linear weights and the MoE experts' stacked (E, out, in) weights,
-one matrix per expert. Embeddings (and the head tied to them), norm gains, biases,
+one matrix per expert. Embeddings and the head (tied to them or not), norm gains, biases,
 the KDA decay scalars, AttnRes scorer vectors and the short convolutions go to AdamW.
 The tied embedding/head weight appears once.
 """
@@ -19,6 +19,8 @@ from k3lab.model.muon import Muon
 def split_parameters(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
     """(muon, adamw) lists of (name, parameter); every trainable parameter in exactly one."""
     embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    if getattr(model, "lm_head", None) is not None:  # an untied head is no hidden matrix either
+        embedding_ids.add(id(model.lm_head.weight))
     expert_ids = {id(p) for m in model.modules() if isinstance(m, RoutedExperts) for p in m.parameters()}
     muon, adamw = [], []
     for name, param in model.named_parameters():  # named_parameters yields a shared tensor once

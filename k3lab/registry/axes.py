@@ -18,6 +18,8 @@ Any KimiK3Config field is an axis. Derived axes make common ablations one line:
 - `ffn`: `dense` (all layers dense), `moe` (plain MoE, experts at full
   width: moe_latent_size=null) or `latent_moe` (the base's latent width, or
   hidden_size // 2 when the base has none).
+- `fidelity`: `design`, `k3` or `kimi_linear`: every choice where the design
+  document and the published models differ, at once (`k3lab.model.fidelity`).
 
 Values are checked for type when the sweep is loaded (a `SpecError` at e.g.
 `axes.attn_res_block_size[2]`); whether a whole variant is a valid model is
@@ -33,6 +35,7 @@ from typing import Any, Callable
 import attrs
 
 from k3lab.model.config import KimiK3Config, kimi_linear_schedule
+from k3lab.model.fidelity import FIDELITIES, fidelity_field_names, fidelity_fields
 from k3lab.registry.convert import describe
 from k3lab.registry.fields import check_field, field_types, is_field, unknown_field
 from k3lab.registry.keypath import Path, SpecError
@@ -48,6 +51,10 @@ ALIASES = {
     "mla_num_heads": "mlaheads", "mla_q_lora_rank": "qrank", "mla_kv_lora_rank": "kvrank",
     "max_seq_len": "seq", "use_attn_res": "attnres", "vocab_size": "vocab", "moe_balance": "balance",
     "routed_scaling_factor": "rscale", "moe_bias_update_rate": "biasrate", "init_std": "init",
+    "kda_gate_rank": "kdagate", "kda_gate_bias": "kdagatebias", "kda_qk_l2norm": "l2norm",
+    "mla_shared_key_dim": "sharedkey", "mla_output_gate": "mlagate", "mla_latent_norm_eps": "latenteps",
+    "tie_word_embeddings": "tied", "rms_norm_eps": "eps", "attn_res_proj_init": "attnresinit",
+    "router_init": "routerinit", "ffn_activation": "act",
 }
 
 
@@ -229,7 +236,29 @@ FFN = AxisKind(
     label=lambda value: f"ffn_{value}",
 )
 
-DERIVED = {kind.name: kind for kind in (LAYER_SCHEDULE, ATTN_RES_BLOCK_SIZE, NUM_DENSE_LAYERS, FFN)}
+# -- fidelity -----------------------------------------------------------------------
+
+
+def _parse_fidelity(value: Any, path: Path) -> str:
+    if value not in FIDELITIES:
+        raise SpecError(path, f"expected one of {', '.join(FIDELITIES)}, got {describe(value)}")
+    return value
+
+
+def apply_fidelity(value: str, fields: Fields) -> Fields:
+    """The fields fidelity `value` sets, for the model `fields` describe (its MLA head dim)."""
+    return fidelity_fields(value, current(fields, "mla_qk_head_dim"))
+
+
+FIDELITY = AxisKind(
+    name="fidelity",
+    writes=fidelity_field_names(),
+    parse=_parse_fidelity,
+    apply=apply_fidelity,
+    label=lambda value: f"fidelity_{value}",
+)
+
+DERIVED = {kind.name: kind for kind in (LAYER_SCHEDULE, ATTN_RES_BLOCK_SIZE, NUM_DENSE_LAYERS, FFN, FIDELITY)}
 
 
 # -- lookup, parsing, application ---------------------------------------------------

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, get_origin
+import types
+import typing
+from typing import Any, get_args, get_origin
 
 import attrs
 import cattrs
@@ -69,6 +71,37 @@ def _any(value, _type) -> Any:
     return value
 
 
+_SCALAR_HOOKS = {int: (_int, "an integer"), float: (_float, "a number"), bool: (_bool, "true or false"),
+                 str: (_str, "a string")}
+
+
+def _is_scalar_union(type_) -> bool:
+    """`int | str` and the like: two or more scalar members (`int | None` stays cattrs')."""
+    if get_origin(type_) not in (typing.Union, types.UnionType):
+        return False
+    members = [m for m in get_args(type_) if m is not type(None)]
+    return len(members) > 1 and all(m in _SCALAR_HOOKS for m in members)
+
+
+def _scalar_union(type_):
+    """The first member whose strict hook takes the value, e.g. 16 or "full" for `int | str`."""
+    members = get_args(type_)
+    expected = " or ".join("null" if m is type(None) else _SCALAR_HOOKS[m][1] for m in members)
+
+    def structure(value, _type):
+        if value is None and type(None) in members:
+            return None
+        for member in members:
+            if member is not type(None):
+                try:
+                    return _SCALAR_HOOKS[member][0](value, member)
+                except StrictTypeError:
+                    pass
+        raise StrictTypeError(f"expected {expected}, got {describe(value)}")
+
+    return structure
+
+
 def _structure_base(value, _type) -> BaseSpec:
     if value is None or isinstance(value, str):
         return BaseSpec(preset=value)
@@ -78,7 +111,7 @@ def _structure_base(value, _type) -> BaseSpec:
     preset = overrides.pop("preset", None)
     if preset is not None and not isinstance(preset, str):
         raise FieldError("preset", f"expected a preset name or a model YAML path, got {describe(preset)}")
-    return BaseSpec(preset=preset, overrides=overrides)
+    return BaseSpec(preset=preset, fidelity=overrides.pop("fidelity", None), overrides=overrides)
 
 
 def _sequence_factory(converter: cattrs.Converter, make_inner):
@@ -119,6 +152,7 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook_factory(
         lambda t: get_origin(t) is tuple, _sequence_factory(converter, cattrs.cols.homogenous_tuple_structure_factory))
     converter.register_structure_hook(SchedulerSpec, _scheduler_hook(converter))
+    converter.register_structure_hook_factory(_is_scalar_union, _scalar_union)
     return converter
 
 

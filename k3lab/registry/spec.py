@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from k3lab.model.fidelity import FIDELITIES
 from k3lab.registry.keypath import FieldError
 
 SCHEDULES = ("cosine", "constant")
@@ -210,10 +211,12 @@ class MatchSpec:
 @attrs.frozen
 class BaseSpec:
     """The base model: a preset name or a model YAML path (relative to the sweep
-    file), or neither (KimiK3Config defaults), plus field overrides. Written as
-    `base: tiny` or `base: {preset: tiny, num_layers: 8}`."""
+    file), or neither (KimiK3Config defaults), then a fidelity's choices
+    (`k3lab.model.fidelity`: design, k3, kimi_linear), then field overrides. Written
+    as `base: tiny` or `base: {preset: tiny, fidelity: k3, num_layers: 8}`."""
 
     preset: str | None = None
+    fidelity: str | None = attrs.field(default=None, validator=_one_of(None, *FIDELITIES))
     overrides: dict[str, Any] = attrs.Factory(dict)
 
 

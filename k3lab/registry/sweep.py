@@ -17,7 +17,7 @@ import attrs
 
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
-from k3lab.registry.axes import Axis, axis_kind, parse_axes
+from k3lab.registry.axes import Axis, apply_fidelity, axis_kind, parse_axes
 from k3lab.registry.convert import describe, structure
 from k3lab.registry.fields import check_fields
 from k3lab.registry.keypath import SpecError
@@ -152,13 +152,17 @@ def _resolve(document: dict[str, Any], directory: Path, original: dict[str, Any]
 
 
 def _base_fields(base: BaseSpec, directory: Path) -> dict[str, Any]:
+    """The preset's fields, then the fidelity's choices, then the overrides."""
     fields = {}
     if base.preset is not None:
         try:
             fields = model_fields(base.preset, directory)
         except SpecError as error:
             raise SpecError(("base",), str(error)) from None
-    return {**fields, **check_fields(base.overrides, ("base",))}
+    overrides = check_fields(base.overrides, ("base",))
+    if base.fidelity is not None:
+        fields |= apply_fidelity(base.fidelity, fields | overrides)
+    return fields | overrides
 
 
 def _check_match(match: MatchSpec, axes: tuple[Axis, ...], explicit: tuple[Point, ...]) -> None:

@@ -29,10 +29,11 @@ from k3lab.registry.spec import NAME_PATTERN, MatchSpec, TrainSpec
 OK, REJECTED, DUPLICATE = "ok", "rejected", "duplicate"
 
 MOE_FIELDS = ("num_experts", "num_experts_per_token", "num_shared_experts", "moe_intermediate_size",
-              "moe_latent_size", "routed_scaling_factor", "moe_balance", "moe_bias_update_rate")
+              "moe_latent_size", "routed_scaling_factor", "moe_balance", "moe_bias_update_rate", "router_init")
 KDA_FIELDS = ("kda_implementation", "kda_num_heads", "kda_head_dim", "kda_chunk_size", "kda_gate_lower_bound",
-              "kda_conv_size")
-MLA_FIELDS = ("mla_num_heads", "mla_q_lora_rank", "mla_kv_lora_rank", "mla_qk_head_dim", "mla_v_head_dim")
+              "kda_conv_size", "kda_gate_rank", "kda_gate_bias", "kda_qk_l2norm")
+MLA_FIELDS = ("mla_num_heads", "mla_q_lora_rank", "mla_kv_lora_rank", "mla_qk_head_dim", "mla_v_head_dim",
+              "mla_shared_key_dim", "mla_output_gate", "mla_latent_norm_eps")
 
 
 @attrs.frozen
@@ -125,13 +126,14 @@ def _build(point: Point, base: KimiK3Config, base_fields: dict[str, Any], seeds:
 
 def normalise(config: KimiK3Config, base: KimiK3Config) -> KimiK3Config:
     """`config` with fields that cannot change the model reset to the base's:
-    the block size without AttnRes (and any block size >= num_layers, which all
+    the block size and scorer init without AttnRes (and any block size >= num_layers, which all
     keep only the embedding as an endpoint, to num_layers), MoE fields when
     every layer is dense, KDA fields without KDA layers, MLA fields without MLA
     layers. Kept as is when the reset would not validate."""
     resets: dict[str, Any] = {}
     if not config.use_attn_res:
         resets["attn_res_block_size"] = base.attn_res_block_size
+        resets["attn_res_proj_init"] = base.attn_res_proj_init
     elif config.attn_res_block_size > config.num_layers > 0:
         resets["attn_res_block_size"] = config.num_layers
     unused = ((config.num_dense_layers == config.num_layers, MOE_FIELDS),

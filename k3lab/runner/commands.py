@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from k3lab.errors import UserError
+from k3lab.model.fidelity import FIDELITIES, fidelity_fields
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +21,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
     train.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    train.add_argument("--fidelity", choices=FIDELITIES,
+                       help="the design document's choices, official K3's or Kimi Linear's (before --set)")
+    train.add_argument("--save", metavar="DIR", help="write the trainer checkpoint there at every evaluation "
+                                                     "(for k3lab export)")
     train.set_defaults(func=run_train)
 
     sweep = subparsers.add_parser("sweep", help="run every variant x seed of a sweep file as Ray Tune trials")
@@ -92,8 +97,11 @@ def build_train_inputs(args):
     unknown = sorted(set(model_overrides) - set(config_fields()))
     if unknown:
         raise UserError(f"--set {unknown[0]}: not a KimiK3Config field (train fields are written train.NAME)")
+    fields = config.to_dict()
+    if args.fidelity:
+        fields |= fidelity_fields(args.fidelity, model_overrides.get("mla_qk_head_dim", config.mla_qk_head_dim))
     try:
-        config = KimiK3Config(**(config.to_dict() | model_overrides))
+        config = KimiK3Config(**(fields | model_overrides))
     except (ValueError, TypeError) as error:
         raise UserError(f"--set: {error}") from None
     train_fields = {f.name for f in attrs.fields(TrainSpec)}
@@ -123,7 +131,8 @@ def run_train(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from k3lab.runner.sweep import tracking_uri_or_default
-    from k3lab.runner.trial import TrialSpec, run_trial
+    from k3lab.runner.train import save_trainer
+    from k3lab.runner.trial import RUN_ID_KEY, TrialSpec, run_trial
 
     config, spec = build_train_inputs(args)
     tracking_uri = None if args.no_tracking else tracking_uri_or_default(args.tracking_uri)
@@ -143,13 +152,16 @@ def run_train(args) -> int:
         def on_eval(trainer, metrics, tracker):
             bar.console.print(f"step {metrics['step']}: val_loss {metrics['val_loss']:.4f} "
                               f"val_bpb {metrics['val_bpb']:.3f}")
+            if args.save:
+                save_trainer(trainer, args.save, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
 
         result, run_id = run_trial(trial, device=args.device, progress=progress, on_eval=on_eval)
     val = "-" if result.val_loss is None else f"{result.val_loss:.4f}"
     speed = "-" if result.tokens_per_s is None else f"{result.tokens_per_s:,.0f}"
     console.print(f"{result.status}: {result.step} steps, {result.tokens:,} tokens, val_loss {val}, "
                   f"{speed} tokens/s, {result.counts['total']:,} parameters"
-                  + (f"; MLflow run {run_id} in {tracking_uri}" if run_id else ""))
+                  + (f"; MLflow run {run_id} in {tracking_uri}" if run_id else "")
+                  + (f"; checkpoint in {args.save}" if args.save else ""))
     if result.status != "finished":
         console.print(f"[red]{result.error}")
         return 1

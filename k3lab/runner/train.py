@@ -239,6 +239,7 @@ class Trainer:
         return {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
+            "config": self.config.to_dict(),  # what the weights are: `k3lab export` rebuilds the model from it
             "model": self.model.state_dict(),
             "optimizers": [opt.state_dict() for opt in self.optimizers],
             "schedulers": [sched.state_dict() for sched in self.schedulers],

@@ -1,0 +1,140 @@
+"""`k3lab export`: a trained model as a Hugging Face Kimi Linear checkpoint.
+
+    k3lab export CHECKPOINT --hf DIR   a trainer checkpoint: trainer.pt, a folder holding one
+                                       (`k3lab train --save DIR`, a Ray checkpoint), or a trial
+                                       folder (its newest checkpoint)
+    k3lab export RUN_ID --hf DIR       an MLflow run id: that trial's newest checkpoint under
+                                       --storage (every trial checkpoint carries its run id)
+
+DIR receives config.json and model.safetensors, which
+`transformers.KimiLinearForCausalLM.from_pretrained(DIR)` loads and which give the same
+logits (tests/test_hf.py). The model config comes from the checkpoint, or, for checkpoints
+written before k3lab stored it there, from the run's `model.*` params in MLflow. A model
+Kimi Linear cannot express (AttnRes, SiTU-GLU, latent MoE, ...) is refused in one line
+naming the field: train with `--fidelity kimi_linear` (or `fidelity: kimi_linear`) to export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import typing
+from pathlib import Path
+
+from k3lab.errors import UserError
+
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")  # MLflow run ids
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    export = subparsers.add_parser("export", help="a trained model as a Hugging Face Kimi Linear checkpoint")
+    export.add_argument("source", metavar="RUN_OR_CHECKPOINT",
+                        help="a checkpoint (trainer.pt or a folder holding one) or an MLflow run id")
+    export.add_argument("--hf", required=True, metavar="DIR", help="output folder: config.json, model.safetensors")
+    export.add_argument("--storage", help="where a run's checkpoints are (default: K3LAB_STORAGE or ./k3lab_runs)")
+    export.add_argument("--tracking-uri", help="MLflow store, for checkpoints that hold no model config "
+                                               "(default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    export.set_defaults(func=run_export)
+
+
+def run_export(args) -> int:
+    from k3lab.model.hf import check_exportable, save_hf
+    from k3lab.model.model import KimiK3
+    from k3lab.runner.checkpoint import load_checkpoint
+    from k3lab.runner.sweep import default_storage
+
+    path = locate_checkpoint(args.source, Path(args.storage) if args.storage else default_storage())
+    state = load_checkpoint(path)
+    config = checkpoint_config(state, path, args.tracking_uri)
+    check_exportable(config)
+    model = KimiK3(config)
+    model.load_state_dict(state["model"])
+    save_hf(model, args.hf)
+    print(f"wrote {Path(args.hf) / 'config.json'} and model.safetensors: step {state['step']} of {path}")
+    return 0
+
+
+# -- finding the checkpoint ---------------------------------------------------------------
+
+
+def locate_checkpoint(source: str, storage: Path) -> Path:
+    """The trainer.pt that `source` (a path or an MLflow run id) names."""
+    from k3lab.runner.checkpoint import CHECKPOINT_FILE
+
+    path = Path(source)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        found = sorted(path.rglob(CHECKPOINT_FILE))
+        if not found:
+            raise UserError(f"{source}: no {CHECKPOINT_FILE} in this folder")
+        return newest(found)
+    if not RUN_ID.match(source):
+        raise UserError(f"{source}: neither a checkpoint (no such file or folder) nor an MLflow run id")
+    found = [p for p in storage.rglob(CHECKPOINT_FILE) if checkpoint_summary(p)[1] == source]
+    if not found:
+        raise UserError(f"run {source}: no checkpoint of it under {storage} (pass --storage, or the checkpoint path)")
+    return newest(found)
+
+
+def checkpoint_summary(path: Path) -> tuple[int, str | None]:
+    """(step, MLflow run id) of a checkpoint, memory-mapped: the weights are not read."""
+    import torch
+
+    from k3lab.runner.trial import RUN_ID_KEY
+
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return state["step"], (state.get("extra") or {}).get(RUN_ID_KEY)
+
+
+def newest(paths: list[Path]) -> Path:
+    """The checkpoint with the most training steps."""
+    return max(paths, key=lambda p: checkpoint_summary(p)[0])
+
+
+# -- the model config ---------------------------------------------------------------------
+
+
+def checkpoint_config(state: dict, path: Path, tracking_uri: str | None):
+    """The KimiK3Config of a checkpoint: stored in it, else its MLflow run's `model.*` params."""
+    from k3lab.model.config import KimiK3Config
+    from k3lab.runner.trial import RUN_ID_KEY
+
+    if "config" in state:
+        return KimiK3Config(**state["config"])
+    run_id = (state.get("extra") or {}).get(RUN_ID_KEY)
+    if not run_id:
+        raise UserError(f"{path}: the checkpoint holds no model config and names no MLflow run to read it from")
+    from mlflow.tracking import MlflowClient
+
+    from k3lab.runner.sweep import tracking_uri_or_default
+
+    return config_from_params(MlflowClient(tracking_uri_or_default(tracking_uri)).get_run(run_id).data.params)
+
+
+def config_from_params(params: dict[str, str]):
+    """A KimiK3Config from MLflow params as `trial_params` logs them (`model.hidden_size` = "256", ...)."""
+    from k3lab.model.config import KimiK3Config
+    from k3lab.registry.fields import field_types
+
+    fields = {name: parse_param(params[f"model.{name}"], type_)
+              for name, type_ in field_types().items() if f"model.{name}" in params}
+    return KimiK3Config(**fields)
+
+
+def parse_param(text: str, type_) -> typing.Any:
+    """One logged value back in its field's type: "None", "True", "64", "1e-05", "kda,mla", "full"."""
+    members = typing.get_args(type_) or (type_,)
+    if text == "None" and type(None) in members:
+        return None
+    if any(typing.get_origin(m) is tuple for m in members):
+        return tuple(text.split(","))
+    if bool in members:
+        return text == "True"
+    for kind in (int, float):
+        if kind in members:
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+    return text
