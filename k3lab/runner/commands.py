@@ -9,6 +9,7 @@ import yaml
 
 from k3lab.errors import UserError
 from k3lab.model.fidelity import FIDELITIES, fidelity_fields
+from k3lab.registry.spec import METRICS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--tracking-uri")
     report.add_argument("--out", help="folder for the plots and summary.json")
     report.add_argument("--markdown", help="also write the results as a section of this markdown file")
+    report.add_argument("--metric", choices=METRICS, help="compare this metric instead of the sweep file's")
     report.add_argument("--gpu-log", help="GPU utilisation samples (epoch_seconds,percent per line) for --markdown")
     report.add_argument("--baseline", help="the variant the others are compared against, paired by seed "
                                             "(default: the sweep file's baseline)")
@@ -260,21 +262,36 @@ def run_report(args) -> int:
 
     run = sweep_run_from_args(args)
     sweep = run.sweep
-    if not run.state_file.exists():
-        raise UserError(f"{args.file}: no run of {run.experiment} under {run.storage}")
-    parent_run_id = run.parent_run_id()
+    parent_run_id = find_parent_run(run)
+    metric = args.metric or sweep.metric.name
     out = Path(args.out) if args.out else run.storage / f"{run.experiment}_report"
     if args.gpu_log and not Path(args.gpu_log).exists():
         raise UserError(f"--gpu-log {args.gpu_log}: no such file")
     names = {v.name for v in sweep.valid_variants}
     if args.baseline and args.baseline not in names:
         raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
-    summary = build_report(run.tracking_uri, parent_run_id, sweep.metric.name, sweep.metric.mode, out_dir=out,
+    summary = build_report(run.tracking_uri, parent_run_id, metric, sweep.metric.mode, out_dir=out,
                            baseline=args.baseline or sweep.baseline)
     if args.markdown:
         write_results_markdown(args, run, parent_run_id, summary)
     print_summary(wide_console(), run, summary)
     return 0
+
+
+def find_parent_run(run) -> str:
+    """The sweep's parent run: from its state file under --storage, else the latest sweep run
+    of its experiment in the tracking store (a store copied from another machine)."""
+    if run.state_file.exists():
+        return run.parent_run_id()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(run.tracking_uri)
+    experiment = client.get_experiment_by_name(run.experiment)
+    runs = [] if experiment is None else client.search_runs(
+        [experiment.experiment_id], "tags.`k3lab.kind` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage} or in {run.tracking_uri}")
+    return runs[0].info.run_id
 
 
 def run_ui(args) -> int:
