@@ -64,6 +64,7 @@ class Sweep:
     scheduler: SchedulerSpec  # max_t resolved from train when the file leaves it null
     match: MatchSpec | None
     variants: tuple[Variant, ...]
+    notes: tuple[str, ...] = ()  # defaults adapted to what the file sets, shown with the plan
 
     @property
     def valid_variants(self) -> tuple[Variant, ...]:
@@ -85,6 +86,7 @@ class _Resolved:
     base: KimiK3Config
     axes: tuple[Axis, ...]
     explicit: tuple[Point, ...]
+    notes: tuple[str, ...]
 
 
 def load_sweep(path: str | Path, profile: str | None = None) -> Sweep:
@@ -106,6 +108,21 @@ def load_sweep(path: str | Path, profile: str | None = None) -> Sweep:
 def sweep_profiles(path: str | Path) -> tuple[str, ...]:
     """The profile names a sweep file defines, read without expanding any variant."""
     return tuple(profile_names(_read(Path(path))))
+
+
+def resolve_profile(path: str | Path, profile: str | None) -> str | None:
+    """The profile a `--profile` flag names. `auto` is `gpu` on a machine with CUDA, else
+    `cpu`, when the file defines that profile (else the top-level settings); `none` (or
+    None) is the top-level settings. Every command resolves the flag here, so `variants`,
+    `sweep --dry-run`, `sweep` and `report` see the same trials."""
+    if profile in (None, "none"):
+        return None
+    if profile != "auto":
+        return profile
+    import torch
+
+    wanted = "gpu" if torch.cuda.is_available() else "cpu"
+    return wanted if wanted in sweep_profiles(path) else None
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -143,7 +160,8 @@ def _resolve(document: dict[str, Any], directory: Path, original: dict[str, Any]
         raise SpecError(("axes",), f"{size + len(explicit):,} variants is more than {MAX_VARIANTS:,}; split the sweep")
     if spec.match is not None:
         _check_match(spec.match, axes, explicit)
-    return _Resolved(spec, base_fields, base, axes, explicit)
+    notes = spec.train.default_notes(document.get("train") or {})
+    return _Resolved(spec, base_fields, base, axes, explicit, notes)
 
 
 def _base_fields(base: BaseSpec, directory: Path) -> dict[str, Any]:
@@ -174,7 +192,7 @@ def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved:
         name=spec.name, description=spec.description, path=str(path), profile=profile, profiles=profiles,
         base=resolved.base, axes=resolved.axes, seeds=seeds, train=spec.train, metric=spec.metric,
         resources=spec.resources, scheduler=spec.scheduler.resolved(spec.train), match=spec.match,
-        variants=variants,
+        variants=variants, notes=resolved.notes,
     )
 
 

@@ -3,6 +3,7 @@
 Layout under the storage folder (default ./k3lab_runs):
     <storage>/<experiment>/           Ray Tune's experiment directory (fixed name, so --resume works)
     <storage>/<experiment>.k3lab.json the sweep's MLflow parent run id, for --resume
+    <storage>/<experiment>.log        Ray's and MLflow's notices (on the terminal with --verbose)
     <storage>/kernel_cache/           Triton/FLA kernel cache shared by all trials on a node
 """
 
@@ -11,18 +12,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import attrs
-
-import k3lab
 from k3lab.errors import UserError
 from k3lab.registry import Sweep
-from k3lab.runner.tracking import MLflowTracker, default_tracking_uri, flatten
-from k3lab.runner.train import check_shapes
+from k3lab.runner.logs import library_logs
+from k3lab.runner.parent import ParentRun, record_sweep
+from k3lab.runner.preflight import Preflight, run_preflight
+from k3lab.runner.tracking import default_tracking_uri
 from k3lab.runner.trial import TrialSpec, tune_trainable
 
 
@@ -38,6 +36,7 @@ class SweepRun:
     overwrite: bool = False
     max_failures: int = 2
     max_concurrent: int | None = None  # overrides the sweep file's resources.max_concurrent_trials
+    verbose: bool = False  # Ray's and MLflow's notices on the terminal instead of in `log_file`
 
     @property
     def experiment(self) -> str:
@@ -64,14 +63,14 @@ class SweepRun:
     def kernel_cache(self) -> Path:
         return self.storage / "kernel_cache"
 
+    @property
+    def log_file(self) -> Path:
+        return self.storage / f"{self.experiment}.log"
 
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(k3lab.__file__).resolve().parent)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    @property
+    def on_cluster(self) -> bool:
+        """The trials run on a Ray cluster (--address or RAY_ADDRESS), not on this machine."""
+        return bool(self.address or os.environ.get("RAY_ADDRESS"))
 
 
 def check_experiment_dir(run: SweepRun) -> None:
@@ -94,47 +93,6 @@ def discard_earlier_run(run: SweepRun) -> None:
     for folder in (run.tune_dir, run.ddp_dir):
         shutil.rmtree(folder, ignore_errors=True)
     run.state_file.unlink(missing_ok=True)
-
-
-def check_tracking_server(uri: str) -> None:
-    """Fail in one line, before Ray starts, when an HTTP tracking server does not answer."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=10) as response:
-            if response.status == 200:
-                return
-            problem = f"HTTP {response.status}"
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        problem = str(getattr(error, "reason", error))
-    raise UserError(f"--tracking-uri {uri}: the MLflow server does not answer ({problem})")
-
-
-def open_parent_run(run: SweepRun) -> MLflowTracker:
-    """The sweep's parent MLflow run: reopened on --resume, else created with the sweep's params."""
-    if run.resume and run.state_file.exists():
-        tracker = MLflowTracker(run.tracking_uri, run.parent_run_id())
-        tracker.client.update_run(tracker.run_id, status="RUNNING")
-        return tracker
-    sweep = run.sweep
-    tags = {"k3lab.kind": "sweep", "k3lab.sweep": sweep.name, "k3lab.profile": sweep.profile or "",
-            "k3lab.version": k3lab.__version__, "git_commit": git_commit(),
-            "mlflow.note.content": sweep.description}
-    tracker = MLflowTracker.start(run.tracking_uri, run.experiment, run.experiment, tags=tags)
-    params = {"sweep": sweep.name, "profile": sweep.profile, "seeds": list(sweep.seeds),
-              "variants": len(sweep.valid_variants), "trials": len(sweep.trials),
-              "metric": f"{sweep.metric.name}:{sweep.metric.mode}"}
-    params |= flatten("train", attrs.asdict(sweep.train)) | flatten("resources", attrs.asdict(sweep.resources))
-    params |= flatten("scheduler", attrs.asdict(sweep.scheduler))
-    tracker.log_params(params)
-    tracker.log_artifact(sweep.path)
-    run.storage.mkdir(parents=True, exist_ok=True)
-    run.state_file.write_text(json.dumps({"parent_run_id": tracker.run_id, "tracking_uri": run.tracking_uri,
-                                          "trials": [t.id for t in sweep.trials]}))
-    return tracker
 
 
 def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
@@ -166,10 +124,9 @@ def start_ray(run: SweepRun) -> None:
     for key in ("K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI"):
         if key in os.environ:
             env[key] = os.environ[key]
-    address = run.address or os.environ.get("RAY_ADDRESS")
     kwargs = dict(runtime_env={"env_vars": env}, log_to_driver=False, configure_logging=False)
-    if address:
-        ray.init(address=address, **kwargs)
+    if run.on_cluster:
+        ray.init(address=run.address or os.environ["RAY_ADDRESS"], **kwargs)
     else:  # a DDP trial's waiting driver gets a logical CPU of its own, so the workers can have them all
         extra = 1 if run.sweep.resources.strategy == "ddp" else 0
         ray.init(include_dashboard=False, num_cpus=(os.cpu_count() or 1) + extra, **kwargs)
@@ -228,50 +185,83 @@ def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
                       run_config=run_config)
 
 
-def run_sweep(run: SweepRun, live: bool = True) -> dict:
-    """Run (or resume) the sweep; returns the report summary (see `k3lab.runner.report`)."""
-    import ray
-
-    from k3lab.data import prepare_dataset
-    from k3lab.runner.progress import SweepProgress
-    from k3lab.runner.report import build_report
-    from k3lab.runner.status import MLflowStatusCallback
-
-    check_tracking_server(run.tracking_uri)
-    check_experiment_dir(run)
+def preflight(run: SweepRun, progress: bool) -> Preflight:
+    """What the sweep's trials need, for `run_preflight`."""
     sweep = run.sweep
-    dataset = prepare_dataset(sweep.train.dataset, sweep.train.tokenizer, progress=live)  # once, before any trial
-    for trial in sweep.trials:  # what would stop a trial inside Ray, found before anything starts
-        try:
-            check_shapes(trial.variant.config, sweep.train, dataset.vocab_size)
-        except UserError as error:
-            raise UserError(f"{sweep.path}: variant {trial.variant.name}: {error}") from None
+    return Preflight(tracking_uri=run.tracking_uri, train=sweep.train,
+                     models={f"{sweep.path}: variant {v.name}": v.config for v in sweep.valid_variants},
+                     folders={"storage folder": run.storage}, gpus=gpus_per_trial(sweep),
+                     gpus_from=f"{sweep.path}: {gpu_field(sweep)}", local=not run.on_cluster, progress=progress)
+
+
+def gpus_per_trial(sweep: Sweep) -> float:
+    """The GPUs one trial takes on this machine: DDP trials run gloo CPU workers where there is no GPU."""
+    resources = sweep.resources
+    if resources.strategy != "ddp":
+        return resources.gpu
+    import torch
+
+    return resources.gpus_per_trial if torch.cuda.is_available() else 0
+
+
+def gpu_field(sweep: Sweep) -> str:
+    """Where the sweep asks for GPUs, e.g. 'profile gpu: resources.gpu=0.2'."""
+    resources = sweep.resources
+    field = (f"resources.gpus_per_trial={resources.gpus_per_trial}" if resources.strategy == "ddp"
+             else f"resources.gpu={resources.gpu:g}")
+    return (f"profile {sweep.profile}: " if sweep.profile else "") + field
+
+
+def run_sweep(run: SweepRun, live: bool = True) -> dict:
+    """Run (or resume) the sweep; returns the report summary (see `k3lab.runner.report`).
+
+    Everything that can be checked is checked first (`check_experiment_dir`, the preflight);
+    only then is the parent MLflow run opened, and whatever happens after, it is closed."""
+    from k3lab.runner.report import build_report
+
+    check_experiment_dir(run)
+    run_preflight(preflight(run, progress=live))
     if run.overwrite:
         discard_earlier_run(run)
-    parent = open_parent_run(run)
-    specs = trial_specs(run, parent.run_id)
-    started = time.time()
-    progress = SweepProgress(sweep, specs, live=live)
+    sweep = run.sweep
+    with library_logs(None if run.verbose else run.log_file), ParentRun(run) as parent:
+        if not run.resume:
+            record_sweep(run, parent)
+        errors = run_trials(run, parent.run_id, live)
+        summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name,
+                               out_dir=run.storage / f"{run.experiment}_report",
+                               variant_order=[v.name for v in sweep.valid_variants])
+        for path in summary["files"]:
+            parent.log_artifact(path, "report")
+        parent.log_metrics({"trials_failed": len(errors)})
+        parent.status = "FINISHED" if not errors else "FAILED"
+    summary["errors"] = errors
+    summary["parent_run_id"] = parent.run_id
+    return summary
+
+
+def run_trials(run: SweepRun, parent_run_id: str, live: bool) -> list[str]:
+    """Every trial through Ray Tune, with the live table; returns the first line of each trial's
+    error. Raises KeyboardInterrupt when Tune stopped on Ctrl-C with trials left to run."""
+    import ray
+
+    from k3lab.runner.progress import SweepProgress, earlier_trials
+    from k3lab.runner.status import MLflowStatusCallback
+
+    specs = trial_specs(run, parent_run_id)
+    progress = SweepProgress(run.sweep, specs, live=live)
+    if run.resume:
+        progress.show_earlier(earlier_trials(run.tune_dir))
     try:
         start_ray(run)
         with progress:
             tuner = make_tuner(run, specs, [progress, MLflowStatusCallback(run.tracking_uri)])
             results = tuner.fit()
-        errors = [str(r.error).splitlines()[0] for r in results if r.error is not None]
-    except BaseException:
-        parent.finish("KILLED")  # interrupted or broken: the parent run must not stay RUNNING
-        raise
     finally:
         ray.shutdown()
-    summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
-                           out_dir=run.storage / f"{run.experiment}_report")
-    for path in summary["files"]:
-        parent.log_artifact(path, "report")
-    parent.log_metrics({"sweep_wall_s": time.time() - started, "trials_failed": len(errors)}, step=0)
-    parent.finish("FINISHED" if not errors else "FAILED")
-    summary["errors"] = errors
-    summary["parent_run_id"] = parent.run_id
-    return summary
+    if progress.unfinished():  # Tune catches the first Ctrl-C, saves its state and returns
+        raise KeyboardInterrupt
+    return [str(r.error).splitlines()[0] for r in results if r.error is not None]
 
 
 def default_storage() -> Path:
