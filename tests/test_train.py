@@ -137,3 +137,26 @@ def test_train_command_rejects_bad_settings_in_one_line(flag, message, capsys):
     assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--set", flag]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_train_final_line_shows_the_run_average_tokens_per_s_not_the_last_windows(monkeypatch, capsys):
+    import types
+
+    from k3lab.runner import train as train_module
+
+    clock = {"now": 0.0}  # a fake clock: five slow steps, then five fast ones
+    monkeypatch.setattr(train_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"],
+                                                                    time=train_module.time.time))
+    original = train_module.Trainer.train_step
+
+    def timed_step(self):
+        values = original(self)
+        clock["now"] += 1.0 if self.step <= 5 else 0.01
+        return values
+
+    monkeypatch.setattr(train_module.Trainer, "train_step", timed_step)
+    assert main(["train", "tiny", "--steps", "10", "--no-tracking", "--set", "train.batch_size=2",
+                 "--set", "train.seq_len=32", "--set", "train.log_interval=5"]) == 0
+    final = capsys.readouterr().err.replace("\n", " ")
+    # 10 x 64 tokens in 5.05 s of steps = 127 tokens/s; the last window alone ran at 320 / 0.05 = 6,400
+    assert "127 tokens/s (run average)" in final
