@@ -224,7 +224,7 @@ def run_sweep(run: SweepRun, live: bool = True) -> dict:
     if run.overwrite:
         discard_earlier_run(run)
     sweep = run.sweep
-    with library_logs(None if run.verbose else run.log_file), ParentRun(run) as parent:
+    with library_logs(None if run.verbose else run.log_file, ray=True), ParentRun(run) as parent:
         if not run.resume:
             record_sweep(run, parent)
         errors = run_trials(run, parent.run_id, live)
