@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import mini_sweep
+from conftest import sweep_args
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
@@ -19,19 +19,6 @@ from k3lab.cli import main
 pytestmark = pytest.mark.usefixtures("isolated_data")
 
 REPO = Path(__file__).resolve().parents[1]
-SWEEP = mini_sweep("mini", "two variants of a very small model")
-
-
-@pytest.fixture
-def sweep_file(tmp_path):
-    path = tmp_path / "mini.yaml"
-    path.write_text(SWEEP)
-    return path
-
-
-def sweep_args(tmp_path, sweep_file, *extra, storage=None):
-    return ["sweep", str(sweep_file), "--storage", str(storage or tmp_path / "runs"), "--no-live",
-            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra]
 
 
 def unwritable_folder(tmp_path) -> Path:
@@ -98,12 +85,11 @@ def test_unprepared_data_in_an_unwritable_cache_is_reported_in_one_line(tmp_path
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
-def test_gpu_profile_on_a_machine_without_cuda_is_reported_before_anything_starts(tmp_path, capsys):
-    path = tmp_path / "mini.yaml"
-    path.write_text(SWEEP + "profiles:\n  gpu: {resources: {cpu: 1, gpu: 0.5}}\n")
-    assert main(sweep_args(tmp_path, path, "--profile", "gpu")) == 2
+def test_gpu_profile_on_a_machine_without_cuda_is_reported_before_anything_starts(tmp_path, sweep_file, capsys):
+    sweep_file.write_text(sweep_file.read_text() + "profiles:\n  gpu: {resources: {cpu: 1, gpu: 0.5}}\n")
+    assert main(sweep_args(tmp_path, sweep_file, "--profile", "gpu")) == 2
     err = one_line_error(capsys)
-    assert f"{path}: profile gpu: resources.gpu=0.5: this machine has no CUDA GPU" in err
+    assert f"{sweep_file}: profile gpu: resources.gpu=0.5: this machine has no CUDA GPU" in err
     assert not (tmp_path / "mlflow.db").exists()
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import mini_sweep
+from conftest import mini_sweep, sweep_args
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
@@ -17,18 +17,6 @@ pytestmark = [pytest.mark.usefixtures("isolated_data"), pytest.mark.slow]
 
 SWEEP = mini_sweep("mini", "two variants of a very small model")
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def sweep_file(tmp_path):
-    path = tmp_path / "mini.yaml"
-    path.write_text(SWEEP)
-    return path
-
-
-def sweep_args(tmp_path, sweep_file, *extra):
-    return ["sweep", str(sweep_file), "--storage", str(tmp_path / "runs"), "--no-live",
-            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra]
 
 
 def trial_runs(tmp_path):

@@ -176,8 +176,12 @@ def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
     )
     if run.resume:
-        return tune.Tuner.restore(str(run.tune_dir.resolve()), trainable, resume_unfinished=True,
-                                  resume_errored=True)
+        tuner = tune.Tuner.restore(str(run.tune_dir.resolve()), trainable, resume_unfinished=True,
+                                   resume_errored=True)
+        # Tune restores the callbacks pickled by the first run (its table, which nobody sees any
+        # more); Tuner.restore takes no run config, so this run's callbacks are set on the restored one
+        tuner._local_tuner.get_run_config().callbacks = callbacks
+        return tuner
     tune_config = tune.TuneConfig(metric=sweep.metric.name, mode=sweep.metric.mode,
                                   scheduler=build_scheduler(sweep),
                                   max_concurrent_trials=run.max_concurrent or sweep.resources.max_concurrent_trials)
@@ -185,7 +189,7 @@ def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
                       run_config=run_config)
 
 
-def preflight(run: SweepRun, progress: bool) -> Preflight:
+def sweep_preflight(run: SweepRun, progress: bool) -> Preflight:
     """What the sweep's trials need, for `run_preflight`."""
     sweep = run.sweep
     return Preflight(tracking_uri=run.tracking_uri, train=sweep.train,
@@ -220,7 +224,7 @@ def run_sweep(run: SweepRun, live: bool = True) -> dict:
     from k3lab.runner.report import build_report
 
     check_experiment_dir(run)
-    run_preflight(preflight(run, progress=live))
+    run_preflight(sweep_preflight(run, progress=live))
     if run.overwrite:
         discard_earlier_run(run)
     sweep = run.sweep
