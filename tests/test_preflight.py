@@ -124,3 +124,14 @@ def test_ctrl_c_after_the_parent_run_opened_ends_it_killed(tmp_path, sweep_file,
     assert main(sweep_args(tmp_path, sweep_file)) == 130
     assert "interrupted" in capsys.readouterr().err
     assert parent_run(tmp_path).info.status == "KILLED"
+
+
+def test_ctrl_c_that_tune_catches_ends_the_parent_killed_not_finished(tmp_path, sweep_file, monkeypatch, capsys):
+    class StoppedTuner:  # Tune catches the first Ctrl-C, saves its state and returns: no trial got to its end
+        def fit(self):
+            return []
+
+    monkeypatch.setattr("k3lab.runner.sweep.start_ray", lambda run: None)
+    monkeypatch.setattr("k3lab.runner.sweep.make_tuner", lambda run, specs, callbacks: StoppedTuner())
+    assert main(sweep_args(tmp_path, sweep_file)) == 130
+    assert parent_run(tmp_path).info.status == "KILLED"
