@@ -1,6 +1,7 @@
 """`k3lab variants FILE [--profile NAME] [--json]`: list a sweep's variants.
 
-Also the `--profile` flag and the plan printing that `k3lab sweep` and `k3lab report` share.
+Also what `k3lab sweep` and `k3lab report` share with it: the `--profile` flag, loading
+the sweep under it, and (`sweep`) printing the plan.
 """
 
 from __future__ import annotations

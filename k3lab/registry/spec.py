@@ -75,9 +75,8 @@ class TrainSpec:
     update RMS is matched to AdamW's, see `k3lab.model.optim`).
     The schedule is linear warmup for `warmup_steps` (default 20, or `steps`
     when that is fewer), then `cosine` decay to `min_lr_ratio * lr` at `steps`,
-    or `constant`. `dtype` is the parameter
-    dtype; `autocast` (null, bfloat16, float16) the autocast dtype of the
-    forward pass. `eval_interval` steps between evaluations of `eval_batches`
+    or `constant`. `dtype` is the parameter dtype; `autocast` (null, bfloat16,
+    float16) the autocast dtype of the forward pass. `eval_interval` steps between evaluations of `eval_batches`
     validation batches; each evaluation is one Ray Tune report.
     """
 
