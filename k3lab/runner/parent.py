@@ -5,10 +5,10 @@
         ...                             # trials, report
         parent.status = "FAILED"        # when trials failed (default FINISHED)
 
-However the block ends, the run ends with it: with `status`, or KILLED on Ctrl-C,
-or FAILED on any other exception. It logs the wall time of this invocation:
-`sweep_wall_s` for the first run, `resume_wall_s` (step 1, 2, ... per resume) for
-each `--resume`, so the first run's time is kept.
+However the block ends, the run ends with it: with `status`, or KILLED on Ctrl-C
+(or SIGTERM while Ray runs), or FAILED on any other exception. It logs the wall
+time of this invocation: `sweep_wall_s` for the first run, `resume_wall_s` (step
+1, 2, ... per resume) for each `--resume`, so the first run's time is kept.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ class ParentRun:
         if error is None:
             self.end(self.status)
             return False
-        status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        # Ctrl-C, or SIGTERM (Ray's driver turns it into SystemExit): stopped from outside
+        status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
         with contextlib.suppress(Exception):  # the sweep's own error is the one to show
             self.end(status)
         return False
