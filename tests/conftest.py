@@ -60,3 +60,17 @@ seeds: [0]
 train: {{steps: 8, batch_size: 2, seq_len: 32, warmup_steps: 1, eval_interval: 4, eval_batches: 1, log_interval: 2}}
 resources: {{cpu: 1, gpu: 0}}
 """
+
+
+@pytest.fixture
+def sweep_file(tmp_path):
+    """The mini sweep (name `mini`) written to a file."""
+    path = tmp_path / "mini.yaml"
+    path.write_text(mini_sweep("mini", "two variants of a very small model"))
+    return path
+
+
+def sweep_args(tmp_path, sweep_file, *extra, storage=None) -> list[str]:
+    """`k3lab sweep` arguments with the storage (default tmp_path/runs) and MLflow store in tmp_path."""
+    return ["sweep", str(sweep_file), "--storage", str(storage or tmp_path / "runs"), "--no-live",
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra]

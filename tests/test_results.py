@@ -74,13 +74,56 @@ def test_summary_has_mean_and_std_over_seeds(store):
     assert rows["attnres_bs4"]["axes"] == {"attn_res_block_size": "4"}
 
 
-def test_report_writes_plots_and_orders_by_metric(store):
+def test_report_writes_plots_with_variants_in_the_sweep_files_order(store):
     uri, parent, _, tmp_path = store
-    summary = build_report(uri, parent, "val_loss", "min", out_dir=tmp_path / "report")
-    assert [r["variant"] for r in summary["rows"]] == ["attnres_bs4", "attnres_off"]
+    # alphabetical and by-metric order would both put attnres_bs4 first
+    summary = build_report(uri, parent, "val_loss", out_dir=tmp_path / "report",
+                           variant_order=["attnres_off", "attnres_bs4"])
+    assert [r["variant"] for r in summary["rows"]] == ["attnres_off", "attnres_bs4"]
     assert {p.name for p in summary["files"]} == {"loss_curves.png", "val_loss_by_variant.png",
                                                   "val_loss_vs_params.png", "summary.json"}
     assert all(p.stat().st_size > 1000 for p in summary["files"] if p.suffix == ".png")
+
+
+def legend_colours(fig) -> dict[str, str]:
+    """{variant: colour} of every labelled line or error bar in a figure."""
+    from matplotlib.colors import to_hex
+
+    colours = {}
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            line = handle.lines[0] if hasattr(handle, "lines") else handle  # an error bar, or a line
+            colours[label] = to_hex(line.get_color())
+    return colours
+
+
+def test_report_command_keeps_the_files_order_and_one_colour_per_variant_in_every_plot(store, monkeypatch, capsys):
+    from k3lab.runner import report
+
+    uri, parent, _, tmp_path = store
+    sweep = tmp_path / "attnres_block.yaml"  # the baseline first, as in the store's runs
+    sweep.write_text("name: attnres_block\nbase: tiny\naxes:\n  attn_res_block_size: [off, 4]\n"
+                     "profiles:\n  gpu: {seeds: [0, 1]}\n")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "attnres_block-gpu.k3lab.json").write_text(json.dumps({"parent_run_id": parent}))
+    plots, save = {}, report.save_figure
+
+    def save_and_record(plt, fig, path):
+        plots[path.name] = legend_colours(fig)
+        return save(plt, fig, path)
+
+    monkeypatch.setattr(report, "save_figure", save_and_record)
+    assert main(["report", str(sweep), "--profile", "gpu", "--storage", str(tmp_path / "runs"),
+                 "--tracking-uri", uri, "--out", str(tmp_path / "report")]) == 0
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert [row["variant"] for row in summary] == ["attnres_off", "attnres_bs4"]  # not by name, not by loss
+    out = capsys.readouterr().out
+    assert out.index("attnres_off") < out.index("attnres_bs4")
+    legends = {"loss_curves.png", "val_loss_by_variant.png", "val_loss_vs_params.png"}
+    assert legends | {"val_loss_vs_baseline.png"} == set(plots)  # the paired plot labels its axis instead
+    first = plots["loss_curves.png"]
+    assert set(first) == {"attnres_off", "attnres_bs4"} and first["attnres_off"] != first["attnres_bs4"]
+    assert all(plots[name] == first for name in legends)
 
 
 def test_results_markdown_reports_table_startup_tracking_and_gpu_busy(store):

@@ -1,10 +1,14 @@
 """`k3lab sweep` end to end on CPU: Ray Tune trials, MLflow runs, crash recovery and --resume."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from conftest import mini_sweep
+from conftest import mini_sweep, sweep_args
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
@@ -13,19 +17,7 @@ from k3lab.runner.status import final_status
 pytestmark = [pytest.mark.usefixtures("isolated_data"), pytest.mark.slow]
 
 SWEEP = mini_sweep("mini", "two variants of a very small model")
-
-
-@pytest.fixture
-def sweep_file(tmp_path):
-    path = tmp_path / "mini.yaml"
-    path.write_text(SWEEP)
-    return path
-
-
-def sweep_args(machine, sweep_file, *extra):
-    """A sweep of `sweep_file` with its storage and MLflow store in the folder `machine`."""
-    return ["sweep", str(sweep_file), "--storage", str(machine / "runs"), "--no-live",
-            "--tracking-uri", f"sqlite:///{machine / 'mlflow.db'}", *extra]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def trial_runs(machine):
@@ -177,3 +169,48 @@ def test_sweep_moved_to_another_machine_resumes_there(tmp_path, sweep_file, monk
     tags = parent.data.tags  # the commands that ran it, for reports
     assert tags["k3lab.command"].endswith("--max-failures 0") and tags["k3lab.resumed_with"].endswith("--resume")
     assert all(run.data.tags["k3lab.device"].startswith("CPU") for run in runs)
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory, data_dir):
+    """One sweep run to its end as a user runs it (in a process of its own): its folder and output."""
+    folder = tmp_path_factory.mktemp("finished")
+    (folder / "mini.yaml").write_text(SWEEP)
+    env = {k: v for k, v in os.environ.items() if k != "K3LAB_FAIL_AT_STEP"}
+    env |= {"PYTHONPATH": str(REPO), "K3LAB_DATA_DIR": str(data_dir)}
+    done = subprocess.run([sys.executable, "-m", "k3lab.cli", *sweep_args(folder, folder / "mini.yaml")],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    return folder, done
+
+
+def test_sweep_header_counts_variants_seeds_and_trials(finished_sweep):
+    _, done = finished_sweep
+    header = done.stdout.splitlines()[0]
+    assert header == "mini (top-level settings): 2 variants x 1 seeds = 2 trials, 8 steps of 64 tokens"
+
+
+def test_sweep_keeps_ray_and_mlflow_notices_in_its_log_file(finished_sweep):
+    folder, done = finished_sweep
+    assert "Token authentication" not in done.stderr and "mlflow" not in done.stderr.lower()
+    assert "Ray and MLflow notices: " in done.stdout
+    log = (folder / "runs" / "mini.log").read_text()
+    assert "Creating initial MLflow database tables" in log
+    assert "Token authentication" in log or "RAY_AUTH_MODE" in os.environ  # Ray 2.59+ says it unless told
+
+
+def test_resume_of_a_finished_sweep_shows_its_trials_done_and_keeps_the_first_wall_time(finished_sweep, capfd):
+    folder, _ = finished_sweep
+    client, parent, runs = trial_runs(folder)
+    first_wall = parent.data.metrics["sweep_wall_s"]
+    args = [a for a in sweep_args(folder, folder / "mini.yaml", "--resume") if a != "--no-live"]
+    assert main(args) == 0
+    table = capfd.readouterr().err
+    assert "pending" not in table
+    for run in runs:  # each trial's row: done, every step, its final validation loss
+        row = next(line for line in table.splitlines() if f"{run.data.tags['k3lab.variant_name']}-s0" in line)
+        assert "done" in row and "8/8" in row and f"{run.data.metrics['val_loss']:.4f}" in row
+    parent = client.get_run(parent.info.run_id)
+    assert parent.data.metrics["sweep_wall_s"] == first_wall
+    assert parent.data.metrics["resume_wall_s"] > 0
+    assert parent.info.status == "FINISHED"

@@ -218,3 +218,26 @@ def test_relocation_leaves_other_artifact_locations_alone(tmp_path):
     assert relocate_artifacts(uri, "elsewhere") == 0 and relocate_artifacts(uri, "absent") == 0
     assert client.get_experiment_by_name("elsewhere").artifact_location == (tmp_path / "custom").as_uri()
     assert relocate_artifacts("http://127.0.0.1:5000", "elsewhere") == 0  # a server keeps its own
+
+
+def test_train_final_line_shows_the_run_average_tokens_per_s_not_the_last_windows(monkeypatch, capsys):
+    import types
+
+    from k3lab.runner import train as train_module
+
+    clock = {"now": 0.0}  # a fake clock: five slow steps, then five fast ones
+    monkeypatch.setattr(train_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"],
+                                                                    time=train_module.time.time))
+    original = train_module.Trainer.train_step
+
+    def timed_step(self):
+        values = original(self)
+        clock["now"] += 1.0 if self.step <= 5 else 0.01
+        return values
+
+    monkeypatch.setattr(train_module.Trainer, "train_step", timed_step)
+    assert main(["train", "tiny", "--steps", "10", "--no-tracking", "--set", "train.batch_size=2",
+                 "--set", "train.seq_len=32", "--set", "train.log_interval=5"]) == 0
+    final = capsys.readouterr().err.replace("\n", " ")
+    # 10 x 64 tokens in 5.05 s of steps = 127 tokens/s; the last window alone ran at 320 / 0.05 = 6,400
+    assert "127 tokens/s (run average)" in final

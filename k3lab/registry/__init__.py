@@ -17,11 +17,11 @@ from k3lab.registry.axes import Axis, axis_names
 from k3lab.registry.counts import ParamCounts, count
 from k3lab.registry.presets import list_presets, load_preset
 from k3lab.registry.spec import BaseSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SweepSpec, TrainSpec
-from k3lab.registry.sweep import Sweep, Trial, load_sweep, sweep_profiles
+from k3lab.registry.sweep import Sweep, Trial, load_sweep, resolve_profile, sweep_profiles
 from k3lab.registry.variants import Point, Variant, config_id, expand, points
 
 __all__ = [
     "Axis", "BaseSpec", "MatchSpec", "MetricSpec", "ParamCounts", "Point", "ResourceSpec", "SchedulerSpec", "Sweep",
     "SweepSpec", "TrainSpec", "Trial", "Variant", "axis_names", "config_id", "count", "expand", "list_presets",
-    "load_preset", "load_sweep", "points", "sweep_profiles",
+    "load_preset", "load_sweep", "points", "resolve_profile", "sweep_profiles",
 ]

@@ -1,4 +1,8 @@
-"""`k3lab variants FILE [--profile NAME] [--json]`: list a sweep's variants."""
+"""`k3lab variants FILE [--profile NAME] [--json]`: list a sweep's variants.
+
+Also what `k3lab sweep` and `k3lab report` share with it: the `--profile` flag, loading
+the sweep under it, and (`sweep`) printing the plan.
+"""
 
 from __future__ import annotations
 
@@ -12,34 +16,51 @@ from rich.markup import escape
 from rich.table import Table
 
 from k3lab.registry.counts import count
-from k3lab.registry.sweep import Sweep, load_sweep
+from k3lab.registry.plan import plan_lines
+from k3lab.registry.sweep import Sweep, load_sweep, resolve_profile
 from k3lab.registry.variants import OK, REJECTED, Variant
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("variants", help="expand a sweep file into model variants and list them")
     parser.add_argument("file", help="sweep YAML file, e.g. experiments/attnres_block.yaml")
-    parser.add_argument("--profile", default=None, help="a profile of the sweep file, e.g. cpu or gpu")
+    add_profile_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     parser.set_defaults(func=run)
 
 
+def add_profile_argument(parser: argparse.ArgumentParser) -> None:
+    """`--profile`, the same for every command that reads a sweep file."""
+    parser.add_argument("--profile", default="auto",
+                        help="a profile of the sweep file; auto (default): gpu when this machine has CUDA, "
+                             "else cpu, when the file has them; none: the file's top-level settings")
+
+
+def load_sweep_for(path: str, profile: str) -> Sweep:
+    """The sweep in `path` under the profile a `--profile` flag names (see `resolve_profile`)."""
+    return load_sweep(path, resolve_profile(path, profile))  # a UserError when nothing is valid
+
+
+def print_plan(console: Console, sweep: Sweep) -> None:
+    """The plan header and notes (see `k3lab.registry.plan`)."""
+    for line in plan_lines(sweep):
+        console.print(escape(line))
+
+
 def run(args: argparse.Namespace) -> int:
-    sweep = load_sweep(args.file, args.profile)  # a UserError when nothing is valid
+    sweep = load_sweep_for(args.file, args.profile)
     if args.json:
         print(json.dumps([_json(sweep, v) for v in sweep.variants], indent=2))
-    else:
-        Console(file=sys.stdout, width=max(Console().width, 140)).print(variant_table(sweep))
+        return 0
+    console = Console(file=sys.stdout, width=max(Console().width, 140))
+    print_plan(console, sweep)
+    console.print(variant_table(sweep))
     return 0
 
 
 def variant_table(sweep: Sweep) -> Table:
-    """A rich table of the sweep's variants with their sizes and status."""
-    trials = len(sweep.trials)
-    title = (f"{sweep.name} ({sweep.profile or 'default'} profile): {len(sweep.valid_variants)} variants x "
-             f"{len(sweep.seeds)} seeds = {trials} trials, {sweep.train.steps} steps of "
-             f"{sweep.train.tokens_per_step:,} tokens")
-    table = Table(title=escape(title), title_justify="left")
+    """A rich table of the sweep's variants with their sizes and status (`print_plan` heads it)."""
+    table = Table()
     for header, justify in (("id", "left"), ("name", "left"), ("overrides", "left"), ("layers", "left"),
                             ("total", "right"), ("active", "right"), ("FLOPs/tok", "right"), ("status", "left")):
         table.add_column(header, justify=justify, overflow="fold")

@@ -29,6 +29,7 @@ STRATEGIES = ("ddp",)
 MATCH_BY = ("active_params", "total_params")
 ADJUSTABLE_FIELDS = ("intermediate_size", "moe_intermediate_size", "moe_latent_size")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DEFAULT_WARMUP_STEPS = 20  # clipped to `steps` when the file does not set warmup_steps
 
 
 # -- validators -----------------------------------------------------------------
@@ -73,10 +74,10 @@ class TrainSpec:
     `lr` is the AdamW learning rate (embeddings, head, norms, gains, biases);
     `muon_lr` the Muon rate for hidden matrices, null meaning `lr` (Muon's
     update RMS is matched to AdamW's, see `k3lab.model.optim`).
-    The schedule is linear warmup for `warmup_steps`, then `cosine` decay to
-    `min_lr_ratio * lr` at `steps`, or `constant`. `dtype` is the parameter
-    dtype; `autocast` (null, bfloat16, float16) the autocast dtype of the
-    forward pass. `eval_interval` steps between evaluations of `eval_batches`
+    The schedule is linear warmup for `warmup_steps` (default 20, or `steps`
+    when that is fewer), then `cosine` decay to `min_lr_ratio * lr` at `steps`,
+    or `constant`. `dtype` is the parameter dtype; `autocast` (null, bfloat16,
+    float16) the autocast dtype of the forward pass. `eval_interval` steps between evaluations of `eval_batches`
     validation batches; each evaluation is one Ray Tune report.
     `compile` torch.compiles the decoder blocks; `cuda_graph` captures forward+backward
     as one CUDA graph (null: wherever it can run -- CUDA, no gradient accumulation, one
@@ -91,7 +92,8 @@ class TrainSpec:
     lr: float = attrs.field(default=3e-3, validator=_positive)
     muon_lr: float | None = attrs.field(default=None, validator=_positive)
     weight_decay: float = attrs.field(default=0.1, validator=_non_negative)
-    warmup_steps: int = attrs.field(default=20, validator=_non_negative)
+    warmup_steps: int = attrs.field(default=attrs.Factory(lambda self: min(DEFAULT_WARMUP_STEPS, self.steps),
+                                                          takes_self=True), validator=_non_negative)
     schedule: str = attrs.field(default="cosine", validator=_one_of(*SCHEDULES))
     min_lr_ratio: float = attrs.field(default=0.1, validator=_unit_interval)
     grad_clip: float | None = attrs.field(default=1.0, validator=_positive)
@@ -109,6 +111,12 @@ class TrainSpec:
     def __attrs_post_init__(self) -> None:
         if self.warmup_steps > self.steps:
             raise FieldError("warmup_steps", f"must not exceed steps={self.steps}, got {self.warmup_steps}")
+
+    def default_notes(self, written: dict[str, Any]) -> tuple[str, ...]:
+        """Defaults that were changed to fit the settings the user `written` (a train section)."""
+        if "warmup_steps" not in written and self.warmup_steps < DEFAULT_WARMUP_STEPS:
+            return (f"train.warmup_steps: the default {DEFAULT_WARMUP_STEPS} is clipped to steps={self.steps}",)
+        return ()
 
     @property
     def tokens_per_step(self) -> int:

@@ -66,6 +66,7 @@ class Sweep:
     variants: tuple[Variant, ...]
     baseline: str  # the valid variant the others are compared against, paired by seed
     kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.runner.kernels
+    notes: tuple[str, ...] = ()  # defaults adapted to what the file sets, shown with the plan
 
     @property
     def valid_variants(self) -> tuple[Variant, ...]:
@@ -87,6 +88,7 @@ class _Resolved:
     base: KimiK3Config
     axes: tuple[Axis, ...]
     explicit: tuple[Point, ...]
+    notes: tuple[str, ...]
 
 
 def load_sweep(path: str | Path, profile: str | None = None) -> Sweep:
@@ -108,6 +110,21 @@ def load_sweep(path: str | Path, profile: str | None = None) -> Sweep:
 def sweep_profiles(path: str | Path) -> tuple[str, ...]:
     """The profile names a sweep file defines, read without expanding any variant."""
     return tuple(profile_names(_read(Path(path))))
+
+
+def resolve_profile(path: str | Path, profile: str | None) -> str | None:
+    """The profile a `--profile` flag names. `auto` is `gpu` on a machine with CUDA, else
+    `cpu`, when the file defines that profile (else the top-level settings); `none` (or
+    None) is the top-level settings. Every command resolves the flag here, so `variants`,
+    `sweep --dry-run`, `sweep` and `report` see the same trials."""
+    if profile in (None, "none"):
+        return None
+    if profile != "auto":
+        return profile
+    import torch
+
+    wanted = "gpu" if torch.cuda.is_available() else "cpu"
+    return wanted if wanted in sweep_profiles(path) else None
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -148,7 +165,8 @@ def _resolve(document: dict[str, Any], directory: Path, original: dict[str, Any]
         raise SpecError(("axes",), f"{size + len(explicit):,} variants is more than {MAX_VARIANTS:,}; split the sweep")
     if spec.match is not None:
         _check_match(spec.match, axes, explicit)
-    return _Resolved(spec, base_fields, base, axes, explicit)
+    notes = spec.train.default_notes(document.get("train") or {})
+    return _Resolved(spec, base_fields, base, axes, explicit, notes)
 
 
 def _base_fields(base: BaseSpec, directory: Path) -> dict[str, Any]:
@@ -213,6 +231,7 @@ def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved:
         base=resolved.base, axes=resolved.axes, seeds=seeds, train=spec.train, metric=spec.metric,
         resources=spec.resources, scheduler=spec.scheduler.resolved(spec.train), match=spec.match,
         variants=variants, baseline=baseline, kernel_cache=_relative_to(path.parent, spec.kernel_cache),
+        notes=resolved.notes,
     )
 
 

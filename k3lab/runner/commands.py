@@ -10,6 +10,7 @@ import yaml
 from k3lab.errors import UserError
 from k3lab.model.fidelity import FIDELITIES, fidelity_fields
 from k3lab.registry.spec import METRICS
+from k3lab.registry.commands import add_profile_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,13 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="the design document's choices, official K3's or Kimi Linear's (before --set)")
     train.add_argument("--save", metavar="DIR", help="write the trainer checkpoint there at every evaluation "
                                                      "(for k3lab export)")
+    train.add_argument("--verbose", action="store_true", help="MLflow's notices on the terminal, not in the log file")
     train.set_defaults(func=run_train)
 
     sweep = subparsers.add_parser("sweep", help="run every variant x seed of a sweep file as Ray Tune trials")
     sweep.add_argument("file", help="sweep file, e.g. experiments/attnres_block.yaml")
-    sweep.add_argument("--profile", default="auto",
-                       help="a profile of the sweep file; auto (default): gpu when this machine has CUDA, "
-                            "else cpu, when the file has them; none: the file's top-level settings")
+    add_profile_argument(sweep)
     sweep.add_argument("--storage", help="folder for Tune state and checkpoints (default ./k3lab_runs)")
     sweep.add_argument("--kernel-cache", default=None,
                        help="GPU kernel cache folder (default: the sweep file's kernel_cache, $K3LAB_KERNEL_CACHE, "
@@ -46,11 +46,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                           "that fit)")
     sweep.add_argument("--dry-run", action="store_true", help="list the trials that would run, start nothing")
     sweep.add_argument("--no-live", action="store_true", help="no live table (for logs and CI)")
+    sweep.add_argument("--verbose", action="store_true",
+                       help="Ray's and MLflow's notices on the terminal, not in <storage>/<experiment>.log")
     sweep.set_defaults(func=run_sweep_command)
 
     report = subparsers.add_parser("report", help="rebuild a sweep's summary and plots from the MLflow store")
     report.add_argument("file", help="the sweep file")
-    report.add_argument("--profile", default="auto", help="as for k3lab sweep")
+    add_profile_argument(report)
     report.add_argument("--storage")
     report.add_argument("--tracking-uri")
     report.add_argument("--out", help="folder for the plots and summary.json")
@@ -121,30 +123,50 @@ def build_train_inputs(args):
         spec = TrainSpec(**train_overrides)
     except (ValueError, TypeError) as error:
         raise UserError(f"--set train: {error}") from None
-    from k3lab.data import get_tokenizer
-    from k3lab.runner.train import check_shapes
-
-    check_shapes(config, spec, get_tokenizer(spec.tokenizer).vocab_size)  # before any progress bar starts
     return config, spec
+
+
+def parse_device(name: str | None):
+    """The torch device `--device` names (default: cuda when available)."""
+    from k3lab.runner.train import resolve_device
+
+    try:
+        return resolve_device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name}: expected cpu, cuda or cuda:N") from None
+
+
+def train_preflight(args, config, spec, tracking_uri: str | None, device, log_file: Path | None):
+    """What `k3lab train` needs, for `run_preflight`."""
+    from k3lab.runner.preflight import Preflight
+
+    return Preflight(tracking_uri=tracking_uri, train=spec, models={"": config},
+                     folders={"log folder": log_file.parent} if log_file else {},
+                     gpus=1 if device.type == "cuda" else 0, gpus_from=f"--device {args.device or device}")
 
 
 def run_train(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from k3lab.runner.sweep import tracking_uri_or_default
+    from k3lab.runner.logs import library_logs
+    from k3lab.runner.preflight import run_preflight
+    from k3lab.runner.sweep import default_storage, tracking_uri_or_default
     from k3lab.runner.train import save_trainer
     from k3lab.runner.trial import RUN_ID_KEY, TrialSpec, run_trial
 
     config, spec = build_train_inputs(args)
     tracking_uri = None if args.no_tracking else tracking_uri_or_default(args.tracking_uri)
+    device = parse_device(args.device)
+    log_file = None if args.verbose or tracking_uri is None else default_storage() / "train.log"
+    run_preflight(train_preflight(args, config, spec, tracking_uri, device, log_file))
     name = Path(args.model).stem
     trial = TrialSpec(variant_id="train", variant_name=name, seed=args.seed, config=config.to_dict(), train=spec,
                       tracking_uri=tracking_uri, experiment="k3lab-train")
     console = Console(stderr=True)
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
-    with Progress(*columns, console=console) as bar:
+    with library_logs(log_file), Progress(*columns, console=console) as bar:
         task = bar.add_task(f"train {name}", total=spec.steps, info="")
 
         def progress(step, metrics):
@@ -157,11 +179,11 @@ def run_train(args) -> int:
             if args.save:
                 save_trainer(trainer, args.save, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
 
-        result, run_id = run_trial(trial, device=args.device, progress=progress, on_eval=on_eval)
+        result, run_id = run_trial(trial, device=device, progress=progress, on_eval=on_eval)
     val = "-" if result.val_loss is None else f"{result.val_loss:.4f}"
-    speed = "-" if result.tokens_per_s is None else f"{result.tokens_per_s:,.0f}"
+    speed = "-" if result.average_tokens_per_s is None else f"{result.average_tokens_per_s:,.0f}"
     console.print(f"{result.status}: {result.step} steps, {result.tokens:,} tokens, val_loss {val}, "
-                  f"{speed} tokens/s, {result.counts['total']:,} parameters"
+                  f"{speed} tokens/s (run average), {result.counts['total']:,} parameters"
                   + (f"; MLflow run {run_id} in {tracking_uri}" if run_id else "")
                   + (f"; checkpoint in {args.save}" if args.save else ""))
     if result.status != "finished":
@@ -181,27 +203,13 @@ def wide_console():
     return Console(width=max(120, shutil.get_terminal_size().columns))
 
 
-def resolve_profile(path: str, profile: str | None) -> str | None:
-    """'auto' -> 'gpu' on a CUDA machine, else 'cpu', if the sweep file defines that profile."""
-    if profile == "none":
-        return None
-    if profile != "auto":
-        return profile
-    import torch
-
-    from k3lab.registry import sweep_profiles
-
-    wanted = "gpu" if torch.cuda.is_available() else "cpu"
-    return wanted if wanted in sweep_profiles(path) else None
-
-
 def sweep_run_from_args(args, **options):
     """The sweep file under its profile, with the storage and tracking store the flags name."""
-    from k3lab.registry import load_sweep
+    from k3lab.registry.commands import load_sweep_for
     from k3lab.runner.sweep import SweepRun, default_storage, tracking_uri_or_default
 
-    sweep = load_sweep(args.file, profile=resolve_profile(args.file, args.profile))
-    return SweepRun(sweep=sweep, storage=Path(args.storage) if args.storage else default_storage(),
+    return SweepRun(sweep=load_sweep_for(args.file, args.profile),
+                    storage=Path(args.storage) if args.storage else default_storage(),
                     tracking_uri=tracking_uri_or_default(args.tracking_uri), **options)
 
 
@@ -229,27 +237,25 @@ def efficiency_line(e: dict) -> str:
 
 
 def run_sweep_command(args) -> int:
+    from k3lab.registry.commands import print_plan, variant_table
     from k3lab.runner.sweep import run_sweep
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
     run = sweep_run_from_args(args, address=args.address, resume=args.resume, overwrite=args.overwrite,
                               max_failures=args.max_failures, max_concurrent=args.max_concurrent,
-                              kernel_cache_dir=args.kernel_cache, command=args.command_line)
+                              kernel_cache_dir=args.kernel_cache, command=args.command_line, verbose=args.verbose)
     sweep = run.sweep
-    if not sweep.trials:
-        raise UserError(f"{args.file}: no valid variant to run")
     console = wide_console()
+    print_plan(console, sweep)
     if args.dry_run:
-        from k3lab.registry.commands import variant_table
-
         console.print(variant_table(sweep))
         console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
                       f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}")
         return 0
-    console.print(f"{sweep.name} ({sweep.profile or 'top-level'} profile): "
-                  f"{len(sweep.valid_variants)} variants x seeds = {len(sweep.trials)} trials; "
-                  f"MLflow {run.tracking_uri} (experiment {run.experiment})")
+    console.print(f"MLflow {run.tracking_uri} (experiment {run.experiment}); Tune state in {run.tune_dir}")
+    if not args.verbose:
+        console.print(f"Ray and MLflow notices: {run.log_file}")
     summary = run_sweep(run, live=not args.no_live)
     print_summary(console, run, summary)
     for error in summary["errors"]:
@@ -271,7 +277,8 @@ def run_report(args) -> int:
     if args.baseline and args.baseline not in names:
         raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
     summary = build_report(run.tracking_uri, parent_run_id, metric, sweep.metric.mode, out_dir=out,
-                           baseline=args.baseline or sweep.baseline)
+                           baseline=args.baseline or sweep.baseline,
+                           variant_order=[v.name for v in sweep.valid_variants])
     if args.markdown:
         write_results_markdown(args, run, parent_run_id, summary)
     print_summary(wide_console(), run, summary)

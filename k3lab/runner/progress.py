@@ -1,13 +1,30 @@
-"""A live rich table of a sweep's trials, fed by Ray Tune's callbacks on the driver."""
+"""A live rich table of a sweep's trials, fed by Ray Tune's callbacks on the driver.
+
+On `--resume` the table starts from what the earlier run got to (`show_earlier`):
+Tune does not call back for trials it finished before, so they would stay "pending".
+"""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from ray import tune
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+from k3lab.registry.plan import profile_label
+
+DONE_STATUSES = ("done", "stopped early", "diverged", "error")
+
+
+def earlier_trials(tune_dir: Path) -> list:
+    """The trials (status, config, last_result) Tune saved in an experiment folder, or []."""
+    try:
+        return tune.ExperimentAnalysis(str(tune_dir.resolve())).trials
+    except Exception:  # no experiment state saved yet: the table then starts from "pending"
+        return []
 
 
 class SweepProgress(tune.Callback):
@@ -39,25 +56,36 @@ class SweepProgress(tune.Callback):
         self._refresh()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        row = self._row(trial)
-        row.update(step=result.get("done_steps", row["step"]), loss=result.get("train_loss"),
-                   val=result.get("val_loss"), tps=result.get("tokens_per_s"))
+        self._show_result(self._row(trial), result)
         self._refresh()
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        result = trial.last_result or {}
-        row = self._row(trial)
-        if result.get("trial_status") == "diverged":
-            row["status"] = "diverged"
-        elif result.get("done_steps", 0) < result.get("total_steps", 1):
-            row["status"] = "stopped early"
-        else:
-            row["status"] = "done"
+        self._row(trial)["status"] = completed_status(trial.last_result or {})
         self._refresh()
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._row(trial)["status"] = "error"
         self._refresh()
+
+    def show_earlier(self, trials) -> None:
+        """Rows as an earlier run of this sweep left them: its last metrics, and its finished trials done."""
+        for trial in trials:
+            key = trial.config.get("trial")
+            if key not in self.rows or not trial.last_result:
+                continue
+            self._show_result(self.rows[key], trial.last_result)
+            if trial.status == "TERMINATED":
+                self.rows[key]["status"] = completed_status(trial.last_result)
+        self._refresh()
+
+    def unfinished(self) -> list[str]:
+        """Trials that have not come to an end (after Tune returns: it was interrupted)."""
+        return [key for key, row in self.rows.items() if row["status"] not in DONE_STATUSES]
+
+    @staticmethod
+    def _show_result(row: dict, result: dict) -> None:
+        row.update(step=result.get("done_steps", row["step"]), loss=result.get("train_loss"),
+                   val=result.get("val_loss"), tps=result.get("tokens_per_s"))
 
     def _refresh(self):
         if self._live:
@@ -66,7 +94,7 @@ class SweepProgress(tune.Callback):
     def table(self) -> Table:
         steps = self.sweep.train.steps
         elapsed = time.time() - self.started
-        table = Table(title=f"{self.sweep.name} ({self.sweep.profile or 'default'}) - {elapsed:.0f}s")
+        table = Table(title=f"{self.sweep.name} ({profile_label(self.sweep)}) - {elapsed:.0f}s")
         for column in ("trial", "status", "step", "train loss", "val loss", "tokens/s"):
             table.add_column(column, justify="left" if column in ("trial", "status") else "right")
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
@@ -74,3 +102,12 @@ class SweepProgress(tune.Callback):
             table.add_row(self.specs[key].name, row["status"], f"{row['step']}/{steps}", fmt(row["loss"], ".3f"),
                           fmt(row["val"], ".4f"), fmt(row["tps"], ",.0f"))
         return table
+
+
+def completed_status(result: dict) -> str:
+    """How a trial that Tune completed ended, from its last report."""
+    if result.get("trial_status") == "diverged":
+        return "diverged"
+    if result.get("done_steps", 0) < result.get("total_steps", 1):
+        return "stopped early"
+    return "done"

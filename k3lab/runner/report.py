@@ -2,6 +2,8 @@
 
 Everything here reads what the trials logged (params, metric histories, run times),
 so the same report can be rebuilt later from the store alone (`k3lab report`).
+Variants appear in the sweep file's order (the baseline first), each in one colour
+in every plot.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable, Sequence
 
 from rich.table import Table
 
@@ -129,6 +132,18 @@ def summary_table(rows: list[dict], metric: str = "val_loss", title: str = "swee
     return table
 
 
+def file_order(names: Iterable[str], variant_order: Sequence[str]) -> list[str]:
+    """`names` in the sweep file's order; names the file does not list (any more) come last, sorted."""
+    position = {name: i for i, name in enumerate(variant_order)}
+    return sorted(set(names), key=lambda name: (position.get(name, len(position)), name))
+
+
+def variant_colours(variants: Sequence[str]) -> dict[str, tuple]:
+    """One colour per variant (in report order), the same in every plot."""
+    plt = pyplot()
+    return {variant: plt.get_cmap("tab10")(i % 10) for i, variant in enumerate(variants)}
+
+
 def pyplot():
     """matplotlib.pyplot on the file-only Agg backend (sweeps run without a display)."""
     import matplotlib
@@ -146,11 +161,9 @@ def save_figure(plt, fig, path: Path) -> Path:
     return path
 
 
-def plot_loss_curves(records: list[TrialRecord], path: Path, metric: str = "val_loss") -> Path:
+def plot_loss_curves(records: list[TrialRecord], path: Path, metric: str, colours: dict[str, tuple]) -> Path:
     """Loss curves by variant (one colour per variant, one line per seed), train and validation."""
     plt = pyplot()
-    variants = sorted({r.variant for r in records})
-    colours = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, name in zip(axes, ("train_loss", metric)):
         for record in records:
@@ -167,14 +180,15 @@ def plot_loss_curves(records: list[TrialRecord], path: Path, metric: str = "val_
     return save_figure(plt, fig, path)
 
 
-def plot_metric_vs_params(rows: list[dict], path: Path, metric: str = "val_loss") -> Path:
+def plot_metric_vs_params(rows: list[dict], path: Path, metric: str, colours: dict[str, tuple]) -> Path:
     """Final metric (mean +- std over seeds) against active parameters, one point per variant."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for row in rows:
         if math.isnan(row[f"{metric}_mean"]):
             continue
-        ax.errorbar(row["params_active"], row[f"{metric}_mean"], yerr=row[f"{metric}_std"], fmt="o", capsize=3)
+        ax.errorbar(row["params_active"], row[f"{metric}_mean"], yerr=row[f"{metric}_std"], fmt="o", capsize=3,
+                    color=colours[row["variant"]], label=row["variant"])
         ax.annotate(row["variant"], (row["params_active"], row[f"{metric}_mean"]), fontsize=7,
                     xytext=(4, 4), textcoords="offset points")
     ax.set_xlabel("active parameters")
@@ -183,22 +197,23 @@ def plot_metric_vs_params(rows: list[dict], path: Path, metric: str = "val_loss"
     return save_figure(plt, fig, path)
 
 
-def plot_metric_by_variant(rows: list[dict], path: Path, metric: str = "val_loss") -> Path:
-    """Final metric against the swept axis values (one point per variant, seed std as error bars)."""
+def plot_metric_by_variant(rows: list[dict], path: Path, metric: str, colours: dict[str, tuple]) -> Path:
+    """Final metric against the swept axis values, in the rows' order (one point per variant,
+    seed std as error bars)."""
     plt = pyplot()
-    rows = sorted(rows, key=lambda r: sorted(r["axes"].items()))  # axis order, not result order
     labels = [", ".join(f"{k}={v}" for k, v in r["axes"].items()) or r["variant"] for r in rows]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.8))
-    means = [r[f"{metric}_mean"] for r in rows]
-    stds = [r[f"{metric}_std"] for r in rows]
-    ax.errorbar(range(len(rows)), means, yerr=stds, fmt="o", capsize=4)
+    for x, row in enumerate(rows):
+        ax.errorbar(x, row[f"{metric}_mean"], yerr=row[f"{metric}_std"], fmt="o", capsize=4,
+                    color=colours[row["variant"]], label=row["variant"])
     ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(f"final {metric} (mean ± std over seeds)")
     ax.grid(alpha=0.3)
     return save_figure(plt, fig, path)
 
 
-def plot_paired_differences(comparisons: list[stats.Comparison], path: Path, metric: str, mode: str) -> Path:
+def plot_paired_differences(comparisons: list[stats.Comparison], path: Path, metric: str, mode: str,
+                            colours: dict[str, str] | None = None) -> Path:
     """Each variant's mean paired difference from the baseline with its 95% interval; a hollow
     marker without a bar where one pair gives no interval, nothing where there is no pair."""
     plt = pyplot()
@@ -206,9 +221,10 @@ def plot_paired_differences(comparisons: list[stats.Comparison], path: Path, met
     for x, c in enumerate(comparisons):
         if c.mean_diff is None:
             continue
+        colour = (colours or {}).get(c.variant, "C0")
         error = None if c.half_width is None else [[c.half_width], [c.half_width]]
-        ax.errorbar([x], [c.mean_diff], yerr=error, fmt="o", capsize=4, color="C0",
-                    markerfacecolor="C0" if c.half_width is not None else "none")
+        ax.errorbar([x], [c.mean_diff], yerr=error, fmt="o", capsize=4, color=colour,
+                    markerfacecolor=colour if c.half_width is not None else "none")
     ax.axhline(0.0, color="black", linewidth=0.8)
     labels = [f"{c.variant}\n{c.verdict} ({c.pairs}/{c.seeds} pairs)" for c in comparisons]
     ax.set_xticks(range(len(comparisons)), labels, rotation=30, ha="right", fontsize=8)
@@ -220,22 +236,28 @@ def plot_paired_differences(comparisons: list[stats.Comparison], path: Path, met
 
 
 def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss", mode: str = "min",
-                 out_dir: Path | None = None, baseline: str | None = None) -> dict:
+                 out_dir: Path | None = None, baseline: str | None = None,
+                 variant_order: Sequence[str] = ()) -> dict:
     """Summary rows, paired comparisons against `baseline` (when given), and plot and JSON files in
-    out_dir; returns {"rows", "records", "files", "metric", "baseline", "comparisons"}."""
+    out_dir; returns {"rows", "records", "files", "metric", "baseline", "comparisons"}.
+
+    variant_order: the variant names as the sweep file lists them; rows, legends and colours follow it."""
     records = load_trials(tracking_uri, parent_run_id, curves=("train_loss", metric))
-    rows = summarize(records, metric)
-    rows.sort(key=lambda r: (math.isnan(r[f"{metric}_mean"]), r[f"{metric}_mean"] * (1 if mode == "min" else -1)))
+    order = file_order((r.variant for r in records), variant_order)
+    records.sort(key=lambda r: (order.index(r.variant), r.seed))
+    rows = sorted(summarize(records, metric), key=lambda row: order.index(row["variant"]))
     comparisons = paired_comparisons(records, rows, baseline, metric, mode) if baseline else []
     add_paired_columns(rows, comparisons, baseline)
     files = []
     if out_dir is not None and records:
         out_dir.mkdir(parents=True, exist_ok=True)
-        files.append(plot_loss_curves(records, out_dir / "loss_curves.png", metric))
-        files.append(plot_metric_by_variant(rows, out_dir / f"{metric}_by_variant.png", metric))
-        files.append(plot_metric_vs_params(rows, out_dir / f"{metric}_vs_params.png", metric))
+        colours = variant_colours(order)
+        files.append(plot_loss_curves(records, out_dir / "loss_curves.png", metric, colours))
+        files.append(plot_metric_by_variant(rows, out_dir / f"{metric}_by_variant.png", metric, colours))
+        files.append(plot_metric_vs_params(rows, out_dir / f"{metric}_vs_params.png", metric, colours))
         if comparisons:
-            files.append(plot_paired_differences(comparisons, out_dir / f"{metric}_vs_baseline.png", metric, mode))
+            files.append(plot_paired_differences(comparisons, out_dir / f"{metric}_vs_baseline.png", metric, mode,
+                                                 colours))
         summary_path = out_dir / "summary.json"
         summary_path.write_text(json.dumps(rows, indent=2, default=str))
         files.append(summary_path)

@@ -3,6 +3,7 @@
 Layout under the storage folder (default ./k3lab_runs):
     <storage>/<experiment>/           Ray Tune's experiment directory (fixed name, so --resume works)
     <storage>/<experiment>.k3lab.json the sweep's MLflow parent run id, for --resume
+    <storage>/<experiment>.log        Ray's and MLflow's notices (on the terminal with --verbose)
 
 GPU kernels are tuned once per machine in the kernel cache (`k3lab.runner.kernels`), and a
 GPU sweep warms every kernel shape it will use on one GPU before its trials start.
@@ -13,20 +14,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import attrs
-
-import k3lab
 from k3lab.errors import UserError
 from k3lab.registry import Sweep
 from k3lab.runner.efficiency import sweep_efficiency, trial_figures
 from k3lab.runner.kernels import cache_env, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
-from k3lab.runner.tracking import MLflowTracker, default_tracking_uri, flatten, relocate_artifacts
-from k3lab.runner.train import check_shapes
+from k3lab.runner.logs import library_logs
+from k3lab.runner.parent import ParentRun, record_sweep
+from k3lab.runner.preflight import Preflight, run_preflight
+from k3lab.runner.tracking import default_tracking_uri
 from k3lab.runner.trial import TrialSpec, tune_trainable
 
 
@@ -44,6 +43,7 @@ class SweepRun:
     max_concurrent: int | None = None  # overrides the sweep file's resources.max_concurrent_trials
     kernel_cache_dir: str | None = None  # --kernel-cache; else the sweep file's, $K3LAB_KERNEL_CACHE, ~/.cache
     command: str = ""  # the command line that ran it, recorded on the parent run for reports
+    verbose: bool = False  # Ray's and MLflow's notices on the terminal instead of in `log_file`
 
     @property
     def experiment(self) -> str:
@@ -75,14 +75,14 @@ class SweepRun:
         resources = self.sweep.resources
         return (resources.gpus_per_trial or resources.gpu or 0) > 0
 
+    @property
+    def log_file(self) -> Path:
+        return self.storage / f"{self.experiment}.log"
 
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(k3lab.__file__).resolve().parent)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    @property
+    def on_cluster(self) -> bool:
+        """The trials run on a Ray cluster (--address or RAY_ADDRESS), not on this machine."""
+        return bool(self.address or os.environ.get("RAY_ADDRESS"))
 
 
 def check_experiment_dir(run: SweepRun) -> None:
@@ -105,57 +105,6 @@ def discard_earlier_run(run: SweepRun) -> None:
     for folder in (run.tune_dir, run.ddp_dir):
         shutil.rmtree(folder, ignore_errors=True)
     run.state_file.unlink(missing_ok=True)
-
-
-def check_tracking_server(uri: str) -> None:
-    """Fail in one line, before Ray starts, when an HTTP tracking server does not answer."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=10) as response:
-            if response.status == 200:
-                return
-            problem = f"HTTP {response.status}"
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        problem = str(getattr(error, "reason", error))
-    raise UserError(f"--tracking-uri {uri}: the MLflow server does not answer ({problem})")
-
-
-def open_parent_run(run: SweepRun) -> MLflowTracker:
-    """The sweep's parent MLflow run: reopened on --resume, else created with the sweep's params.
-    A store copied from another folder or machine first gets its artifact locations moved here."""
-    relocate_artifacts(run.tracking_uri, run.experiment)
-    if run.resume and run.state_file.exists():
-        tracker = MLflowTracker(run.tracking_uri, run.parent_run_id())
-        tracker.client.update_run(tracker.run_id, status="RUNNING")
-        record_resume_command(tracker, run.command)
-        return tracker
-    sweep = run.sweep
-    tags = {"k3lab.kind": "sweep", "k3lab.sweep": sweep.name, "k3lab.profile": sweep.profile or "",
-            "k3lab.version": k3lab.__version__, "git_commit": git_commit(),
-            "mlflow.note.content": sweep.description, "k3lab.command": run.command,
-            "k3lab.baseline": sweep.baseline}
-    tracker = MLflowTracker.start(run.tracking_uri, run.experiment, run.experiment, tags=tags)
-    params = {"sweep": sweep.name, "profile": sweep.profile, "seeds": list(sweep.seeds),
-              "variants": len(sweep.valid_variants), "trials": len(sweep.trials),
-              "metric": f"{sweep.metric.name}:{sweep.metric.mode}"}
-    params |= flatten("train", attrs.asdict(sweep.train)) | flatten("resources", attrs.asdict(sweep.resources))
-    params |= flatten("scheduler", attrs.asdict(sweep.scheduler))
-    tracker.log_params(params)
-    tracker.log_artifact(sweep.path)
-    run.storage.mkdir(parents=True, exist_ok=True)
-    run.state_file.write_text(json.dumps({"parent_run_id": tracker.run_id, "tracking_uri": run.tracking_uri,
-                                          "trials": [t.id for t in sweep.trials]}))
-    return tracker
-
-
-def record_resume_command(tracker: MLflowTracker, command: str) -> None:
-    """Add the command of a resume to the parent's `k3lab.resumed_with` tag (one line each)."""
-    earlier = tracker.client.get_run(tracker.run_id).data.tags.get("k3lab.resumed_with")
-    tracker.set_tags({"k3lab.resumed_with": f"{earlier}\n{command}" if earlier else command})
 
 
 def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
@@ -185,10 +134,9 @@ def start_ray(run: SweepRun) -> None:
     for key in ("K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI"):
         if key in os.environ:
             env[key] = os.environ[key]
-    address = run.address or os.environ.get("RAY_ADDRESS")
     kwargs = dict(runtime_env={"env_vars": env}, log_to_driver=False, configure_logging=False)
-    if address:
-        ray.init(address=address, **kwargs)
+    if run.on_cluster:
+        ray.init(address=run.address or os.environ["RAY_ADDRESS"], **kwargs)
     else:  # a DDP trial's waiting driver gets a logical CPU of its own, so the workers can have them all
         extra = 1 if run.sweep.resources.strategy == "ddp" else 0
         ray.init(include_dashboard=False, num_cpus=(os.cpu_count() or 1) + extra, **kwargs)
@@ -289,59 +237,93 @@ def restore_tuner(run: SweepRun, trainable, run_config):
     return tuner
 
 
+def sweep_preflight(run: SweepRun, progress: bool) -> Preflight:
+    """What the sweep's trials need, for `run_preflight`."""
+    sweep = run.sweep
+    return Preflight(tracking_uri=run.tracking_uri, train=sweep.train,
+                     models={f"{sweep.path}: variant {v.name}": v.config for v in sweep.valid_variants},
+                     folders={"storage folder": run.storage}, gpus=gpus_per_trial(sweep),
+                     gpus_from=f"{sweep.path}: {gpu_field(sweep)}", local=not run.on_cluster, progress=progress)
+
+
+def gpus_per_trial(sweep: Sweep) -> float:
+    """The GPUs one trial takes on this machine: DDP trials run gloo CPU workers where there is no GPU."""
+    resources = sweep.resources
+    if resources.strategy != "ddp":
+        return resources.gpu
+    import torch
+
+    return resources.gpus_per_trial if torch.cuda.is_available() else 0
+
+
+def gpu_field(sweep: Sweep) -> str:
+    """Where the sweep asks for GPUs, e.g. 'profile gpu: resources.gpu=0.2'."""
+    resources = sweep.resources
+    field = (f"resources.gpus_per_trial={resources.gpus_per_trial}" if resources.strategy == "ddp"
+             else f"resources.gpu={resources.gpu:g}")
+    return (f"profile {sweep.profile}: " if sweep.profile else "") + field
+
+
 def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
-    """Run (or resume) the sweep; returns the report summary (see `k3lab.runner.report`)."""
-    import ray
+    """Run (or resume) the sweep; returns the report summary (see `k3lab.runner.report`).
 
-    from k3lab.data import prepare_dataset
-    from k3lab.runner.progress import SweepProgress
+    Everything that can be checked is checked first (`check_experiment_dir`, the preflight);
+    only then is the parent MLflow run opened, and whatever happens after, it is closed."""
     from k3lab.runner.report import build_report
-    from k3lab.runner.status import MLflowStatusCallback
 
-    check_tracking_server(run.tracking_uri)
     check_experiment_dir(run)
+    run_preflight(sweep_preflight(run, progress=live))
     if run.uses_gpus:
         use_kernel_cache(run.kernel_cache)  # created, writable, and this process points at it
-    sweep = run.sweep
-    dataset = prepare_dataset(sweep.train.dataset, sweep.train.tokenizer, progress=live)  # once, before any trial
-    for trial in sweep.trials:  # what would stop a trial inside Ray, found before anything starts
-        try:
-            check_shapes(trial.variant.config, sweep.train, dataset.vocab_size)
-        except UserError as error:
-            raise UserError(f"{sweep.path}: variant {trial.variant.name}: {error}") from None
     if run.overwrite:
         discard_earlier_run(run)
-    parent = open_parent_run(run)
-    specs = trial_specs(run, parent.run_id)
-    started = time.time()
-    progress = SweepProgress(sweep, specs, live=live)
-    try:
-        start_ray(run)
-        gpus = ray.cluster_resources().get("GPU", 0) if run.uses_gpus else 0
-        warm = warm_kernels_on_a_gpu(run, say=say)
-        with progress:
-            tuner = make_tuner(run, specs, [progress, MLflowStatusCallback(run.tracking_uri)])
-            results = tuner.fit()
-        errors = [str(r.error).splitlines()[0] for r in results if r.error is not None]
-    except BaseException:
-        parent.finish("KILLED")  # interrupted or broken: the parent run must not stay RUNNING
-        raise
-    finally:
-        ray.shutdown()
-    summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
-                           out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline)
-    for path in summary["files"]:
-        parent.log_artifact(path, "report")
-    if not run.resume:  # a resumed sweep's wall time is only its own part: no efficiency figures
-        efficiency = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id), time.time() - started, gpus,
-                                      warm.get("device_name"), warm.get("seconds", 0.0))
-        parent.log_metrics(efficiency, step=0)
-        summary["efficiency"] = efficiency
-    parent.log_metrics({"trials_failed": len(errors)}, step=0)
-    parent.finish("FINISHED" if not errors else "FAILED")
+    sweep = run.sweep
+    with library_logs(None if run.verbose else run.log_file, ray=True), ParentRun(run) as parent:
+        if not run.resume:
+            record_sweep(run, parent)
+        errors, hardware = run_trials(run, parent.run_id, live, say)
+        summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
+                               out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline,
+                               variant_order=[v.name for v in sweep.valid_variants])
+        for path in summary["files"]:
+            parent.log_artifact(path, "report")
+        if not run.resume:  # a resume's wall time is only its own part: no efficiency figures
+            summary["efficiency"] = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id),
+                                                     time.time() - parent.started, hardware["gpus"],
+                                                     hardware.get("device_name"), hardware.get("seconds", 0.0))
+            parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k != "sweep_wall_s"})
+        parent.log_metrics({"trials_failed": len(errors)})
+        parent.status = "FINISHED" if not errors else "FAILED"
     summary["errors"] = errors
     summary["parent_run_id"] = parent.run_id
     return summary
+
+
+def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print) -> tuple[list[str], dict]:
+    """Every trial through Ray Tune, with the live table, after the kernel warm-up on GPU sweeps.
+    Returns the first line of each trial's error, and the GPUs used ({"gpus", "device_name",
+    "seconds" of warm-up}). Raises KeyboardInterrupt when Tune stopped on Ctrl-C with trials left."""
+    import ray
+
+    from k3lab.runner.progress import SweepProgress, earlier_trials
+    from k3lab.runner.status import MLflowStatusCallback
+
+    specs = trial_specs(run, parent_run_id)
+    progress = SweepProgress(run.sweep, specs, live=live)
+    if run.resume:
+        progress.show_earlier(earlier_trials(run.tune_dir))
+    try:
+        start_ray(run)
+        hardware = {"gpus": ray.cluster_resources().get("GPU", 0) if run.uses_gpus else 0}
+        hardware |= warm_kernels_on_a_gpu(run, say=say)
+        with progress:
+            tuner = make_tuner(run, specs, [progress, MLflowStatusCallback(run.tracking_uri)])
+            results = tuner.fit()
+    finally:
+        ray.shutdown()
+    if progress.unfinished():  # Tune catches the first Ctrl-C, saves its state and returns
+        raise KeyboardInterrupt
+    return [str(r.error).splitlines()[0] for r in results if r.error is not None], hardware
 
 
 def default_storage() -> Path:

@@ -35,11 +35,22 @@ def default_tracking_uri(root: str | Path | None = None) -> str:
     return f"sqlite:///{Path(root or Path.cwd()).resolve() / 'mlflow.db'}"
 
 
-def artifact_root_for(tracking_uri: str) -> str | None:
-    """Local artifacts beside a local SQLite store (`mlartifacts/`); a server picks its own."""
-    if tracking_uri.startswith("sqlite:///"):
-        return (Path(tracking_uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+def sqlite_path(tracking_uri: str | None) -> Path | None:
+    """The database file of a local SQLite store (`sqlite:///...`), else None."""
+    if tracking_uri and tracking_uri.startswith("sqlite:///"):
+        return Path(tracking_uri[len("sqlite:///"):])
     return None
+
+
+def artifact_folder_for(tracking_uri: str | None) -> Path | None:
+    """Local artifacts beside a local SQLite store (`mlartifacts/`); a server picks its own."""
+    database = sqlite_path(tracking_uri)
+    return (database.parent / "mlartifacts").resolve() if database else None
+
+
+def artifact_root_for(tracking_uri: str) -> str | None:
+    folder = artifact_folder_for(tracking_uri)
+    return folder.as_uri() if folder else None
 
 
 def relocate_artifacts(tracking_uri: str, experiment: str) -> int:

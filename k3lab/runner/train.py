@@ -52,6 +52,13 @@ class TrainResult:
     error: str | None = None
     startup_s: float | None = None
     counts: dict = field(default_factory=dict)
+    trained_tokens: int = 0  # tokens trained in this call (a resumed run counts from its checkpoint)
+    train_seconds: float = 0.0  # time in training steps, evaluations excluded
+
+    @property
+    def average_tokens_per_s(self) -> float | None:
+        """The run's throughput: tokens trained / time training (`tokens_per_s` is the last window's)."""
+        return self.trained_tokens / self.train_seconds if self.train_seconds > 0 else None
 
 
 def lr_factor(step: int, spec: TrainSpec) -> float:
@@ -278,20 +285,25 @@ class Window:
         self.steps: list[int] = []
         self.values: list[dict] = []
         self.start = time.perf_counter()
+        self.elapsed = 0.0  # set by collect
 
     def add(self, step: int, values: dict) -> None:
         self.steps.append(step)
         self.values.append(values)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.steps) * self.trainer.tokens_per_step
 
     def collect(self) -> tuple[list[tuple[int, dict[str, float]]], dict[str, float]]:
         """Per-step scalar metrics and the window's throughput/architecture metrics."""
         keys = ("train_loss", "grad_norm", "lr")
         stacked = torch.stack([torch.stack([v[k].float().to(self.trainer.device) for k in keys])
                                for v in self.values]).tolist()  # the one sync
-        elapsed = time.perf_counter() - self.start
+        self.elapsed = elapsed = time.perf_counter() - self.start
         per_step = [(s, dict(zip(keys, row))) for s, row in zip(self.steps, stacked)]
         trainer = self.trainer
-        tokens_per_s = len(self.steps) * trainer.tokens_per_step / elapsed
+        tokens_per_s = self.tokens / elapsed
         window = {"tokens_per_s": tokens_per_s, "step_time_ms": 1e3 * elapsed / len(self.steps)}
         peak = peak_flops(trainer.device)
         if peak:
@@ -342,6 +354,8 @@ def train(config: KimiK3Config, train_spec: TrainSpec, tracker=None, checkpoint:
                 if tracker is not None:
                     tracker.log_metrics(metrics | (window_metrics if step == per_step[-1][0] else {}), step)
             result.train_loss = per_step[-1][1]["train_loss"]
+            result.trained_tokens += window.tokens
+            result.train_seconds += window.elapsed
             result.tokens_per_s, result.mfu = window_metrics["tokens_per_s"], window_metrics.get("mfu")
             result.step, result.tokens = trainer.step, trainer.step * trainer.tokens_per_step
             if bad is not None:

@@ -147,6 +147,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
         train_wall = time.perf_counter() - train_start
         tracker.log_metrics({"final_val_loss": result.val_loss or float("nan"),
                              "final_val_bpb": result.val_bpb or float("nan"), "train_wall_s": train_wall,
+                             "avg_tokens_per_s": result.average_tokens_per_s or float("nan"),
                              # time inside the tracker (buffering and sending metrics) over the loop's time
                              "tracking_overhead": tracker.seconds_in_tracking / train_wall}, step=result.step)
         tracker.set_tags(execution_tags({"cuda_graph": trainer.cuda_graph}))  # a failed capture turns it off

@@ -1,0 +1,120 @@
+"""A sweep's parent MLflow run: created by the first run, reopened by `--resume`, never left RUNNING.
+
+    with ParentRun(run) as parent:      # creates or reopens the run
+        record_sweep(run, parent)       # first run only: params, sweep file, state file
+        ...                             # trials, report
+        parent.status = "FAILED"        # when trials failed (default FINISHED)
+
+However the block ends, the run ends with it: with `status`, or KILLED on Ctrl-C
+(or SIGTERM while Ray runs), or FAILED on any other exception. It logs the wall
+time of this invocation: `sweep_wall_s` for the first run, `resume_wall_s` (step
+1, 2, ... per resume) for each `--resume`, so the first run's time is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import attrs
+
+import k3lab
+from k3lab.runner.tracking import MLflowTracker, flatten, relocate_artifacts
+
+if TYPE_CHECKING:
+    from k3lab.runner.sweep import SweepRun
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(k3lab.__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class ParentRun:
+    """The parent run of one invocation of a sweep (see the module docstring)."""
+
+    def __init__(self, run: SweepRun):
+        self.run = run
+        self.status = "FINISHED"
+        self.tracker: MLflowTracker | None = None
+        self.started = 0.0
+
+    @property
+    def run_id(self) -> str:
+        return self.tracker.run_id
+
+    def __enter__(self) -> "ParentRun":
+        self.started = time.time()
+        # a store copied from another folder or machine first gets its artifact locations moved here
+        relocate_artifacts(self.run.tracking_uri, self.run.experiment)
+        if self.run.resume:
+            self.tracker = MLflowTracker(self.run.tracking_uri, self.run.parent_run_id())
+            self.tracker.client.update_run(self.run_id, status="RUNNING")
+            record_resume_command(self.tracker, self.run.command)
+            return self
+        self.tracker = create_parent_run(self.run)
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is None:
+            self.end(self.status)
+            return False
+        # Ctrl-C, or SIGTERM (Ray's driver turns it into SystemExit): stopped from outside
+        status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        with contextlib.suppress(Exception):  # the sweep's own error is the one to show
+            self.end(status)
+        return False
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        self.tracker.log_metrics(metrics, step=0)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.tracker.log_artifact(path, artifact_path)
+
+    def end(self, status: str) -> None:
+        """Log this invocation's wall time and close the run with `status`."""
+        wall = time.time() - self.started
+        if self.run.resume:
+            earlier = self.tracker.client.get_metric_history(self.run_id, "resume_wall_s")
+            self.tracker.log_metrics({"resume_wall_s": wall}, step=len(earlier) + 1)
+        else:
+            self.tracker.log_metrics({"sweep_wall_s": wall}, step=0)
+        self.tracker.finish(status)
+
+
+def create_parent_run(run: SweepRun) -> MLflowTracker:
+    sweep = run.sweep
+    tags = {"k3lab.kind": "sweep", "k3lab.sweep": sweep.name, "k3lab.profile": sweep.profile or "",
+            "k3lab.version": k3lab.__version__, "git_commit": git_commit(),
+            "mlflow.note.content": sweep.description, "k3lab.command": run.command,
+            "k3lab.baseline": sweep.baseline}
+    return MLflowTracker.start(run.tracking_uri, run.experiment, run.experiment, tags=tags)
+
+
+def record_resume_command(tracker: MLflowTracker, command: str) -> None:
+    """Add the command of a resume to the parent's `k3lab.resumed_with` tag (one line each)."""
+    earlier = tracker.client.get_run(tracker.run_id).data.tags.get("k3lab.resumed_with")
+    tracker.set_tags({"k3lab.resumed_with": f"{earlier}\n{command}" if earlier else command})
+
+
+def record_sweep(run: SweepRun, parent: ParentRun) -> None:
+    """The sweep's params and file on the parent run, and the state file `--resume` reads."""
+    sweep = run.sweep
+    params = {"sweep": sweep.name, "profile": sweep.profile, "seeds": list(sweep.seeds),
+              "variants": len(sweep.valid_variants), "trials": len(sweep.trials),
+              "metric": f"{sweep.metric.name}:{sweep.metric.mode}"}
+    params |= flatten("train", attrs.asdict(sweep.train)) | flatten("resources", attrs.asdict(sweep.resources))
+    params |= flatten("scheduler", attrs.asdict(sweep.scheduler))
+    parent.tracker.log_params(params)
+    parent.log_artifact(sweep.path)
+    run.storage.mkdir(parents=True, exist_ok=True)
+    run.state_file.write_text(json.dumps({"parent_run_id": parent.run_id, "tracking_uri": run.tracking_uri,
+                                          "trials": [t.id for t in sweep.trials]}))

@@ -1,0 +1,142 @@
+"""Preflight: what `k3lab sweep` and `k3lab train` need, checked before any work starts.
+
+    dataset = run_preflight(Preflight(tracking_uri=..., train=..., models=...))
+
+Both commands run it before they open an MLflow run or start Ray. In order: the
+tracking server answers (within seconds), the folders k3lab will write are
+writable (storage, MLflow store and artifacts, data cache), the GPUs and FLA
+kernels the trials need are on this machine (not checked for a Ray cluster,
+whose workers may differ), the data is prepared (tokenized here, once), and every
+model fits the data. A problem is a one-line `UserError` naming what and where.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from pathlib import Path
+
+import attrs
+
+from k3lab.data import Dataset
+from k3lab.errors import UserError
+from k3lab.model.config import KimiK3Config
+from k3lab.registry import TrainSpec
+from k3lab.runner.tracking import artifact_folder_for, sqlite_path
+
+TRACKING_TIMEOUT_S = 3.0  # an MLflow server answers /health in milliseconds
+
+
+@attrs.frozen
+class Preflight:
+    """What a command is about to use."""
+
+    tracking_uri: str | None  # None: no tracking
+    train: TrainSpec
+    models: dict[str, KimiK3Config]  # message prefix ("x.yaml: variant y", or "") -> model
+    folders: dict[str, Path] = attrs.Factory(dict)  # what ("storage folder") -> a folder k3lab writes to
+    gpus: float = 0.0  # CUDA GPUs one trial uses
+    gpus_from: str = ""  # where that number comes from, for messages ("--device cuda")
+    local: bool = True  # the trials run on this machine (not on a Ray cluster)
+    progress: bool = True  # a progress bar while the data is tokenized
+
+
+def run_preflight(plan: Preflight) -> Dataset:
+    """Every check, in order; returns the prepared dataset."""
+    check_tracking_server(plan.tracking_uri)
+    for what, folder in (plan.folders | tracking_folders(plan.tracking_uri)).items():
+        check_writable(what, folder)
+    if plan.local:
+        check_gpus(plan.gpus, plan.gpus_from)
+        check_fla(plan.models, plan.gpus)
+    dataset = prepared_dataset(plan.train, plan.progress)
+    check_models(plan.models, plan.train, dataset.vocab_size)
+    return dataset
+
+
+def check_tracking_server(uri: str | None) -> None:
+    """An HTTP tracking server answers its /health page within TRACKING_TIMEOUT_S."""
+    if not uri or not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=TRACKING_TIMEOUT_S) as response:
+            if response.status == 200:
+                return
+            problem = f"HTTP {response.status}"
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        problem = str(getattr(error, "reason", error))
+    raise UserError(f"--tracking-uri {uri}: the MLflow server does not answer ({problem})")
+
+
+def tracking_folders(uri: str | None) -> dict[str, Path]:
+    """The local folders a SQLite tracking store writes: the database's and `mlartifacts/`."""
+    database = sqlite_path(uri)
+    if database is None:
+        return {}
+    return {"MLflow store folder": database.parent, "MLflow artifact folder": artifact_folder_for(uri)}
+
+
+def check_writable(what: str, folder: Path) -> None:
+    """`folder` can be written, or created and written: probed with a temporary file in
+    the nearest folder that exists, so a check never creates anything."""
+    existing = Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{what} {folder}: {existing} is a file, not a folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".k3lab-write-check-"):
+            pass
+    except OSError as error:
+        raise UserError(f"{what} {folder}: cannot write in {existing} ({error.strerror})") from None
+
+
+def check_gpus(gpus: float, source: str) -> None:
+    """This machine has the CUDA GPUs one trial asks for."""
+    if gpus <= 0:
+        return
+    import torch
+
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if available == 0:
+        raise UserError(f"{source}: this machine has no CUDA GPU (torch.cuda.is_available() is False)")
+    if gpus > available:
+        raise UserError(f"{source}: {gpus:g} GPUs per trial, and this machine has {available}")
+
+
+def check_fla(models: dict[str, KimiK3Config], gpus: float) -> None:
+    """Models with kda_implementation=fused that run on a GPU need FLA (on CPU they fall back
+    to the plain PyTorch path)."""
+    if gpus <= 0:
+        return
+    missing = [name for name in ("fla", "triton") if importlib.util.find_spec(name) is None]
+    fused = [label for label, config in models.items() if config.kda_implementation == "fused"]
+    if fused and missing:
+        where = f"{fused[0]}: " if fused[0] else ""
+        raise UserError(f"{where}kda_implementation=fused on a GPU needs the FLA kernels, and "
+                        f"{' and '.join(missing)} is not installed (pip install -e '.[gpu]')")
+
+
+def prepared_dataset(train: TrainSpec, progress: bool) -> Dataset:
+    """The train spec's dataset, tokenized into the data cache now if it is not there yet."""
+    from k3lab.data import cache_root, load_dataset_info, prepare_dataset
+
+    dataset = load_dataset_info(train.dataset, train.tokenizer)
+    if dataset is not None:
+        return dataset
+    check_writable("data cache", cache_root())
+    return prepare_dataset(train.dataset, train.tokenizer, progress=progress)
+
+
+def check_models(models: dict[str, KimiK3Config], train: TrainSpec, vocab_size: int) -> None:
+    """Every model can train on this data (vocabulary, sequence length, KDA chunks)."""
+    from k3lab.runner.train import check_shapes
+
+    for label, config in models.items():
+        try:
+            check_shapes(config, train, vocab_size)
+        except UserError as error:
+            raise UserError(f"{label}: {error}" if label else str(error)) from None

@@ -1,0 +1,83 @@
+"""The plan a sweep file describes, as `k3lab variants`, `k3lab sweep --dry-run` and `k3lab sweep` print it:
+the same profile and the same header everywhere, and defaults that never make a file invalid."""
+
+import pytest
+import torch
+from conftest import mini_sweep
+
+from k3lab.cli import main
+
+pytestmark = pytest.mark.usefixtures("isolated_data")
+
+# the file's top-level settings differ from both profiles, so a preview of the wrong one shows
+SWEEP = mini_sweep("mini", "x").replace("seeds: [0]", "seeds: [0, 1, 2]") + """\
+profiles:
+  cpu: {seeds: [0], train: {steps: 4, eval_interval: 2}}
+  gpu: {seeds: [0, 1], train: {steps: 6, eval_interval: 2}}
+"""
+AUTO = "gpu" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def sweep_file(tmp_path):
+    path = tmp_path / "mini.yaml"
+    path.write_text(SWEEP)
+    return path
+
+
+def first_line(capsys) -> str:
+    return capsys.readouterr().out.splitlines()[0]
+
+
+def test_variants_and_dry_run_preview_the_profile_a_sweep_runs_with_the_same_header(tmp_path, sweep_file, capsys):
+    assert main(["variants", str(sweep_file)]) == 0
+    variants = first_line(capsys)
+    assert main(["sweep", str(sweep_file), "--dry-run", "--storage", str(tmp_path / "runs")]) == 0
+    dry_run = first_line(capsys)
+    expected = {"cpu": "2 variants x 1 seeds = 2 trials, 4 steps", "gpu": "2 variants x 2 seeds = 4 trials, 6 steps"}
+    assert variants == dry_run == f"mini ({AUTO} profile): {expected[AUTO]} of 64 tokens"
+
+
+def test_profile_none_previews_the_top_level_settings_with_their_seed_count(sweep_file, capsys):
+    assert main(["variants", str(sweep_file), "--profile", "none"]) == 0
+    assert first_line(capsys) == "mini (top-level settings): 2 variants x 3 seeds = 6 trials, 8 steps of 64 tokens"
+
+
+def test_sweep_prints_the_same_header_before_it_starts(tmp_path, sweep_file, monkeypatch, capsys):
+    def stop(run, live):  # the header is printed; what the sweep then does is tested elsewhere
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("k3lab.runner.sweep.run_sweep", stop)
+    assert main(["variants", str(sweep_file)]) == 0
+    header = first_line(capsys)
+    assert main(["sweep", str(sweep_file), "--storage", str(tmp_path / "runs")]) == 130
+    assert first_line(capsys) == header
+
+
+def short_sweep(tmp_path, train: str):
+    path = tmp_path / "short.yaml"
+    path.write_text(mini_sweep("short", "x").replace(
+        "train: {steps: 8, batch_size: 2, seq_len: 32, warmup_steps: 1, eval_interval: 4, eval_batches: 1, "
+        "log_interval: 2}", f"train: {train}"))
+    return path
+
+
+def test_default_warmup_longer_than_a_short_run_is_clipped_with_a_note(tmp_path, capsys):
+    path = short_sweep(tmp_path, "{steps: 10, seq_len: 32}")
+    assert main(["variants", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "note: train.warmup_steps: the default 20 is clipped to steps=10" in out
+    assert "2 variants x 1 seeds = 2 trials, 10 steps" in out
+
+
+def test_a_warmup_the_user_wrote_is_still_checked(tmp_path, capsys):
+    path = short_sweep(tmp_path, "{steps: 10, seq_len: 32, warmup_steps: 20}")
+    assert main(["variants", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "train.warmup_steps: must not exceed steps=10, got 20" in err and err.count("\n") == 1
+
+
+def test_a_warmup_within_the_steps_needs_no_note(tmp_path, capsys):
+    path = short_sweep(tmp_path, "{steps: 10, seq_len: 32, warmup_steps: 10}")
+    assert main(["variants", str(path)]) == 0
+    assert "note:" not in capsys.readouterr().out

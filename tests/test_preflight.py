@@ -1,0 +1,137 @@
+"""What `k3lab sweep` and `k3lab train` check before any work starts, and the sweep's parent
+MLflow run never left RUNNING, driven through the command line as a user runs it."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import sweep_args
+from mlflow.tracking import MlflowClient
+
+from k3lab.cli import main
+
+pytestmark = pytest.mark.usefixtures("isolated_data")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def unwritable_folder(tmp_path) -> Path:
+    """A folder this process cannot write in: read-only permissions, or /sys for root (who ignores them)."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    try:
+        with tempfile.NamedTemporaryFile(dir="/sys"):
+            pass
+    except OSError:
+        return Path("/sys")
+    pytest.skip("no folder here that this process cannot write")
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_train_with_an_unreachable_tracking_server_fails_in_seconds_in_one_line(tmp_path):
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "k3lab.cli", "train", "tiny", "--steps", "5",
+                           "--tracking-uri", "http://127.0.0.1:9"], cwd=tmp_path, capture_output=True, text=True,
+                          env=os.environ | {"PYTHONPATH": str(REPO)}, timeout=120)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "the MLflow server does not answer" in done.stderr
+    assert elapsed < 20, f"took {elapsed:.1f} s"  # it sat for minutes retrying before the preflight
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_sweep_into_an_unwritable_storage_folder_stops_before_any_mlflow_run(tmp_path, sweep_file, capsys):
+    storage = unwritable_folder(tmp_path) / "k3lab_runs"
+    assert main(sweep_args(tmp_path, sweep_file, storage=storage)) == 2
+    err = one_line_error(capsys)
+    assert f"storage folder {storage}: cannot write" in err
+    assert not (tmp_path / "mlflow.db").exists()  # no parent run opened, so none left RUNNING
+
+
+def test_sweep_storage_below_a_file_is_reported_in_one_line(tmp_path, sweep_file, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(sweep_args(tmp_path, sweep_file, storage=tmp_path / "file" / "runs")) == 2
+    assert "is a file, not a folder" in one_line_error(capsys)
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_train_into_an_unwritable_mlflow_folder_is_reported_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # k3lab train writes its log below the working folder
+    store = unwritable_folder(tmp_path) / "store"
+    assert main(["train", "tiny", "--steps", "2", "--tracking-uri", f"sqlite:///{store / 'mlflow.db'}"]) == 2
+    assert f"MLflow store folder {store}: cannot write" in one_line_error(capsys)
+
+
+def test_unprepared_data_in_an_unwritable_cache_is_reported_in_one_line(tmp_path, sweep_file, monkeypatch, capsys):
+    cache = unwritable_folder(tmp_path) / "data"
+    monkeypatch.setenv("K3LAB_DATA_DIR", str(cache))
+    assert main(sweep_args(tmp_path, sweep_file)) == 2
+    assert f"data cache {cache}: cannot write" in one_line_error(capsys)
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_gpu_profile_on_a_machine_without_cuda_is_reported_before_anything_starts(tmp_path, sweep_file, capsys):
+    sweep_file.write_text(sweep_file.read_text() + "profiles:\n  gpu: {resources: {cpu: 1, gpu: 0.5}}\n")
+    assert main(sweep_args(tmp_path, sweep_file, "--profile", "gpu")) == 2
+    err = one_line_error(capsys)
+    assert f"{sweep_file}: profile gpu: resources.gpu=0.5: this machine has no CUDA GPU" in err
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_train_on_cuda_without_a_gpu_is_reported_in_one_line(capsys):
+    assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--device", "cuda"]) == 2
+    assert "--device cuda: this machine has no CUDA GPU" in one_line_error(capsys)
+
+
+def parent_run(tmp_path):
+    state = json.loads((tmp_path / "runs" / "mini.k3lab.json").read_text())
+    return MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(state["parent_run_id"])
+
+
+def test_sweep_that_breaks_after_its_parent_run_opened_ends_it_failed(tmp_path, sweep_file, monkeypatch):
+    def broken_ray(run):
+        raise RuntimeError("Ray would not start")
+
+    monkeypatch.setattr("k3lab.runner.sweep.start_ray", broken_ray)
+    with pytest.raises(RuntimeError, match="Ray would not start"):  # a bug keeps its traceback
+        main(sweep_args(tmp_path, sweep_file))
+    parent = parent_run(tmp_path)
+    assert parent.info.status == "FAILED"
+    assert parent.data.metrics["sweep_wall_s"] >= 0
+
+
+def test_ctrl_c_after_the_parent_run_opened_ends_it_killed(tmp_path, sweep_file, monkeypatch, capsys):
+    def interrupted(run):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("k3lab.runner.sweep.start_ray", interrupted)
+    assert main(sweep_args(tmp_path, sweep_file)) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert parent_run(tmp_path).info.status == "KILLED"
+
+
+def test_ctrl_c_that_tune_catches_ends_the_parent_killed_not_finished(tmp_path, sweep_file, monkeypatch, capsys):
+    class StoppedTuner:  # Tune catches the first Ctrl-C, saves its state and returns: no trial got to its end
+        def fit(self):
+            return []
+
+    monkeypatch.setattr("k3lab.runner.sweep.start_ray", lambda run: None)
+    monkeypatch.setattr("k3lab.runner.sweep.make_tuner", lambda run, specs, callbacks: StoppedTuner())
+    assert main(sweep_args(tmp_path, sweep_file)) == 130
+    assert parent_run(tmp_path).info.status == "KILLED"
