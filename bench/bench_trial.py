@@ -49,6 +49,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--before-rows", default=None, help="the rows to measure with --before too (default: all)")
     parser.add_argument("--top", type=int, default=0, help="print the N kernels with the most GPU time per row")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    parser.add_argument("--from-logs", nargs="+", default=None, metavar="LOG",
+                        help="write the table from saved outputs of earlier runs (each log's first line: its "
+                             "'# date, machine, commit: command') instead of measuring")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     for row in args.rows.split(","):
@@ -207,8 +210,44 @@ def table(results: list[tuple[str, str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def rows_from_logs(paths: list[str]) -> tuple[list[str], list[str]]:
+    """The measured table rows of saved bench_trial outputs (the last table of each), and the
+    first line of each log, which names when, where and how it was run."""
+    origins, rows = [], []
+    for path in paths:
+        lines = Path(path).read_text().splitlines()
+        origins.append(lines[0].lstrip("# "))
+        starts = [i for i, line in enumerate(lines) if line.startswith("| row | code |")]
+        for start in starts:  # every printed table; a row measured twice keeps its last value
+            for line in lines[start + 2:]:
+                if not line.startswith("| "):
+                    break
+                rows = [r for r in rows if r.split("|")[1:3] != line.split("|")[1:3]] + [line]
+    return origins, rows
+
+
+def write_from_logs(paths: list[str]) -> None:
+    origins, rows = rows_from_logs(paths)
+    header = table([]).splitlines()
+    body = ("Rows from saved outputs of these runs (the logs are in docs/runs/), each row as measured:\n\n"
+            + "\n".join(f"- {origin}" for origin in origins) + "\n\n"
+            + "3 warm-up + 10 timed steps per row, random tokens, bf16 autocast over fp32 weights, fused KDA "
+            "(FLA), Muon + AdamW unless `adamw`; `graph`: forward+backward replayed as a CUDA graph, `compile`: "
+            "torch.compile'd blocks, `ckpt`: activation checkpointing. Optimizer share = optimizer / (fwd+bwd + "
+            "optimizer) GPU time. Kernels and launch calls from torch.profiler (2 steps).\n\n"
+            + "\n".join(header + rows))
+    print(body)
+    sys.path.insert(0, str(ROOT))
+    from bench.report import write_section
+
+    write_section("Trial step: presets on one GPU", body, measured_on="see the runs listed below")
+
+
 def main() -> None:
     args = parse_args()
+    if args.from_logs:
+        write_from_logs(args.from_logs)
+        return
     if args.child:
         print(json.dumps(measure(parse_row(args.child), args.steps, args.warmup, args.top)))
         return

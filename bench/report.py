@@ -29,8 +29,13 @@ def machine() -> str:
     return f"{device}; torch {torch.__version__}; Python {platform.python_version()}"
 
 
-def write_section(name: str, body: str, command: str | None = None, doc: Path = DOC) -> None:
+def write_section(name: str, body: str, command: str | None = None, doc: Path = DOC,
+                  measured_on: str | None = None) -> None:
+    """measured_on: where and when the figures were measured, when not here and now (a table
+    written from saved logs of another machine)."""
     command = command or "python " + " ".join(sys.argv)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = (f"## {name}\n\nCommand: `{command}`  \nMachine: {machine()}  \nMeasured: {date}\n\n{body.strip()}\n")
+    where = (f"Machine: {machine()}  \nMeasured: {date}" if measured_on is None
+             else f"Measured: {measured_on}  \nWritten: {date} on {machine()}")
+    text = f"## {name}\n\nCommand: `{command}`  \n{where}\n\n{body.strip()}\n"
     replace_section(doc, name, text, header=HEADER)
