@@ -154,11 +154,13 @@ def cache_info(cache: Path) -> dict:
 # -- k3lab kernels warm|info ----------------------------------------------------------------------
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from k3lab.registry.commands import add_profile_argument
+
     parser = subparsers.add_parser("kernels", help="the per-machine GPU kernel cache (FLA autotuning, compiles)")
     commands = parser.add_subparsers(dest="kernels_command", required=True, metavar="ACTION")
     warm = commands.add_parser("warm", help="tune and compile every kernel shape a sweep will use, on this GPU")
     warm.add_argument("file", help="sweep YAML file")
-    warm.add_argument("--profile", default="auto", help="as for k3lab sweep (auto: gpu on a CUDA machine)")
+    add_profile_argument(warm)
     warm.add_argument("--kernel-cache", default=None, help=f"cache folder (default ${ENV_VAR} or ~/.cache/k3lab/kernels)")
     warm.set_defaults(func=run_warm)
     info = commands.add_parser("info", help="show the kernel cache")
@@ -167,10 +169,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_warm(args: argparse.Namespace) -> int:
-    from k3lab.registry.sweep import load_sweep
-    from k3lab.runner.commands import resolve_profile
+    from k3lab.registry.commands import load_sweep_for
 
-    sweep = load_sweep(args.file, resolve_profile(args.file, args.profile))
+    sweep = load_sweep_for(args.file, args.profile)
     require_cuda()
     cache = resolve_kernel_cache(args.kernel_cache, sweep.kernel_cache)
     use_kernel_cache(cache)
