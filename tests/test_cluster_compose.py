@@ -351,11 +351,13 @@ def test_the_shared_volume_is_the_same_everywhere(base, cpu):
             sources.add(mounts[SHARED])
             env = service["environment"]
             assert env["K3LAB_DATA_DIR"].startswith(SHARED + "/"), name  # the token cache
-            assert env["K3LAB_STORAGE"].startswith(SHARED + "/"), name  # Tune storage and the kernel cache
+            assert env["K3LAB_STORAGE"].startswith(SHARED + "/"), name  # Tune storage
+            assert env["K3LAB_KERNEL_CACHE"].startswith(SHARED + "/"), name  # GPU kernels tuned once per cluster
         assert len(sources) == 1 and sources <= set(config["volumes"])  # one named volume
     for dockerfile in ("Dockerfile", "Dockerfile.cpu"):  # the images default to the same paths
         text = (ROOT / "docker" / dockerfile).read_text()
         assert "K3LAB_DATA_DIR=/shared/data" in text and "K3LAB_STORAGE=/shared/runs" in text
+        assert "K3LAB_KERNEL_CACHE=/shared/kernels" in text
 
 
 def test_secrets_come_from_env_only(base):
