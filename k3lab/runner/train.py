@@ -28,8 +28,8 @@ from k3lab.model.counting import count_parameters
 from k3lab.model.model import KimiK3, compile_blocks
 from k3lab.model.optim import build_optimizers
 from k3lab.registry import TrainSpec
-from k3lab.runner.graphs import GraphedForwardBackward, cuda_graph_blocker
 from k3lab.runner.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from k3lab.runner.graphs import GraphedForwardBackward, cuda_graph_blocker
 from k3lab.runner.metrics import attn_res_metrics, moe_metrics, peak_flops
 
 FINISHED, DIVERGED = "finished", "diverged"
