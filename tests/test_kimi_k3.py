@@ -1,3 +1,4 @@
+import contextlib
 import subprocess
 import sys
 
@@ -281,3 +282,16 @@ def test_moe_balancing_buffers_stay_fp32_in_a_bf16_model():
     moe = model.layers[1].ffn
     assert moe.router.weight.dtype == torch.bfloat16
     assert {getattr(moe, n).dtype for n in moe.BALANCING_BUFFERS} == {torch.float32}
+
+
+def test_generation_with_compiled_blocks_runs_them_eagerly(model):
+    """Compiled no-grad forwards were wrong on the GPU: generate() must not use them."""
+    from k3lab.model.inference import eager_if_compiled
+    from k3lab.model.model import compile_blocks
+
+    idx = tokens(B=1, T=6)
+    expected = generate(model, idx, max_new_tokens=4, temperature=0)
+    assert isinstance(eager_if_compiled(model), contextlib.nullcontext)
+    compile_blocks(model)
+    assert not isinstance(eager_if_compiled(model), contextlib.nullcontext)
+    assert torch.equal(generate(model, idx, max_new_tokens=4, temperature=0), expected)

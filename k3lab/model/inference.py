@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +31,22 @@ def generate(model: KimiK3, idx: torch.Tensor, max_new_tokens: int, temperature:
         raise ValueError("generate: idx must have shape (B, T) with T >= 1")
     was_training = model.training
     model.eval()
+    with eager_if_compiled(model):
+        idx = sample_tokens(model, idx, max_new_tokens, temperature, top_k)
+    model.train(was_training)
+    return idx
+
+
+def eager_if_compiled(model: KimiK3):
+    """Compiled blocks run eagerly here: compiled no-grad forwards of the fused model gave wrong
+    losses on an H200 (see `Trainer.evaluate`)."""
+    if any(getattr(layer, "_compiled_call_impl", None) is not None for layer in model.layers):
+        return torch.compiler.set_stance("force_eager")
+    return contextlib.nullcontext()
+
+
+def sample_tokens(model: KimiK3, idx: torch.Tensor, max_new_tokens: int, temperature: float,
+                  top_k: int | None) -> torch.Tensor:
     multiple, max_len = pad_multiple(model), model.config.max_seq_len
     max_len -= max_len % multiple  # the longest context that is still a multiple of the chunk size
     for _ in range(max_new_tokens):
@@ -46,5 +64,4 @@ def generate(model: KimiK3, idx: torch.Tensor, max_new_tokens: int, temperature:
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
         idx = torch.cat([idx, next_token], dim=1)
-    model.train(was_training)
     return idx

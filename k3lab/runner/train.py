@@ -10,7 +10,6 @@ stops the trial with status "diverged".
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 import warnings
@@ -25,6 +24,7 @@ from k3lab.data import BatchSampler, prepare_dataset
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.model.counting import count_parameters
+from k3lab.model.inference import eager_if_compiled
 from k3lab.model.model import KimiK3, compile_blocks
 from k3lab.model.optim import build_optimizers
 from k3lab.registry import TrainSpec
@@ -230,8 +230,7 @@ class Trainer:
         """
         self.model.eval()
         losses = []
-        eager = torch.compiler.set_stance("force_eager") if self.spec.compile else contextlib.nullcontext()
-        with eager:
+        with eager_if_compiled(self.model):
             for x, y in self.val_sampler.eval_batches(self.spec.eval_batches, self.device):
                 with self.autocast_context():
                     _, loss = self.forward(x, y, return_logits=False)
