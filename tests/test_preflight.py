@@ -135,3 +135,24 @@ def test_ctrl_c_that_tune_catches_ends_the_parent_killed_not_finished(tmp_path, 
     monkeypatch.setattr("k3lab.runner.sweep.make_tuner", lambda run, specs, callbacks: StoppedTuner())
     assert main(sweep_args(tmp_path, sweep_file)) == 130
     assert parent_run(tmp_path).info.status == "KILLED"
+
+
+def test_ctrl_c_ends_the_trial_runs_it_left_running_killed(tmp_path, sweep_file, monkeypatch):
+    from k3lab.runner.tracking import MLflowTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    started = {}
+
+    class StoppedTuner:  # a trial had opened its run when Ctrl-C stopped the sweep (Ray kills it)
+        def __init__(self, specs):
+            spec = next(iter(specs.values()))
+            started["trial"] = MLflowTracker.start(uri, spec.experiment, spec.name, parent_run_id=spec.parent_run_id)
+
+        def fit(self):
+            return []
+
+    monkeypatch.setattr("k3lab.runner.sweep.start_ray", lambda run: None)
+    monkeypatch.setattr("k3lab.runner.sweep.make_tuner", lambda run, specs, callbacks: StoppedTuner(specs))
+    assert main(sweep_args(tmp_path, sweep_file)) == 130
+    assert MlflowClient(uri).get_run(started["trial"].run_id).info.status == "KILLED"
+    assert parent_run(tmp_path).info.status == "KILLED"

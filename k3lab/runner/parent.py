@@ -70,8 +70,18 @@ class ParentRun:
         # Ctrl-C, or SIGTERM (Ray's driver turns it into SystemExit): stopped from outside
         status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
         with contextlib.suppress(Exception):  # the sweep's own error is the one to show
+            self.end_unfinished_trials()
             self.end(status)
         return False
+
+    def end_unfinished_trials(self) -> None:
+        """Trial runs a stopped sweep leaves RUNNING (Ray kills their processes) end KILLED;
+        `--resume` reopens them."""
+        client = self.tracker.client
+        experiment = client.get_run(self.run_id).info.experiment_id
+        query = f"tags.mlflow.parentRunId = '{self.run_id}' and attributes.status = 'RUNNING'"
+        for trial in client.search_runs([experiment], query, max_results=10000):
+            client.set_terminated(trial.info.run_id, "KILLED")
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
         self.tracker.log_metrics(metrics, step=0)

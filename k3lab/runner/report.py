@@ -67,6 +67,13 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def run_average_tokens_per_s(record: TrialRecord) -> float | None:
+    """A trial's tokens/s over its whole run (`avg_tokens_per_s`); runs logged before that
+    metric existed give their last window's `tokens_per_s`."""
+    average = record.value("avg_tokens_per_s")
+    return average if average is not None else record.value("tokens_per_s")
+
+
 def summarize(records: list[TrialRecord], metric: str = "val_loss") -> list[dict]:
     """One row per variant: metric mean/std over finished seeds, params, active params, tokens/s."""
     rows = []
@@ -74,7 +81,7 @@ def summarize(records: list[TrialRecord], metric: str = "val_loss") -> list[dict
         group = [r for r in records if r.variant == variant]
         finished = [r for r in group if r.status == "FINISHED"]
         mean, std = mean_std([r.value(metric) for r in finished])
-        tps, _ = mean_std([r.value("tokens_per_s") for r in finished])
+        tps, _ = mean_std([run_average_tokens_per_s(r) for r in finished])
         first = group[0].params
         rows.append({
             "variant": variant, "seeds": len(finished), "trials": len(group),
