@@ -90,3 +90,15 @@ def test_sweep_mfu_is_left_out_without_a_known_gpu():
     e = sweep_efficiency([{"tokens": 10, "flops_per_token": 1.0}], wall_s=1.0, gpus=0, device_name=None)
     assert "sweep_mfu" not in e and e["sweep_tokens"] == 10
     assert peak_flops_of("NVIDIA H100 PCIe") == 756e12 and peak_flops_of("Some GPU") is None
+
+
+def test_the_efficiency_line_names_mfu_warm_up_and_start_up_only_where_they_exist():
+    from k3lab.runner.commands import efficiency_line
+
+    gpu = efficiency_line({"sweep_tokens": 131072000, "sweep_wall_s": 478, "sweep_tokens_per_s": 274299,
+                           "sweep_mfu": 0.056, "kernel_warmup_s": 62.8, "trial_startup_s_max": 47.1})
+    assert gpu == ("sweep: 131,072,000 tokens in 478 s = 274,299 tokens/s, sweep MFU 5.6%; "
+                   "kernel warm-up 62.8 s, trial start-up up to 47.1 s")
+    cpu = efficiency_line({"sweep_tokens": 512000, "sweep_wall_s": 341, "sweep_tokens_per_s": 1500,
+                           "kernel_warmup_s": 0.0})
+    assert cpu == "sweep: 512,000 tokens in 341 s = 1,500 tokens/s, sweep MFU n/a (no known GPU)"

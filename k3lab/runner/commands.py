@@ -231,9 +231,11 @@ def print_summary(console, run, summary: dict) -> None:
 def efficiency_line(e: dict) -> str:
     """The sweep's hardware use in one line (see k3lab.runner.efficiency)."""
     mfu = f"sweep MFU {e['sweep_mfu']:.1%}" if "sweep_mfu" in e else "sweep MFU n/a (no known GPU)"
-    startup = f", trial start-up up to {e['trial_startup_s_max']:.1f} s" if "trial_startup_s_max" in e else ""
+    times = [f"kernel warm-up {e['kernel_warmup_s']:.1f} s"] if e.get("kernel_warmup_s") else []
+    if "trial_startup_s_max" in e:
+        times.append(f"trial start-up up to {e['trial_startup_s_max']:.1f} s")
     return (f"sweep: {e['sweep_tokens']:,.0f} tokens in {e['sweep_wall_s']:.0f} s = {e['sweep_tokens_per_s']:,.0f} "
-            f"tokens/s, {mfu}; kernel warm-up {e['kernel_warmup_s']:.1f} s{startup}")
+            f"tokens/s, {mfu}" + (f"; {', '.join(times)}" if times else ""))
 
 
 def run_sweep_command(args) -> int:
