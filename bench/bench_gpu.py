@@ -3,6 +3,7 @@
     python bench/bench_gpu.py --steps 10 --warmup 3 --batch 16 --seq 2048 --write
     python bench/bench_gpu.py --only fla_kda,k3_kda --steps 5 --warmup 2      # a subset
     python bench/bench_gpu.py --compile --only k3_kimi_linear                  # torch.compile'd KimiK3 blocks
+    python bench/bench_gpu.py --graph --compile --write                        # as trials run on a GPU
 
 One process runs the configurations one after another on the same shapes, each with
 random tokens (B x T), bf16 autocast over fp32 weights and fused AdamW. TF32 is on for
@@ -61,6 +62,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(NAMES)}")
     parser.add_argument("--compile", action="store_true", help="torch.compile KimiK3's decoder blocks")
+    parser.add_argument("--graph", action="store_true",
+                        help="replay forward+backward as one CUDA graph (k3lab.runner.graphs), both models")
     parser.add_argument("--cache-dir", default=os.environ.get("K3LAB_KERNEL_CACHE"))
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args()
@@ -157,20 +160,42 @@ class Result:
     loss: float
 
 
-def train_step(model, optimizer, idx, targets, is_fla: bool) -> "torch.Tensor":
+def loss_function(model, is_fla: bool):
+    """(idx, targets) -> the training loss under bf16 autocast, for either model."""
     import torch
 
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        if is_fla:
-            loss = model(input_ids=idx, labels=idx).loss  # FLA shifts the labels itself
+    def loss_of(idx, targets):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            if is_fla:
+                return model(input_ids=idx, labels=idx).loss  # FLA shifts the labels itself
+            return model(idx, targets, return_logits=False)[1]
+    return loss_of
+
+
+class Stepper:
+    """One training step; with `graph`, forward+backward is replayed as a CUDA graph from the
+    third step on (the first two compile and autotune), as k3lab trials do."""
+
+    def __init__(self, model, optimizer, is_fla: bool, graph: bool):
+        from k3lab.runner.graphs import GraphedForwardBackward
+
+        self.model, self.optimizer, self.is_fla, self.steps = model, optimizer, is_fla, 0
+        self.loss_of = loss_function(model, is_fla)
+        self.graphed = GraphedForwardBackward(self.loss_of, model.parameters()) if graph else None
+
+    def __call__(self, idx, targets):
+        replay = self.graphed is not None and self.steps >= 2
+        if replay:
+            loss = self.graphed(idx, targets)
         else:
-            loss = model(idx, targets, return_logits=False)[1]
-    loss.backward()
-    optimizer.step()
-    if not is_fla:
-        model.update_moe_biases()
-    return loss
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.loss_of(idx, targets)
+            loss.backward()
+        self.optimizer.step()
+        if not self.is_fla:
+            self.model.update_moe_biases()
+        self.steps += 1
+        return loss
 
 
 def measure(name: str, args: argparse.Namespace) -> Result:
@@ -185,22 +210,23 @@ def measure(name: str, args: argparse.Namespace) -> Result:
     model = model.cuda().train()
     params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
+    train_step = Stepper(model, optimizer, is_fla, args.graph)
     idx = torch.randint(0, VOCAB, (args.batch, args.seq), device="cuda")
     targets = torch.roll(idx, -1, dims=1)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
 
     start = time.perf_counter()
-    train_step(model, optimizer, idx, targets, is_fla)
+    train_step(idx, targets)
     torch.cuda.synchronize()
     first = time.perf_counter() - start
     print(f"{name}: first step {first:.1f} s", flush=True)
     for _ in range(args.warmup - 1):
-        train_step(model, optimizer, idx, targets, is_fla)
+        train_step(idx, targets)
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(args.steps):
-        loss = train_step(model, optimizer, idx, targets, is_fla)
+        loss = train_step(idx, targets)
     torch.cuda.synchronize()
     step = (time.perf_counter() - start) / args.steps
     tokens_per_s = args.batch * args.seq / step
@@ -252,7 +278,8 @@ def main() -> None:
             print(f"{name}: {failures[name]}", flush=True)
         free_memory()
     body = (f"B={args.batch}, T={args.seq}, {args.warmup} warm-up + {args.steps} timed steps, bf16 autocast, "
-            f"fused AdamW, random tokens, KimiK3 blocks {'torch.compile' if args.compile else 'eager'}. "
+            f"fused AdamW, random tokens, KimiK3 blocks {'torch.compile' if args.compile else 'eager'}"
+            f"{', forward+backward as a CUDA graph' if args.graph else ''}. "
             f"AttnRes block size {BLOCK} decoder layers (FLA: {2 * BLOCK} sub-layers). "
             "MFU against 989 TFLOP/s; FLOPs per token as in bench/bench_gpu.py's docstring. First step: "
             "includes compilation/autotuning not already cached, so it depends on run order and cache.\n\n"
