@@ -19,7 +19,7 @@ def test_seeds_share_kernel_shapes_and_variants_do_not():
     shapes = kernel_shapes(sweep)
     assert len(sweep.trials) > len(sweep.valid_variants) == len(shapes)  # seeds add no shapes
     assert {(s.batch_size, s.seq_len) for s in shapes} == {(sweep.train.batch_size, sweep.train.seq_len)}
-    assert shapes[0].model_config() == sweep.valid_variants[0].config
+    assert shapes[0].config == sweep.valid_variants[0].config
 
 
 def test_kernel_cache_is_the_flag_then_the_file_then_the_environment_then_the_user_cache(monkeypatch, tmp_path):

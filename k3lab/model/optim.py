@@ -33,8 +33,7 @@ def split_parameters(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], 
 
 
 def build_optimizers(model: nn.Module, lr: float = 3e-3, muon_lr: float | None = None, weight_decay: float = 0.1,
-                     betas: tuple[float, float] = (0.9, 0.95), fused: bool | None = None,
-                     compile_muon: bool = False) -> list[torch.optim.Optimizer]:
+                     betas: tuple[float, float] = (0.9, 0.95), fused: bool | None = None) -> list[torch.optim.Optimizer]:
     """[Muon, AdamW] (Muon omitted when the model has no hidden matrices).
 
     Muon (k3lab's batched one, `k3lab.model.muon`) uses `adjust_lr_fn="match_rms_adamw"`
@@ -49,7 +48,7 @@ def build_optimizers(model: nn.Module, lr: float = 3e-3, muon_lr: float | None =
     optimizers = []
     if muon_params:
         optimizers.append(Muon([p for _, p in muon_params], lr=lr if muon_lr is None else muon_lr,
-                               weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw", compile=compile_muon))
+                               weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"))
     optimizers.append(torch.optim.AdamW(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=lr, betas=betas, fused=fused,

@@ -9,8 +9,8 @@ import yaml
 
 from k3lab.errors import UserError
 from k3lab.model.fidelity import FIDELITIES, fidelity_fields
-from k3lab.registry.spec import METRICS
 from k3lab.registry.commands import add_profile_argument
+from k3lab.registry.spec import METRICS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -10,14 +10,7 @@ cluster the sweep ran on; without GPUs the MFU is not reported.
 
 from __future__ import annotations
 
-from k3lab.runner.metrics import PEAK_BF16_FLOPS
-
-
-def peak_flops_of(device_name: str | None) -> float | None:
-    """Dense bf16 peak FLOP/s of a GPU by name, or None when unknown."""
-    if not device_name:
-        return None
-    return next((peak for key, peak in PEAK_BF16_FLOPS if key in device_name), None)
+from k3lab.runner.metrics import peak_flops_of
 
 
 def sweep_efficiency(trials: list[dict], wall_s: float, gpus: float, device_name: str | None,

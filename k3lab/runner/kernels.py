@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from k3lab.errors import UserError
+from k3lab.model.config import KimiK3Config
 
 ENV_VAR = "K3LAB_KERNEL_CACHE"
 
@@ -71,26 +72,19 @@ class KernelShape:
     """One distinct thing to compile and tune: a model config on a (batch, seq_len) input."""
 
     name: str  # the first variant with this shape, for progress lines
-    config: tuple  # sorted (field, value) pairs of the KimiK3Config
+    config: KimiK3Config
     batch_size: int
     seq_len: int
     autocast: str | None
-
-    def model_config(self):
-        from k3lab.model.config import KimiK3Config
-
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in self.config}
-        return KimiK3Config(**fields)
 
 
 def kernel_shapes(sweep) -> list[KernelShape]:
     """The distinct kernel shapes of a sweep's valid variants (seeds share them)."""
     shapes: dict[tuple, KernelShape] = {}
     train = sweep.train
-    for variant in sweep.valid_variants:
-        config = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in variant.config.to_dict().items()))
-        key = (config, train.batch_size, train.seq_len, train.autocast)
-        shapes.setdefault(key, KernelShape(variant.name, config, train.batch_size, train.seq_len, train.autocast))
+    for variant in sweep.valid_variants:  # a KimiK3Config is frozen, so it can be a key
+        key = (variant.config, train.batch_size, train.seq_len, train.autocast)
+        shapes.setdefault(key, KernelShape(variant.name, *key))
     return list(shapes.values())
 
 
@@ -109,7 +103,7 @@ def warm_kernels(shapes: list[KernelShape], progress: Callable[[int, int, str, f
     started = time.perf_counter()
     for i, shape in enumerate(shapes):
         shape_started = time.perf_counter()
-        config = shape.model_config().resolve_kda(cuda=True)
+        config = shape.config.resolve_kda(cuda=True)
         model = KimiK3(config).cuda().train()
         idx = torch.randint(0, config.vocab_size, (shape.batch_size, shape.seq_len), device="cuda")
         dtype = getattr(torch, shape.autocast or "bfloat16")

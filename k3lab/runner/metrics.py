@@ -20,8 +20,14 @@ def peak_flops(device: torch.device) -> float | None:
     """The device's dense bf16 peak, or None when unknown (CPUs, other GPUs): MFU is then not reported."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
+    return peak_flops_of(torch.cuda.get_device_name(device))
+
+
+def peak_flops_of(device_name: str | None) -> float | None:
+    """Dense bf16 peak FLOP/s of a GPU by name (first matching key), or None when unknown."""
+    if not device_name:
+        return None
+    return next((peak for key, peak in PEAK_BF16_FLOPS if key in device_name), None)
 
 
 def device_name(device: torch.device) -> str:

@@ -102,7 +102,7 @@ class Trainer:
 
     def __init__(self, config: KimiK3Config, spec: TrainSpec, seed: int = 0, device=None, dataset=None,
                  rank: int = 0, world_size: int = 1, progress: bool = False):
-        self.config, self.spec, self.seed = config, spec, seed
+        self.spec, self.seed = spec, seed
         self.device = resolve_device(device)
         config = self.config = config.resolve_kda(cuda=self.device.type == "cuda")
         self.dataset = dataset or prepare_dataset(spec.dataset, spec.tokenizer, progress=progress)

@@ -95,7 +95,7 @@ def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
 
 
 def execution_tags(execution: dict | None) -> dict[str, str]:
-    """How the trial actually runs (resolved KDA path, CUDA graph, device) as k3lab.* tags."""
+    """How the trial actually runs (resolved KDA path, CUDA graph, compile) as k3lab.* tags."""
     return {f"k3lab.{k}": str(v) for k, v in (execution or {}).items()}
 
 
