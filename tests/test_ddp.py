@@ -30,8 +30,8 @@ resources: {{cpu: 1, gpus_per_trial: 2, strategy: ddp}}
 def run_sweep(tmp_path, *extra):
     sweep = tmp_path / "ddp.yaml"
     sweep.write_text(textwrap.dedent(SWEEP))
-    return main(["sweep", str(sweep), "--storage", str(tmp_path / "runs"), "--no-live",
-                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra])
+    return main(["sweep", str(sweep), "--storage", str(tmp_path / "runs"), "--no-live", "--kernel-cache",
+                 str(tmp_path / "kernels"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra])
 
 
 def trial_runs(tmp_path):
@@ -62,6 +62,8 @@ def test_two_workers_match_one_worker_with_the_doubled_batch_in_one_run(tmp_path
     assert run.info.status == "FINISHED"
     history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train_loss"))
     assert [s for s, _ in history] == list(range(1, 7))
+    # the workers use the sweep's kernel cache, which the warm-up fills on a GPU machine
+    assert run.data.tags["k3lab.kernel_cache"] == str((tmp_path / "kernels").resolve())
     expected = single_worker_losses(batch_size=4)
     assert [v for _, v in history] == pytest.approx(expected, rel=2e-3)
 

@@ -1,6 +1,7 @@
 """What `k3lab sweep` and `k3lab train` check before any work starts, and the sweep's parent
 MLflow run never left RUNNING, driven through the command line as a user runs it."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -104,11 +105,17 @@ def parent_run(tmp_path):
     return MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(state["parent_run_id"])
 
 
+def no_ray(monkeypatch):
+    """Ray neither started nor asked for its resources: the sweep goes straight to its trials."""
+    monkeypatch.setattr("k3lab.runner.sweep.ray_session", lambda run: contextlib.nullcontext())
+
+
 def test_sweep_that_breaks_after_its_parent_run_opened_ends_it_failed(tmp_path, sweep_file, monkeypatch):
-    def broken_ray(run):
+    def broken_ray(run, specs, callbacks):
         raise RuntimeError("Ray would not start")
 
-    monkeypatch.setattr("k3lab.runner.sweep.start_ray", broken_ray)
+    no_ray(monkeypatch)
+    monkeypatch.setattr("k3lab.runner.sweep.make_tuner", broken_ray)
     with pytest.raises(RuntimeError, match="Ray would not start"):  # a bug keeps its traceback
         main(sweep_args(tmp_path, sweep_file))
     parent = parent_run(tmp_path)
@@ -117,10 +124,11 @@ def test_sweep_that_breaks_after_its_parent_run_opened_ends_it_failed(tmp_path, 
 
 
 def test_ctrl_c_after_the_parent_run_opened_ends_it_killed(tmp_path, sweep_file, monkeypatch, capsys):
-    def interrupted(run):
+    def interrupted(run, specs, callbacks):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("k3lab.runner.sweep.start_ray", interrupted)
+    no_ray(monkeypatch)
+    monkeypatch.setattr("k3lab.runner.sweep.make_tuner", interrupted)
     assert main(sweep_args(tmp_path, sweep_file)) == 130
     assert "interrupted" in capsys.readouterr().err
     assert parent_run(tmp_path).info.status == "KILLED"
@@ -131,7 +139,7 @@ def test_ctrl_c_that_tune_catches_ends_the_parent_killed_not_finished(tmp_path, 
         def fit(self):
             return []
 
-    monkeypatch.setattr("k3lab.runner.sweep.start_ray", lambda run: None)
+    no_ray(monkeypatch)
     monkeypatch.setattr("k3lab.runner.sweep.make_tuner", lambda run, specs, callbacks: StoppedTuner())
     assert main(sweep_args(tmp_path, sweep_file)) == 130
     assert parent_run(tmp_path).info.status == "KILLED"
@@ -151,8 +159,17 @@ def test_ctrl_c_ends_the_trial_runs_it_left_running_killed(tmp_path, sweep_file,
         def fit(self):
             return []
 
-    monkeypatch.setattr("k3lab.runner.sweep.start_ray", lambda run: None)
+    no_ray(monkeypatch)
     monkeypatch.setattr("k3lab.runner.sweep.make_tuner", lambda run, specs, callbacks: StoppedTuner(specs))
     assert main(sweep_args(tmp_path, sweep_file)) == 130
     assert MlflowClient(uri).get_run(started["trial"].run_id).info.status == "KILLED"
     assert parent_run(tmp_path).info.status == "KILLED"
+
+
+def test_sweep_whose_trial_needs_more_than_the_ray_cluster_has_stops_before_any_run(tmp_path, sweep_file, capsys):
+    """Ray would keep such a trial pending for ever; the check runs once Ray is up, before MLflow."""
+    sweep_file.write_text(sweep_file.read_text().replace("resources: {cpu: 1", "resources: {cpu: 4096"))
+    assert main(sweep_args(tmp_path, sweep_file)) == 2
+    err = one_line_error(capsys)
+    assert f"{sweep_file}: resources.cpu: one trial needs 4096 CPUs and the Ray cluster has" in err
+    assert not (tmp_path / "mlflow.db").exists()

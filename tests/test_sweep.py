@@ -214,3 +214,33 @@ def test_resume_of_a_finished_sweep_shows_its_trials_done_and_keeps_the_first_wa
     assert parent.data.metrics["sweep_wall_s"] == first_wall
     assert parent.data.metrics["resume_wall_s"] > 0
     assert parent.info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("resources, cluster, message", [
+    ("{cpu: 4, gpus_per_trial: 4, strategy: ddp}", {"CPU": 32, "GPU": 2},
+     "resources.gpus_per_trial=4: one trial needs 4 GPUs and the Ray cluster has 2 in all"),
+    ("{cpu: 1, gpu: 2}", {"CPU": 32, "GPU": 1}, "resources.gpu=2: one trial needs 2 GPUs"),
+    ("{cpu: 16, gpus_per_trial: 2, strategy: ddp}", {"CPU": 16, "GPU": 2},
+     "resources.cpu: one trial needs 32.01 CPUs"),  # each worker takes `cpu`
+])
+def test_a_trial_larger_than_the_ray_cluster_is_refused_with_the_field(tmp_path, resources, cluster, message):
+    from k3lab.errors import UserError
+    from k3lab.registry.sweep import load_sweep
+    from k3lab.runner.sweep import check_cluster_fits
+
+    path = tmp_path / "big.yaml"
+    path.write_text(mini_sweep("big", "too large").replace("resources: {cpu: 1, gpu: 0}", f"resources: {resources}"))
+    with pytest.raises(UserError, match=message):
+        check_cluster_fits(load_sweep(path), cluster)
+
+
+def test_trials_that_fit_the_ray_cluster_pass_and_ddp_workers_fall_back_to_cpu_without_gpus(tmp_path):
+    from k3lab.registry.sweep import load_sweep
+    from k3lab.runner.sweep import check_cluster_fits
+
+    for resources, cluster in [("{cpu: 3, gpu: 0.25}", {"CPU": 16, "GPU": 1}),
+                               ("{cpu: 8, gpus_per_trial: 2, strategy: ddp}", {"CPU": 32, "GPU": 2}),
+                               ("{cpu: 1, gpus_per_trial: 2, strategy: ddp}", {"CPU": 4})]:  # gloo workers
+        path = tmp_path / "fits.yaml"
+        path.write_text(mini_sweep("fits", "fits").replace("resources: {cpu: 1, gpu: 0}", f"resources: {resources}"))
+        check_cluster_fits(load_sweep(path), cluster)

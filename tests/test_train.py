@@ -241,3 +241,20 @@ def test_train_final_line_shows_the_run_average_tokens_per_s_not_the_last_window
     final = capsys.readouterr().err.replace("\n", " ")
     # 10 x 64 tokens in 5.05 s of steps = 127 tokens/s; the last window alone ran at 320 / 0.05 = 6,400
     assert "127 tokens/s (run average)" in final
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_every_parameter_gets_a_gradient_even_from_experts_no_token_chose(preset):
+    """DDP runs without find_unused_parameters and may use a static graph (runner/ddp.py):
+    that holds only while every parameter gets a gradient in every step."""
+    from k3lab.model.model import KimiK3
+
+    config = load_preset(preset).replace(kda_implementation="chunkwise", kda_chunk_size=8)
+    model = KimiK3(config)
+    idx = torch.randint(0, config.vocab_size, (1, 8))  # 8 tokens x top-k: most experts get none
+    _, loss = model(idx, torch.roll(idx, -1, 1), return_logits=False)
+    loss.backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing
+    unchosen = [(name, moe) for name, moe in model.moe_layers() if (moe.load_counts == 0).any()]
+    assert unchosen, "no expert went unchosen: the case this test is for did not happen"

@@ -11,6 +11,7 @@ GPU sweep warms every kernel shape it will use on one GPU before its trials star
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3lab.errors import UserError
-from k3lab.registry import Sweep
+from k3lab.registry import ResourceSpec, Sweep
 from k3lab.runner.efficiency import sweep_efficiency, trial_figures
 from k3lab.runner.kernels import cache_env, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
 from k3lab.runner.logs import library_logs
@@ -119,7 +120,8 @@ def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
 
 
 def start_ray(run: SweepRun) -> None:
-    """Join the cluster at --address/RAY_ADDRESS, or start a local Ray instance for this sweep."""
+    """Join the cluster at --address/RAY_ADDRESS, or start a Ray instance of this sweep's own
+    (address "local": never another sweep's instance on the same machine)."""
     import ray
 
     env = {"K3LAB_TRIAL_CPUS": str(max(1, int(run.sweep.resources.cpu))),
@@ -139,7 +141,26 @@ def start_ray(run: SweepRun) -> None:
         ray.init(address=run.address or os.environ["RAY_ADDRESS"], **kwargs)
     else:  # a DDP trial's waiting driver gets a logical CPU of its own, so the workers can have them all
         extra = 1 if run.sweep.resources.strategy == "ddp" else 0
-        ray.init(include_dashboard=False, num_cpus=(os.cpu_count() or 1) + extra, **kwargs)
+        ray.init(address="local", include_dashboard=False, num_cpus=(os.cpu_count() or 1) + extra, **kwargs)
+
+
+def trial_demand(resources: ResourceSpec, cluster_gpus: float) -> dict[str, float]:
+    """The CPUs and GPUs one trial holds at once: a DDP trial's workers each take `cpu` and,
+    where the cluster has GPUs, one GPU (gloo CPU workers otherwise)."""
+    if resources.strategy == "ddp":
+        workers = resources.gpus_per_trial
+        return {"CPU": workers * resources.cpu + DDP_DRIVER_CPU, "GPU": workers if cluster_gpus > 0 else 0}
+    return {"CPU": resources.cpu, "GPU": resources.gpu}
+
+
+def check_cluster_fits(sweep: Sweep, cluster: dict[str, float]) -> None:
+    """One trial must fit the cluster Ray sees; Ray would otherwise keep it pending for ever."""
+    demand = trial_demand(sweep.resources, cluster.get("GPU", 0))
+    for kind, field in (("GPU", gpu_field(sweep)), ("CPU", "resources.cpu")):
+        have = cluster.get(kind, 0)
+        if demand[kind] > have + 1e-9:
+            raise UserError(f"{sweep.path}: {field}: one trial needs {demand[kind]:g} {kind}s and the Ray cluster "
+                            f"has {have:g} in all; ask for fewer or add workers")
 
 
 def warm_kernels_on_a_gpu(run: SweepRun, say=print) -> dict:
@@ -278,7 +299,7 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
     if run.overwrite:
         discard_earlier_run(run)
     sweep = run.sweep
-    with library_logs(None if run.verbose else run.log_file, ray=True), ParentRun(run) as parent:
+    with library_logs(None if run.verbose else run.log_file, ray=True), ray_session(run), ParentRun(run) as parent:
         if not run.resume:
             record_sweep(run, parent)
         errors, hardware = run_trials(run, parent.run_id, live, say)
@@ -299,6 +320,20 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
     return summary
 
 
+@contextlib.contextmanager
+def ray_session(run: SweepRun):
+    """Ray, started or joined for the sweep, and checked to fit one trial before any run is
+    opened; shut down on the way out, whatever happens."""
+    import ray
+
+    try:
+        start_ray(run)
+        check_cluster_fits(run.sweep, ray.cluster_resources())
+        yield
+    finally:
+        ray.shutdown()
+
+
 def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print) -> tuple[list[str], dict]:
     """Every trial through Ray Tune, with the live table, after the kernel warm-up on GPU sweeps.
     Returns the first line of each trial's error, and the GPUs used ({"gpus", "device_name",
@@ -312,15 +347,11 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print) -> tupl
     progress = SweepProgress(run.sweep, specs, live=live)
     if run.resume:
         progress.show_earlier(earlier_trials(run.tune_dir))
-    try:
-        start_ray(run)
-        hardware = {"gpus": ray.cluster_resources().get("GPU", 0) if run.uses_gpus else 0}
-        hardware |= warm_kernels_on_a_gpu(run, say=say)
-        with progress:
-            tuner = make_tuner(run, specs, [progress, MLflowStatusCallback(run.tracking_uri)])
-            results = tuner.fit()
-    finally:
-        ray.shutdown()
+    hardware = {"gpus": ray.cluster_resources().get("GPU", 0) if run.uses_gpus else 0}
+    hardware |= warm_kernels_on_a_gpu(run, say=say)
+    with progress:
+        tuner = make_tuner(run, specs, [progress, MLflowStatusCallback(run.tracking_uri)])
+        results = tuner.fit()
     if progress.unfinished():  # Tune catches the first Ctrl-C, saves its state and returns
         raise KeyboardInterrupt
     return [str(r.error).splitlines()[0] for r in results if r.error is not None], hardware

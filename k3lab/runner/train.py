@@ -11,6 +11,7 @@ stops the trial with status "diverged".
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from k3lab.model.inference import eager_if_compiled
 from k3lab.model.model import KimiK3, compile_blocks
 from k3lab.model.optim import build_optimizers
 from k3lab.registry import TrainSpec
+from k3lab.runner.ddp import DDPOptions, wrap_ddp
 from k3lab.runner.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from k3lab.runner.graphs import GraphedForwardBackward, cuda_graph_blocker
 from k3lab.runner.metrics import attn_res_metrics, moe_metrics, peak_flops
@@ -101,7 +103,7 @@ class Trainer:
     """Model, optimizers, schedules and samplers of one trial, with their full state."""
 
     def __init__(self, config: KimiK3Config, spec: TrainSpec, seed: int = 0, device=None, dataset=None,
-                 rank: int = 0, world_size: int = 1, progress: bool = False):
+                 rank: int = 0, world_size: int = 1, progress: bool = False, ddp: DDPOptions = DDPOptions()):
         self.spec, self.seed = spec, seed
         self.device = resolve_device(device)
         config = self.config = config.resolve_kda(cuda=self.device.type == "cuda")
@@ -116,13 +118,8 @@ class Trainer:
             compile_blocks(self.model)
         self.distributed = world_size > 1
         self.forward = self.model
-        if self.distributed:  # the process group is set up by the launcher (Ray Train)
-            device_ids = [self.device] if self.device.type == "cuda" else None
-            # experts that no token chose in a step get no gradient: DDP must not wait for them;
-            # MoE buffers stay in step through the all-reduces in train_step, not broadcasts
-            self.forward = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids,
-                                                                     find_unused_parameters=True,
-                                                                     broadcast_buffers=False)
+        if self.distributed:  # the process group is set up by the launcher (Ray Train, torchrun)
+            self.forward = wrap_ddp(self.model, self.device, ddp)
         self.autocast = self._autocast_dtype()
         self.optimizers = build_optimizers(self.model, lr=spec.lr, muon_lr=spec.muon_lr,
                                            weight_decay=spec.weight_decay)
@@ -151,8 +148,11 @@ class Trainer:
 
     def execution(self) -> dict[str, str]:
         """How this trial runs, resolved for its device: logged with every trial."""
-        return {"kda_implementation": self.config.kda_implementation,
-                "cuda_graph": self.cuda_graph, "compile": str(self.spec.compile)}
+        resolved = {"kda_implementation": self.config.kda_implementation,
+                    "cuda_graph": self.cuda_graph, "compile": str(self.spec.compile)}
+        if os.environ.get("TRITON_CACHE_DIR"):  # set by GPU sweeps for every trial and DDP worker
+            resolved["kernel_cache"] = str(Path(os.environ["TRITON_CACHE_DIR"]).parent)
+        return resolved
 
     def micro_batch_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.autocast_context():
