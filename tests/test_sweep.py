@@ -244,3 +244,28 @@ def test_trials_that_fit_the_ray_cluster_pass_and_ddp_workers_fall_back_to_cpu_w
         path = tmp_path / "fits.yaml"
         path.write_text(mini_sweep("fits", "fits").replace("resources: {cpu: 1, gpu: 0}", f"resources: {resources}"))
         check_cluster_fits(load_sweep(path), cluster)
+
+
+def test_trials_an_asha_scheduler_stops_keep_their_metrics_and_end_finished_or_killed(tmp_path, sweep_file):
+    """Tune stops a trial by raising SystemExit inside its report: ASHA cuts some early and
+    stops every survivor at max_t, its last report. Neither is a failure, and the metrics of
+    the report it was stopped at reach MLflow."""
+    sweep_file.write_text(sweep_file.read_text().replace(
+        "attn_res_block_size: [off, 1]", "attn_res_block_size: [off, 1, 2]").replace("num_layers: 2", "num_layers: 4")
+        .replace("layer_types: [kda, mla]", "layer_types: [kda, mla, kda, mla]")
+        + "scheduler: {kind: asha, grace_period: 1, reduction_factor: 3}\n")
+    assert main(sweep_args(tmp_path, sweep_file, "--max-concurrent", "1")) == 0
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent_id = json.loads((tmp_path / "runs" / "mini.k3lab.json").read_text())["parent_run_id"]
+    runs = client.search_runs([client.get_run(parent_id).info.experiment_id],
+                              f"tags.mlflow.parentRunId = '{parent_id}'")
+    assert len(runs) == 3
+    for run in runs:
+        assert "k3lab.error" not in run.data.tags, run.data.tags["k3lab.error"]
+        evals = [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")]
+        if run.info.status == "FINISHED":
+            assert evals == [4, 8] and run.data.metrics["final_val_loss"] > 0
+        else:
+            assert run.info.status == "KILLED"
+            assert evals == [4] and run.data.tags["k3lab.stopped_at_step"] == "4"
+    assert "FINISHED" in {r.info.status for r in runs}

@@ -136,6 +136,11 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
         result = train(trainer.config, spec.train, tracker=tracker, checkpoint=state, trainer=trainer,
                        on_eval=on_eval and (lambda t, m: on_eval(t, m, tracker)), progress=progress,
                        started_at=started_at)
+    except SystemExit:  # Tune stopped the trial after taking a report (an ASHA cut, or SIGTERM)
+        if tracker is not None:
+            tracker.set_tags({"k3lab.stopped_at_step": str(trainer.step)})
+            tracker.finish("KILLED")
+        raise
     except BaseException as error:
         if tracker is not None:
             if flush_with_checkpoints:
@@ -194,7 +199,12 @@ def report_with_checkpoint(report, checkpoint_type, trainer, metrics: dict, trac
     tracker: everything MLflow receives is covered by a saved checkpoint."""
     with tempfile.TemporaryDirectory() as directory:
         save_trainer(trainer, directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
-        report(metrics, checkpoint=checkpoint_type.from_directory(directory))
+        try:
+            report(metrics, checkpoint=checkpoint_type.from_directory(directory))
+        except SystemExit:  # Tune took the report and its checkpoint, then stopped the trial
+            if tracker is not None:
+                tracker.flush()
+            raise
     if tracker is not None:
         tracker.flush()
 
@@ -211,8 +221,14 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
 
     def report(trainer, metrics, tracker):
         inject_failure(trainer.step, restored=restored is not None)
-        report_with_checkpoint(tune.report, tune.Checkpoint, trainer, report_metrics(spec, trainer, metrics, tracker),
-                               tracker)
+        try:
+            report_with_checkpoint(tune.report, tune.Checkpoint, trainer,
+                                   report_metrics(spec, trainer, metrics, tracker), tracker)
+        except SystemExit:  # a scheduler stops a trial by raising SystemExit in tune.report
+            if trainer.step < spec.train.steps:
+                raise  # cut early: run_trial ends the run KILLED
+            # stopped at its last report (ASHA stops every trial at max_t): it is complete, so it
+            # ends as a finished trial, with its final metrics
 
     result, run_id = run_trial(spec, checkpoint=state, on_eval=report, flush_with_checkpoints=True,
                                started_at=started_at)
