@@ -21,6 +21,13 @@ the few fp32 matmuls left (FLA's fused cross-entropy accumulates dW with an fp32
 
 S = 3 decoder layers (FLA 6 sub-layers): both put a block boundary before layers 0, 3, 6, 9.
 
+fla_kda_attnres: FLA 0.6.0's `fused_attnres` needs every residual source in one dtype (its
+`attnres_fwd_kernel` picks among the source pointers with `tl.where`, which Triton refuses
+for pointers of different types: the `CompilationError: at 41:18` of the 2026-11-30 run).
+Under autocast over fp32 weights, FLA's model feeds it the fp32 embedding output beside
+bf16 sub-layer outputs; KimiK3 casts the sources to one dtype before the call. The bench
+casts FLA's embedding output to bf16, so its residual stream is bf16 (KimiK3's is fp32).
+
 Reported, all measured: tokens/s (B*T over the mean timed step), MFU, peak memory
 (torch.cuda.max_memory_allocated over the whole run, weights and optimizer included),
 the first step's time and the last loss. The first step includes Triton compilation and
@@ -88,6 +95,7 @@ def set_kernel_cache(cache_dir: str | None) -> None:
 
 def fla_model(seq: int, attn_res: bool):
     """FLA's KDAForCausalLM, its FLOPs per token and its 6N parameter count."""
+    import torch
     from fla.models import KDAConfig, KDAForCausalLM
 
     config = KDAConfig(
@@ -97,6 +105,8 @@ def fla_model(seq: int, attn_res: bool):
     )
     model = KDAForCausalLM(config)
     assert model.model.layers[0].mlp.intermediate_size == FLA_INTERMEDIATE
+    if attn_res:  # FLA 0.6.0's model breaks its own op's rule under autocast; see the docstring
+        model.model.embeddings.register_forward_hook(lambda module, inputs, out: out.to(torch.bfloat16))
     return model, *fla_flops_per_token(model, seq)
 
 

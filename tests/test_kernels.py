@@ -84,6 +84,8 @@ def test_sweep_mfu_is_training_flops_over_wall_time_gpus_and_peak():
     assert e["sweep_tokens"] == 4_000_000 and e["sweep_tokens_per_s"] == 40_000
     assert e["sweep_mfu"] == pytest.approx((2e14 + 3e14) / (100.0 * 989e12))
     assert e["trial_startup_s_max"] == 14.0 and e["kernel_warmup_s"] == 5.0
+    two = sweep_efficiency(trials, wall_s=100.0, gpus=2, device_name="NVIDIA H200")
+    assert two["sweep_mfu"] == pytest.approx(e["sweep_mfu"] / 2) and two["sweep_gpus"] == 2
 
 
 def test_sweep_mfu_is_left_out_without_a_known_gpu():

@@ -181,10 +181,12 @@ def test_results_markdown_has_how_it_ran_and_the_paired_table(paired_store):
 
 
 def test_results_markdown_shows_the_sweep_totals_the_parent_logged(tmp_path):
-    totals = {"sweep_wall_s": 1234.4, "sweep_tokens": 16_384_000, "sweep_tokens_per_s": 13_272.5, "sweep_mfu": 0.1234}
+    totals = {"sweep_wall_s": 1234.4, "sweep_tokens": 16_384_000, "sweep_tokens_per_s": 13_272.5, "sweep_mfu": 0.1234,
+              "sweep_gpus": 2.0}
     uri, parent, _ = make_store(tmp_path, VAL_LOSS, parent_metrics=totals)
     text = results_markdown(build_report(uri, parent), load_parent(uri, parent), "AttnRes")
     assert "- Sweep: wall time 1,234 s, tokens in all 16,384,000, aggregate tokens/s 13,272, MFU 12.3%" in text
+    assert "- Machine: 2 x " in text  # the GPUs the sweep had, not just the device name
 
 
 def test_report_command_writes_markdown_with_plots_beside_it(tmp_path, capsys):
@@ -206,6 +208,9 @@ def test_report_command_writes_markdown_with_plots_beside_it(tmp_path, capsys):
     assert f"- Report: `k3lab report {sweep_file}" in text
     links = [line[line.index("(") + 1:-1] for line in text.splitlines() if line.startswith("![")]
     assert "results/mini/val_loss_vs_baseline.png" in links and len(links) == 4
+    assert all((markdown.parent / link).stat().st_size > 1000 for link in links)
+    # plots written straight into the folder the markdown links to
+    assert main(args + ["--out", str(markdown.parent / "results" / "mini")]) == 0
     assert all((markdown.parent / link).stat().st_size > 1000 for link in links)
 
 

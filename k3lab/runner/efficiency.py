@@ -24,6 +24,8 @@ def sweep_efficiency(trials: list[dict], wall_s: float, gpus: float, device_name
            "sweep_wall_s": wall_s, "kernel_warmup_s": warmup_s}
     if startups:
         out |= {"trial_startup_s_max": max(startups), "trial_startup_s_mean": sum(startups) / len(startups)}
+    if gpus > 0:
+        out["sweep_gpus"] = float(gpus)
     peak = peak_flops_of(device_name)
     if peak and gpus > 0 and wall_s > 0:
         out["sweep_mfu"] = flops / (wall_s * gpus * peak)

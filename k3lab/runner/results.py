@@ -87,7 +87,8 @@ def copy_plots(files: list[Path], folder: Path, relative_to: Path) -> list[str]:
     links = []
     for path in (Path(f) for f in files):
         if path.suffix == ".png":
-            shutil.copyfile(path, folder / path.name)
+            if path.resolve() != (folder / path.name).resolve():  # --out may already be that folder
+                shutil.copyfile(path, folder / path.name)
             links.append((folder / path.name).relative_to(relative_to).as_posix())
     return links
 
@@ -114,7 +115,7 @@ def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: 
     lines += [f"- Resumed with: `{line}`" for line in parent.tags.get("k3lab.resumed_with", "").splitlines()]
     if report_command:
         lines.append(f"- Report: `{report_command}`")
-    lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms)}", f"- Machine: {machine(records)}",
+    lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms)}", f"- Machine: {machine(records, parent.metrics.get('sweep_gpus'))}",
               f"- Tokens per trial: {tokens_per_trial(parent.params)}", f"- Sweep: {sweep_totals(parent.metrics)}"]
     return lines
 
@@ -128,12 +129,14 @@ def date_range(start_ms: int | None, end_ms: int | None) -> str:
     return utc(start_ms) + (f" to {utc(end_ms)}" if end_ms else " (not finished)")
 
 
-def machine(records: list[TrialRecord]) -> str:
-    """The devices the trials logged (k3lab.device) and on how many hosts."""
+def machine(records: list[TrialRecord], gpus: float | None = None) -> str:
+    """The devices the trials logged (k3lab.device), how many GPUs the sweep had (its parent's
+    sweep_gpus, where logged) and on how many hosts."""
     devices = sorted({r.tags["k3lab.device"] for r in records if r.tags.get("k3lab.device")})
     hosts = {r.tags["k3lab.host"] for r in records if r.tags.get("k3lab.host")}
     where = f" on {len(hosts)} host{'s' if len(hosts) != 1 else ''}" if hosts else ""
-    return (", ".join(devices) or "n/a (no trial logged its device)") + where
+    count = f"{gpus:g} x " if gpus and len(devices) == 1 else ""
+    return count + (", ".join(devices) or "n/a (no trial logged its device)") + where
 
 
 def tokens_per_trial(params: dict) -> str:
