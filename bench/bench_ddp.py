@@ -6,7 +6,8 @@
 A row is GPUS[:option...]; options change `DDPOptions` (k3lab/runner/ddp.py) from its defaults:
 legacy (the trainer's settings before this benchmark: find_unused_parameters, no gradient
 views), static (static_graph), noview (no gradient views), bucketN (bucket_cap_mb=N).
-Each row runs as its own torchrun job of the trial's `Trainer` (bf16 autocast, Muon + AdamW,
+The kernels of the shape are tuned first, once, into the kernel cache (as a sweep's warm-up
+does). Each row runs as its own torchrun job of the trial's `Trainer` (bf16 autocast, Muon + AdamW,
 the trial's all-reduces of the loss and the MoE loads, torch.compile'd blocks with
 --compile), on the offline default corpus; after `--warmup` steps, `--steps` steps are
 timed by the wall clock between barriers.
@@ -125,6 +126,21 @@ def measure(row: str, args: argparse.Namespace) -> dict | None:
 
 # -- the parent: rows as torchrun jobs, the table -----------------------------------------------
 
+def warm_kernel_cache(args: argparse.Namespace) -> None:
+    """FLA autotunes each new shape for minutes: tune this one once, here, into the kernel cache
+    ($K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels), so the rows' ranks start warm."""
+    from k3lab.registry import load_preset
+    from k3lab.runner.kernels import KernelShape, resolve_kernel_cache, use_kernel_cache, warm_kernels
+
+    cache = resolve_kernel_cache()
+    use_kernel_cache(cache)  # this process and the torchrun jobs it starts
+    config = load_preset(args.preset).replace(max_seq_len=max(args.seq, 1024))
+    print(f"kernels: warming {args.preset} at {args.batch} x {args.seq} (cache {cache}) ...", flush=True)
+    result = warm_kernels([KernelShape(args.preset, config, args.batch, args.seq, "bfloat16")])
+    print(f"kernels: warm in {result['seconds']:.0f} s ({result['new_autotune_results']} new autotune results)",
+          flush=True)
+
+
 def run_row(row: str, args: argparse.Namespace) -> dict:
     gpus, _ = parse_row(row)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", __file__,
@@ -173,10 +189,14 @@ def main() -> None:
     if torch.cuda.is_available() and torch.cuda.device_count() < wanted:
         sys.exit(f"bench_ddp.py: --rows asks for {wanted} GPUs, and this machine has {torch.cuda.device_count()}")
     prepare_dataset("stdlib", "byte")  # once, before the ranks read it
+    if torch.cuda.is_available():
+        warm_kernel_cache(args)
     results = []
     for row in args.rows.split(","):
+        started = time.perf_counter()
+        print(f"{row}: running ...", flush=True)
         results.append((row, run_row(row, args)))
-        print(table(results).splitlines()[-1], flush=True)
+        print(table(results).splitlines()[-1] + f"  ({time.perf_counter() - started:.0f} s)", flush=True)
     where = f"{torch.cuda.get_device_name()} x {torch.cuda.device_count()}" if torch.cuda.is_available() else "CPU"
     body = (f"{where}: the `{args.preset}` preset, "
             f"{args.batch} x {args.seq} tokens per GPU, {args.warmup} warm-up + {args.steps} timed steps per row, "

@@ -79,3 +79,21 @@ def test_ddp_trial_resumes_from_its_checkpoint_in_the_same_run(tmp_path, monkeyp
     assert [r.info.run_id for r in runs] == [run_id]
     steps = sorted(m.step for m in client.get_metric_history(run_id, "train_loss"))
     assert steps == list(range(1, 7)) and runs[0].info.status == "FINISHED"
+
+
+def test_ddp_bench_runs_one_worker_and_two_with_each_ddp_setting(tmp_path):
+    """bench/bench_ddp.py on CPU (gloo): each row is a torchrun job of the trial's Trainer."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "bench/bench_ddp.py", "--preset", "tiny", "--rows", "1,2:legacy,2:static",
+                           "--batch", "2", "--seq", "64", "--steps", "2", "--warmup", "1"],
+                          cwd=repo, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2:")]
+    assert "failed" not in done.stdout, done.stdout
+    assert any(r.startswith("| 2:legacy | 2 | bucket 25 MB, find unused |") for r in rows)
+    assert any(r.startswith("| 2:static | 2 | bucket 25 MB, grad views, static graph |") for r in rows)
+    assert any(r.startswith("| 1 | 1 | (no DDP) |") and "| 100.0% |" in r for r in rows)
