@@ -38,7 +38,8 @@ def make_store(tmp_path, val_loss: dict, failed: tuple = (), parent_metrics: dic
                   "axis.attn_res_block_size": block}
         metrics = [Metric("train_loss", 3.0 - s / 10, t0 + 10_000 + 1000 * s, s) for s in range(1, 11)]
         metrics += [Metric("val_loss", value, t0 + 21_000, 10), Metric("tokens_per_s", 5000.0 + seed, t0, 10),
-                    Metric("startup_s", 10.0 + seed, t0, 1), Metric("tracking_overhead", 0.004, t0, 10),
+                    Metric("startup_s", 10.0 + seed, t0, 1), Metric("startup_build_s", 4.0 + seed, t0, 0),
+                    Metric("tracking_overhead", 0.004, t0, 10),
                     Metric("tokens", 81920, t0, 10)]
         client.log_batch(run, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()],
                          tags=[RunTag("k3lab.kind", "trial")])
@@ -135,6 +136,7 @@ def test_results_markdown_reports_table_startup_tracking_and_gpu_busy(store):
     text = results_markdown(summary, load_parent(uri, parent), "AttnRes", gpu_log=log)
     assert "| attnres_bs4 | 2/2 | 1.9700 ± 0.0141 | 1,010 | 610 | 5,000 | 81,920 |" in text
     assert "mean 10.5 s, max 11.0 s, 42 trial-seconds" in text
+    assert "building the trainer (imports, data, model, MLflow run): mean 4.5 s" in text
     assert "mean 0.40%" in text
     assert "60.0% of the sweep; 90.0% after the first trial's first step" in text
 

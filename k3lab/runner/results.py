@@ -191,10 +191,14 @@ def sweep_timing_lines(records: list[TrialRecord], gpu_log: str | Path | None) -
     startups = [r.value("startup_s") for r in records if r.value("startup_s") is not None]
     overheads = [r.value("tracking_overhead") for r in records if r.value("tracking_overhead") is not None]
     lines = [f"- Trials: {len(records)}, from the first trial's start to the last trial's end: {end - start:.0f} s."]
+    builds = [r.value("startup_build_s") for r in records if r.value("startup_build_s") is not None]
     if startups:
+        split = (f" Of it, building the trainer (imports, data, model, MLflow run): mean "
+                 f"{statistics.fmean(builds):.1f} s; the rest is the first step (compilation, CUDA graph "
+                 "capture).") if builds else ""
         lines.append(f"- Trial start-up (process start to the end of the first optimizer step): mean "
                      f"{statistics.fmean(startups):.1f} s, max {max(startups):.1f} s, "
-                     f"{sum(startups):.0f} trial-seconds in all.")
+                     f"{sum(startups):.0f} trial-seconds in all.{split}")
     if overheads:
         mean, _ = mean_std(overheads)
         lines.append(f"- Tracking overhead (time in the MLflow tracker / training-loop time): mean {100 * mean:.2f}%, "

@@ -131,6 +131,8 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
         tracker = open_trial_run(spec, trainer.counts, run_id, None if flush_with_checkpoints else 50,
                                  execution=trainer.execution())
         tracker.set_tags({"k3lab.device": device_name(trainer.device)})
+        if started_at is not None:  # the part of startup_s before the first step: imports, data, model
+            tracker.log_metrics({"startup_build_s": time.time() - started_at}, trainer.step)
     train_start = time.perf_counter()
     try:
         result = train(trainer.config, spec.train, tracker=tracker, checkpoint=state, trainer=trainer,
