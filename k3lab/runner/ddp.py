@@ -2,8 +2,9 @@
 
     forward = wrap_ddp(model, device, DDPOptions())
 
-The defaults are the ones `bench/bench_ddp.py` measured fastest for the `base` preset on two
-H200s (docs/benchmarks.md, "DDP"). Every parameter gets a gradient in every step -- the MoE
+`bench/bench_ddp.py` measures these defaults against one GPU, against the settings the trainer
+used before (an unused-parameter search every step, no gradient views) and against a static
+graph; they are not measured on GPUs yet. Every parameter gets a gradient in every step -- the MoE
 experts are stacked (E, out, in) tensors, and an expert no token chose still gets a (zero)
 slice of the stack's gradient -- so DDP need not search the autograd graph for unused
 parameters, and the set of gradients is the same each step (a static graph).

@@ -115,7 +115,8 @@ def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: 
     lines += [f"- Resumed with: `{line}`" for line in parent.tags.get("k3lab.resumed_with", "").splitlines()]
     if report_command:
         lines.append(f"- Report: `{report_command}`")
-    lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms)}", f"- Machine: {machine(records, parent.metrics.get('sweep_gpus'))}",
+    gpus = parent.metrics.get("sweep_gpus")
+    lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms)}", f"- Machine: {machine(records, gpus)}",
               f"- Tokens per trial: {tokens_per_trial(parent.params)}", f"- Sweep: {sweep_totals(parent.metrics)}"]
     return lines
 
