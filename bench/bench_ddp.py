@@ -183,6 +183,7 @@ def main() -> None:
         return
     import torch
 
+    sys.path.insert(0, str(ROOT))
     from k3lab.data import prepare_dataset
 
     wanted = max(parse_row(row)[0] for row in args.rows.split(","))
