@@ -199,15 +199,14 @@ def main() -> None:
         results.append((row, run_row(row, args)))
         print(table(results).splitlines()[-1] + f"  ({time.perf_counter() - started:.0f} s)", flush=True)
     where = f"{torch.cuda.get_device_name()} x {torch.cuda.device_count()}" if torch.cuda.is_available() else "CPU"
-    body = (f"{where}: the `{args.preset}` preset, "
-            f"{args.batch} x {args.seq} tokens per GPU, {args.warmup} warm-up + {args.steps} timed steps per row, "
-            f"the trial's Trainer (bf16 autocast, Muon + AdamW, fused KDA"
-            f"{', compiled blocks' if args.compile else ''}, no CUDA graph in any row); DDP over NCCL. Scaling efficiency = tokens/s / "
-            "(GPUs x the 1-GPU row's tokens/s).\n\n" + table(results))
+    compiled = ", compiled blocks" if args.compile else ""
+    body = (f"{where}: the `{args.preset}` preset, {args.batch} x {args.seq} tokens per GPU, {args.warmup} warm-up + "
+            f"{args.steps} timed steps per row, the trial's Trainer (bf16 autocast, Muon + AdamW, fused KDA{compiled}, "
+            "no CUDA graph in any row); DDP over NCCL. Scaling efficiency = tokens/s / (GPUs x the 1-GPU row's "
+            "tokens/s).\n\n" + table(results))
     print(body)
     if args.write:
-        sys.path.insert(0, str(ROOT))
-        from bench.report import write_section
+        from bench.report import write_section  # ROOT is on sys.path (above)
 
         write_section("DDP: one trial on one and on two GPUs", body)
 

@@ -145,12 +145,9 @@ def start_ray(run: SweepRun) -> None:
 
 
 def trial_demand(resources: ResourceSpec, cluster_gpus: float) -> dict[str, float]:
-    """The CPUs and GPUs one trial holds at once: a DDP trial's workers each take `cpu` and,
-    where the cluster has GPUs, one GPU (gloo CPU workers otherwise)."""
-    if resources.strategy == "ddp":
-        workers = resources.gpus_per_trial
-        return {"CPU": workers * resources.cpu + DDP_DRIVER_CPU, "GPU": workers if cluster_gpus > 0 else 0}
-    return {"CPU": resources.cpu, "GPU": resources.gpu}
+    """The CPUs and GPUs one trial holds at once: a DDP trial's workers each take `cpu`."""
+    cpus = resources.gpus_per_trial * resources.cpu + DDP_DRIVER_CPU if resources.strategy == "ddp" else resources.cpu
+    return {"CPU": cpus, "GPU": gpus_per_trial(resources, has_gpus=cluster_gpus > 0)}
 
 
 def check_cluster_fits(sweep: Sweep, cluster: dict[str, float]) -> None:
@@ -263,18 +260,21 @@ def sweep_preflight(run: SweepRun, progress: bool) -> Preflight:
     sweep = run.sweep
     return Preflight(tracking_uri=run.tracking_uri, train=sweep.train,
                      models={f"{sweep.path}: variant {v.name}": v.config for v in sweep.valid_variants},
-                     folders={"storage folder": run.storage}, gpus=gpus_per_trial(sweep),
+                     folders={"storage folder": run.storage}, gpus=gpus_per_trial(sweep.resources, cuda_available()),
                      gpus_from=f"{sweep.path}: {gpu_field(sweep)}", local=not run.on_cluster, progress=progress)
 
 
-def gpus_per_trial(sweep: Sweep) -> float:
-    """The GPUs one trial takes on this machine: DDP trials run gloo CPU workers where there is no GPU."""
-    resources = sweep.resources
+def gpus_per_trial(resources: ResourceSpec, has_gpus: bool) -> float:
+    """The GPUs one trial takes: DDP trials run gloo CPU workers where there are no GPUs."""
     if resources.strategy != "ddp":
         return resources.gpu
+    return resources.gpus_per_trial if has_gpus else 0
+
+
+def cuda_available() -> bool:
     import torch
 
-    return resources.gpus_per_trial if torch.cuda.is_available() else 0
+    return torch.cuda.is_available()
 
 
 def gpu_field(sweep: Sweep) -> str:

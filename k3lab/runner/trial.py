@@ -138,8 +138,8 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
         result = train(trainer.config, spec.train, tracker=tracker, checkpoint=state, trainer=trainer,
                        on_eval=on_eval and (lambda t, m: on_eval(t, m, tracker)), progress=progress,
                        started_at=started_at)
-    except SystemExit:  # Tune stopped the trial after taking a report (an ASHA cut, or SIGTERM)
-        if tracker is not None:
+    except SystemExit:  # Tune stopped the trial after taking a report (an ASHA cut, or SIGTERM):
+        if tracker is not None:  # its metrics stand, and finish() sends those not yet sent
             tracker.set_tags({"k3lab.stopped_at_step": str(trainer.step)})
             tracker.finish("KILLED")
         raise
@@ -201,12 +201,7 @@ def report_with_checkpoint(report, checkpoint_type, trainer, metrics: dict, trac
     tracker: everything MLflow receives is covered by a saved checkpoint."""
     with tempfile.TemporaryDirectory() as directory:
         save_trainer(trainer, directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
-        try:
-            report(metrics, checkpoint=checkpoint_type.from_directory(directory))
-        except SystemExit:  # Tune took the report and its checkpoint, then stopped the trial
-            if tracker is not None:
-                tracker.flush()
-            raise
+        report(metrics, checkpoint=checkpoint_type.from_directory(directory))
     if tracker is not None:
         tracker.flush()
 
