@@ -1,11 +1,11 @@
 """One trial on one GPU against the same trial as DDP on several GPUs, at the same per-GPU batch.
 
-    python bench/bench_ddp.py --write                       # base preset, 1 GPU vs DDP on 2, tuned variants
+    python bench/bench_ddp.py --write                       # base preset, 1 GPU vs DDP on 2, DDP settings compared
     python bench/bench_ddp.py --rows 1,2,2:static --preset small --batch 32 --seq 1024
 
 A row is GPUS[:option...]; options change `DDPOptions` (k3lab/runner/ddp.py) from its defaults:
 legacy (the trainer's settings before this benchmark: find_unused_parameters, no gradient
-views), static (static_graph), noview (no gradient views), bucketN (bucket_cap_mb=N).
+views, 25 MB buckets), static (static_graph), noview (no gradient views), bucketN (bucket_cap_mb=N).
 The kernels of the shape are tuned first, once, into the kernel cache (as a sweep's warm-up
 does). Each row runs as its own torchrun job of the trial's `Trainer` (bf16 autocast, Muon + AdamW,
 the trial's all-reduces of the loss and the MoE loads, torch.compile'd blocks with
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_ROWS = "1,2:legacy,2,2:static,2:bucket100"
+DEFAULT_ROWS = "1,2:legacy,2:bucket25,2,2:static"
 OPTIONS = ("legacy", "static", "noview")
 
 
@@ -58,7 +58,7 @@ def parse_row(row: str, error=sys.exit) -> tuple[int, dict]:
     changes: dict = {}
     for option in options:
         if option == "legacy":
-            changes |= {"find_unused_parameters": True, "gradient_as_bucket_view": False}
+            changes |= {"find_unused_parameters": True, "gradient_as_bucket_view": False, "bucket_cap_mb": 25.0}
         elif option == "static":
             changes["static_graph"] = True
         elif option == "noview":

@@ -95,5 +95,5 @@ def test_ddp_bench_runs_one_worker_and_two_with_each_ddp_setting(tmp_path):
     rows = [line for line in done.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2:")]
     assert "failed" not in done.stdout, done.stdout
     assert any(r.startswith("| 2:legacy | 2 | bucket 25 MB, find unused |") for r in rows)
-    assert any(r.startswith("| 2:static | 2 | bucket 25 MB, grad views, static graph |") for r in rows)
+    assert any(r.startswith("| 2:static | 2 | bucket 100 MB, grad views, static graph |") for r in rows)
     assert any(r.startswith("| 1 | 1 | (no DDP) |") and "| 100.0% |" in r for r in rows)

@@ -2,7 +2,10 @@
 
 import json
 import math
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import mini_sweep
@@ -237,3 +240,44 @@ def test_gpu_log_skips_unparsable_lines(tmp_path):
     log = tmp_path / "gpu.csv"
     log.write_text("1.5,40\nnvidia-smi: garbage\n0.5,20\n")
     assert read_gpu_log(log) == [(0.5, 20.0), (1.5, 40.0)]
+
+
+def test_sweep_sizing_counts_what_a_stopped_sweeps_trials_trained_and_keeps_a_finished_sweeps_totals(tmp_path):
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    make_store(stopped, VAL_LOSS, parent_metrics={"sweep_wall_s": 100.0})  # no totals: stopped before its summary
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    make_store(finished, VAL_LOSS, parent_metrics={"sweep_wall_s": 50.0, "sweep_tokens": 400_000.0,
+                                                    "sweep_tokens_per_s": 8000.0, "sweep_mfu": 0.25})
+    done = subprocess.run([sys.executable, "bench/sweep_sizing.py", f"cut={stopped / 'mlflow.db'}",
+                           f"whole={finished / 'mlflow.db'}"], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in done.stdout.splitlines()
+            if line.startswith(("| cut", "| whole"))}
+    # 4 trials x 81,920 tokens in 100 s; start-up 10/11/10/11 s, of which build 4/5/4/5 s
+    assert rows["cut"][4:7] == ["100", "327,680", "3,277"]
+    assert rows["cut"][9:] == ["10.5 / 11.0", "4.5 |"]
+    assert rows["whole"][4:8] == ["50", "400,000", "8,000", "25.0%"]
+
+
+def test_the_report_waits_for_the_final_metrics_of_trials_tune_closed_before_they_logged_them(tmp_path):
+    import threading
+
+    from k3lab.runner.sweep import wait_for_final_metrics
+
+    uri, parent, _ = make_store(tmp_path, VAL_LOSS)  # FINISHED trial runs without train_wall_s yet
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    assert sorted(wait_for_final_metrics(uri, parent, timeout_s=0.2)) == sorted(r.info.run_name for r in runs)
+
+    def trials_log_their_last_metrics():
+        time.sleep(1.0)
+        for run in runs:
+            client.log_metric(run.info.run_id, "train_wall_s", 12.0)
+
+    late = threading.Thread(target=trials_log_their_last_metrics)
+    late.start()
+    assert wait_for_final_metrics(uri, parent, timeout_s=30) == []
+    late.join()

@@ -42,10 +42,11 @@ def assert_one_clean_run_per_trial(client, runs):
 
 def test_sweep_logs_one_run_per_trial_and_recovers_from_a_crash(tmp_path, sweep_file, monkeypatch, capsys):
     monkeypatch.setenv("K3LAB_FAIL_AT_STEP", "8")  # every trial crashes once, after its step-4 checkpoint
-    assert main(sweep_args(tmp_path, sweep_file, "--max-failures", "1")) == 0
+    assert main(sweep_args(tmp_path, sweep_file, "--max-failures", "1", "--max-concurrent", "2")) == 0
     client, parent, runs = trial_runs(tmp_path)
     assert_one_clean_run_per_trial(client, runs)
     assert parent.info.status == "FINISHED"
+    assert parent.data.params["resources.max_concurrent_trials"] == "2"  # the flag, not the file's null
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"mini.yaml", "report"} <= artifacts
     report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}

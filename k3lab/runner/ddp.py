@@ -3,8 +3,10 @@
     forward = wrap_ddp(model, device, DDPOptions())
 
 `bench/bench_ddp.py` measures these defaults against one GPU, against the settings the trainer
-used before (an unused-parameter search every step, no gradient views) and against a static
-graph; they are not measured on GPUs yet. Every parameter gets a gradient in every step -- the MoE
+used before (an unused-parameter search every step, no gradient views, 25 MB buckets) and
+against a static graph. On two H200s (`base` preset, 16 x 2048 tokens per GPU, docs/benchmarks.md,
+2026-11-30) 100 MB buckets scaled best: 97.5% of twice one GPU, against 87.1% with PyTorch's
+25 MB and 90.1% with a static graph. Every parameter gets a gradient in every step -- the MoE
 experts are stacked (E, out, in) tensors, and an expert no token chose still gets a (zero)
 slice of the stack's gradient -- so DDP need not search the autograd graph for unused
 parameters, and the set of gradients is the same each step (a static graph).
@@ -20,13 +22,13 @@ import torch
 class DDPOptions:
     """`torch.nn.parallel.DistributedDataParallel` settings that change its speed, not its result."""
 
-    bucket_cap_mb: float = 25.0  # gradients are all-reduced in buckets of this size, overlapping backward
+    bucket_cap_mb: float = 100.0  # gradients are all-reduced in buckets of this size, overlapping backward
     gradient_as_bucket_view: bool = True  # .grad are views into the buckets: no copy, less memory
     static_graph: bool = False  # the same parameters get gradients every step: DDP may cache its plan
     find_unused_parameters: bool = False  # walk the graph each step for parameters without a gradient
 
     def describe(self) -> str:
-        """e.g. 'bucket 25 MB, grad views, static graph'."""
+        """e.g. 'bucket 100 MB, grad views, static graph'."""
         parts = [f"bucket {self.bucket_cap_mb:g} MB"]
         parts += ["grad views"] if self.gradient_as_bucket_view else []
         parts += ["static graph"] if self.static_graph else []

@@ -121,7 +121,9 @@ def record_sweep(run: SweepRun, parent: ParentRun) -> None:
     params = {"sweep": sweep.name, "profile": sweep.profile, "seeds": list(sweep.seeds),
               "variants": len(sweep.valid_variants), "trials": len(sweep.trials),
               "metric": f"{sweep.metric.name}:{sweep.metric.mode}"}
-    params |= flatten("train", attrs.asdict(sweep.train)) | flatten("resources", attrs.asdict(sweep.resources))
+    resources = attrs.evolve(sweep.resources,  # --max-concurrent, as the trials ran
+                             max_concurrent_trials=run.max_concurrent or sweep.resources.max_concurrent_trials)
+    params |= flatten("train", attrs.asdict(sweep.train)) | flatten("resources", attrs.asdict(resources))
     params |= flatten("scheduler", attrs.asdict(sweep.scheduler))
     parent.tracker.log_params(params)
     parent.log_artifact(sweep.path)
