@@ -261,23 +261,3 @@ def test_sweep_sizing_counts_what_a_stopped_sweeps_trials_trained_and_keeps_a_fi
     assert rows["cut"][9:] == ["10.5 / 11.0", "4.5 |"]
     assert rows["whole"][4:8] == ["50", "400,000", "8,000", "25.0%"]
 
-
-def test_the_report_waits_for_the_final_metrics_of_trials_tune_closed_before_they_logged_them(tmp_path):
-    import threading
-
-    from k3lab.runner.sweep import wait_for_final_metrics
-
-    uri, parent, _ = make_store(tmp_path, VAL_LOSS)  # FINISHED trial runs without train_wall_s yet
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
-    assert sorted(wait_for_final_metrics(uri, parent, timeout_s=0.2)) == sorted(r.info.run_name for r in runs)
-
-    def trials_log_their_last_metrics():
-        time.sleep(1.0)
-        for run in runs:
-            client.log_metric(run.info.run_id, "train_wall_s", 12.0)
-
-    late = threading.Thread(target=trials_log_their_last_metrics)
-    late.start()
-    assert wait_for_final_metrics(uri, parent, timeout_s=30) == []
-    late.join()

@@ -258,3 +258,31 @@ def test_every_parameter_gets_a_gradient_even_from_experts_no_token_chose(preset
     assert not missing, missing
     unchosen = [(name, moe) for name, moe in model.moe_layers() if (moe.load_counts == 0).any()]
     assert unchosen, "no expert went unchosen: the case this test is for did not happen"
+
+
+def test_a_trial_sends_its_metrics_before_each_report_a_scheduler_may_stop_it_at(tmp_path, monkeypatch):
+    """Ray ends a stopped trial's process without waiting for its thread: what the trial has not
+    sent to MLflow when it reports is lost. So every report finds the run already holding the
+    steps it covers, and the last report finds the run closed, with its final metrics."""
+    from ray import tune
+
+    from k3lab.runner.trial import RUN_ID_KEY, TrialSpec, tune_trainable
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny").to_dict(),
+                     train=tiny_spec(), tracking_uri=uri, experiment="reports")
+    client = MlflowClient(uri)
+    seen = []
+
+    def report(result, checkpoint=None):
+        run = client.get_run(result[RUN_ID_KEY])
+        losses = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+        seen.append((result["done_steps"], max(losses), run.info.status, "final_val_loss" in run.data.metrics))
+        if result["done_steps"] == spec.train.steps:
+            raise SystemExit(0)  # as Tune does when ASHA stops the trial at max_t
+
+    monkeypatch.setattr(tune, "report", report)
+    monkeypatch.setattr(tune, "get_checkpoint", lambda: None)
+    with pytest.raises(SystemExit):
+        tune_trainable({"trial": "t"}, {"t": spec})
+    assert seen == [(6, 6, "RUNNING", False), (12, 12, "FINISHED", True)]

@@ -32,13 +32,16 @@ def ddp_worker(config: dict) -> None:
     restored = ray.train.get_checkpoint()
     state = load_ray_checkpoint(restored)
 
+    def report_to_train(result, checkpoint):  # a test crash after rank 0 sent its metrics (trial.py)
+        inject_failure(result["done_steps"], restored=restored is not None)
+        ray.train.report(result, checkpoint=checkpoint)
+
     def report(trainer, metrics, tracker):
-        inject_failure(trainer.step, restored=restored is not None)
         metrics = report_metrics(spec, trainer, metrics, tracker) | {"world_size": world_size}
         if rank == 0:
-            report_with_checkpoint(ray.train.report, ray.train.Checkpoint, trainer, metrics, tracker)
+            report_with_checkpoint(report_to_train, ray.train.Checkpoint, trainer, metrics, tracker)
         else:
-            ray.train.report(metrics, checkpoint=None)
+            report_to_train(metrics, checkpoint=None)
 
     tracked = spec if rank == 0 else dataclasses.replace(spec, tracking_uri=None)
     result, run_id = run_trial(tracked, checkpoint=state, on_eval=report, flush_with_checkpoints=True,

@@ -303,7 +303,6 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
         if not run.resume:
             record_sweep(run, parent)
         errors, hardware = run_trials(run, parent.run_id, live, say)
-        wait_for_final_metrics(run.tracking_uri, parent.run_id)
         summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
                                out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline,
                                variant_order=[v.name for v in sweep.valid_variants])
@@ -356,27 +355,6 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print) -> tupl
     if progress.unfinished():  # Tune catches the first Ctrl-C, saves its state and returns
         raise KeyboardInterrupt
     return [str(r.error).splitlines()[0] for r in results if r.error is not None], hardware
-
-
-def wait_for_final_metrics(tracking_uri: str, parent_run_id: str, timeout_s: float = 60.0) -> list[str]:
-    """Wait until every trial run Tune closed as FINISHED has its own final metrics.
-
-    A trial that a scheduler stops at its last report (ASHA stops every trial at max_t) is
-    complete for Tune at that report, while its process still logs `train_wall_s`,
-    `avg_tokens_per_s` and `final_val_loss`; a report built before they land would show the
-    last window's tokens/s instead. Returns the run names still without them at the timeout."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    experiment = client.get_run(parent_run_id).info.experiment_id
-    query = f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.status = 'FINISHED'"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        waiting = [r.info.run_name for r in client.search_runs([experiment], query, max_results=10000)
-                   if "train_wall_s" not in r.data.metrics]
-        if not waiting or time.monotonic() >= deadline:
-            return waiting
-        time.sleep(0.5)
 
 
 def default_storage() -> Path:

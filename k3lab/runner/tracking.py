@@ -125,6 +125,7 @@ class MLflowTracker:
         self.tracking_uri, self.run_id, self.flush_every = tracking_uri, run_id, flush_every
         self._pending: list = []
         self._steps_since_flush = 0
+        self._logged_through, self._logged_keys = -1, frozenset()  # see skip_steps_already_logged
         self.seconds_in_tracking = 0.0  # wall time spent inside this tracker, for overhead figures
 
     @classmethod
@@ -152,11 +153,23 @@ class MLflowTracker:
             self.client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
         self.seconds_in_tracking += time.perf_counter() - start
 
+    def skip_steps_already_logged(self) -> None:
+        """For a reopened run: do not send again what it has up to its last training step.
+
+        A trial sends its metrics just before each checkpointed report; when it crashes in
+        between, it is restored from the checkpoint before and trains those steps again."""
+        keys = frozenset(self.client.get_run(self.run_id).data.metrics)
+        if "train_loss" in keys:
+            history = self.client.get_metric_history(self.run_id, "train_loss")
+            self._logged_through, self._logged_keys = max(m.step for m in history), keys
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         start = time.perf_counter()
         now = int(time.time() * 1000)
+        if step <= self._logged_through:  # keys the run never had (final figures) still go
+            metrics = {k: v for k, v in metrics.items() if k not in self._logged_keys}
         self._pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
         self._steps_since_flush += 1
         self.seconds_in_tracking += time.perf_counter() - start

@@ -79,6 +79,7 @@ def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
     run_id = run_id or existing_trial_run(spec)
     if run_id is not None:
         tracker = MLflowTracker(spec.tracking_uri, run_id, flush_every)
+        tracker.skip_steps_already_logged()
         tracker.client.update_run(run_id, status="RUNNING")
         tracker.set_tags(node_tags() | execution_tags(execution))  # a restored trial may run on another node
         return tracker
@@ -120,7 +121,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
 
     flush_with_checkpoints: metrics reach MLflow only when `on_eval` has saved a checkpoint
     and flushed them, and a crash drops the unsent ones. A trial restored from its last
-    checkpoint then logs those steps again exactly once: no repeated steps in the run.
+    checkpoint then logs the steps its run does not have yet: no step is logged twice.
     """
     state = load_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
     trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device, rank=rank,
@@ -139,7 +140,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, on_eval=None, device=None, progr
                        on_eval=on_eval and (lambda t, m: on_eval(t, m, tracker)), progress=progress,
                        started_at=started_at)
     except SystemExit:  # Tune stopped the trial after taking a report (an ASHA cut, or SIGTERM):
-        if tracker is not None:  # its metrics stand, and finish() sends those not yet sent
+        if tracker is not None:  # metrics went before the report; closing is best effort (Ray may end us first)
             tracker.set_tags({"k3lab.stopped_at_step": str(trainer.step)})
             tracker.finish("KILLED")
         raise
@@ -197,13 +198,18 @@ def report_metrics(spec: TrialSpec, trainer, metrics: dict, tracker) -> dict:
 
 
 def report_with_checkpoint(report, checkpoint_type, trainer, metrics: dict, tracker) -> None:
-    """Save the trainer (with the MLflow run id) as a Ray checkpoint, report, then flush the
-    tracker: everything MLflow receives is covered by a saved checkpoint."""
+    """Save the trainer (with the MLflow run id), send the tracker's metrics, then report to Ray
+    with the checkpoint.
+
+    The metrics go first: when a scheduler stops the trial at this report, Ray ends the trial's
+    process without waiting for its training thread, so nothing after the report is sure to
+    run. A crash between the two makes Ray restore the previous checkpoint; the restored trial
+    then skips the steps its run already has (`MLflowTracker.skip_steps_already_logged`)."""
     with tempfile.TemporaryDirectory() as directory:
         save_trainer(trainer, directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
+        if tracker is not None:
+            tracker.flush()
         report(metrics, checkpoint=checkpoint_type.from_directory(directory))
-    if tracker is not None:
-        tracker.flush()
 
 
 def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
@@ -216,21 +222,27 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
     restored = tune.get_checkpoint()
     state = load_ray_checkpoint(restored)
 
+    def report_to_tune(result, checkpoint):  # a test crash after the metrics are sent: the hardest place
+        inject_failure(result["done_steps"], restored=restored is not None)
+        tune.report(result, checkpoint=checkpoint)
+
+    last: dict = {}
+
     def report(trainer, metrics, tracker):
-        inject_failure(trainer.step, restored=restored is not None)
-        try:
-            report_with_checkpoint(tune.report, tune.Checkpoint, trainer,
-                                   report_metrics(spec, trainer, metrics, tracker), tracker)
-        except SystemExit:  # a scheduler stops a trial by raising SystemExit in tune.report
-            if trainer.step < spec.train.steps:
-                raise  # cut early: run_trial ends the run KILLED
-            # stopped at its last report (ASHA stops every trial at max_t): it is complete, so it
-            # ends as a finished trial, with its final metrics
+        if trainer.step >= spec.train.steps:  # the last evaluation: reported once the run is closed
+            last.update(report_metrics(spec, trainer, metrics, tracker))
+            return
+        report_with_checkpoint(report_to_tune, tune.Checkpoint, trainer,
+                               report_metrics(spec, trainer, metrics, tracker), tracker)
 
     result, run_id = run_trial(spec, checkpoint=state, on_eval=report, flush_with_checkpoints=True,
                                started_at=started_at)
     if result.status != FINISHED:  # diverged: a retry would diverge again, so report and stop
         tune.report(diverged_report(spec, result, run_id))
+        return
+    # After run_trial has sent the final metrics and closed the run FINISHED: a scheduler that
+    # stops the trial here (ASHA stops every survivor at max_t) can end the process at once.
+    report_to_tune(last, checkpoint=None)
 
 
 def diverged_report(spec: TrialSpec, result, run_id: str | None) -> dict:
