@@ -271,3 +271,19 @@ def test_trials_an_asha_scheduler_stops_keep_their_metrics_and_end_finished_or_k
             assert run.info.status == "KILLED"
             assert evals == [4] and run.data.tags["k3lab.stopped_at_step"] == "4"
     assert "FINISHED" in {r.info.status for r in runs}
+
+
+def test_reused_trial_processes_run_the_next_trial_cleanly_and_to_the_same_result(tmp_path, sweep_file,
+                                                                                   finished_sweep):
+    """resources.reuse_actors: the second trial runs in the first one's process, still logs
+    every step once, and ends exactly where it ends in a process of its own."""
+    sweep_file.write_text(sweep_file.read_text().replace("resources: {cpu: 1, gpu: 0}",
+                                                         "resources: {cpu: 1, gpu: 0, reuse_actors: true}"))
+    assert main(sweep_args(tmp_path, sweep_file, "--max-concurrent", "1")) == 0
+    client, parent, runs = trial_runs(tmp_path)
+    assert_one_clean_run_per_trial(client, runs)
+    assert parent.data.params["resources.reuse_actors"] == "True"
+    assert len({run.data.tags["k3lab.process"] for run in runs}) == 1  # one process, both trials
+    _, _, fresh = trial_runs(finished_sweep[0])  # the same sweep, each trial in a new process
+    final = {r.data.tags["k3lab.variant_name"]: r.data.metrics["final_val_loss"] for r in runs}
+    assert final == {r.data.tags["k3lab.variant_name"]: r.data.metrics["final_val_loss"] for r in fresh}

@@ -233,7 +233,8 @@ def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
         return restore_tuner(run, trainable, run_config)
     tune_config = tune.TuneConfig(metric=sweep.metric.name, mode=sweep.metric.mode,
                                   scheduler=build_scheduler(sweep),
-                                  max_concurrent_trials=run.max_concurrent or sweep.resources.max_concurrent_trials)
+                                  max_concurrent_trials=run.max_concurrent or sweep.resources.max_concurrent_trials,
+                                  reuse_actors=sweep.resources.reuse_actors)
     return tune.Tuner(trainable, param_space={"trial": tune.grid_search(list(specs))}, tune_config=tune_config,
                       run_config=run_config)
 

@@ -7,6 +7,7 @@ into it: exactly one MLflow run per trial, no repeated steps.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import sys
@@ -61,8 +62,9 @@ def trial_params(spec: TrialSpec, counts: dict) -> dict:
 
 
 def node_tags() -> dict[str, str]:
-    """Where a trial runs: k3lab.host, and k3lab.node (the Ray node id) inside a Ray worker."""
-    tags = {"k3lab.host": socket.gethostname()}
+    """Where a trial runs: k3lab.host, k3lab.process (host:pid; trials of a sweep with
+    `resources.reuse_actors` share processes) and k3lab.node (the Ray node id) inside a Ray worker."""
+    tags = {"k3lab.host": socket.gethostname(), "k3lab.process": f"{socket.gethostname()}:{os.getpid()}"}
     ray = sys.modules.get("ray")  # never imported outside Ray: no Ray node to name
     try:
         if ray is not None and ray.is_initialized():
@@ -182,6 +184,20 @@ def limit_threads() -> None:
         torch.set_num_threads(cpus)
 
 
+def forget_earlier_trial() -> None:
+    """In a process an earlier trial used (`resources.reuse_actors`): drop torch.compile's
+    code caches, which would otherwise keep guarding on that trial's model and count
+    towards the recompile limit, and restart the peak-memory count this trial reports."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    gc.collect()  # the earlier trial's model and CUDA graphs, if a reference cycle still held them
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+    if torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+
+
 def load_ray_checkpoint(checkpoint) -> dict | None:
     """The trainer state inside a Ray (Tune or Train) checkpoint, or None."""
     if checkpoint is None:
@@ -219,6 +235,7 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
 
     spec = trials[param["trial"]]
     limit_threads()
+    forget_earlier_trial()
     restored = tune.get_checkpoint()
     state = load_ray_checkpoint(restored)
 
