@@ -213,6 +213,21 @@ def report_metrics(spec: TrialSpec, trainer, metrics: dict, tracker) -> dict:
                       "seed": spec.seed, "done_steps": trainer.step, "total_steps": spec.train.steps}
 
 
+def all_but_the_last_report(spec: TrialSpec, report) -> tuple:
+    """(on_eval, last): on_eval passes every evaluation to report(trainer, metrics, tracker)
+    but the last one, whose report it keeps in `last`. The trial reports that once run_trial
+    has sent its final metrics and closed its run: a scheduler may end the process at it."""
+    last: dict = {}
+
+    def on_eval(trainer, metrics, tracker):
+        if trainer.step >= spec.train.steps:
+            last.update(report_metrics(spec, trainer, metrics, tracker))
+        else:
+            report(trainer, metrics, tracker)
+
+    return on_eval, last
+
+
 def report_with_checkpoint(report, checkpoint_type, trainer, metrics: dict, tracker) -> None:
     """Save the trainer (with the MLflow run id), send the tracker's metrics, then report to Ray
     with the checkpoint.
@@ -243,16 +258,12 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
         inject_failure(result["done_steps"], restored=restored is not None)
         tune.report(result, checkpoint=checkpoint)
 
-    last: dict = {}
-
     def report(trainer, metrics, tracker):
-        if trainer.step >= spec.train.steps:  # the last evaluation: reported once the run is closed
-            last.update(report_metrics(spec, trainer, metrics, tracker))
-            return
         report_with_checkpoint(report_to_tune, tune.Checkpoint, trainer,
                                report_metrics(spec, trainer, metrics, tracker), tracker)
 
-    result, run_id = run_trial(spec, checkpoint=state, on_eval=report, flush_with_checkpoints=True,
+    on_eval, last = all_but_the_last_report(spec, report)
+    result, run_id = run_trial(spec, checkpoint=state, on_eval=on_eval, flush_with_checkpoints=True,
                                started_at=started_at)
     if result.status != FINISHED:  # diverged: a retry would diverge again, so report and stop
         tune.report(diverged_report(spec, result, run_id))
