@@ -114,6 +114,8 @@ def test_spec_classes_validate_on_construction():
     with pytest.raises(ValueError):
         ResourceSpec(strategy="ddp")
     assert ResourceSpec(gpus_per_trial=2, strategy="ddp").tune_resources() == {"cpu": 1.0, "gpu": 2}
+    with pytest.raises(ValueError, match="reuse_actors"):  # a DDP trial's Train job cannot pass to the next trial
+        ResourceSpec(gpus_per_trial=2, strategy="ddp", reuse_actors=True)
     with pytest.raises(ValueError):
         SchedulerSpec(kind="asha", max_t=2, grace_period=3)
     assert SchedulerSpec(kind="asha").resolved(TrainSpec(steps=110, eval_interval=25)).max_t == 5

@@ -277,7 +277,8 @@ def test_a_trial_sends_its_metrics_before_each_report_a_scheduler_may_stop_it_at
     def report(result, checkpoint=None):
         run = client.get_run(result[RUN_ID_KEY])
         losses = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
-        seen.append((result["done_steps"], max(losses), run.info.status, "final_val_loss" in run.data.metrics))
+        seen.append((result["done_steps"], max(losses), run.info.status, "final_val_loss" in run.data.metrics,
+                     checkpoint is not None))
         if result["done_steps"] == spec.train.steps:
             raise SystemExit(0)  # as Tune does when ASHA stops the trial at max_t
 
@@ -285,4 +286,4 @@ def test_a_trial_sends_its_metrics_before_each_report_a_scheduler_may_stop_it_at
     monkeypatch.setattr(tune, "get_checkpoint", lambda: None)
     with pytest.raises(SystemExit):
         tune_trainable({"trial": "t"}, {"t": spec})
-    assert seen == [(6, 6, "RUNNING", False), (12, 12, "FINISHED", True)]
+    assert seen == [(6, 6, "RUNNING", False, True), (12, 12, "FINISHED", True, True)]  # the final model kept

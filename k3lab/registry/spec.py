@@ -164,6 +164,8 @@ class ResourceSpec:
             raise FieldError("gpus_per_trial", f"must be set with strategy: {self.strategy}")
         if self.gpus_per_trial is not None and self.strategy is None:
             raise FieldError("strategy", "must be set (ddp) with gpus_per_trial")
+        if self.reuse_actors and self.strategy is not None:  # Ray cannot hand a running Train job to the next trial
+            raise FieldError("reuse_actors", f"must be false with strategy: {self.strategy}")
 
     def tune_resources(self) -> dict[str, float]:
         """The `tune.with_resources` mapping for one trial."""

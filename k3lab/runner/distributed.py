@@ -15,7 +15,7 @@ import dataclasses
 import time
 
 from k3lab.runner.train import FINISHED
-from k3lab.runner.trial import (TrialSpec, all_but_the_last_report, diverged_report, inject_failure, limit_threads,
+from k3lab.runner.trial import (LastReportHeld, TrialSpec, diverged_report, inject_failure, limit_threads,
                                 load_ray_checkpoint, report_metrics, report_with_checkpoint, run_trial)
 
 
@@ -44,14 +44,14 @@ def ddp_worker(config: dict) -> None:
             report_to_train(metrics, checkpoint=None)
 
     tracked = spec if rank == 0 else dataclasses.replace(spec, tracking_uri=None)
-    on_eval, last = all_but_the_last_report(spec, report)
-    result, run_id = run_trial(tracked, checkpoint=state, on_eval=on_eval, flush_with_checkpoints=True,
+    last = LastReportHeld(spec, report, keep_checkpoint=rank == 0)
+    result, run_id = run_trial(tracked, checkpoint=state, on_eval=last.on_eval, flush_with_checkpoints=True,
                                started_at=started_at, device=ray.train.torch.get_device(), rank=rank,
                                world_size=world_size)
     if result.status != FINISHED:  # every rank sees the same all-reduced loss, so all stop together
         ray.train.report(diverged_report(spec, result, run_id), checkpoint=None)
         return
-    report_to_train(last | {"world_size": world_size}, checkpoint=None)  # rank 0's run is closed: see trial.py
+    last.send(report_to_train, ray.train.Checkpoint, result, run_id, {"world_size": world_size})  # see trial.py
 
 
 def ddp_trainable(param: dict, trials: dict[str, TrialSpec], num_workers: int, cpus_per_worker: float,

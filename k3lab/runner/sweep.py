@@ -128,6 +128,8 @@ def start_ray(run: SweepRun) -> None:
            "PYTHONWARNINGS": "ignore::DeprecationWarning"}
     if run.uses_gpus:  # one kernel cache for the driver, the warm-up and every trial
         env |= cache_env(run.kernel_cache)
+    if run.sweep.resources.reuse_actors:  # Ray gives a stopped trial 2 s to end before it fails the next one
+        env["TUNE_FUNCTION_THREAD_TIMEOUT_S"] = "60"
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     for key in ("K3LAB_FAIL_AT_STEP",):  # fault injection for crash-recovery tests

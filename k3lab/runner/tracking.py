@@ -115,6 +115,9 @@ def flatten(prefix: str, value: Any) -> dict[str, Any]:
     return {prefix: value}
 
 
+PER_ATTEMPT = ("startup_s", "startup_build_s")  # logged by every attempt of a trial, restored ones too
+
+
 class MLflowTracker:
     """One MLflow run. Metrics are buffered and sent in batches."""
 
@@ -168,8 +171,8 @@ class MLflowTracker:
 
         start = time.perf_counter()
         now = int(time.time() * 1000)
-        if step <= self._logged_through:  # keys the run never had (final figures) still go
-            metrics = {k: v for k, v in metrics.items() if k not in self._logged_keys}
+        if step <= self._logged_through:  # keys the run never had (final figures) and each attempt's start-up still go
+            metrics = {k: v for k, v in metrics.items() if k not in self._logged_keys or k in PER_ATTEMPT}
         self._pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
         self._steps_since_flush += 1
         self.seconds_in_tracking += time.perf_counter() - start

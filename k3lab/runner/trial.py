@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -213,19 +214,36 @@ def report_metrics(spec: TrialSpec, trainer, metrics: dict, tracker) -> dict:
                       "seed": spec.seed, "done_steps": trainer.step, "total_steps": spec.train.steps}
 
 
-def all_but_the_last_report(spec: TrialSpec, report) -> tuple:
-    """(on_eval, last): on_eval passes every evaluation to report(trainer, metrics, tracker)
-    but the last one, whose report it keeps in `last`. The trial reports that once run_trial
-    has sent its final metrics and closed its run: a scheduler may end the process at it."""
-    last: dict = {}
+class LastReportHeld:
+    """Every evaluation's report goes to `report(trainer, metrics, tracker)` at once except the
+    last one's, which is held, with a checkpoint of the final model (for `k3lab export`), until
+    `send`: after run_trial has sent the final metrics and closed the run, since a scheduler may
+    end the process at that report (ASHA stops every survivor at max_t)."""
 
-    def on_eval(trainer, metrics, tracker):
-        if trainer.step >= spec.train.steps:
-            last.update(report_metrics(spec, trainer, metrics, tracker))
-        else:
-            report(trainer, metrics, tracker)
+    def __init__(self, spec: TrialSpec, report, keep_checkpoint: bool = True):
+        self.spec, self.report, self.keep_checkpoint = spec, report, keep_checkpoint
+        self.metrics: dict = {}
+        self.directory: str | None = None
 
-    return on_eval, last
+    def on_eval(self, trainer, metrics: dict, tracker) -> None:
+        if trainer.step < self.spec.train.steps:
+            self.report(trainer, metrics, tracker)
+            return
+        self.metrics = report_metrics(self.spec, trainer, metrics, tracker)
+        if self.keep_checkpoint:
+            self.directory = tempfile.mkdtemp(prefix="k3lab-final-")
+            save_trainer(trainer, self.directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
+
+    def send(self, report_to_ray, checkpoint_type, result, run_id: str | None, extra: dict | None = None) -> None:
+        # no last evaluation: restored from the final checkpoint, nothing left to train; its
+        # run already holds the final metrics, and Ray gets a report that ends the trial
+        metrics = self.metrics or diverged_report(self.spec, result, run_id)
+        checkpoint = checkpoint_type.from_directory(self.directory) if self.directory else None
+        try:
+            report_to_ray(metrics | (extra or {}), checkpoint=checkpoint)
+        finally:
+            if self.directory:
+                shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def report_with_checkpoint(report, checkpoint_type, trainer, metrics: dict, tracker) -> None:
@@ -262,15 +280,13 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
         report_with_checkpoint(report_to_tune, tune.Checkpoint, trainer,
                                report_metrics(spec, trainer, metrics, tracker), tracker)
 
-    on_eval, last = all_but_the_last_report(spec, report)
-    result, run_id = run_trial(spec, checkpoint=state, on_eval=on_eval, flush_with_checkpoints=True,
+    last = LastReportHeld(spec, report)
+    result, run_id = run_trial(spec, checkpoint=state, on_eval=last.on_eval, flush_with_checkpoints=True,
                                started_at=started_at)
     if result.status != FINISHED:  # diverged: a retry would diverge again, so report and stop
         tune.report(diverged_report(spec, result, run_id))
         return
-    # After run_trial has sent the final metrics and closed the run FINISHED: a scheduler that
-    # stops the trial here (ASHA stops every survivor at max_t) can end the process at once.
-    report_to_tune(last, checkpoint=None)
+    last.send(report_to_tune, tune.Checkpoint, result, run_id)  # the run is closed: Ray may end us here
 
 
 def diverged_report(spec: TrialSpec, result, run_id: str | None) -> dict:
