@@ -20,7 +20,7 @@ from pathlib import Path
 from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from k3lab.runner.efficiency import sweep_efficiency  # noqa: E402
+from k3lab.runner.efficiency import figures_of, sweep_efficiency  # noqa: E402
 
 SECTION = "Sweep sizing: trials per GPU"
 
@@ -51,8 +51,7 @@ def sweep_row(label: str, path: str, gpus: float) -> dict:
     efficiency = parent.data.metrics  # what the sweep's summary printed, when it got that far
     if "sweep_tokens" not in efficiency:  # stopped before its summary: from the trials' figures
         wall = efficiency.get("sweep_wall_s") or (parent.info.end_time - parent.info.start_time) / 1000
-        figures = [{key: t.data.metrics.get(key) for key in ("tokens", "flops_per_token", "startup_s")} for t in trials]
-        efficiency = sweep_efficiency(figures, wall, gpus, device)
+        efficiency = sweep_efficiency(figures_of(trials), wall, gpus, device)
     metrics = [t.data.metrics for t in trials]
     startups = [m["startup_s"] for m in metrics if "startup_s" in m]
     builds = [m["startup_build_s"] for m in metrics if "startup_build_s" in m]

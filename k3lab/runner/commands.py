@@ -152,8 +152,7 @@ def run_train(args) -> int:
     from k3lab.runner.logs import library_logs
     from k3lab.runner.preflight import run_preflight
     from k3lab.runner.sweep import default_storage, tracking_uri_or_default
-    from k3lab.runner.train import save_trainer
-    from k3lab.runner.trial import RUN_ID_KEY, TrialSpec, run_trial
+    from k3lab.runner.trial import TrialSpec, run_trial, save_with_run_id
 
     config, spec = build_train_inputs(args)
     tracking_uri = None if args.no_tracking else tracking_uri_or_default(args.tracking_uri)
@@ -177,7 +176,7 @@ def run_train(args) -> int:
             bar.console.print(f"step {metrics['step']}: val_loss {metrics['val_loss']:.4f} "
                               f"val_bpb {metrics['val_bpb']:.3f}")
             if args.save:
-                save_trainer(trainer, args.save, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
+                save_with_run_id(trainer, args.save, tracker)
 
         result, run_id = run_trial(trial, device=device, progress=progress, on_eval=on_eval)
     val = "-" if result.val_loss is None else f"{result.val_loss:.4f}"

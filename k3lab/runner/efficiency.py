@@ -39,4 +39,9 @@ def trial_figures(tracking_uri: str, parent_run_id: str) -> list[dict]:
     client = MlflowClient(tracking_uri)
     experiment = client.get_run(parent_run_id).info.experiment_id
     runs = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000)
+    return figures_of(runs)
+
+
+def figures_of(runs) -> list[dict]:
+    """tokens, flops_per_token and startup_s of each MLflow run, as `sweep_efficiency` takes them."""
     return [{key: run.data.metrics.get(key) for key in ("tokens", "flops_per_token", "startup_s")} for run in runs]
