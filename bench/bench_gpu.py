@@ -16,6 +16,8 @@ the few fp32 matmuls left (FLA's fused cross-entropy accumulates dW with an fp32
                      FFN of width 2816 in every layer, no AttnRes, tied embeddings, chunked CE
     fla_kda_attnres  fla_kda with Block AttnRes, attnres_block_size = 2 * S (FLA counts sub-layers)
     k3_kda_attnres   k3_kda with Block AttnRes, attn_res_block_size = S (k3lab counts decoder layers)
+    k3_kda_bf16res, k3_kda_attnres_bf16res, k3_kimi_linear_bf16res
+                     the same with `residual_in_fp32: false`: a bf16 residual stream, as FLA's
     k3_kimi_linear   KimiK3 in the Kimi Linear shape: 3 KDA : 1 MLA, Stable LatentMoE after one
                      dense layer, Block AttnRes S, at about the active size of k3_kda
 
@@ -58,7 +60,8 @@ H200_BF16_PEAK = 989e12  # dense bf16 FLOP/s
 HIDDEN, LAYERS, HEADS, HEAD_DIM, VOCAB = 1024, 12, 8, 128, 32000
 FLA_INTERMEDIATE = 2816  # FLA GatedMLP: 256 * ceil(int(1024 * 4 * 2 / 3) / 256)
 BLOCK = 3  # AttnRes block size in decoder layers
-NAMES = ("fla_kda", "k3_kda", "fla_kda_attnres", "k3_kda_attnres", "k3_kimi_linear")
+NAMES = ("fla_kda", "k3_kda", "fla_kda_attnres", "k3_kda_attnres", "k3_kimi_linear",
+         "k3_kda_bf16res", "k3_kda_attnres_bf16res", "k3_kimi_linear_bf16res")
 
 
 def parse_args() -> argparse.Namespace:
@@ -126,7 +129,9 @@ def k3_config(name: str, seq: int):
 
     common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=LAYERS, max_seq_len=seq,
                   kda_implementation="fused", kda_num_heads=HEADS, kda_head_dim=HEAD_DIM, kda_chunk_size=64,
-                  kda_gate_lower_bound=-5.0, attn_res_block_size=BLOCK)
+                  kda_gate_lower_bound=-5.0, attn_res_block_size=BLOCK,
+                  residual_in_fp32=not name.endswith("_bf16res"))
+    name = name.removesuffix("_bf16res")
     if name in ("k3_kda", "k3_kda_attnres"):
         return KimiK3Config(layer_types=("kda",) * LAYERS, num_dense_layers=LAYERS, intermediate_size=FLA_INTERMEDIATE,
                             use_attn_res=name == "k3_kda_attnres", **common)

@@ -8,7 +8,8 @@
 A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
 Muon + AdamW), compile (torch.compile'd blocks), chunkwise (plain-PyTorch KDA instead of
 FLA's), graph (forward+backward replayed as one CUDA graph after the warm-up steps, as
-trials do with `cuda_graph`), ckpt (activation checkpointing of every decoder layer). Each row runs in its own process with the trial's step: bf16 autocast over fp32
+trials do with `cuda_graph`), ckpt (activation checkpointing of every decoder layer), bf16res
+(`residual_in_fp32: false`: the residual stream and AttnRes sources in bf16). Each row runs in its own process with the trial's step: bf16 autocast over fp32
 weights, the loss without logits, gradient clipping at 1.0, every optimizer, the MoE bias
 update. `--before DIR` runs every row a second time with DIR (an older checkout of k3lab,
 e.g. `git archive <commit> | tar x -C DIR`) first on PYTHONPATH, so one run shows before
@@ -35,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = "small@16x512,small@64x1024,small@64x1024:adamw,base@16x2048"
-OPTIONS = ("adamw", "compile", "chunkwise", "graph", "ckpt")
+OPTIONS = ("adamw", "compile", "chunkwise", "graph", "ckpt", "bf16res")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
 
 
@@ -87,7 +88,8 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = True
     options = row["options"]
     config = load_preset(row["preset"]).replace(
-        kda_implementation="chunkwise" if "chunkwise" in options else "fused", max_seq_len=max(row["seq"], 1024))
+        kda_implementation="chunkwise" if "chunkwise" in options else "fused", max_seq_len=max(row["seq"], 1024),
+        residual_in_fp32="bf16res" not in options)
     torch.manual_seed(0)
     model = KimiK3(config).cuda().train()
     model.checkpoint_layers = "ckpt" in options

@@ -277,6 +277,25 @@ def test_attn_res_stream_stays_fp32_under_bf16_autocast(model):
         assert dtypes == [torch.float32] * len(net.layers)
 
 
+def test_residual_in_fp32_false_keeps_the_stream_in_bf16_under_autocast_only(model):
+    """The FLA-style bf16 stream: every layer hands on bf16 under autocast, and without
+    autocast the switch changes nothing (same weights, bitwise the same logits)."""
+    for config in (model.config, model.config.replace(use_attn_res=False)):
+        fp32_stream = KimiK3(config)
+        bf16_stream = KimiK3(config.replace(residual_in_fp32=False))
+        bf16_stream.load_state_dict(fp32_stream.state_dict())
+        dtypes = []
+        for layer in bf16_stream.layers:
+            layer.register_forward_hook(lambda m, a, out: dtypes.append(out[0].dtype))
+        idx = tokens()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss_bf16 = bf16_stream(idx, idx)
+            _, loss_fp32 = fp32_stream(idx, idx)
+        assert dtypes == [torch.bfloat16] * len(bf16_stream.layers)
+        assert abs(loss_bf16.item() - loss_fp32.item()) < 0.02 * loss_fp32.item()
+        assert torch.equal(bf16_stream(idx)[0], fp32_stream(idx)[0])
+
+
 def test_moe_balancing_buffers_stay_fp32_in_a_bf16_model():
     model = KimiK3(tiny_config()).to(torch.bfloat16)
     moe = model.layers[1].ffn

@@ -88,6 +88,9 @@ class KimiK3Config:
 
     # head, numerics
     tie_word_embeddings: bool = True  # one matrix for the embedding and the head (K3: untied)
+    # the residual stream (and every AttnRes source) in fp32 under autocast; false keeps it in the
+    # autocast dtype (bf16), as FLA's models do: half the bytes in every AttnRes mixture
+    residual_in_fp32: bool = True
     rms_norm_eps: float = 1e-6  # every RMSNorm but the MLA latent norms (K3: 1e-5)
     init_std: float = 0.02
 
@@ -118,7 +121,7 @@ class KimiK3Config:
             _require(kind in LAYER_TYPES, f"layer_types[{i}]", f"must be one of {LAYER_TYPES}, got {kind!r}")
         _require(_is_int(self.num_dense_layers) and 0 <= self.num_dense_layers <= self.num_layers,
                  "num_dense_layers", f"must lie in [0, num_layers={self.num_layers}]")
-        for name in ("use_attn_res", "kda_gate_bias", "mla_output_gate", "tie_word_embeddings"):
+        for name in ("use_attn_res", "kda_gate_bias", "mla_output_gate", "tie_word_embeddings", "residual_in_fp32"):
             _require(isinstance(getattr(self, name), bool), name, "must be true or false")
         _require(_is_int(self.attn_res_block_size) and self.attn_res_block_size > 0,
                  "attn_res_block_size", "must be a positive integer")

@@ -116,7 +116,7 @@ class KimiK3DecoderBlock(nn.Module):
             return self.forward_fused(hidden_states, block_residual)
         B, T, C = hidden_states.shape
         prefix_sum = hidden_states
-        stream = prefix_sum.dtype  # the residual stream keeps the embedding's dtype (fp32 under autocast)
+        stream = prefix_sum.dtype  # the residual stream keeps the embedding's dtype (see KimiK3.embed)
 
         # attention input: a mixture over completed endpoints and the incoming prefix
         if block_residual.shape[1] > 0:
@@ -235,7 +235,7 @@ class KimiK3(nn.Module):
         B, T = idx.shape
         if T > self.config.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}")
-        hidden_states = self.embed_tokens(idx)  # (B, T, M)
+        hidden_states = self.embed(idx)  # (B, T, M)
         if self.uses_fused_attn_res(idx):
             endpoints = ()
             for layer in self.layers:
@@ -250,6 +250,18 @@ class KimiK3(nn.Module):
                 block_residual, hidden_states.reshape(B * T, -1), self.final_res_norm, self.final_res_proj
             ).view(B, T, -1)
         return self.norm(hidden_states)
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> (B, T, M): the start of the residual stream, whose dtype the stream keeps.
+
+        Under autocast the embedding is fp32; with `residual_in_fp32` false the stream starts
+        in the autocast dtype instead (bf16), as FLA's models keep it.
+        """
+        x = self.embed_tokens(idx)
+        device = idx.device.type
+        if not self.config.residual_in_fp32 and torch.is_autocast_enabled(device):
+            x = x.to(torch.get_autocast_dtype(device))
+        return x
 
     def run_layer(self, layer: KimiK3DecoderBlock, hidden_states: torch.Tensor, state):
         """One decoder layer; with `checkpoint_layers` in training, its activations are

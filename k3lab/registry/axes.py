@@ -54,7 +54,7 @@ ALIASES = {
     "kda_gate_rank": "kdagate", "kda_gate_bias": "kdagatebias", "kda_qk_l2norm": "l2norm",
     "mla_shared_key_dim": "sharedkey", "mla_output_gate": "mlagate", "mla_latent_norm_eps": "latenteps",
     "tie_word_embeddings": "tied", "rms_norm_eps": "eps", "attn_res_proj_init": "attnresinit",
-    "router_init": "routerinit", "ffn_activation": "act",
+    "router_init": "routerinit", "ffn_activation": "act", "residual_in_fp32": "fp32res",
 }
 
 
