@@ -217,6 +217,10 @@ def measure(name: str, args: argparse.Namespace) -> Result:
     import torch
 
     is_fla = name.startswith("fla")
+    # every configuration compiles from a clean slate: the compiled code of earlier models
+    # counts towards dynamo's recompile limit (a 2026-12-01 run hit it and ran eagerly)
+    gc.collect()
+    torch._dynamo.reset()
     torch.manual_seed(0)
     if is_fla:
         model, flops, n = fla_model(args.seq, attn_res=name.endswith("attnres"))
