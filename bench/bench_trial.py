@@ -87,9 +87,10 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
 
     torch.backends.cuda.matmul.allow_tf32 = True
     options = row["options"]
+    bf16_stream = {"residual_in_fp32": False} if "bf16res" in options else {}  # a --before checkout lacks the field
     config = load_preset(row["preset"]).replace(
         kda_implementation="chunkwise" if "chunkwise" in options else "fused", max_seq_len=max(row["seq"], 1024),
-        residual_in_fp32="bf16res" not in options)
+        **bf16_stream)
     torch.manual_seed(0)
     model = KimiK3(config).cuda().train()
     model.checkpoint_layers = "ckpt" in options

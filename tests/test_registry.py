@@ -370,6 +370,10 @@ def test_shipped_experiments_expand_under_every_profile(path):
         if profile == "gpu":
             assert len(sweep.trials) >= 6 and 0 < sweep.resources.gpu <= 1
             assert sweep.train.steps * len(sweep.trials) * sweep.resources.gpu <= 2000  # ~5 steps/s on one H200
+        if profile in ("gpu", "gpu2"):  # the small preset at its own depth, with the bf16 stream it was sized with
+            small = load_preset("small")
+            assert (sweep.base.num_layers, sweep.base.hidden_size) == (small.num_layers, small.hidden_size)
+            assert sweep.base.residual_in_fp32 is False
 
 
 def test_attnres_experiment_covers_the_ablation():
