@@ -214,26 +214,56 @@ def table(results: list[tuple[str, str, dict]]) -> str:
 
 
 def rows_from_logs(paths: list[str]) -> tuple[list[str], list[str]]:
-    """The measured table rows of saved bench_trial outputs (the last table of each), and the
-    first line of each log, which names when, where and how it was run."""
+    """The measured table rows of saved bench_trial outputs, and the first line of each log,
+    which names when, where and how it was run. Every row line counts, also those a run
+    printed as it went before it was stopped; a row measured twice keeps its last value."""
     origins, rows = [], []
     for path in paths:
         lines = Path(path).read_text().splitlines()
         origins.append(lines[0].lstrip("# "))
-        starts = [i for i, line in enumerate(lines) if line.startswith("| row | code |")]
-        for start in starts:  # every printed table; a row measured twice keeps its last value
-            for line in lines[start + 2:]:
-                if not line.startswith("| "):
-                    break
-                rows = [r for r in rows if r.split("|")[1:3] != line.split("|")[1:3]] + [line]
+        for line in lines[1:]:
+            if is_row_line(line):
+                key = row_key(line)
+                line = with_run_number(line, len(origins))
+                keys = [row_key(r) for r in rows]
+                if key in keys:
+                    rows[keys.index(key)] = line
+                else:
+                    rows.append(line)
     return origins, rows
+
+
+def row_key(line: str) -> tuple[str, str]:
+    """(row, code) of a table line, without the run number."""
+    row, code = line.split("|")[1:3]
+    return row.strip(), code.split("[")[0].strip()
+
+
+def with_run_number(line: str, number: int) -> str:
+    """'| row | after | ...' -> '| row | after [2] | ...': which listed run measured the row."""
+    cells = line.split("|")
+    cells[2] = f" {cells[2].strip()} [{number}] "
+    return "|".join(cells)
+
+
+def is_row_line(line: str) -> bool:
+    """'| small@64x1024:adamw | after | ...': a measured row (not the header or a kernel line)."""
+    cells = line.split("|")
+    if not line.startswith("| ") or len(cells) < 4:
+        return False
+    try:
+        parse_row(cells[1], error=lambda message: (_ for _ in ()).throw(ValueError(message)))
+    except ValueError:
+        return False
+    return True
 
 
 def write_from_logs(paths: list[str]) -> None:
     origins, rows = rows_from_logs(paths)
     header = table([]).splitlines()
-    body = ("Rows from saved outputs of these runs (the logs are in docs/runs/), each row as measured:\n\n"
-            + "\n".join(f"- {origin}" for origin in origins) + "\n\n"
+    body = ("Rows from saved outputs of these runs (the logs are in docs/runs/), each row as measured "
+            "by the run its [number] names:\n\n"
+            + "\n".join(f"{i}. {origin}" for i, origin in enumerate(origins, 1)) + "\n\n"
             + "3 warm-up + 10 timed steps per row, random tokens, bf16 autocast over fp32 weights, fused KDA "
             "(FLA), Muon + AdamW unless `adamw`; `graph`: forward+backward replayed as a CUDA graph, `compile`: "
             "torch.compile'd blocks, `ckpt`: activation checkpointing. Optimizer share = optimizer / (fwd+bwd + "

@@ -9,7 +9,8 @@ from k3lab.cli import main
 from k3lab.errors import UserError
 from k3lab.registry import load_sweep
 from k3lab.runner.efficiency import peak_flops_of, sweep_efficiency
-from k3lab.runner.kernels import cache_info, kernel_shapes, resolve_kernel_cache, use_kernel_cache
+from k3lab.runner import kernels
+from k3lab.runner.kernels import cache_info, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,3 +105,49 @@ def test_the_efficiency_line_names_mfu_warm_up_and_start_up_only_where_they_exis
     cpu = efficiency_line({"sweep_tokens": 512000, "sweep_wall_s": 341, "sweep_tokens_per_s": 1500,
                            "kernel_warmup_s": 0.0})
     assert cpu == "sweep: 512,000 tokens in 341 s = 1,500 tokens/s, sweep MFU n/a (no known GPU)"
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """warm_kernels without a GPU: the forward+backward it would run is recorded instead."""
+    ran = []
+    monkeypatch.setattr(kernels, "require_cuda", lambda: None)
+    monkeypatch.setattr(kernels, "gpu_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(kernels, "run_forward_backward", lambda shape: ran.append(shape.name))
+    return ran
+
+
+def test_a_second_sweep_skips_the_shapes_an_earlier_warm_up_recorded(fake_gpu, tmp_path):
+    shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
+    first = warm_kernels(shapes, cache=tmp_path, skip_recorded=True)
+    assert fake_gpu == [s.name for s in shapes] and first["warmed"] == first["shapes"] == len(shapes)
+    fake_gpu.clear()
+    second = warm_kernels(shapes, cache=tmp_path, skip_recorded=True)
+    assert fake_gpu == [] and (second["shapes"], second["warmed"]) == (len(shapes), 0)
+    assert cache_info(tmp_path)["warm_shapes"] == len(shapes)
+
+
+def test_a_new_batch_gpu_or_library_version_warms_again(fake_gpu, tmp_path, monkeypatch):
+    shape = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))[0]
+    warm_kernels([shape], cache=tmp_path, skip_recorded=True)
+    warm_kernels([kernels.KernelShape(shape.name, shape.config, shape.batch_size * 2, shape.seq_len, shape.autocast)],
+                 cache=tmp_path, skip_recorded=True)
+    monkeypatch.setattr(kernels, "gpu_name", lambda: "NVIDIA H100")
+    warm_kernels([shape], cache=tmp_path, skip_recorded=True)
+    monkeypatch.setattr(kernels, "package_version", lambda name: "9.9")
+    warm_kernels([shape], cache=tmp_path, skip_recorded=True)
+    assert len(fake_gpu) == 4 and cache_info(tmp_path)["warm_shapes"] == 4
+
+
+def test_kernels_warm_command_always_warms_every_shape(fake_gpu, tmp_path):
+    shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
+    warm_kernels(shapes, cache=tmp_path)
+    warm_kernels(shapes, cache=tmp_path)
+    assert len(fake_gpu) == 2 * len(shapes)
+
+
+def test_an_unreadable_warm_record_counts_as_none(fake_gpu, tmp_path):
+    (tmp_path / "warm.json").write_text("{half a fi")
+    shape = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))[0]
+    assert warm_kernels([shape], cache=tmp_path, skip_recorded=True)["warmed"] == 1
+    assert cache_info(tmp_path)["warm_shapes"] == 1

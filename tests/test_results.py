@@ -261,3 +261,23 @@ def test_sweep_sizing_counts_what_a_stopped_sweeps_trials_trained_and_keeps_a_fi
     assert rows["cut"][9:] == ["10.5 / 11.0", "4.5 |"]
     assert rows["whole"][4:8] == ["50", "400,000", "8,000", "25.0%"]
 
+
+
+def test_bench_trial_table_from_logs_takes_rows_a_stopped_run_printed_and_names_their_run(tmp_path):
+    """A run killed before its table still printed each row as it went: those rows count, a
+    row measured again replaces the earlier one in place, and each row names its run."""
+    row = "| small@64x1024 | {code} | {tps} | 5.8% | 232.0 | 225.1 | 6.4 | 3% | 4,633 | 4,631 | 42.8 | 11.5 |"
+    first = tmp_path / "a.log"
+    first.write_text("# run a\n| row | code | tokens/s |\n|---|---|---|\n" + row.format(code="after", tps="1")
+                     + "\n" + row.format(code="before", tps="2") + "\n        8.33 ms/step  9x  some_kernel\n")
+    stopped = tmp_path / "b.log"
+    stopped.write_text("# run b\n" + row.format(code="before", tps="3") + "\n")
+    bench_dir = str(Path(__file__).resolve().parents[1] / "bench")
+    sys.path.insert(0, bench_dir)
+    try:
+        import bench_trial
+    finally:
+        sys.path.remove(bench_dir)
+    origins, rows = bench_trial.rows_from_logs([str(first), str(stopped)])
+    assert origins == ["run a", "run b"]
+    assert [r.split("|")[2:4] for r in rows] == [[" after [1] ", " 1 "], [" before [2] ", " 3 "]]

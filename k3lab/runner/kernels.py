@@ -14,14 +14,25 @@ On a cluster, point it at the shared volume (docker-compose sets K3LAB_KERNEL_CA
 Before a GPU sweep's trials start, `warm_kernels` runs one forward+backward for every
 distinct (model, batch, sequence length) of the sweep, in one process on one GPU: the
 tuning happens once, on a quiet GPU, instead of in every concurrent trial at once.
+
+    <cache>/warm.json  the shapes warmed so far, keyed by a fingerprint of the shape, the GPU
+                       and the torch, Triton and FLA versions
+
+A sweep skips the shapes the record names (a second sweep of the same file starts its
+trials without a warm-up); `k3lab kernels warm` always runs them all.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
 import os
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
@@ -88,35 +99,95 @@ def kernel_shapes(sweep) -> list[KernelShape]:
     return list(shapes.values())
 
 
-def warm_kernels(shapes: list[KernelShape], progress: Callable[[int, int, str, float], None] | None = None) -> dict:
+def warm_kernels(shapes: list[KernelShape], progress: Callable[[int, int, str, float], None] | None = None,
+                 cache: Path | None = None, skip_recorded: bool = False) -> dict:
     """One forward+backward per shape on this process's GPU, as a trial would run it (fused
     KDA where `auto` resolves to it, bf16 autocast unless the shape says otherwise).
 
-    progress(done, total, name, seconds) after each shape. Returns {"shapes", "seconds",
-    "new_autotune_results"} (new *.autotune.json files in Triton's cache)."""
+    With `cache`, the shapes warmed are added to its record; with `skip_recorded` too, the
+    shapes it already names are skipped. progress(done, total, name, seconds) after each shape
+    warmed. Returns {"shapes", "warmed", "seconds", "new_autotune_results"} (new
+    *.autotune.json files in Triton's cache)."""
+    require_cuda()
+    before = autotune_results()
+    started = time.perf_counter()
+    record = read_warm_record(cache) if cache is not None else {}
+    device = gpu_name()
+    fingerprints = {shape: shape_fingerprint(shape, device) for shape in shapes}
+    todo = [shape for shape in shapes if not (skip_recorded and fingerprints[shape] in record)]
+    for i, shape in enumerate(todo):
+        shape_started = time.perf_counter()
+        run_forward_backward(shape)
+        if progress is not None:
+            progress(i + 1, len(todo), shape.name, time.perf_counter() - shape_started)
+    if cache is not None and todo:
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        add_to_warm_record(cache, {fingerprints[shape]: {"shape": shape.name, "device": device, "warmed_at": now}
+                                   for shape in todo})
+    return {"shapes": len(shapes), "warmed": len(todo), "seconds": time.perf_counter() - started,
+            "new_autotune_results": len(autotune_results() - before)}
+
+
+def run_forward_backward(shape: KernelShape) -> None:
+    """One training forward+backward of the shape's model on the GPU: tunes and compiles its kernels."""
     import torch
 
     from k3lab.model.model import KimiK3
 
-    require_cuda()
-    before = autotune_results()
-    started = time.perf_counter()
-    for i, shape in enumerate(shapes):
-        shape_started = time.perf_counter()
-        config = shape.config.resolve_kda(cuda=True)
-        model = KimiK3(config).cuda().train()
-        idx = torch.randint(0, config.vocab_size, (shape.batch_size, shape.seq_len), device="cuda")
-        dtype = getattr(torch, shape.autocast or "bfloat16")
-        with torch.autocast("cuda", dtype=dtype):
-            _, loss = model(idx, torch.roll(idx, -1, dims=1), return_logits=False)
-        loss.backward()
-        torch.cuda.synchronize()
-        del model, loss
-        torch.cuda.empty_cache()
-        if progress is not None:
-            progress(i + 1, len(shapes), shape.name, time.perf_counter() - shape_started)
-    return {"shapes": len(shapes), "seconds": time.perf_counter() - started,
-            "new_autotune_results": len(autotune_results() - before)}
+    config = shape.config.resolve_kda(cuda=True)
+    model = KimiK3(config).cuda().train()
+    idx = torch.randint(0, config.vocab_size, (shape.batch_size, shape.seq_len), device="cuda")
+    dtype = getattr(torch, shape.autocast or "bfloat16")
+    with torch.autocast("cuda", dtype=dtype):
+        _, loss = model(idx, torch.roll(idx, -1, dims=1), return_logits=False)
+    loss.backward()
+    torch.cuda.synchronize()
+    del model, loss
+    torch.cuda.empty_cache()
+
+
+def gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
+# -- the record of warmed shapes ------------------------------------------------------------------
+
+WARM_RECORD = "warm.json"
+
+
+def shape_fingerprint(shape: KernelShape, device: str) -> str:
+    """What decides which kernels a shape tunes: its model, input, autocast, the GPU, and
+    the versions of the libraries that tune and compile."""
+    versions = {name: package_version(name) for name in ("torch", "triton", "fla-core", "flash-linear-attention")}
+    key = [dataclasses.asdict(shape.config), shape.batch_size, shape.seq_len, shape.autocast, device, versions]
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def read_warm_record(cache: Path) -> dict:
+    """{fingerprint: {"shape", "device", "warmed_at"}}; empty when there is none (or it is unreadable)."""
+    try:
+        record = json.loads((cache / WARM_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def add_to_warm_record(cache: Path, entries: dict) -> None:
+    """Merge entries into the record; written whole to a temporary file and renamed, so a
+    reader (another sweep on the shared volume) never sees half a file."""
+    record = read_warm_record(cache) | entries
+    partial = cache / f".{WARM_RECORD}.{os.getpid()}"
+    partial.write_text(json.dumps(record, indent=1, sort_keys=True))
+    partial.replace(cache / WARM_RECORD)
 
 
 def require_cuda() -> None:
@@ -142,7 +213,8 @@ def cache_info(cache: Path) -> dict:
             tuned[kernel] = tuned.get(kernel, 0) + 1
     return {"path": str(cache), "exists": cache.is_dir(), "files": len(files),
             "bytes": sum(p.stat().st_size for p in files), "autotuned": dict(sorted(tuned.items())),
-            "compiled_triton_kernels": sum(p.suffix == ".cubin" for p in files)}
+            "compiled_triton_kernels": sum(p.suffix == ".cubin" for p in files),
+            "warm_shapes": len(read_warm_record(cache))}
 
 
 # -- k3lab kernels warm|info ----------------------------------------------------------------------
@@ -171,7 +243,7 @@ def run_warm(args: argparse.Namespace) -> int:
     use_kernel_cache(cache)
     shapes = kernel_shapes(sweep)
     print(f"warming {len(shapes)} kernel shapes of {sweep.name} ({sweep.profile or 'top-level'} profile) into {cache}")
-    result = warm_kernels(shapes, print_progress)
+    result = warm_kernels(shapes, print_progress, cache=cache)
     print(f"warm: {result['shapes']} shapes in {result['seconds']:.1f} s, "
           f"{result['new_autotune_results']} new autotune results")
     return 0
@@ -187,7 +259,7 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"kernel cache {info['path']}: empty (nothing tuned on this machine yet)")
         return 0
     print(f"kernel cache {info['path']}: {info['files']} files, {info['bytes'] / 2**20:.1f} MiB, "
-          f"{info['compiled_triton_kernels']} compiled Triton kernels")
+          f"{info['compiled_triton_kernels']} compiled Triton kernels, {info['warm_shapes']} sweep shapes warmed")
     for kernel, n in info["autotuned"].items():
         print(f"  {kernel}: {n} tuned shape{'s' if n != 1 else ''}")
     return 0

@@ -174,18 +174,20 @@ def warm_kernels_on_a_gpu(run: SweepRun, say=print) -> dict:
     say(f"kernels: warming {len(shapes)} kernel shape{'s' if len(shapes) != 1 else ''} on one GPU "
         f"(cache {run.kernel_cache}) before the trials start ...")
     try:
-        result = ray.get(ray.remote(num_gpus=1, num_cpus=1)(_warm_task).remote(shapes))
+        result = ray.get(ray.remote(num_gpus=1, num_cpus=1)(_warm_task).remote(shapes, run.kernel_cache))
     except Exception as error:  # the trials can still tune for themselves: not worth failing the sweep
         say(f"kernels: warm-up failed ({str(error).strip().splitlines()[-1][:200]}); trials tune their own kernels")
         return {}
-    say(f"kernels: warm in {result['seconds']:.1f} s ({result['new_autotune_results']} new autotune results)")
+    recorded = result["shapes"] - result["warmed"]
+    already = f", {recorded} already warm from an earlier warm-up" if recorded else ""
+    say(f"kernels: warm in {result['seconds']:.1f} s ({result['new_autotune_results']} new autotune results{already})")
     return result
 
 
-def _warm_task(shapes) -> dict:
-    import torch
+def _warm_task(shapes, cache: Path) -> dict:
+    from k3lab.runner.kernels import gpu_name
 
-    return warm_kernels(shapes) | {"device_name": torch.cuda.get_device_name()}
+    return warm_kernels(shapes, cache=cache, skip_recorded=True) | {"device_name": gpu_name()}
 
 
 def build_scheduler(sweep: Sweep):
