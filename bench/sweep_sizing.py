@@ -50,7 +50,8 @@ def sweep_row(label: str, path: str, gpus: float) -> dict:
     device = next((t.data.tags["k3lab.device"] for t in trials if "k3lab.device" in t.data.tags), None)
     efficiency = parent.data.metrics  # what the sweep's summary printed, when it got that far
     if "sweep_tokens" not in efficiency:  # stopped before its summary: from the trials' figures
-        wall = efficiency.get("sweep_wall_s") or (parent.info.end_time - parent.info.start_time) / 1000
+        end = parent.info.end_time or max((t.info.end_time or 0 for t in trials), default=0)  # a driver killed
+        wall = efficiency.get("sweep_wall_s") or (end - parent.info.start_time) / 1000  # before it closed the run
         efficiency = sweep_efficiency(figures_of(trials), wall, gpus, device)
     metrics = [t.data.metrics for t in trials]
     startups = [m["startup_s"] for m in metrics if "startup_s" in m]
