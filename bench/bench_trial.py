@@ -252,10 +252,14 @@ def is_row_line(line: str) -> bool:
     if not line.startswith("| ") or len(cells) < 4:
         return False
     try:
-        parse_row(cells[1], error=lambda message: (_ for _ in ()).throw(ValueError(message)))
+        parse_row(cells[1], error=raise_value_error)
     except ValueError:
         return False
     return True
+
+
+def raise_value_error(message: str):
+    raise ValueError(message)
 
 
 def write_from_logs(paths: list[str]) -> None:
