@@ -5,7 +5,8 @@
 
 writes the sweep's section of docs/results.md (replaced whole on the next write): the commands that
 ran it (recorded on its parent run), date, machine (the trials' k3lab.device tags), tokens per trial,
-the sweep's totals (sweep_* metrics of the parent run, "n/a" where not logged), the per-variant
+the sweep's totals (sweep_* metrics of the parent run, "n/a" where not logged; from the trials
+when the sweep's driver stopped before it logged them), the per-variant
 table, the seed-paired table against the baseline (`k3lab.runner.stats`), timing, and the plots,
 copied to docs/results/<experiment>/.
 
@@ -27,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from k3lab.runner import stats
+from k3lab.runner.efficiency import sweep_efficiency
 from k3lab.runner.report import TrialRecord, mean_std
 
 
@@ -117,8 +119,20 @@ def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: 
         lines.append(f"- Report: `{report_command}`")
     gpus = parent.metrics.get("sweep_gpus")
     lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms)}", f"- Machine: {machine(records, gpus)}",
-              f"- Tokens per trial: {tokens_per_trial(parent.params)}", f"- Sweep: {sweep_totals(parent.metrics)}"]
+              f"- Tokens per trial: {tokens_per_trial(parent.params)}", f"- Sweep: {sweep_line(parent, records)}"]
     return lines
+
+
+def sweep_line(parent: ParentRecord, records: list[TrialRecord]) -> str:
+    """The sweep's totals as its parent run logged them; for a sweep whose driver stopped before
+    it logged them, the same figures from its trials, up to the last trial's end."""
+    ends = [r.end_ms for r in records if r.end_ms]
+    if "sweep_tokens" in parent.metrics or parent.end_ms or not ends or not parent.start_ms:
+        return sweep_totals(parent.metrics)
+    figures = [{"tokens": r.value("tokens"), "flops_per_token": r.value("flops_per_token")} for r in records]
+    totals = sweep_efficiency(figures, (max(ends) - parent.start_ms) / 1000, gpus=0, device_name=None)
+    return ("stopped before it logged its totals; from its trials, to the last one's end: "
+            + sweep_totals(totals))
 
 
 def date_range(start_ms: int | None, end_ms: int | None) -> str:
