@@ -219,7 +219,7 @@ def rows_from_logs(paths: list[str]) -> tuple[list[str], list[str]]:
     printed as it went before it was stopped; a row measured twice keeps its last value."""
     origins, rows = [], []
     for path in paths:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text().splitlines() or [path]  # an empty log: named by its path
         origins.append(lines[0].lstrip("# "))
         for line in lines[1:]:
             if is_row_line(line):

@@ -1,6 +1,7 @@
 """The per-machine kernel cache, the sweep's kernel warm-up plan, and sweep efficiency."""
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -139,15 +140,32 @@ def test_a_new_batch_gpu_or_library_version_warms_again(fake_gpu, tmp_path, monk
     assert len(fake_gpu) == 4 and cache_info(tmp_path)["warm_shapes"] == 4
 
 
-def test_kernels_warm_command_always_warms_every_shape(fake_gpu, tmp_path):
+def test_kernels_warm_command_always_warms_every_shape(fake_gpu, tmp_path, monkeypatch):
+    for key in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLA_CACHE_RESULTS"):
+        monkeypatch.setenv(key, "")  # the command points them at its cache; restored afterwards
+    command = ["kernels", "warm", str(ROOT / "experiments" / "attnres_block.yaml"), "--profile", "gpu",
+               "--kernel-cache", str(tmp_path)]
+    assert main(command) == 0 and main(command) == 0
     shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
-    warm_kernels(shapes, cache=tmp_path)
-    warm_kernels(shapes, cache=tmp_path)
-    assert len(fake_gpu) == 2 * len(shapes)
+    assert len(fake_gpu) == 2 * len(shapes) and cache_info(tmp_path)["warm_shapes"] == len(shapes)
+
+
+def test_clearing_tritons_cache_clears_the_warm_record(fake_gpu, tmp_path):
+    shape = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))[0]
+    warm_kernels([shape], cache=tmp_path, skip_recorded=True)
+    shutil.rmtree(tmp_path / "triton")
+    assert warm_kernels([shape], cache=tmp_path, skip_recorded=True)["warmed"] == 1
+
+
+def test_a_warm_record_that_cannot_be_written_leaves_the_warm_up_standing(fake_gpu, tmp_path):
+    (tmp_path / "triton").write_text("not a folder")
+    shape = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))[0]
+    assert warm_kernels([shape], cache=tmp_path, skip_recorded=True)["warmed"] == 1
 
 
 def test_an_unreadable_warm_record_counts_as_none(fake_gpu, tmp_path):
-    (tmp_path / "warm.json").write_text("{half a fi")
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "k3lab-warm.json").write_text("{half a fi")
     shape = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))[0]
     assert warm_kernels([shape], cache=tmp_path, skip_recorded=True)["warmed"] == 1
     assert cache_info(tmp_path)["warm_shapes"] == 1

@@ -422,3 +422,23 @@ def test_train_spec_is_plain_attrs():
     assert attrs.asdict(spec)["steps"] == 10 and attrs.evolve(spec, steps=20).steps == 20
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         spec.steps = 3
+
+
+def test_a_field_added_later_keeps_the_ids_of_configs_that_leave_it_at_its_old_value():
+    """Ids name trials for --resume: adding residual_in_fp32 (default true) kept the ids that
+    sweeps started before it had; setting the field gives a new id."""
+    small = load_preset("small")
+    assert config_id(small) == "a2a3ef1e1fd9"  # the small preset's id before the field existed
+    assert config_id(small.replace(residual_in_fp32=False)) != config_id(small)
+
+
+def test_a_profile_base_merges_over_the_files_unless_it_names_another_preset(tmp_path):
+    """The file's `num_layers: 8` was written for its tiny preset: a profile that switches to
+    the small preset gets small's own depth, while a profile that keeps the preset merges."""
+    path = write(tmp_path, "name: t\nbase: {preset: tiny, num_layers: 8}\naxes:\n  attn_res_block_size: [off, 4]\n"
+                           "profiles:\n  gpu: {base: {preset: small, residual_in_fp32: false}}\n"
+                           "  shallow: {base: {num_layers: 4}}\n")
+    small = load_sweep(path, "gpu").base
+    assert small == load_preset("small").replace(residual_in_fp32=False)
+    shallow = load_sweep(path, "shallow").base
+    assert shallow == load_preset("tiny").replace(num_layers=4, layer_types=None)

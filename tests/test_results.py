@@ -177,7 +177,7 @@ def test_results_markdown_has_how_it_ran_and_the_paired_table(paired_store):
     assert "- Report: `k3lab report x`" in text
     assert "- Machine: NVIDIA H200 on 1 host" in text
     assert "- Tokens per trial: 81,920 (10 steps of 16 x 512 tokens)" in text
-    assert "- Sweep: stopped before it logged its totals; from its trials" in text  # the store's parent never closed
+    assert "- Sweep: parent run not closed; from its trials" in text  # the store's parent never closed
     assert "| variant | pairs | val_loss - attnres_off | 95% interval | vs attnres_off | verdict |" in text
     assert "| attnres_bs4 | 3/3 | -0.0300 | [-0.0548, -0.0052] | -1.43% | better |" in text
     assert "| attnres_bs2 | 2/3 | +0.0050 |" in text and "not resolved (interval covers 0) |" in text
@@ -200,11 +200,19 @@ def test_a_sweep_whose_driver_died_before_its_totals_gets_them_from_its_trials(t
     uri, parent, _ = make_store(tmp_path, VAL_LOSS)
     text = results_markdown(build_report(uri, parent), load_parent(uri, parent), "AttnRes")
     line = next(line for line in text.splitlines() if line.startswith("- Sweep: "))
-    assert "stopped before it logged its totals" in line and "MFU n/a" in line
+    assert "parent run not closed; from its trials" in line and "MFU n/a" in line
     assert f"tokens in all {81920 * len(VAL_LOSS):,}," in line
     wall = float(line.split("wall time ")[1].split(" s")[0])
     assert 30 <= wall < 60  # the trials end 30 s after they start, the parent a moment before them
-    MlflowClient(uri).set_terminated(parent, "KILLED")  # closed without totals: nothing to make up
+    client = MlflowClient(uri)
+    still_running = client.create_run(client.get_run(parent).info.experiment_id, run_name="attnres_off-s9",
+                                      tags={"mlflow.parentRunId": parent, "k3lab.variant_name": "attnres_off",
+                                            "k3lab.seed": "9", "k3lab.kind": "trial"}).info.run_id
+    client.log_metric(still_running, "tokens", 81920, step=10)
+    text = results_markdown(build_report(uri, parent), load_parent(uri, parent), "AttnRes")
+    assert "- Sweep: wall time n/a, tokens in all n/a" in text  # a trial without an end: no rate to give
+    client.set_terminated(still_running, "KILLED")
+    client.set_terminated(parent, "KILLED")  # closed without totals: nothing to make up
     text = results_markdown(build_report(uri, parent), load_parent(uri, parent), "AttnRes")
     assert "- Sweep: wall time n/a, tokens in all n/a" in text
 

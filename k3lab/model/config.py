@@ -89,7 +89,8 @@ class KimiK3Config:
     # head, numerics
     tie_word_embeddings: bool = True  # one matrix for the embedding and the head (K3: untied)
     # the residual stream (and every AttnRes source) in fp32 under autocast; false keeps it in the
-    # autocast dtype (bf16), as FLA's models do: half the bytes in every AttnRes mixture
+    # autocast dtype (bf16), as FLA's models do: half the bytes in the stored AttnRes sources and
+    # in FLA's fused mixture (which still sums in fp32, as the plain path does)
     residual_in_fp32: bool = True
     rms_norm_eps: float = 1e-6  # every RMSNorm but the MLA latent norms (K3: 1e-5)
     init_std: float = 0.02

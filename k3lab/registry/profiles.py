@@ -6,7 +6,8 @@ A profile may set `base`, `axes`, `variants`, `seeds`, `baseline`, `train`,
   top-level section (`scheduler: asha` counts as `{kind: asha}`); `match:
   null` turns matching off.
 - `base`: a string replaces the base; a mapping merges key by key over it
-  (`base: tiny` counts as `{preset: tiny}`).
+  (`base: tiny` counts as `{preset: tiny}`), unless it names another preset: then it
+  replaces the base too, as the file's overrides were written for the file's preset.
 - `axes`: axis by axis; an axis set to null is dropped.
 - `variants`, `seeds`, `baseline`: replaced.
 Problems in the merged document that come from the profile are reported at
@@ -60,6 +61,8 @@ def _merge(key: str, old: Any, new: Any) -> Any:
         old = {"kind": old} if isinstance(old, str) else old
     if key == "base" and isinstance(new, dict):
         old = {"preset": old} if isinstance(old, str) else old
+        if isinstance(old, dict) and "preset" in new and new["preset"] != old.get("preset"):
+            return new
     if key in _SECTIONS + ("scheduler", "base") and isinstance(old, dict) and isinstance(new, dict):
         return {**old, **new}
     if key == "axes" and isinstance(old, dict) and isinstance(new, dict):

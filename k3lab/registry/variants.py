@@ -157,9 +157,15 @@ def check_trainable(config: KimiK3Config, train: TrainSpec) -> None:
         raise ValueError(f"train.seq_len={train.seq_len} is not a multiple of kda_chunk_size={config.kda_chunk_size}")
 
 
+# fields added after sweeps were run, with the value every config had before: left out of the
+# id at that value, so a sweep started before a field existed still resumes (same ids)
+ADDED_FIELDS = {"residual_in_fp32": True}
+
+
 def config_id(config: KimiK3Config) -> str:
     """The stable id of a config: sha256 of its canonical JSON, 12 hex digits."""
-    return short_hash(config.to_dict())
+    fields = {k: v for k, v in config.to_dict().items() if not (k in ADDED_FIELDS and v == ADDED_FIELDS[k])}
+    return short_hash(fields)
 
 
 def short_hash(data: Any) -> str:

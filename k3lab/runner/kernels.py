@@ -15,21 +15,24 @@ Before a GPU sweep's trials start, `warm_kernels` runs one forward+backward for 
 distinct (model, batch, sequence length) of the sweep, in one process on one GPU: the
 tuning happens once, on a quiet GPU, instead of in every concurrent trial at once.
 
-    <cache>/warm.json  the shapes warmed so far, keyed by a fingerprint of the shape, the GPU
-                       and the torch, Triton and FLA versions
+    <cache>/triton/k3lab-warm.json  the shapes warmed so far, keyed by a fingerprint of the
+                       shape, the GPU, the torch, Triton and FLA versions and k3lab's model code
 
 A sweep skips the shapes the record names (a second sweep of the same file starts its
-trials without a warm-up); `k3lab kernels warm` always runs them all.
+trials without a warm-up); `k3lab kernels warm` always runs them all. The record lives
+inside Triton's folder, so clearing that folder clears it too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -154,15 +157,25 @@ def gpu_name() -> str:
 
 # -- the record of warmed shapes ------------------------------------------------------------------
 
-WARM_RECORD = "warm.json"
+WARM_RECORD = Path("triton") / "k3lab-warm.json"
+MODEL_CODE = Path(__file__).resolve().parents[1] / "model"
 
 
 def shape_fingerprint(shape: KernelShape, device: str) -> str:
-    """What decides which kernels a shape tunes: its model, input, autocast, the GPU, and
-    the versions of the libraries that tune and compile."""
+    """What decides which kernels a shape tunes: its model, input, autocast, the GPU, the
+    versions of the libraries that tune and compile, and the model code that calls them."""
     versions = {name: package_version(name) for name in ("torch", "triton", "fla-core", "flash-linear-attention")}
-    key = [dataclasses.asdict(shape.config), shape.batch_size, shape.seq_len, shape.autocast, device, versions]
+    key = [dataclasses.asdict(shape.config), shape.batch_size, shape.seq_len, shape.autocast, device, versions,
+           model_code_hash()]
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def model_code_hash() -> str:
+    """sha256 of k3lab/model/*.py: a change there may call other kernels or shapes."""
+    digest = hashlib.sha256()
+    for path in sorted(MODEL_CODE.glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def package_version(name: str) -> str | None:
@@ -182,12 +195,18 @@ def read_warm_record(cache: Path) -> dict:
 
 
 def add_to_warm_record(cache: Path, entries: dict) -> None:
-    """Merge entries into the record; written whole to a temporary file and renamed, so a
-    reader (another sweep on the shared volume) never sees half a file."""
-    record = read_warm_record(cache) | entries
-    partial = cache / f".{WARM_RECORD}.{os.getpid()}"
-    partial.write_text(json.dumps(record, indent=1, sort_keys=True))
-    partial.replace(cache / WARM_RECORD)
+    """Merge entries into the record; written whole to a uniquely named file and renamed, so a
+    reader (another sweep on the shared volume) never sees half a file. A record that cannot
+    be written only costs a later warm-up, so the warm-up's result stands."""
+    path = cache / WARM_RECORD
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(read_warm_record(cache) | entries, indent=1, sort_keys=True))
+        partial.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
 
 
 def require_cuda() -> None:

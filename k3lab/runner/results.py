@@ -124,15 +124,18 @@ def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: 
 
 
 def sweep_line(parent: ParentRecord, records: list[TrialRecord]) -> str:
-    """The sweep's totals as its parent run logged them; for a sweep whose driver stopped before
-    it logged them, the same figures from its trials, up to the last trial's end."""
-    ends = [r.end_ms for r in records if r.end_ms]
-    if "sweep_tokens" in parent.metrics or parent.end_ms or not ends or not parent.start_ms:
+    """The sweep's totals as its parent run logged them. A sweep whose parent run never closed
+    (its driver was stopped, or it is still running) gets them from its trials, up to the last
+    one's end, once every trial has ended; else n/a."""
+    ended = all(r.end_ms for r in records)
+    if "sweep_tokens" in parent.metrics or parent.end_ms or not records or not ended or not parent.start_ms:
+        return sweep_totals(parent.metrics)
+    wall_s = (max(r.end_ms for r in records) - parent.start_ms) / 1000
+    if wall_s <= 0:
         return sweep_totals(parent.metrics)
     figures = [{"tokens": r.value("tokens"), "flops_per_token": r.value("flops_per_token")} for r in records]
-    totals = sweep_efficiency(figures, (max(ends) - parent.start_ms) / 1000, gpus=0, device_name=None)
-    return ("stopped before it logged its totals; from its trials, to the last one's end: "
-            + sweep_totals(totals))
+    totals = sweep_efficiency(figures, wall_s, gpus=0, device_name=None)
+    return "parent run not closed; from its trials, to the last one's end: " + sweep_totals(totals)
 
 
 def date_range(start_ms: int | None, end_ms: int | None) -> str:

@@ -172,7 +172,7 @@ def warm_kernels_on_a_gpu(run: SweepRun, say=print) -> dict:
         return {}
     shapes = kernel_shapes(run.sweep)
     say(f"kernels: warming {len(shapes)} kernel shape{'s' if len(shapes) != 1 else ''} on one GPU "
-        f"(cache {run.kernel_cache}) before the trials start ...")
+        f"(cache {run.kernel_cache}; those it has recorded are skipped) before the trials start ...")
     try:
         result = ray.get(ray.remote(num_gpus=1, num_cpus=1)(_warm_task).remote(shapes, run.kernel_cache))
     except Exception as error:  # the trials can still tune for themselves: not worth failing the sweep
