@@ -270,8 +270,9 @@ def write_from_logs(paths: list[str]) -> None:
             + "\n".join(f"{i}. {origin}" for i, origin in enumerate(origins, 1)) + "\n\n"
             + "3 warm-up + 10 timed steps per row, random tokens, bf16 autocast over fp32 weights, fused KDA "
             "(FLA), Muon + AdamW unless `adamw`; `graph`: forward+backward replayed as a CUDA graph, `compile`: "
-            "torch.compile'd blocks, `ckpt`: activation checkpointing. Optimizer share = optimizer / (fwd+bwd + "
-            "optimizer) GPU time. Kernels and launch calls from torch.profiler (2 steps).\n\n"
+            "torch.compile'd blocks, `ckpt`: activation checkpointing, `bf16res`: the residual stream in bf16 "
+            "(`residual_in_fp32: false`). Optimizer share = optimizer / (fwd+bwd + optimizer) GPU time. Kernels "
+            "and launch calls from torch.profiler (2 steps).\n\n"
             + "\n".join(header + rows))
     print(body)
     sys.path.insert(0, str(ROOT))
@@ -304,7 +305,7 @@ def main() -> None:
                 print(f"    {ms:8.2f} ms/step  {count:6.0f}x  {name[:110]}", flush=True)
     body = (f"{torch.cuda.get_device_name()}: {args.warmup} warm-up + {args.steps} timed steps per row, random "
             "tokens, bf16 autocast over fp32 weights, fused KDA (FLA) unless `chunkwise`, Muon + AdamW unless "
-            "`adamw`. Optimizer share = optimizer / (fwd+bwd + optimizer) GPU time. Kernels and launch calls "
+            "`adamw`, the residual stream in fp32 unless `bf16res`. Optimizer share = optimizer / (fwd+bwd + optimizer) GPU time. Kernels and launch calls "
             "from torch.profiler (2 steps).\n\n" + table(results))
     print(body)
     if args.write:
