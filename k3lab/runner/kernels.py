@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -41,6 +40,7 @@ from typing import Callable
 
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
+from k3lab.registry.variants import short_hash
 
 ENV_VAR = "K3LAB_KERNEL_CACHE"
 
@@ -115,8 +115,8 @@ def warm_kernels(shapes: list[KernelShape], progress: Callable[[int, int, str, f
     before = autotune_results()
     started = time.perf_counter()
     record = read_warm_record(cache) if cache is not None else {}
-    device = gpu_name()
-    fingerprints = {shape: shape_fingerprint(shape, device) for shape in shapes}
+    device, toolchain = gpu_name(), toolchain_fingerprint()
+    fingerprints = {shape: shape_fingerprint(shape, device, toolchain) for shape in shapes}
     todo = [shape for shape in shapes if not (skip_recorded and fingerprints[shape] in record)]
     for i, shape in enumerate(todo):
         shape_started = time.perf_counter()
@@ -161,18 +161,17 @@ WARM_RECORD = Path("triton") / "k3lab-warm.json"
 MODEL_CODE = Path(__file__).resolve().parents[1] / "model"
 
 
-def shape_fingerprint(shape: KernelShape, device: str) -> str:
-    """What decides which kernels a shape tunes: its model, input, autocast, the GPU, the
-    versions of the libraries that tune and compile, and the model code that calls them."""
+def shape_fingerprint(shape: KernelShape, device: str, toolchain: str) -> str:
+    """What decides which kernels a shape tunes: its model, input, autocast, the GPU, and the
+    toolchain (`toolchain_fingerprint`)."""
+    return short_hash([shape.config.to_dict(), shape.batch_size, shape.seq_len, shape.autocast, device, toolchain])
+
+
+def toolchain_fingerprint() -> str:
+    """The versions of the libraries that tune and compile, and k3lab/model/*.py, the code
+    that calls them (a change there may call other kernels or shapes)."""
     versions = {name: package_version(name) for name in ("torch", "triton", "fla-core", "flash-linear-attention")}
-    key = [dataclasses.asdict(shape.config), shape.batch_size, shape.seq_len, shape.autocast, device, versions,
-           model_code_hash()]
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def model_code_hash() -> str:
-    """sha256 of k3lab/model/*.py: a change there may call other kernels or shapes."""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(json.dumps(versions, sort_keys=True).encode())
     for path in sorted(MODEL_CODE.glob("*.py")):
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:16]
