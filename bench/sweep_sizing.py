@@ -20,7 +20,7 @@ from pathlib import Path
 from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from k3lab.runner.efficiency import figures_of, sweep_efficiency  # noqa: E402
+from k3lab.runner.efficiency import figures_of, sweep_efficiency, wall_to_the_end  # noqa: E402
 
 SECTION = "Sweep sizing: trials per GPU"
 
@@ -50,7 +50,10 @@ def sweep_row(label: str, path: str, gpus: float) -> dict:
     device = next((t.data.tags["k3lab.device"] for t in trials if "k3lab.device" in t.data.tags), None)
     efficiency = parent.data.metrics  # what the sweep's summary printed, when it got that far
     if "sweep_tokens" not in efficiency:  # stopped before its summary: from the trials' figures
-        wall = efficiency.get("sweep_wall_s") or wall_to_the_end(parent, trials)
+        wall = efficiency.get("sweep_wall_s") or wall_to_the_end(
+            parent.info.start_time, parent.info.end_time, [t.info.end_time for t in trials])
+        if wall is None:
+            sys.exit(f"{path}: the sweep has not ended (its parent run and a trial are still open)")
         efficiency = sweep_efficiency(figures_of(trials), wall, gpus, device)
     metrics = [t.data.metrics for t in trials]
     startups = [m["startup_s"] for m in metrics if "startup_s" in m]
@@ -65,17 +68,6 @@ def sweep_row(label: str, path: str, gpus: float) -> dict:
             "trial_tokens_per_s": mean_or_none([m["avg_tokens_per_s"] for m in metrics if "avg_tokens_per_s" in m]),
             "startup_mean": mean_or_none(startups), "startup_max": max(startups, default=None),
             "build_mean": mean_or_none(builds), "device": device}
-
-
-def wall_to_the_end(parent, trials) -> float:
-    """Seconds from the sweep's start to its end; for a driver killed before it closed the
-    parent run, to the last trial's end (every trial must have ended)."""
-    end = parent.info.end_time
-    if end is None:
-        if not trials or any(t.info.end_time is None for t in trials):
-            sys.exit(f"{parent.info.run_id}: the sweep has not ended (its parent run and a trial are still open)")
-        end = max(t.info.end_time for t in trials)
-    return (end - parent.info.start_time) / 1000
 
 
 def mean_or_none(values: list[float]) -> float | None:

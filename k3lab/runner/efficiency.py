@@ -13,6 +13,16 @@ from __future__ import annotations
 from k3lab.runner.metrics import peak_flops_of
 
 
+def wall_to_the_end(start_ms: int | None, end_ms: int | None, trial_end_ms: list[int | None]) -> float | None:
+    """Seconds from a sweep's start to its end. A sweep whose parent run never closed (its
+    driver was stopped) ends with its last trial, once every trial has ended; else None."""
+    if end_ms is None and trial_end_ms and all(trial_end_ms):
+        end_ms = max(trial_end_ms)
+    if not start_ms or not end_ms or end_ms <= start_ms:
+        return None
+    return (end_ms - start_ms) / 1000
+
+
 def sweep_efficiency(trials: list[dict], wall_s: float, gpus: float, device_name: str | None,
                      warmup_s: float = 0.0) -> dict[str, float]:
     """trials: dicts with "tokens", "flops_per_token" and optionally "startup_s" (None when

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from k3lab.runner import stats
-from k3lab.runner.efficiency import sweep_efficiency
+from k3lab.runner.efficiency import sweep_efficiency, wall_to_the_end
 from k3lab.runner.report import TrialRecord, mean_std
 
 
@@ -127,11 +127,8 @@ def sweep_line(parent: ParentRecord, records: list[TrialRecord]) -> str:
     """The sweep's totals as its parent run logged them. A sweep whose parent run never closed
     (its driver was stopped, or it is still running) gets them from its trials, up to the last
     one's end, once every trial has ended; else n/a."""
-    ended = all(r.end_ms for r in records)
-    if "sweep_tokens" in parent.metrics or parent.end_ms or not records or not ended or not parent.start_ms:
-        return sweep_totals(parent.metrics)
-    wall_s = (max(r.end_ms for r in records) - parent.start_ms) / 1000
-    if wall_s <= 0:
+    wall_s = wall_to_the_end(parent.start_ms, None, [r.end_ms for r in records])
+    if "sweep_tokens" in parent.metrics or parent.end_ms or wall_s is None:
         return sweep_totals(parent.metrics)
     figures = [{"tokens": r.value("tokens"), "flops_per_token": r.value("flops_per_token")} for r in records]
     totals = sweep_efficiency(figures, wall_s, gpus=0, device_name=None)
