@@ -9,8 +9,8 @@ A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter inste
 Muon + AdamW), compile (torch.compile'd blocks), chunkwise (plain-PyTorch KDA instead of
 FLA's), graph (forward+backward replayed as one CUDA graph after the warm-up steps, as
 trials do with `cuda_graph`), ckpt (activation checkpointing of every decoder layer), bf16res
-(`residual_in_fp32: false`: the residual stream and AttnRes sources in bf16). Each row runs in its own process with the trial's step: bf16 autocast over fp32
-weights, the loss without logits, gradient clipping at 1.0, every optimizer, the MoE bias
+(`residual_in_fp32: false`: the residual stream and AttnRes sources in bf16). Each row runs
+in its own process with the trial's step: bf16 autocast over fp32 weights, the loss without logits, gradient clipping at 1.0, every optimizer, the MoE bias
 update. `--before DIR` runs every row a second time with DIR (an older checkout of k3lab,
 e.g. `git archive <commit> | tar x -C DIR`) first on PYTHONPATH, so one run shows before
 and after side by side.
@@ -217,26 +217,15 @@ def rows_from_logs(paths: list[str]) -> tuple[list[str], list[str]]:
     """The measured table rows of saved bench_trial outputs, and the first line of each log,
     which names when, where and how it was run. Every row line counts, also those a run
     printed as it went before it was stopped; a row measured twice keeps its last value."""
-    origins, rows = [], []
+    origins, rows = [], {}  # (row, code) -> line; a replaced row keeps its place
     for path in paths:
         lines = Path(path).read_text().splitlines() or [path]  # an empty log: named by its path
         origins.append(lines[0].lstrip("# "))
         for line in lines[1:]:
             if is_row_line(line):
-                key = row_key(line)
-                line = with_run_number(line, len(origins))
-                keys = [row_key(r) for r in rows]
-                if key in keys:
-                    rows[keys.index(key)] = line
-                else:
-                    rows.append(line)
-    return origins, rows
-
-
-def row_key(line: str) -> tuple[str, str]:
-    """(row, code) of a table line, without the run number."""
-    row, code = line.split("|")[1:3]
-    return row.strip(), code.split("[")[0].strip()
+                row, code = line.split("|")[1:3]
+                rows[row.strip(), code.strip()] = with_run_number(line, len(origins))
+    return origins, list(rows.values())
 
 
 def with_run_number(line: str, number: int) -> str:
@@ -305,8 +294,8 @@ def main() -> None:
                 print(f"    {ms:8.2f} ms/step  {count:6.0f}x  {name[:110]}", flush=True)
     body = (f"{torch.cuda.get_device_name()}: {args.warmup} warm-up + {args.steps} timed steps per row, random "
             "tokens, bf16 autocast over fp32 weights, fused KDA (FLA) unless `chunkwise`, Muon + AdamW unless "
-            "`adamw`, the residual stream in fp32 unless `bf16res`. Optimizer share = optimizer / (fwd+bwd + optimizer) GPU time. Kernels and launch calls "
-            "from torch.profiler (2 steps).\n\n" + table(results))
+            "`adamw`, the residual stream in fp32 unless `bf16res`. Optimizer share = optimizer / (fwd+bwd + "
+            "optimizer) GPU time. Kernels and launch calls from torch.profiler (2 steps).\n\n" + table(results))
     print(body)
     if args.write:
         sys.path.insert(0, str(ROOT))

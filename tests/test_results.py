@@ -285,7 +285,6 @@ def test_sweep_sizing_counts_what_a_stopped_sweeps_trials_trained_and_keeps_a_fi
     assert rows["whole"][4:8] == ["50", "400,000", "8,000", "25.0%"]
 
 
-
 def test_bench_trial_table_from_logs_takes_rows_a_stopped_run_printed_and_names_their_run(tmp_path):
     """A run killed before its table still printed each row as it went: those rows count, a
     row measured again replaces the earlier one in place, and each row names its run."""
