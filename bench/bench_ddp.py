@@ -151,7 +151,7 @@ def run_row(row: str, args: argparse.Namespace) -> dict:
     results = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not results:
         lines = [line for line in done.stderr.splitlines()  # the rank's own exception, not torchrun's
-                 if re.match(r"[\w.]+(Error|Exception): ", line) and "ChildFailedError" not in line]
+                 if re.match(r"(\[rank\d+\]: )?[\w.]+(Error|Exception): ", line) and "ChildFailedError" not in line]
         tail = [line for line in done.stderr.splitlines() if line.strip()][-1:]
         return {"error": (lines[-1] if lines else f"exit {done.returncode}: {' '.join(tail)}")[:160]}
     return json.loads(results[-1])
