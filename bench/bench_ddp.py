@@ -114,6 +114,7 @@ def measure(row: str, args: argparse.Namespace) -> dict | None:
         gathered = [None] * world
         dist.all_gather_object(gathered, peaks[0])
         peaks = gathered
+        dist.barrier()  # no rank closes its connections while another still reads from them
         dist.destroy_process_group()
     if rank != 0:
         return None
@@ -150,11 +151,26 @@ def run_row(row: str, args: argparse.Namespace) -> dict:
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
     results = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not results:
-        lines = [line for line in done.stderr.splitlines()  # the rank's own exception, not torchrun's
-                 if re.match(r"(\[rank\d+\]: )?[\w.]+(Error|Exception): ", line) and "ChildFailedError" not in line]
-        tail = [line for line in done.stderr.splitlines() if line.strip()][-1:]
-        return {"error": (lines[-1] if lines else f"exit {done.returncode}: {' '.join(tail)}")[:160]}
+        print(f"{row}: torchrun's output (it failed):\n{done.stderr[-6000:]}", file=sys.stderr, flush=True)
+        return {"error": first_failure(done)[:160]}
     return json.loads(results[-1])
+
+
+def first_failure(done: subprocess.CompletedProcess) -> str:
+    """The rank's own exception where it printed one, else what torchrun's summary says of the
+    first rank to fail: the last line of its traceback, or the signal that killed it."""
+    exceptions = [line for line in done.stderr.splitlines()
+                  if re.match(r"(\[rank\d+\]: )?[\w.]+(Error|Exception): ", line) and "ChildFailedError" not in line]
+    if exceptions:
+        return exceptions[-1]
+    root = done.stderr.partition("Root Cause (first observed failure):")[2].split("=" * 20)[0]
+    rank = re.search(r"^\s*rank\s*: (\d+)", root, re.M)
+    exitcode = re.search(r"^\s*exitcode\s*: (-?\d+)", root, re.M)
+    traceback = [line.strip() for line in root.partition("traceback :")[2].splitlines() if line.strip()]
+    if not (rank and exitcode):
+        return f"torchrun exit {done.returncode}"
+    how = traceback[-1] if traceback and not traceback[-1].startswith("To enable traceback") else "no traceback"
+    return f"rank {rank[1]}: exit code {exitcode[1]}: {how}"
 
 
 def table(results: list[tuple[str, dict]]) -> str:
@@ -177,7 +193,9 @@ def table(results: list[tuple[str, dict]]) -> str:
 def main() -> None:
     args = parse_args()
     if args.child:
-        result = measure(args.child, args)
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        result = record(measure)(args.child, args)  # a rank's traceback reaches torchrun's summary
         if result is not None:
             print(json.dumps(result), flush=True)
         return

@@ -93,7 +93,34 @@ def test_ddp_bench_runs_one_worker_and_two_with_each_ddp_setting(tmp_path):
                           cwd=repo, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2:")]
-    assert "failed" not in done.stdout, done.stdout
+    assert "failed" not in done.stdout, done.stdout + done.stderr[-6000:]
     assert any(r.startswith("| 2:legacy | 2 | bucket 25 MB, find unused |") for r in rows)
     assert any(r.startswith("| 2:static | 2 | bucket 100 MB, grad views, static graph |") for r in rows)
     assert any(r.startswith("| 1 | 1 | (no DDP) |") and "| 100.0% |" in r for r in rows)
+
+
+@pytest.mark.parametrize("how, expected", [
+    ("raise RuntimeError('gloo: connection closed')", "RuntimeError: gloo: connection closed"),
+    ("raise AssertionError", "rank 1: exit code 1: AssertionError"),
+    ("os.abort()", "rank 1: exit code -6: Signal 6 (SIGABRT) received by PID"),
+])
+def test_ddp_bench_names_how_a_rank_failed(tmp_path, how, expected):
+    """A failed row says what torchrun saw of the first rank to fail: its exception, its
+    traceback when the exception has no message, or the signal that killed it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "rank.py"
+    script.write_text("import os\nfrom torch.distributed.elastic.multiprocessing.errors import record\n\n\n"
+                      f"@record\ndef main():\n    if os.environ['RANK'] == '1':\n        {how}\n\n\nmain()\n")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script)], capture_output=True, text=True, timeout=120)
+    bench_dir = str(Path(__file__).resolve().parents[1] / "bench")
+    sys.path.insert(0, bench_dir)
+    try:
+        import bench_ddp
+    finally:
+        sys.path.remove(bench_dir)
+    assert done.returncode != 0
+    assert bench_ddp.first_failure(done).startswith(expected)
