@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare.set_defaults(func=run_prepare)
 
     info = commands.add_parser("info", help="show a prepared dataset, or all of them without SOURCE")
-    info.add_argument("source", nargs="?", default=None, help=SOURCE_HELP)
+    info.add_argument("source", nargs="?", default=None,
+                      help="a source as for prepare (default: list every prepared dataset)")
     _common(info, val_default=None)
     info.set_defaults(func=run_info)
 

@@ -12,6 +12,9 @@ from k3lab.model.fidelity import FIDELITIES, fidelity_fields
 from k3lab.registry.commands import add_profile_argument
 from k3lab.registry.spec import METRICS
 
+STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
+TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train one model (a preset or a model YAML) with live progress")
@@ -20,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                        help="override a model field (hidden_size=128) or a train field (train.batch_size=16)")
-    train.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    train.add_argument("--tracking-uri", help=TRACKING_HELP)
     train.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     train.add_argument("--fidelity", choices=FIDELITIES,
@@ -33,11 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep = subparsers.add_parser("sweep", help="run every variant x seed of a sweep file as Ray Tune trials")
     sweep.add_argument("file", help="sweep file, e.g. experiments/attnres_block.yaml")
     add_profile_argument(sweep)
-    sweep.add_argument("--storage", help="folder for Tune state and checkpoints (default ./k3lab_runs)")
+    sweep.add_argument("--storage", help=STORAGE_HELP)
     sweep.add_argument("--kernel-cache", default=None,
                        help="GPU kernel cache folder (default: the sweep file's kernel_cache, $K3LAB_KERNEL_CACHE, "
                             "or ~/.cache/k3lab/kernels)")
-    sweep.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    sweep.add_argument("--tracking-uri", help=TRACKING_HELP)
     sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray instance)")
     sweep.add_argument("--resume", action="store_true", help="continue an interrupted run of this sweep")
     sweep.add_argument("--overwrite", action="store_true", help="discard an earlier run of this sweep and start again")
@@ -53,8 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report = subparsers.add_parser("report", help="rebuild a sweep's summary and plots from the MLflow store")
     report.add_argument("file", help="the sweep file")
     add_profile_argument(report)
-    report.add_argument("--storage")
-    report.add_argument("--tracking-uri")
+    report.add_argument("--storage", help=STORAGE_HELP)
+    report.add_argument("--tracking-uri", help=TRACKING_HELP)
     report.add_argument("--out", help="folder for the plots and summary.json")
     report.add_argument("--markdown", help="also write the results as a section of this markdown file")
     report.add_argument("--metric", choices=METRICS, help="compare this metric instead of the sweep file's")

@@ -245,10 +245,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     warm = commands.add_parser("warm", help="tune and compile every kernel shape a sweep will use, on this GPU")
     warm.add_argument("file", help="sweep YAML file")
     add_profile_argument(warm)
-    warm.add_argument("--kernel-cache", default=None, help=f"cache folder (default ${ENV_VAR} or ~/.cache/k3lab/kernels)")
+    warm.add_argument("--kernel-cache", default=None,
+                      help=f"cache folder (default: the sweep file's kernel_cache, ${ENV_VAR}, or ~/.cache/k3lab/kernels)")
     warm.set_defaults(func=run_warm)
     info = commands.add_parser("info", help="show the kernel cache")
-    info.add_argument("--kernel-cache", default=None, help="cache folder (as for warm)")
+    info.add_argument("--kernel-cache", default=None, help=f"cache folder (default: ${ENV_VAR} or ~/.cache/k3lab/kernels)")
     info.set_defaults(func=run_info)
 
 
