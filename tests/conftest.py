@@ -48,6 +48,15 @@ def fla_reference(relative_path: str):
     return module
 
 
+def bench_script(name: str):
+    """bench/<name>.py loaded as a module by its path (the scripts are run, not installed)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
 def mini_sweep(name: str, description: str) -> str:
     """A sweep file of two variants (AttnRes off / block size 1) of a 2-layer tiny model, 8 steps."""
     return f"""\

@@ -4,6 +4,7 @@ import json
 import textwrap
 
 import pytest
+from conftest import bench_script
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
@@ -109,18 +110,11 @@ def test_ddp_bench_names_how_a_rank_failed(tmp_path, how, expected):
     traceback when the exception has no message, or the signal that killed it."""
     import subprocess
     import sys
-    from pathlib import Path
 
     script = tmp_path / "rank.py"
     script.write_text("import os\nfrom torch.distributed.elastic.multiprocessing.errors import record\n\n\n"
                       f"@record\ndef main():\n    if os.environ['RANK'] == '1':\n        {how}\n\n\nmain()\n")
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            str(script)], capture_output=True, text=True, timeout=120)
-    bench_dir = str(Path(__file__).resolve().parents[1] / "bench")
-    sys.path.insert(0, bench_dir)
-    try:
-        import bench_ddp
-    finally:
-        sys.path.remove(bench_dir)
     assert done.returncode != 0
-    assert bench_ddp.first_failure(done).startswith(expected)
+    assert bench_script("bench_ddp").first_failure(done).startswith(expected)

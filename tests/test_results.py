@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import mini_sweep
+from conftest import bench_script, mini_sweep
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -294,12 +294,6 @@ def test_bench_trial_table_from_logs_takes_rows_a_stopped_run_printed_and_names_
                      + "\n" + row.format(code="before", tps="2") + "\n        8.33 ms/step  9x  some_kernel\n")
     stopped = tmp_path / "b.log"
     stopped.write_text("# run b\n" + row.format(code="before", tps="3") + "\n")
-    bench_dir = str(Path(__file__).resolve().parents[1] / "bench")
-    sys.path.insert(0, bench_dir)
-    try:
-        import bench_trial
-    finally:
-        sys.path.remove(bench_dir)
-    origins, rows = bench_trial.rows_from_logs([str(first), str(stopped)])
+    origins, rows = bench_script("bench_trial").rows_from_logs([str(first), str(stopped)])
     assert origins == ["run a", "run b"]
     assert [r.split("|")[2:4] for r in rows] == [[" after [1] ", " 1 "], [" before [2] ", " 3 "]]

@@ -109,15 +109,15 @@ def warm_kernels(shapes: list[KernelShape], progress: Callable[[int, int, str, f
 
     With `cache`, the shapes warmed are added to its record; with `skip_recorded` too, the
     shapes it already names are skipped. progress(done, total, name, seconds) after each shape
-    warmed. Returns {"shapes", "warmed", "seconds", "new_autotune_results"} (new
-    *.autotune.json files in Triton's cache)."""
+    warmed. Returns {"shapes", "warmed", "seconds", "new_autotune_results", "device_name"}
+    (new *.autotune.json files in Triton's cache; the GPU's name)."""
     require_cuda()
     before = autotune_results()
     started = time.perf_counter()
-    record = read_warm_record(cache) if cache is not None else {}
+    record = read_warm_record(cache) if cache is not None and skip_recorded else {}
     device, toolchain = gpu_name(), toolchain_fingerprint()
     fingerprints = {shape: shape_fingerprint(shape, device, toolchain) for shape in shapes}
-    todo = [shape for shape in shapes if not (skip_recorded and fingerprints[shape] in record)]
+    todo = [shape for shape in shapes if fingerprints[shape] not in record]
     for i, shape in enumerate(todo):
         shape_started = time.perf_counter()
         run_forward_backward(shape)
@@ -128,7 +128,7 @@ def warm_kernels(shapes: list[KernelShape], progress: Callable[[int, int, str, f
         add_to_warm_record(cache, {fingerprints[shape]: {"shape": shape.name, "device": device, "warmed_at": now}
                                    for shape in todo})
     return {"shapes": len(shapes), "warmed": len(todo), "seconds": time.perf_counter() - started,
-            "new_autotune_results": len(autotune_results() - before)}
+            "new_autotune_results": len(autotune_results() - before), "device_name": device}
 
 
 def run_forward_backward(shape: KernelShape) -> None:

@@ -185,9 +185,7 @@ def warm_kernels_on_a_gpu(run: SweepRun, say=print) -> dict:
 
 
 def _warm_task(shapes, cache: Path) -> dict:
-    from k3lab.runner.kernels import gpu_name
-
-    return warm_kernels(shapes, cache=cache, skip_recorded=True) | {"device_name": gpu_name()}
+    return warm_kernels(shapes, cache=cache, skip_recorded=True)
 
 
 def build_scheduler(sweep: Sweep):
