@@ -3,7 +3,7 @@
     python bench/bench_ddp.py --write                       # base preset, 1 GPU vs DDP on 2, DDP settings compared
     python bench/bench_ddp.py --rows 1,2,2:static --preset small --batch 32 --seq 1024
 
-A row is GPUS[:option...]; options change `DDPOptions` (k3lab/runner/ddp.py) from its defaults:
+A row is GPUS[:option...]; options change `DDPOptions` (k3lab/train/ddp.py) from its defaults:
 legacy (the trainer's settings before this benchmark: find_unused_parameters, no gradient
 views, 25 MB buckets), static (static_graph), noview (no gradient views), bucketN (bucket_cap_mb=N).
 The kernels of the shape are tuned first, once, into the kernel cache (as a sweep's warm-up
@@ -78,9 +78,9 @@ def measure(row: str, args: argparse.Namespace) -> dict | None:
     import torch.distributed as dist
 
     from k3lab.registry import TrainSpec, load_preset
-    from k3lab.runner.ddp import DDPOptions
-    from k3lab.runner.metrics import peak_flops
-    from k3lab.runner.train import Trainer
+    from k3lab.train.ddp import DDPOptions
+    from k3lab.train.metrics import peak_flops
+    from k3lab.train.trainer import Trainer
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     cuda = torch.cuda.is_available()  # CPU (gloo) only to try the benchmark itself on a laptop
@@ -131,7 +131,7 @@ def warm_kernel_cache(args: argparse.Namespace) -> None:
     """FLA autotunes each new shape for minutes: tune this one once, here, into the kernel cache
     ($K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels), so the rows' ranks start warm."""
     from k3lab.registry import load_preset
-    from k3lab.runner.kernels import KernelShape, resolve_kernel_cache, use_kernel_cache, warm_kernels
+    from k3lab.tune.kernels import KernelShape, resolve_kernel_cache, use_kernel_cache, warm_kernels
 
     cache = resolve_kernel_cache()
     use_kernel_cache(cache)  # this process and the torchrun jobs it starts

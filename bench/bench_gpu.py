@@ -73,7 +73,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(NAMES)}")
     parser.add_argument("--compile", action="store_true", help="torch.compile KimiK3's decoder blocks")
     parser.add_argument("--graph", action="store_true",
-                        help="replay forward+backward as one CUDA graph (k3lab.runner.graphs), both models")
+                        help="replay forward+backward as one CUDA graph (k3lab.train.graphs), both models")
     parser.add_argument("--cache-dir", default=os.environ.get("K3LAB_KERNEL_CACHE"))
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args()
@@ -192,7 +192,7 @@ class Stepper:
     third step on (the first two compile and autotune), as k3lab trials do."""
 
     def __init__(self, model, optimizer, is_fla: bool, graph: bool):
-        from k3lab.runner.graphs import GraphedForwardBackward
+        from k3lab.train.graphs import GraphedForwardBackward
 
         self.model, self.optimizer, self.is_fla, self.steps = model, optimizer, is_fla, 0
         self.loss_of = loss_function(model, is_fla)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import write_section  # noqa: E402
 from k3lab.data import BatchSampler, prepare_dataset  # noqa: E402
 from k3lab.registry import TrainSpec, load_preset  # noqa: E402
-from k3lab.runner.train import Trainer, train  # noqa: E402
+from k3lab.train.trainer import Trainer, train  # noqa: E402
 
 
 def sampler_tokens_per_s(tokens, batch_size: int, seq_len: int, device: torch.device, batches: int = 200) -> float:

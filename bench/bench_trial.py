@@ -83,7 +83,7 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
     from k3lab.model.model import KimiK3, compile_blocks
     from k3lab.model.optim import build_optimizers
     from k3lab.registry.presets import load_preset
-    from k3lab.runner.metrics import peak_flops
+    from k3lab.train.metrics import peak_flops
 
     torch.backends.cuda.matmul.allow_tf32 = True
     options = row["options"]
@@ -111,7 +111,7 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
 
     graphed = None
     if "graph" in options:
-        from k3lab.runner.graphs import GraphedForwardBackward
+        from k3lab.train.graphs import GraphedForwardBackward
 
         graphed = GraphedForwardBackward(loss_fn, model.parameters())
 

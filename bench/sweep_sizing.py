@@ -5,7 +5,7 @@
 
 Each store holds one run of a sweep (for example with a different --max-concurrent, or with
 NVIDIA MPS on). For each: the parent run's status and wall time, the tokens its trials trained,
-aggregate tokens/s and sweep MFU (`k3lab.runner.efficiency`, over the GPUs given by --gpus),
+aggregate tokens/s and sweep MFU (`k3lab.report.efficiency`, over the GPUs given by --gpus),
 the mean tokens/s of one trial, and trial start-up split into build (imports, data, model,
 MLflow run) and the first step (compilation from the cache, CUDA-graph capture). A sweep
 stopped before its end (status KILLED) still counts what its trials trained until then.
@@ -20,7 +20,7 @@ from pathlib import Path
 from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from k3lab.runner.efficiency import figures_of, sweep_efficiency, wall_to_the_end  # noqa: E402
+from k3lab.report.efficiency import figures_of, sweep_efficiency, wall_to_the_end  # noqa: E402
 
 SECTION = "Sweep sizing: trials per GPU"
 

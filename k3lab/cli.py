@@ -17,10 +17,10 @@ from k3lab.errors import UserError
 COMMAND_MODULES = (
     "k3lab.registry.commands",  # k3lab variants
     "k3lab.data.commands",  # k3lab data prepare|info
-    "k3lab.runner.commands",  # k3lab train|sweep|report
-    "k3lab.runner.kernels",  # k3lab kernels warm|info
+    "k3lab.commands.runs",  # k3lab train|sweep|report
+    "k3lab.tune.kernels",  # k3lab kernels warm|info
     "k3lab.bundle",  # k3lab bundle
-    "k3lab.runner.export",  # k3lab export
+    "k3lab.report.export",  # k3lab export
 )
 
 

@@ -9,8 +9,8 @@ from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
 from k3lab.registry import TrainSpec
-from k3lab.runner.trial import TrialSpec
-from k3lab.runner.tracking import MemoryTracker
+from k3lab.tune.trial import TrialSpec
+from k3lab.store.tracking import MemoryTracker
 
 pytestmark = [pytest.mark.usefixtures("isolated_data"), pytest.mark.slow]
 
@@ -49,7 +49,7 @@ def single_worker_losses(batch_size):
     spec = TrialSpec("x", "one_worker", 0, config.to_dict(), TrainSpec(**(TRAIN | {"batch_size": batch_size})),
                      tracking_uri=None, experiment="x")
     tracker = MemoryTracker()
-    from k3lab.runner.train import Trainer, train
+    from k3lab.train.trainer import Trainer, train
 
     train(config, spec.train, tracker=tracker, trainer=Trainer(config, spec.train, seed=0))
     return [v for _, v in tracker.metrics["train_loss"]]

@@ -541,7 +541,7 @@ def test_cuda_graph_training_steps_match_eager_steps(isolated_data):
     """The captured forward+backward replays what the eager step computes, step after step."""
     needs_fla()
     from k3lab.registry import TrainSpec
-    from k3lab.runner.train import EAGER_STEPS_BEFORE_CAPTURE, Trainer
+    from k3lab.train.trainer import EAGER_STEPS_BEFORE_CAPTURE, Trainer
 
     config = gpu_config(kda_implementation="fused", vocab_size=320)
     runs = {}
@@ -562,7 +562,7 @@ def test_evaluation_of_a_compiled_trainer_equals_eager_evaluation(isolated_data)
     evaluation runs the compiled blocks eagerly, and must give the eager trainer's value."""
     needs_fla()
     from k3lab.registry import TrainSpec
-    from k3lab.runner.train import Trainer
+    from k3lab.train.trainer import Trainer
 
     config = gpu_config(kda_implementation="fused", vocab_size=320)
     trainers = [Trainer(config, TrainSpec(steps=4, batch_size=2, seq_len=256, warmup_steps=1, compile=compiled,

@@ -29,9 +29,9 @@ from k3lab.model.config import KimiK3Config, tiny_config
 from k3lab.model.fidelity import fidelity_fields
 from k3lab.model.model import KimiK3
 from k3lab.model.moe import StableLatentMoE
-from k3lab.runner.checkpoint import load_checkpoint
-from k3lab.runner.export import config_from_params
-from k3lab.runner.tracking import flatten
+from k3lab.train.checkpoint import load_checkpoint
+from k3lab.report.export import config_from_params
+from k3lab.store.tracking import flatten
 
 transformers = pytest.importorskip("transformers", minversion="5.23")
 transformers.logging.set_verbosity_error()  # the "falling back to the PyTorch implementation" notes

@@ -47,7 +47,7 @@ def test_sweep_prints_the_same_header_before_it_starts(tmp_path, sweep_file, mon
     def stop(run, live):  # the header is printed; what the sweep then does is tested elsewhere
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("k3lab.runner.sweep.run_sweep", stop)
+    monkeypatch.setattr("k3lab.tune.sweep.run_sweep", stop)
     assert main(["variants", str(sweep_file)]) == 0
     header = first_line(capsys)
     assert main(["sweep", str(sweep_file), "--storage", str(tmp_path / "runs")]) == 130

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from k3lab.runner.sweep import default_storage
-from k3lab.runner.tracking import artifact_folder_for
+from k3lab.tune.sweep import default_storage
+from k3lab.store.tracking import artifact_folder_for
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

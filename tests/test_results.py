@@ -13,8 +13,8 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
-from k3lab.runner.report import build_report, load_trials, summarize
-from k3lab.runner.results import busy_fraction, load_parent, read_gpu_log, results_markdown
+from k3lab.report.summary import build_report, load_trials, summarize
+from k3lab.report.results import busy_fraction, load_parent, read_gpu_log, results_markdown
 
 VAL_LOSS = {("attnres_off", 0): 2.00, ("attnres_off", 1): 2.02, ("attnres_bs4", 0): 1.96, ("attnres_bs4", 1): 1.98}
 
@@ -102,7 +102,7 @@ def legend_colours(fig) -> dict[str, str]:
 
 
 def test_report_command_keeps_the_files_order_and_one_colour_per_variant_in_every_plot(store, monkeypatch, capsys):
-    from k3lab.runner import report
+    from k3lab.report import summary as report
 
     uri, parent, _, tmp_path = store
     sweep = tmp_path / "attnres_block.yaml"  # the baseline first, as in the store's runs

@@ -1,10 +1,10 @@
-"""Seed-paired comparisons against a baseline (k3lab.runner.stats), on hand-computed cases."""
+"""Seed-paired comparisons against a baseline (k3lab.report.stats), on hand-computed cases."""
 
 import math
 
 import pytest
 
-from k3lab.runner.stats import (
+from k3lab.report.stats import (
     BETTER, NOT_RESOLVED, WORSE, compare, compare_to_baseline, comparison_cells, t_interval, t_quantile,
     t_two_sided_probability, verdict,
 )

@@ -12,7 +12,7 @@ from conftest import mini_sweep, sweep_args
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
-from k3lab.runner.status import final_status
+from k3lab.tune.status import final_status
 
 pytestmark = [pytest.mark.usefixtures("isolated_data"), pytest.mark.slow]
 
@@ -126,8 +126,8 @@ def test_ui_refuses_a_tracking_server_uri(capsys):
 
 def test_diverged_trial_reports_the_worst_metric_value():
     from k3lab.registry import TrainSpec
-    from k3lab.runner.train import TrainResult
-    from k3lab.runner.trial import TrialSpec, diverged_report
+    from k3lab.train.trainer import TrainResult
+    from k3lab.tune.trial import TrialSpec, diverged_report
 
     spec = TrialSpec("id", "v", 0, {}, TrainSpec(steps=10, warmup_steps=1), None, "x", metric="val_bpb", mode="max")
     report = diverged_report(spec, TrainResult(status="diverged", step=3, tokens=300, error="nan"), "run")
@@ -228,7 +228,7 @@ def test_resume_of_a_finished_sweep_shows_its_trials_done_and_keeps_the_first_wa
 def test_a_trial_larger_than_the_ray_cluster_is_refused_with_the_field(tmp_path, resources, cluster, message):
     from k3lab.errors import UserError
     from k3lab.registry.sweep import load_sweep
-    from k3lab.runner.sweep import check_cluster_fits
+    from k3lab.tune.sweep import check_cluster_fits
 
     path = tmp_path / "big.yaml"
     path.write_text(mini_sweep("big", "too large").replace("resources: {cpu: 1, gpu: 0}", f"resources: {resources}"))
@@ -238,7 +238,7 @@ def test_a_trial_larger_than_the_ray_cluster_is_refused_with_the_field(tmp_path,
 
 def test_trials_that_fit_the_ray_cluster_pass_and_ddp_workers_fall_back_to_cpu_without_gpus(tmp_path):
     from k3lab.registry.sweep import load_sweep
-    from k3lab.runner.sweep import check_cluster_fits
+    from k3lab.tune.sweep import check_cluster_fits
 
     for resources, cluster in [("{cpu: 3, gpu: 0.25}", {"CPU": 16, "GPU": 1}),
                                ("{cpu: 8, gpus_per_trial: 2, strategy: ddp}", {"CPU": 32, "GPU": 2}),

@@ -7,9 +7,9 @@ from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
 from k3lab.registry import TrainSpec, load_preset
-from k3lab.runner.checkpoint import load_checkpoint
-from k3lab.runner.train import DIVERGED, FINISHED, Trainer, lr_factor, save_trainer, train
-from k3lab.runner.tracking import MemoryTracker, MLflowTracker
+from k3lab.train.checkpoint import load_checkpoint
+from k3lab.train.trainer import DIVERGED, FINISHED, Trainer, lr_factor, save_trainer, train
+from k3lab.store.tracking import MemoryTracker, MLflowTracker
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
 
@@ -150,7 +150,7 @@ def test_cuda_graph_is_off_with_the_reason_where_it_cannot_run():
 
 
 def test_cuda_graph_blockers_name_accumulation_and_ddp():
-    from k3lab.runner.graphs import cuda_graph_blocker
+    from k3lab.train.graphs import cuda_graph_blocker
 
     cuda = torch.device("cuda")
     assert cuda_graph_blocker(cuda, grad_accum=1, distributed=False) is None
@@ -172,7 +172,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
 
 
 def test_trial_run_records_how_it_ran(tmp_path):
-    from k3lab.runner.trial import TrialSpec, run_trial
+    from k3lab.tune.trial import TrialSpec, run_trial
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny").to_dict(),
@@ -186,7 +186,7 @@ def test_trial_run_records_how_it_ran(tmp_path):
 
 
 def test_moved_sqlite_store_writes_artifacts_beside_itself(tmp_path):
-    from k3lab.runner.tracking import relocate_artifacts
+    from k3lab.store.tracking import relocate_artifacts
 
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir()
@@ -210,7 +210,7 @@ def test_moved_sqlite_store_writes_artifacts_beside_itself(tmp_path):
 
 
 def test_relocation_leaves_other_artifact_locations_alone(tmp_path):
-    from k3lab.runner.tracking import relocate_artifacts
+    from k3lab.store.tracking import relocate_artifacts
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
@@ -223,7 +223,7 @@ def test_relocation_leaves_other_artifact_locations_alone(tmp_path):
 def test_train_final_line_shows_the_run_average_tokens_per_s_not_the_last_windows(monkeypatch, capsys):
     import types
 
-    from k3lab.runner import train as train_module
+    from k3lab.train import trainer as train_module
 
     clock = {"now": 0.0}  # a fake clock: five slow steps, then five fast ones
     monkeypatch.setattr(train_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"],
@@ -245,7 +245,7 @@ def test_train_final_line_shows_the_run_average_tokens_per_s_not_the_last_window
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_every_parameter_gets_a_gradient_even_from_experts_no_token_chose(preset):
-    """DDP runs without find_unused_parameters and may use a static graph (runner/ddp.py):
+    """DDP runs without find_unused_parameters and may use a static graph (train/ddp.py):
     that holds only while every parameter gets a gradient in every step."""
     from k3lab.model.model import KimiK3
 
@@ -266,7 +266,7 @@ def test_a_trial_sends_its_metrics_before_each_report_a_scheduler_may_stop_it_at
     steps it covers, and the last report finds the run closed, with its final metrics."""
     from ray import tune
 
-    from k3lab.runner.trial import RUN_ID_KEY, TrialSpec, tune_trainable
+    from k3lab.tune.trial import RUN_ID_KEY, TrialSpec, tune_trainable
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny").to_dict(),

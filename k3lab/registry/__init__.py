@@ -16,7 +16,8 @@ matching and `profiles` for profile merging.
 from k3lab.registry.axes import Axis, axis_names
 from k3lab.registry.counts import ParamCounts, count
 from k3lab.registry.presets import list_presets, load_preset
-from k3lab.registry.spec import BaseSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SweepSpec, TrainSpec
+from k3lab.registry.spec import BaseSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SweepSpec
+from k3lab.train.spec import TrainSpec
 from k3lab.registry.sweep import Sweep, Trial, load_sweep, resolve_profile, sweep_profiles
 from k3lab.registry.variants import Point, Variant, config_id, expand, points
 

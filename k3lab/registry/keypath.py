@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from k3lab.errors import FieldError  # noqa: F401  (raised by the spec validators; convert reads it)
+
 Path = tuple  # of str (mapping keys) and int (list indices)
 
 
@@ -40,15 +42,6 @@ class SpecError(ValueError):
 
 def _describe(path: Path, message: str) -> str:
     return f"{format_path(path)}: {message}" if path else message
-
-
-class FieldError(ValueError):
-    """Raised by attrs validators: `field` names the offending attribute."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field} {message}")
-        self.field = field
-        self.message = message
 
 
 def format_path(path: Path) -> str:

@@ -2,7 +2,8 @@
 
 `TrainSpec`, `MetricSpec`, `ResourceSpec`, `SchedulerSpec` and `MatchSpec`
 are plain data with a sensible default for every field, so other parts of
-k3lab (the training runner, Ray Tune orchestration) can build them directly.
+k3lab (the training loop, Ray Tune orchestration) can build them directly;
+`TrainSpec` lives beside the training loop, in `k3lab.train.spec`.
 Validators raise `FieldError`, which names the offending field.
 `SweepSpec` is the whole file as written (before a profile is applied and
 before the base model and the axes are resolved; see `k3lab.registry.sweep`).
@@ -15,12 +16,11 @@ from typing import Any
 
 import attrs
 
+from k3lab.errors import FieldError
 from k3lab.model.fidelity import FIDELITIES
-from k3lab.registry.keypath import FieldError
+from k3lab.train.spec import TrainSpec
+from k3lab.validators import non_empty, non_negative, one_of, positive, unit_interval
 
-SCHEDULES = ("cosine", "constant")
-DTYPES = ("float32", "bfloat16")
-AUTOCAST_DTYPES = ("bfloat16", "float16")
 METRIC_MODES = ("min", "max")
 METRICS = ("val_loss", "val_bpb", "train_loss")  # what every trial reports at each evaluation
 SCHEDULER_KINDS = ("none", "asha")
@@ -29,116 +29,17 @@ STRATEGIES = ("ddp",)
 MATCH_BY = ("active_params", "total_params")
 ADJUSTABLE_FIELDS = ("intermediate_size", "moe_intermediate_size", "moe_latent_size")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-DEFAULT_WARMUP_STEPS = 20  # clipped to `steps` when the file does not set warmup_steps
-
-
-# -- validators -----------------------------------------------------------------
-
-
-def _positive(instance, attribute, value) -> None:
-    if value is not None and not value > 0:
-        raise FieldError(attribute.name, f"must be positive, got {value!r}")
-
-
-def _non_negative(instance, attribute, value) -> None:
-    if value is not None and not value >= 0:
-        raise FieldError(attribute.name, f"must be non-negative, got {value!r}")
-
-
-def _one_of(*choices):
-    def check(instance, attribute, value) -> None:
-        if value not in choices:
-            shown = ", ".join("null" if c is None else str(c) for c in choices)
-            raise FieldError(attribute.name, f"must be one of {shown}, got {value!r}")
-
-    return check
-
-
-def _unit_interval(instance, attribute, value) -> None:
-    if not 0 <= value <= 1:
-        raise FieldError(attribute.name, f"must lie in [0, 1], got {value!r}")
-
-
-def _non_empty(instance, attribute, value) -> None:
-    if not value:
-        raise FieldError(attribute.name, "must not be empty")
 
 
 # -- sections -------------------------------------------------------------------
 
 
 @attrs.frozen
-class TrainSpec:
-    """One training trial: optimiser, schedule, data and numerics.
-
-    `lr` is the AdamW learning rate (embeddings, head, norms, gains, biases);
-    `muon_lr` the Muon rate for hidden matrices, null meaning `lr` (Muon's
-    update RMS is matched to AdamW's, see `k3lab.model.optim`).
-    The schedule is linear warmup for `warmup_steps` (default 20, or `steps`
-    when that is fewer), then `cosine` decay to `min_lr_ratio * lr` at `steps`,
-    or `constant`. `dtype` is the parameter dtype; `autocast` (null, bfloat16,
-    float16) the autocast dtype of the forward pass. `eval_interval` steps between evaluations of `eval_batches`
-    validation batches; each evaluation is one Ray Tune report.
-    `compile` torch.compiles the decoder blocks; `cuda_graph` captures forward+backward
-    as one CUDA graph (null: wherever it can run -- CUDA, no gradient accumulation, one
-    process); `activation_checkpointing` recomputes each decoder layer in backward
-    instead of storing its activations (less memory for large batches, ~1/3 more compute).
-    """
-
-    steps: int = attrs.field(default=200, validator=_positive)
-    batch_size: int = attrs.field(default=8, validator=_positive)
-    seq_len: int = attrs.field(default=128, validator=_positive)
-    grad_accum: int = attrs.field(default=1, validator=_positive)
-    lr: float = attrs.field(default=3e-3, validator=_positive)
-    muon_lr: float | None = attrs.field(default=None, validator=_positive)
-    weight_decay: float = attrs.field(default=0.1, validator=_non_negative)
-    warmup_steps: int = attrs.field(default=attrs.Factory(lambda self: min(DEFAULT_WARMUP_STEPS, self.steps),
-                                                          takes_self=True), validator=_non_negative)
-    schedule: str = attrs.field(default="cosine", validator=_one_of(*SCHEDULES))
-    min_lr_ratio: float = attrs.field(default=0.1, validator=_unit_interval)
-    grad_clip: float | None = attrs.field(default=1.0, validator=_positive)
-    eval_interval: int = attrs.field(default=50, validator=_positive)
-    eval_batches: int = attrs.field(default=8, validator=_positive)
-    dataset: str = attrs.field(default="stdlib", validator=_non_empty)
-    tokenizer: str = attrs.field(default="byte", validator=_non_empty)
-    compile: bool = False
-    cuda_graph: bool | None = None
-    activation_checkpointing: bool = False
-    dtype: str = attrs.field(default="float32", validator=_one_of(*DTYPES))
-    autocast: str | None = attrs.field(default=None, validator=_one_of(None, *AUTOCAST_DTYPES))
-    log_interval: int = attrs.field(default=10, validator=_positive)
-
-    def __attrs_post_init__(self) -> None:
-        if self.warmup_steps > self.steps:
-            raise FieldError("warmup_steps", f"must not exceed steps={self.steps}, got {self.warmup_steps}")
-
-    def default_notes(self, written: dict[str, Any]) -> tuple[str, ...]:
-        """Defaults that were changed to fit the settings the user `written` (a train section)."""
-        if "warmup_steps" not in written and self.warmup_steps < DEFAULT_WARMUP_STEPS:
-            return (f"train.warmup_steps: the default {DEFAULT_WARMUP_STEPS} is clipped to steps={self.steps}",)
-        return ()
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.seq_len * self.grad_accum
-
-    @property
-    def total_tokens(self) -> int:
-        return self.steps * self.tokens_per_step
-
-    @property
-    def num_evals(self) -> int:
-        """Evaluations (Tune reports) in one trial: every eval_interval steps and
-        after the last step."""
-        return -(-self.steps // self.eval_interval)
-
-
-@attrs.frozen
 class MetricSpec:
     """The metric the sweep optimises and compares, e.g. val_loss (min)."""
 
-    name: str = attrs.field(default="val_loss", validator=_one_of(*METRICS))
-    mode: str = attrs.field(default="min", validator=_one_of(*METRIC_MODES))
+    name: str = attrs.field(default="val_loss", validator=one_of(*METRICS))
+    mode: str = attrs.field(default="min", validator=one_of(*METRIC_MODES))
 
 
 @attrs.frozen
@@ -150,11 +51,11 @@ class ResourceSpec:
     trial in the process of one that ended (Ray Tune's option): imports, the CUDA context
     and in-memory kernel caches are kept, so start-up is shorter."""
 
-    cpu: float = attrs.field(default=1.0, validator=_positive)
-    gpu: float = attrs.field(default=0.0, validator=_non_negative)
-    max_concurrent_trials: int | None = attrs.field(default=None, validator=_positive)
-    gpus_per_trial: int | None = attrs.field(default=None, validator=_positive)
-    strategy: str | None = attrs.field(default=None, validator=_one_of(None, *STRATEGIES))
+    cpu: float = attrs.field(default=1.0, validator=positive)
+    gpu: float = attrs.field(default=0.0, validator=non_negative)
+    max_concurrent_trials: int | None = attrs.field(default=None, validator=positive)
+    gpus_per_trial: int | None = attrs.field(default=None, validator=positive)
+    strategy: str | None = attrs.field(default=None, validator=one_of(None, *STRATEGIES))
     reuse_actors: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
@@ -183,11 +84,11 @@ class SchedulerSpec:
     `resolved`. A sweep file may write just `scheduler: asha`.
     """
 
-    kind: str = attrs.field(default="none", validator=_one_of(*SCHEDULER_KINDS))
-    max_t: int | None = attrs.field(default=None, validator=_positive)
-    grace_period: int = attrs.field(default=1, validator=_positive)
+    kind: str = attrs.field(default="none", validator=one_of(*SCHEDULER_KINDS))
+    max_t: int | None = attrs.field(default=None, validator=positive)
+    grace_period: int = attrs.field(default=1, validator=positive)
     reduction_factor: float = attrs.field(default=2.0)
-    time_attr: str = attrs.field(default="training_iteration", validator=_one_of(*TIME_ATTRS))
+    time_attr: str = attrs.field(default="training_iteration", validator=one_of(*TIME_ATTRS))
 
     @reduction_factor.validator
     def _check_reduction(self, attribute, value) -> None:
@@ -211,9 +112,9 @@ class MatchSpec:
     """Parameter matching: resize `adjust` in every variant until its `by` count
     lies within `tolerance` (relative) of the base model's."""
 
-    by: str = attrs.field(default="active_params", validator=_one_of(*MATCH_BY))
+    by: str = attrs.field(default="active_params", validator=one_of(*MATCH_BY))
     tolerance: float = attrs.field(default=0.02)
-    adjust: str = attrs.field(default="intermediate_size", validator=_one_of(*ADJUSTABLE_FIELDS))
+    adjust: str = attrs.field(default="intermediate_size", validator=one_of(*ADJUSTABLE_FIELDS))
 
     @tolerance.validator
     def _check_tolerance(self, attribute, value) -> None:
@@ -229,7 +130,7 @@ class BaseSpec:
     as `base: tiny` or `base: {preset: tiny, fidelity: k3, num_layers: 8}`."""
 
     preset: str | None = None
-    fidelity: str | None = attrs.field(default=None, validator=_one_of(None, *FIDELITIES))
+    fidelity: str | None = attrs.field(default=None, validator=one_of(None, *FIDELITIES))
     overrides: dict[str, Any] = attrs.Factory(dict)
 
 

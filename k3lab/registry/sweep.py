@@ -23,7 +23,8 @@ from k3lab.registry.fields import check_fields
 from k3lab.registry.keypath import SpecError
 from k3lab.registry.presets import model_fields
 from k3lab.registry.profiles import apply_profile, check_profiles, locate, profile_names
-from k3lab.registry.spec import BaseSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SweepSpec, TrainSpec
+from k3lab.registry.spec import BaseSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SweepSpec
+from k3lab.train.spec import TrainSpec
 from k3lab.registry.variants import Point, Variant, expand, parse_explicit, point_names, points
 from k3lab.registry.yamlfile import read_yaml
 
@@ -48,7 +49,7 @@ class Trial:
 
 @attrs.frozen
 class Sweep:
-    """A loaded sweep under one profile: what the runner needs to start trials."""
+    """A loaded sweep under one profile: what `k3lab.tune` needs to start trials."""
 
     name: str
     description: str
@@ -65,7 +66,7 @@ class Sweep:
     match: MatchSpec | None
     variants: tuple[Variant, ...]
     baseline: str  # the valid variant the others are compared against, paired by seed
-    kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.runner.kernels
+    kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.tune.kernels
     notes: tuple[str, ...] = ()  # defaults adapted to what the file sets, shown with the plan
 
     @property

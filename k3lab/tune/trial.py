@@ -20,11 +20,11 @@ from pathlib import Path
 import attrs
 
 from k3lab.model.config import KimiK3Config
-from k3lab.registry import TrainSpec
-from k3lab.runner.checkpoint import load_checkpoint
-from k3lab.runner.metrics import device_name
-from k3lab.runner.tracking import MLflowTracker, flatten
-from k3lab.runner.train import FINISHED, TrainResult, Trainer, save_trainer, train
+from k3lab.train.spec import TrainSpec
+from k3lab.train.checkpoint import load_checkpoint
+from k3lab.train.metrics import device_name
+from k3lab.store.tracking import MLflowTracker, flatten
+from k3lab.train.trainer import FINISHED, TrainResult, Trainer, save_trainer, train
 
 RUN_ID_KEY = "mlflow_run_id"
 

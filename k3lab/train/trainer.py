@@ -2,7 +2,7 @@
 
     result = train(config, train_spec, tracker=None, checkpoint=None, seed=0)
 
-Used in-process (`k3lab train`) and inside Ray Tune trials (`k3lab.runner.trainable`).
+Used in-process (`k3lab train`) and inside Ray Tune trials (`k3lab.tune.trial`).
 Per-step values stay on the device and are fetched once per `log_interval` window,
 so the loop does not wait on the host every step; NaN/inf is caught at that point and
 stops the trial with status "diverged".
@@ -28,11 +28,11 @@ from k3lab.model.counting import count_parameters
 from k3lab.model.inference import eager_if_compiled
 from k3lab.model.model import KimiK3, compile_blocks
 from k3lab.model.optim import build_optimizers
-from k3lab.registry import TrainSpec
-from k3lab.runner.ddp import DDPOptions, wrap_ddp
-from k3lab.runner.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from k3lab.runner.graphs import GraphedForwardBackward, cuda_graph_blocker
-from k3lab.runner.metrics import attn_res_metrics, moe_metrics, peak_flops
+from k3lab.train.spec import TrainSpec
+from k3lab.train.ddp import DDPOptions, wrap_ddp
+from k3lab.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from k3lab.train.graphs import GraphedForwardBackward, cuda_graph_blocker
+from k3lab.train.metrics import attn_res_metrics, moe_metrics, peak_flops
 
 FINISHED, DIVERGED = "finished", "diverged"
 EAGER_STEPS_BEFORE_CAPTURE = 2  # kernels compiled and autotuned, allocator warm

@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from k3lab.runner.train import FINISHED
-from k3lab.runner.trial import (LastReportHeld, TrialSpec, diverged_report, inject_failure, limit_threads,
+from k3lab.train.trainer import FINISHED
+from k3lab.tune.trial import (LastReportHeld, TrialSpec, diverged_report, inject_failure, limit_threads,
                                 load_ray_checkpoint, report_metrics, report_with_checkpoint, run_trial)
 
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import attrs
 
 import k3lab
-from k3lab.runner.tracking import MLflowTracker, flatten, relocate_artifacts
+from k3lab.store.tracking import MLflowTracker, flatten, relocate_artifacts
 
 if TYPE_CHECKING:
-    from k3lab.runner.sweep import SweepRun
+    from k3lab.tune.sweep import SweepRun
 
 
 def git_commit() -> str:

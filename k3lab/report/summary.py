@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 
 from rich.table import Table
 
-from k3lab.runner import stats
+from k3lab.report import stats
 
 
 @dataclass

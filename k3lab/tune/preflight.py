@@ -21,8 +21,8 @@ import attrs
 from k3lab.data import Dataset
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
-from k3lab.registry import TrainSpec
-from k3lab.runner.tracking import artifact_folder_for, sqlite_path
+from k3lab.train.spec import TrainSpec
+from k3lab.store.tracking import artifact_folder_for, sqlite_path
 
 TRACKING_TIMEOUT_S = 3.0  # an MLflow server answers /health in milliseconds
 
@@ -133,7 +133,7 @@ def prepared_dataset(train: TrainSpec, progress: bool) -> Dataset:
 
 def check_models(models: dict[str, KimiK3Config], train: TrainSpec, vocab_size: int) -> None:
     """Every model can train on this data (vocabulary, sequence length, KDA chunks)."""
-    from k3lab.runner.train import check_shapes
+    from k3lab.train.trainer import check_shapes
 
     for label, config in models.items():
         try:

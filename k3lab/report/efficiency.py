@@ -10,7 +10,7 @@ cluster the sweep ran on; without GPUs the MFU is not reported.
 
 from __future__ import annotations
 
-from k3lab.runner.metrics import peak_flops_of
+from k3lab.train.metrics import peak_flops_of
 
 
 def wall_to_the_end(start_ms: int | None, end_ms: int | None, trial_end_ms: list[int | None]) -> float | None:

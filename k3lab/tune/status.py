@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ray import tune
 
-from k3lab.runner.trial import RUN_ID_KEY
+from k3lab.tune.trial import RUN_ID_KEY
 
 
 def final_status(result: dict, errored: bool) -> str:

@@ -5,7 +5,7 @@ Layout under the storage folder (default ./k3lab_runs):
     <storage>/<experiment>.k3lab.json the sweep's MLflow parent run id, for --resume
     <storage>/<experiment>.log        Ray's and MLflow's notices (on the terminal with --verbose)
 
-GPU kernels are tuned once per machine in the kernel cache (`k3lab.runner.kernels`), and a
+GPU kernels are tuned once per machine in the kernel cache (`k3lab.tune.kernels`), and a
 GPU sweep warms every kernel shape it will use on one GPU before its trials start.
 """
 
@@ -21,13 +21,13 @@ from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.registry import ResourceSpec, Sweep
-from k3lab.runner.efficiency import sweep_efficiency, trial_figures
-from k3lab.runner.kernels import cache_env, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
-from k3lab.runner.logs import library_logs
-from k3lab.runner.parent import ParentRun, record_sweep
-from k3lab.runner.preflight import Preflight, run_preflight
-from k3lab.runner.tracking import default_tracking_uri
-from k3lab.runner.trial import TrialSpec, tune_trainable
+from k3lab.report.efficiency import sweep_efficiency, trial_figures
+from k3lab.tune.kernels import cache_env, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
+from k3lab.tune.logs import library_logs
+from k3lab.tune.parent import ParentRun, record_sweep
+from k3lab.tune.preflight import Preflight, run_preflight
+from k3lab.store.tracking import default_tracking_uri
+from k3lab.tune.trial import TrialSpec, tune_trainable
 
 
 @dataclass
@@ -212,7 +212,7 @@ def build_trainable(run: SweepRun, specs: dict[str, TrialSpec]):
     resources = run.sweep.resources
     if resources.strategy != "ddp":
         return tune.with_resources(tune.with_parameters(tune_trainable, trials=specs), resources.tune_resources())
-    from k3lab.runner.distributed import ddp_trainable
+    from k3lab.tune.distributed import ddp_trainable
 
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     trainable = tune.with_parameters(ddp_trainable, trials=specs, num_workers=resources.gpus_per_trial,
@@ -289,11 +289,11 @@ def gpu_field(sweep: Sweep) -> str:
 
 
 def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
-    """Run (or resume) the sweep; returns the report summary (see `k3lab.runner.report`).
+    """Run (or resume) the sweep; returns the report summary (see `k3lab.report.summary`).
 
     Everything that can be checked is checked first (`check_experiment_dir`, the preflight);
     only then is the parent MLflow run opened, and whatever happens after, it is closed."""
-    from k3lab.runner.report import build_report
+    from k3lab.report.summary import build_report
 
     check_experiment_dir(run)
     run_preflight(sweep_preflight(run, progress=live))
@@ -343,8 +343,8 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print) -> tupl
     "seconds" of warm-up}). Raises KeyboardInterrupt when Tune stopped on Ctrl-C with trials left."""
     import ray
 
-    from k3lab.runner.progress import SweepProgress, earlier_trials
-    from k3lab.runner.status import MLflowStatusCallback
+    from k3lab.tune.progress import SweepProgress, earlier_trials
+    from k3lab.tune.status import MLflowStatusCallback
 
     specs = trial_specs(run, parent_run_id)
     progress = SweepProgress(run.sweep, specs, live=live)

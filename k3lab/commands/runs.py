@@ -97,7 +97,8 @@ def build_train_inputs(args):
     import attrs
 
     from k3lab.model.config import KimiK3Config, config_fields
-    from k3lab.registry import TrainSpec, load_preset
+    from k3lab.registry import load_preset
+    from k3lab.train.spec import TrainSpec
 
     model_overrides, train_overrides = parse_overrides(args.overrides)
     config = load_preset(args.model)
@@ -131,7 +132,7 @@ def build_train_inputs(args):
 
 def parse_device(name: str | None):
     """The torch device `--device` names (default: cuda when available)."""
-    from k3lab.runner.train import resolve_device
+    from k3lab.train.trainer import resolve_device
 
     try:
         return resolve_device(name)
@@ -141,7 +142,7 @@ def parse_device(name: str | None):
 
 def train_preflight(args, config, spec, tracking_uri: str | None, device, log_file: Path | None):
     """What `k3lab train` needs, for `run_preflight`."""
-    from k3lab.runner.preflight import Preflight
+    from k3lab.tune.preflight import Preflight
 
     return Preflight(tracking_uri=tracking_uri, train=spec, models={"": config},
                      folders={"log folder": log_file.parent} if log_file else {},
@@ -152,10 +153,10 @@ def run_train(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from k3lab.runner.logs import library_logs
-    from k3lab.runner.preflight import run_preflight
-    from k3lab.runner.sweep import default_storage, tracking_uri_or_default
-    from k3lab.runner.trial import TrialSpec, run_trial, save_with_run_id
+    from k3lab.tune.logs import library_logs
+    from k3lab.tune.preflight import run_preflight
+    from k3lab.tune.sweep import default_storage, tracking_uri_or_default
+    from k3lab.tune.trial import TrialSpec, run_trial, save_with_run_id
 
     config, spec = build_train_inputs(args)
     tracking_uri = None if args.no_tracking else tracking_uri_or_default(args.tracking_uri)
@@ -208,7 +209,7 @@ def wide_console():
 def sweep_run_from_args(args, **options):
     """The sweep file under its profile, with the storage and tracking store the flags name."""
     from k3lab.registry.commands import load_sweep_for
-    from k3lab.runner.sweep import SweepRun, default_storage, tracking_uri_or_default
+    from k3lab.tune.sweep import SweepRun, default_storage, tracking_uri_or_default
 
     return SweepRun(sweep=load_sweep_for(args.file, args.profile),
                     storage=Path(args.storage) if args.storage else default_storage(),
@@ -217,7 +218,7 @@ def sweep_run_from_args(args, **options):
 
 def print_summary(console, run, summary: dict) -> None:
     """The per-variant table, the paired comparisons against the baseline, then the report files written."""
-    from k3lab.runner.report import paired_table, summary_table
+    from k3lab.report.summary import paired_table, summary_table
 
     metric, baseline = summary["metric"], summary.get("baseline")
     console.print(summary_table(summary["rows"], metric, title=f"{run.experiment}: final {metric}"))
@@ -231,7 +232,7 @@ def print_summary(console, run, summary: dict) -> None:
 
 
 def efficiency_line(e: dict) -> str:
-    """The sweep's hardware use in one line (see k3lab.runner.efficiency)."""
+    """The sweep's hardware use in one line (see k3lab.report.efficiency)."""
     mfu = f"sweep MFU {e['sweep_mfu']:.1%}" if "sweep_mfu" in e else "sweep MFU n/a (no known GPU)"
     times = [f"kernel warm-up {e['kernel_warmup_s']:.1f} s"] if e.get("kernel_warmup_s") else []
     if "trial_startup_s_max" in e:
@@ -242,7 +243,7 @@ def efficiency_line(e: dict) -> str:
 
 def run_sweep_command(args) -> int:
     from k3lab.registry.commands import print_plan, variant_table
-    from k3lab.runner.sweep import run_sweep
+    from k3lab.tune.sweep import run_sweep
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
@@ -268,7 +269,7 @@ def run_sweep_command(args) -> int:
 
 
 def run_report(args) -> int:
-    from k3lab.runner.report import build_report
+    from k3lab.report.summary import build_report
 
     run = sweep_run_from_args(args)
     sweep = run.sweep
@@ -310,7 +311,7 @@ def run_ui(args) -> int:
     import os
     import shutil
 
-    from k3lab.runner.sweep import tracking_uri_or_default
+    from k3lab.tune.sweep import tracking_uri_or_default
 
     uri = tracking_uri_or_default(args.tracking_uri)
     if uri.startswith(("http://", "https://")):
@@ -326,7 +327,7 @@ def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> None
     """The sweep's section of the markdown file, with its plots copied into a folder beside it
     (docs/results.md -> docs/results/<experiment>/*.png) and linked from the section."""
     from k3lab.markdown import replace_section
-    from k3lab.runner.results import copy_plots, load_parent, results_markdown
+    from k3lab.report.results import copy_plots, load_parent, results_markdown
 
     markdown = Path(args.markdown)
     plots = copy_plots(summary["files"], markdown.parent / markdown.stem / run.experiment, markdown.parent)

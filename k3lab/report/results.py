@@ -7,7 +7,7 @@ writes the sweep's section of docs/results.md (replaced whole on the next write)
 ran it (recorded on its parent run), date, machine (the trials' k3lab.device tags), tokens per trial,
 the sweep's totals (sweep_* metrics of the parent run, "n/a" where not logged; from the trials
 when the sweep's driver stopped before it logged them), the per-variant
-table, the seed-paired table against the baseline (`k3lab.runner.stats`), timing, and the plots,
+table, the seed-paired table against the baseline (`k3lab.report.stats`), timing, and the plots,
 copied to docs/results/<experiment>/.
 
 The GPU log has one `epoch_seconds,utilization_percent` line per sample, e.g. from
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from k3lab.runner import stats
-from k3lab.runner.efficiency import sweep_efficiency, wall_to_the_end
-from k3lab.runner.report import TrialRecord, mean_std
+from k3lab.report import stats
+from k3lab.report.efficiency import sweep_efficiency, wall_to_the_end
+from k3lab.report.summary import TrialRecord, mean_std
 
 
 def read_gpu_log(path: str | Path) -> list[tuple[float, float]]:

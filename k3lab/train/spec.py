@@ -1,0 +1,85 @@
+"""`TrainSpec`: how one trial trains (optimiser, schedule, data, numerics), as validated data.
+
+The `train:` section of a sweep file (`k3lab.registry`) and `k3lab train --set train.NAME=...`
+both build one; the training loop (`k3lab.train.trainer`) reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from k3lab.errors import FieldError
+from k3lab.validators import non_empty, non_negative, one_of, positive, unit_interval
+
+SCHEDULES = ("cosine", "constant")
+DTYPES = ("float32", "bfloat16")
+AUTOCAST_DTYPES = ("bfloat16", "float16")
+DEFAULT_WARMUP_STEPS = 20  # clipped to `steps` when the file does not set warmup_steps
+
+
+@attrs.frozen
+class TrainSpec:
+    """One training trial: optimiser, schedule, data and numerics.
+
+    `lr` is the AdamW learning rate (embeddings, head, norms, gains, biases);
+    `muon_lr` the Muon rate for hidden matrices, null meaning `lr` (Muon's
+    update RMS is matched to AdamW's, see `k3lab.model.optim`).
+    The schedule is linear warmup for `warmup_steps` (default 20, or `steps`
+    when that is fewer), then `cosine` decay to `min_lr_ratio * lr` at `steps`,
+    or `constant`. `dtype` is the parameter dtype; `autocast` (null, bfloat16,
+    float16) the autocast dtype of the forward pass. `eval_interval` steps between evaluations of `eval_batches`
+    validation batches; each evaluation is one Ray Tune report.
+    `compile` torch.compiles the decoder blocks; `cuda_graph` captures forward+backward
+    as one CUDA graph (null: wherever it can run -- CUDA, no gradient accumulation, one
+    process); `activation_checkpointing` recomputes each decoder layer in backward
+    instead of storing its activations (less memory for large batches, ~1/3 more compute).
+    """
+
+    steps: int = attrs.field(default=200, validator=positive)
+    batch_size: int = attrs.field(default=8, validator=positive)
+    seq_len: int = attrs.field(default=128, validator=positive)
+    grad_accum: int = attrs.field(default=1, validator=positive)
+    lr: float = attrs.field(default=3e-3, validator=positive)
+    muon_lr: float | None = attrs.field(default=None, validator=positive)
+    weight_decay: float = attrs.field(default=0.1, validator=non_negative)
+    warmup_steps: int = attrs.field(default=attrs.Factory(lambda self: min(DEFAULT_WARMUP_STEPS, self.steps),
+                                                          takes_self=True), validator=non_negative)
+    schedule: str = attrs.field(default="cosine", validator=one_of(*SCHEDULES))
+    min_lr_ratio: float = attrs.field(default=0.1, validator=unit_interval)
+    grad_clip: float | None = attrs.field(default=1.0, validator=positive)
+    eval_interval: int = attrs.field(default=50, validator=positive)
+    eval_batches: int = attrs.field(default=8, validator=positive)
+    dataset: str = attrs.field(default="stdlib", validator=non_empty)
+    tokenizer: str = attrs.field(default="byte", validator=non_empty)
+    compile: bool = False
+    cuda_graph: bool | None = None
+    activation_checkpointing: bool = False
+    dtype: str = attrs.field(default="float32", validator=one_of(*DTYPES))
+    autocast: str | None = attrs.field(default=None, validator=one_of(None, *AUTOCAST_DTYPES))
+    log_interval: int = attrs.field(default=10, validator=positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.warmup_steps > self.steps:
+            raise FieldError("warmup_steps", f"must not exceed steps={self.steps}, got {self.warmup_steps}")
+
+    def default_notes(self, written: dict[str, Any]) -> tuple[str, ...]:
+        """Defaults that were changed to fit the settings the user `written` (a train section)."""
+        if "warmup_steps" not in written and self.warmup_steps < DEFAULT_WARMUP_STEPS:
+            return (f"train.warmup_steps: the default {DEFAULT_WARMUP_STEPS} is clipped to steps={self.steps}",)
+        return ()
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len * self.grad_accum
+
+    @property
+    def total_tokens(self) -> int:
+        return self.steps * self.tokens_per_step
+
+    @property
+    def num_evals(self) -> int:
+        """Evaluations (Tune reports) in one trial: every eval_interval steps and
+        after the last step."""
+        return -(-self.steps // self.eval_interval)
