@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from k3lab.tune.sweep import default_storage
+from k3lab.store.state import default_storage
 from k3lab.store.tracking import artifact_folder_for
 
 REPO = Path(__file__).resolve().parents[1]

@@ -127,7 +127,8 @@ def test_ui_refuses_a_tracking_server_uri(capsys):
 def test_diverged_trial_reports_the_worst_metric_value():
     from k3lab.registry import TrainSpec
     from k3lab.train.trainer import TrainResult
-    from k3lab.tune.trial import TrialSpec, diverged_report
+    from k3lab.tune.reporter import diverged_report
+    from k3lab.tune.trial import TrialSpec
 
     spec = TrialSpec("id", "v", 0, {}, TrainSpec(steps=10, warmup_steps=1), None, "x", metric="val_bpb", mode="max")
     report = diverged_report(spec, TrainResult(status="diverged", step=3, tokens=300, error="nan"), "run")

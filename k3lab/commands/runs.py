@@ -149,14 +149,29 @@ def train_preflight(args, config, spec, tracking_uri: str | None, device, log_fi
                      gpus=1 if device.type == "cuda" else 0, gpus_from=f"--device {args.device or device}")
 
 
+class EvalPrinter:
+    """`k3lab train`'s reporter: a line per evaluation, and with --save the trainer checkpoint
+    (naming the MLflow run: `tracker` is set by run_trial)."""
+
+    def __init__(self, console, save: str | None):
+        self.console, self.save, self.tracker = console, save, None
+
+    def on_eval(self, trainer, metrics: dict) -> None:
+        from k3lab.tune.reporter import save_with_run_id
+
+        self.console.print(f"step {metrics['step']}: val_loss {metrics['val_loss']:.4f} val_bpb {metrics['val_bpb']:.3f}")
+        if self.save:
+            save_with_run_id(trainer, self.save, self.tracker)
+
+
 def run_train(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from k3lab.store.state import default_storage, tracking_uri_or_default
     from k3lab.tune.logs import library_logs
     from k3lab.tune.preflight import run_preflight
-    from k3lab.tune.sweep import default_storage, tracking_uri_or_default
-    from k3lab.tune.trial import TrialSpec, run_trial, save_with_run_id
+    from k3lab.tune.trial import TrialSpec, run_trial
 
     config, spec = build_train_inputs(args)
     tracking_uri = None if args.no_tracking else tracking_uri_or_default(args.tracking_uri)
@@ -176,13 +191,7 @@ def run_train(args) -> int:
             bar.update(task, completed=step,
                        info=f"loss {metrics['train_loss']:.3f}  {metrics['tokens_per_s']:,.0f} tok/s")
 
-        def on_eval(trainer, metrics, tracker):
-            bar.console.print(f"step {metrics['step']}: val_loss {metrics['val_loss']:.4f} "
-                              f"val_bpb {metrics['val_bpb']:.3f}")
-            if args.save:
-                save_with_run_id(trainer, args.save, tracker)
-
-        result, run_id = run_trial(trial, device=device, progress=progress, on_eval=on_eval)
+        result, run_id = run_trial(trial, device=device, progress=progress, reporter=EvalPrinter(bar.console, args.save))
     val = "-" if result.val_loss is None else f"{result.val_loss:.4f}"
     speed = "-" if result.average_tokens_per_s is None else f"{result.average_tokens_per_s:,.0f}"
     console.print(f"{result.status}: {result.step} steps, {result.tokens:,} tokens, val_loss {val}, "
@@ -209,7 +218,8 @@ def wide_console():
 def sweep_run_from_args(args, **options):
     """The sweep file under its profile, with the storage and tracking store the flags name."""
     from k3lab.registry.commands import load_sweep_for
-    from k3lab.tune.sweep import SweepRun, default_storage, tracking_uri_or_default
+    from k3lab.store.state import default_storage, tracking_uri_or_default
+    from k3lab.tune.run import SweepRun
 
     return SweepRun(sweep=load_sweep_for(args.file, args.profile),
                     storage=Path(args.storage) if args.storage else default_storage(),
@@ -295,15 +305,12 @@ def find_parent_run(run) -> str:
     of its experiment in the tracking store (a store copied from another machine)."""
     if run.state_file.exists():
         return run.parent_run_id()
-    from mlflow.tracking import MlflowClient
+    from k3lab.store.runs import latest_sweep_run
 
-    client = MlflowClient(run.tracking_uri)
-    experiment = client.get_experiment_by_name(run.experiment)
-    runs = [] if experiment is None else client.search_runs(
-        [experiment.experiment_id], "tags.`k3lab.kind` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
-    if not runs:
+    run_id = latest_sweep_run(run.tracking_uri, run.experiment)
+    if run_id is None:
         raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage} or in {run.tracking_uri}")
-    return runs[0].info.run_id
+    return run_id
 
 
 def run_ui(args) -> int:
@@ -311,7 +318,7 @@ def run_ui(args) -> int:
     import os
     import shutil
 
-    from k3lab.tune.sweep import tracking_uri_or_default
+    from k3lab.store.state import tracking_uri_or_default
 
     uri = tracking_uri_or_default(args.tracking_uri)
     if uri.startswith(("http://", "https://")):

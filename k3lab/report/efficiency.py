@@ -10,6 +10,7 @@ cluster the sweep ran on; without GPUs the MFU is not reported.
 
 from __future__ import annotations
 
+from k3lab.store.runs import trial_runs
 from k3lab.train.metrics import peak_flops_of
 
 
@@ -44,12 +45,7 @@ def sweep_efficiency(trials: list[dict], wall_s: float, gpus: float, device_name
 
 def trial_figures(tracking_uri: str, parent_run_id: str) -> list[dict]:
     """tokens, flops_per_token and startup_s of every trial run under the sweep's parent run."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    experiment = client.get_run(parent_run_id).info.experiment_id
-    runs = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000)
-    return figures_of(runs)
+    return figures_of(trial_runs(tracking_uri, parent_run_id))
 
 
 def figures_of(runs) -> list[dict]:

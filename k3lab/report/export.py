@@ -41,7 +41,7 @@ def run_export(args) -> int:
     from k3lab.model.hf import check_exportable, save_hf
     from k3lab.model.model import KimiK3
     from k3lab.train.checkpoint import load_checkpoint
-    from k3lab.tune.sweep import default_storage
+    from k3lab.store.state import default_storage
 
     path = locate_checkpoint(args.source, Path(args.storage) if args.storage else default_storage())
     state = load_checkpoint(path)
@@ -81,7 +81,7 @@ def checkpoint_summary(path: Path) -> tuple[int, str | None]:
     """(step, MLflow run id) of a checkpoint, memory-mapped: the weights are not read."""
     import torch
 
-    from k3lab.tune.trial import RUN_ID_KEY
+    from k3lab.store.runs import RUN_ID_KEY
 
     state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     return state["step"], (state.get("extra") or {}).get(RUN_ID_KEY)
@@ -98,18 +98,17 @@ def newest(paths: list[Path]) -> Path:
 def checkpoint_config(state: dict, path: Path, tracking_uri: str | None):
     """The KimiK3Config of a checkpoint: stored in it, else its MLflow run's `model.*` params."""
     from k3lab.model.config import KimiK3Config
-    from k3lab.tune.trial import RUN_ID_KEY
+    from k3lab.store.runs import RUN_ID_KEY
 
     if "config" in state:
         return KimiK3Config(**state["config"])
     run_id = (state.get("extra") or {}).get(RUN_ID_KEY)
     if not run_id:
         raise UserError(f"{path}: the checkpoint holds no model config and names no MLflow run to read it from")
-    from mlflow.tracking import MlflowClient
+    from k3lab.store.runs import get_run
+    from k3lab.store.state import tracking_uri_or_default
 
-    from k3lab.tune.sweep import tracking_uri_or_default
-
-    return config_from_params(MlflowClient(tracking_uri_or_default(tracking_uri)).get_run(run_id).data.params)
+    return config_from_params(get_run(tracking_uri_or_default(tracking_uri), run_id).data.params)
 
 
 def config_from_params(params: dict[str, str]):

@@ -30,6 +30,7 @@ from pathlib import Path
 from k3lab.report import stats
 from k3lab.report.efficiency import sweep_efficiency, wall_to_the_end
 from k3lab.report.summary import TrialRecord, mean_std
+from k3lab.store import runs
 
 
 def read_gpu_log(path: str | Path) -> list[tuple[float, float]]:
@@ -76,9 +77,7 @@ class ParentRecord:
 
 
 def load_parent(tracking_uri: str, parent_run_id: str) -> ParentRecord:
-    from mlflow.tracking import MlflowClient
-
-    run = MlflowClient(tracking_uri).get_run(parent_run_id)
+    run = runs.get_run(tracking_uri, parent_run_id)
     return ParentRecord(run.info.run_id, run.info.start_time, run.info.end_time, run.data.params,
                         dict(run.data.metrics), run.data.tags)
 
@@ -112,9 +111,9 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
 
 def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: str) -> list[str]:
     """Commands, date, machine, tokens per trial and the sweep's totals, as a bullet list."""
-    command = parent.tags.get("k3lab.command") or "n/a (not recorded)"
+    command = parent.tags.get(runs.COMMAND) or "n/a (not recorded)"
     lines = [f"- Command: `{command}`"]
-    lines += [f"- Resumed with: `{line}`" for line in parent.tags.get("k3lab.resumed_with", "").splitlines()]
+    lines += [f"- Resumed with: `{line}`" for line in parent.tags.get(runs.RESUMED_WITH, "").splitlines()]
     if report_command:
         lines.append(f"- Report: `{report_command}`")
     gpus = parent.metrics.get("sweep_gpus")
@@ -147,8 +146,8 @@ def date_range(start_ms: int | None, end_ms: int | None) -> str:
 def machine(records: list[TrialRecord], gpus: float | None = None) -> str:
     """The devices the trials logged (k3lab.device), how many GPUs the sweep had (its parent's
     sweep_gpus, where logged) and on how many hosts."""
-    devices = sorted({r.tags["k3lab.device"] for r in records if r.tags.get("k3lab.device")})
-    hosts = {r.tags["k3lab.host"] for r in records if r.tags.get("k3lab.host")}
+    devices = sorted({r.tags[runs.DEVICE] for r in records if r.tags.get(runs.DEVICE)})
+    hosts = {r.tags[runs.HOST] for r in records if r.tags.get(runs.HOST)}
     where = f" on {len(hosts)} host{'s' if len(hosts) != 1 else ''}" if hosts else ""
     count = f"{gpus:g} x " if gpus and len(devices) == 1 else ""
     return count + (", ".join(devices) or "n/a (no trial logged its device)") + where

@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 from rich.table import Table
 
 from k3lab.report import stats
+from k3lab.store import runs
 
 
 @dataclass
@@ -40,20 +41,14 @@ class TrialRecord:
 
 def load_trials(tracking_uri: str, parent_run_id: str, curves=("train_loss", "val_loss")) -> list[TrialRecord]:
     """Every trial run nested under the sweep's parent run, with the named metric histories."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    parent = client.get_run(parent_run_id)
-    runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
-                              max_results=10000)
+    client = runs.client(tracking_uri)
     records = []
-    for run in runs:
+    for run in runs.trial_runs(tracking_uri, parent_run_id):
         raw = {name: client.get_metric_history(run.info.run_id, name) for name in {"train_loss", *curves}}
         histories = {name: sorted((m.step, m.value) for m in raw[name]) for name in curves}
         first_step = min(raw["train_loss"], key=lambda m: m.step, default=None)
         records.append(TrialRecord(
-            run_id=run.info.run_id, variant=run.data.tags.get("k3lab.variant_name", run.info.run_name),
-            seed=int(run.data.tags.get("k3lab.seed", 0)), status=run.info.status, params=run.data.params,
+            run_id=run.info.run_id, variant=runs.variant_of(run), seed=runs.seed_of(run), status=run.info.status, params=run.data.params,
             final=dict(run.data.metrics), start_ms=run.info.start_time, end_ms=run.info.end_time,
             curves=histories, first_step_ms=first_step.timestamp if first_step else None, tags=run.data.tags,
         ))

@@ -1,6 +1,7 @@
 """One training trial: a KimiK3 variant trained on cached token shards, measured and checkpointed.
 
     result = train(config, train_spec, tracker=None, checkpoint=None, seed=0)
+    result = fit(trainer, tracker, checkpoint, on_eval=..., progress=...)   # a Trainer built already
 
 Used in-process (`k3lab train`) and inside Ray Tune trials (`k3lab.tune.trial`).
 Per-step values stay on the device and are fetched once per `log_interval` window,
@@ -318,7 +319,19 @@ def train(config: KimiK3Config, train_spec: TrainSpec, tracker=None, checkpoint:
           *, seed: int = 0, device=None, dataset=None, on_eval: Callable | None = None,
           progress: Callable[[int, dict], None] | None = None, rank: int = 0, world_size: int = 1,
           trainer: Trainer | None = None, started_at: float | None = None) -> TrainResult:
-    """Train one variant for train_spec.steps optimizer steps.
+    """Train one variant for train_spec.steps optimizer steps: `fit` of a Trainer built from the
+    arguments, or of `trainer` when given (train_spec then sets only the loop's steps and intervals)."""
+    trainer = trainer or Trainer(config, train_spec, seed=seed, device=device, dataset=dataset,
+                                 rank=rank, world_size=world_size)
+    return fit(trainer, tracker, checkpoint, spec=train_spec, on_eval=on_eval, progress=progress,
+               started_at=started_at)
+
+
+def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = None, *,
+        spec: TrainSpec | None = None, on_eval: Callable | None = None,
+        progress: Callable[[int, dict], None] | None = None, started_at: float | None = None) -> TrainResult:
+    """Train `trainer` up to spec.steps (spec: the loop's steps, evaluation and logging intervals;
+    default the trainer's own).
 
     checkpoint: a path or state dict from `Trainer.state_dict()` to resume from; the run
     continues at the saved step with the same batches it would have drawn.
@@ -327,12 +340,10 @@ def train(config: KimiK3Config, train_spec: TrainSpec, tracker=None, checkpoint:
     started_at (time.time() when the trial process began) adds `startup_s`: the time from
     then until the first optimizer step had finished (imports, data, model, kernels).
     """
-    trainer = trainer or Trainer(config, train_spec, seed=seed, device=device, dataset=dataset,
-                                 rank=rank, world_size=world_size)
     if checkpoint is not None:
         state = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
         trainer.load_state_dict(state)
-    spec = train_spec
+    spec = spec or trainer.spec
     result = TrainResult(status=FINISHED, step=trainer.step, tokens=trainer.step * trainer.tokens_per_step,
                          counts=trainer.counts)
     window = Window(trainer)

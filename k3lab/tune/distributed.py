@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from k3lab.train.trainer import FINISHED
-from k3lab.tune.trial import (LastReportHeld, TrialSpec, diverged_report, inject_failure, limit_threads,
-                                load_ray_checkpoint, report_metrics, report_with_checkpoint, run_trial)
+from k3lab.tune.reporter import TrialReporter
+from k3lab.tune.trial import TrialSpec, limit_threads, load_ray_checkpoint, run_trial
 
 
 def ddp_worker(config: dict) -> None:
-    """One rank of a DDP trial (runs inside a Ray Train worker)."""
+    """One rank of a DDP trial (runs inside a Ray Train worker): rank 0 tracks and checkpoints,
+    every rank reports (Ray Train forwards rank 0's reports to Tune)."""
     import ray.train
     import ray.train.torch
 
@@ -30,28 +30,14 @@ def ddp_worker(config: dict) -> None:
     rank, world_size = context.get_world_rank(), context.get_world_size()
     limit_threads()
     restored = ray.train.get_checkpoint()
-    state = load_ray_checkpoint(restored)
-
-    def report_to_train(result, checkpoint):  # a test crash after rank 0 sent its metrics (trial.py)
-        inject_failure(result["done_steps"], restored=restored is not None)
-        ray.train.report(result, checkpoint=checkpoint)
-
-    def report(trainer, metrics, tracker):
-        metrics = report_metrics(spec, trainer, metrics, tracker) | {"world_size": world_size}
-        if rank == 0:
-            report_with_checkpoint(report_to_train, ray.train.Checkpoint, trainer, metrics, tracker)
-        else:
-            report_to_train(metrics, checkpoint=None)
-
+    reporter = TrialReporter(spec, ray.train.report, ray.train.Checkpoint, restored=restored is not None,
+                             checkpoints=rank == 0, extra={"world_size": world_size})
     tracked = spec if rank == 0 else dataclasses.replace(spec, tracking_uri=None)
-    last = LastReportHeld(spec, report, keep_checkpoint=rank == 0)
-    result, run_id = run_trial(tracked, checkpoint=state, on_eval=last.on_eval, flush_with_checkpoints=True,
-                               started_at=started_at, device=ray.train.torch.get_device(), rank=rank,
-                               world_size=world_size)
-    if result.status != FINISHED:  # every rank sees the same all-reduced loss, so all stop together
-        ray.train.report(diverged_report(spec, result, run_id), checkpoint=None)
-        return
-    last.send(report_to_train, ray.train.Checkpoint, result, run_id, {"world_size": world_size})  # see trial.py
+    result, run_id = run_trial(tracked, checkpoint=load_ray_checkpoint(restored), reporter=reporter,
+                               flush_with_checkpoints=True, started_at=started_at,
+                               device=ray.train.torch.get_device(), rank=rank, world_size=world_size)
+    # diverged: every rank sees the same all-reduced loss, so all stop together
+    reporter.finish(result, run_id)
 
 
 def ddp_trainable(param: dict, trials: dict[str, TrialSpec], num_workers: int, cpus_per_worker: float,

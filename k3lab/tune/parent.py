@@ -14,19 +14,17 @@ time of this invocation: `sweep_wall_s` for the first run, `resume_wall_s` (step
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import attrs
 
 import k3lab
+from k3lab.store import runs
+from k3lab.store.state import write_state
 from k3lab.store.tracking import MLflowTracker, flatten, relocate_artifacts
-
-if TYPE_CHECKING:
-    from k3lab.tune.sweep import SweepRun
+from k3lab.tune.run import SweepRun
 
 
 def git_commit() -> str:
@@ -77,11 +75,8 @@ class ParentRun:
     def end_unfinished_trials(self) -> None:
         """Trial runs a stopped sweep leaves RUNNING (Ray kills their processes) end KILLED;
         `--resume` reopens them."""
-        client = self.tracker.client
-        experiment = client.get_run(self.run_id).info.experiment_id
-        query = f"tags.mlflow.parentRunId = '{self.run_id}' and attributes.status = 'RUNNING'"
-        for trial in client.search_runs([experiment], query, max_results=10000):
-            client.set_terminated(trial.info.run_id, "KILLED")
+        for trial in runs.trial_runs(self.run.tracking_uri, self.run_id, running_only=True):
+            self.tracker.client.set_terminated(trial.info.run_id, "KILLED")
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
         self.tracker.log_metrics(metrics, step=0)
@@ -102,17 +97,15 @@ class ParentRun:
 
 def create_parent_run(run: SweepRun) -> MLflowTracker:
     sweep = run.sweep
-    tags = {"k3lab.kind": "sweep", "k3lab.sweep": sweep.name, "k3lab.profile": sweep.profile or "",
-            "k3lab.version": k3lab.__version__, "git_commit": git_commit(),
-            "mlflow.note.content": sweep.description, "k3lab.command": run.command,
-            "k3lab.baseline": sweep.baseline}
+    tags = runs.sweep_tags(sweep.name, sweep.profile, k3lab.__version__, git_commit(), sweep.description,
+                           run.command, sweep.baseline)
     return MLflowTracker.start(run.tracking_uri, run.experiment, run.experiment, tags=tags)
 
 
 def record_resume_command(tracker: MLflowTracker, command: str) -> None:
     """Add the command of a resume to the parent's `k3lab.resumed_with` tag (one line each)."""
-    earlier = tracker.client.get_run(tracker.run_id).data.tags.get("k3lab.resumed_with")
-    tracker.set_tags({"k3lab.resumed_with": f"{earlier}\n{command}" if earlier else command})
+    earlier = tracker.client.get_run(tracker.run_id).data.tags.get(runs.RESUMED_WITH)
+    tracker.set_tags(runs.resume_tags(earlier, command))
 
 
 def record_sweep(run: SweepRun, parent: ParentRun) -> None:
@@ -127,6 +120,4 @@ def record_sweep(run: SweepRun, parent: ParentRun) -> None:
     params |= flatten("scheduler", attrs.asdict(sweep.scheduler))
     parent.tracker.log_params(params)
     parent.log_artifact(sweep.path)
-    run.storage.mkdir(parents=True, exist_ok=True)
-    run.state_file.write_text(json.dumps({"parent_run_id": parent.run_id, "tracking_uri": run.tracking_uri,
-                                          "trials": [t.id for t in sweep.trials]}))
+    write_state(run.state_file, parent.run_id, run.tracking_uri, [t.id for t in sweep.trials])

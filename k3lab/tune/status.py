@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from ray import tune
 
-from k3lab.tune.trial import RUN_ID_KEY
+from k3lab.store import runs
+from k3lab.store.runs import RUN_ID_KEY
 
 
 def final_status(result: dict, errored: bool) -> str:
@@ -25,19 +26,15 @@ class MLflowStatusCallback(tune.Callback):
         self.tracking_uri = tracking_uri
 
     def _close(self, trial, errored: bool) -> None:
-        from mlflow.tracking import MlflowClient
-
         result = trial.last_result or {}
         run_id = result.get(RUN_ID_KEY)
         if not run_id:
             return
-        client = MlflowClient(self.tracking_uri)
         status = final_status(result, errored)
-        if errored and trial.error_file:
-            client.set_tag(run_id, "k3lab.error", _first_error_line(trial))
+        tags = runs.error_tags(_first_error_line(trial)) if errored and trial.error_file else {}
         if status == "KILLED":
-            client.set_tag(run_id, "k3lab.stopped_at_step", str(result.get("done_steps")))
-        client.set_terminated(run_id, status)
+            tags |= runs.stopped_tags(result.get("done_steps"))
+        runs.close_run(self.tracking_uri, run_id, status, tags)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._close(trial, errored=False)

@@ -1,0 +1,134 @@
+"""The MLflow record layout of k3lab: which runs there are, how they are tagged, how they are found.
+
+    experiment <sweep>[-<profile>]
+      parent run   k3lab.kind=sweep: the sweep file, its params, sweep_* metrics, the report
+        trial runs k3lab.kind=trial, nested (mlflow.parentRunId), one per variant x seed:
+                   k3lab.variant_id, k3lab.variant_name, k3lab.seed, where and how it ran
+
+Every tag name and every search query of the store is written here, once; the rest of k3lab
+asks these functions. A trial's checkpoints and its Ray reports name its run under RUN_ID_KEY,
+so a restored trial reopens the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+RUN_ID_KEY = "mlflow_run_id"  # in a trial's checkpoint extras and in each of its Ray reports
+
+PARENT = "mlflow.parentRunId"
+NOTE = "mlflow.note.content"
+KIND = "k3lab.kind"  # "sweep" (a parent run) or "trial"
+VARIANT_ID, VARIANT_NAME, SEED = "k3lab.variant_id", "k3lab.variant_name", "k3lab.seed"
+ERROR = "k3lab.error"  # the first line of what stopped a trial
+STOPPED_AT = "k3lab.stopped_at_step"  # a trial the scheduler (or a signal) stopped
+DEVICE, HOST = "k3lab.device", "k3lab.host"
+COMMAND, RESUMED_WITH = "k3lab.command", "k3lab.resumed_with"  # on the parent run: how it was run
+MAX_TAG = 5000  # characters kept of an error message
+
+MAX_RUNS = 10000  # of one sweep, in one search
+
+
+def client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri)
+
+
+def get_run(tracking_uri: str, run_id: str):
+    """The MLflow run (info, data.params, data.metrics, data.tags)."""
+    return client(tracking_uri).get_run(run_id)
+
+
+# -- finding runs -------------------------------------------------------------------------
+
+
+def trial_runs(tracking_uri: str, parent_run_id: str, running_only: bool = False) -> list:
+    """The trial runs nested under a sweep's parent run (only those still RUNNING, if asked)."""
+    mlflow = client(tracking_uri)
+    experiment = mlflow.get_run(parent_run_id).info.experiment_id
+    query = f"tags.{PARENT} = '{parent_run_id}'" + (" and attributes.status = 'RUNNING'" if running_only else "")
+    return mlflow.search_runs([experiment], query, max_results=MAX_RUNS)
+
+
+def find_trial_run(tracking_uri: str, parent_run_id: str, variant_id: str, seed: int) -> str | None:
+    """The run of one variant and seed under the parent run, if an earlier attempt created one."""
+    mlflow = client(tracking_uri)
+    experiment = mlflow.get_run(parent_run_id).info.experiment_id
+    query = (f"tags.{PARENT} = '{parent_run_id}' and tags.`{VARIANT_ID}` = '{variant_id}' "
+             f"and tags.`{SEED}` = '{seed}'")
+    runs = mlflow.search_runs([experiment], query, max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def latest_sweep_run(tracking_uri: str, experiment: str) -> str | None:
+    """The newest parent run of an experiment (a store copied without its state file)."""
+    mlflow = client(tracking_uri)
+    found = mlflow.get_experiment_by_name(experiment)
+    runs = [] if found is None else mlflow.search_runs(
+        [found.experiment_id], f"tags.`{KIND}` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def variant_of(run) -> str:
+    return run.data.tags.get(VARIANT_NAME, run.info.run_name)
+
+
+def seed_of(run) -> int:
+    return int(run.data.tags.get(SEED, 0))
+
+
+# -- tags ---------------------------------------------------------------------------------
+
+
+def sweep_tags(name: str, profile: str | None, version: str, commit: str, description: str, command: str,
+               baseline: str | None) -> dict[str, str]:
+    """A new parent run's tags."""
+    return {KIND: "sweep", "k3lab.sweep": name, "k3lab.profile": profile or "", "k3lab.version": version,
+            "git_commit": commit, NOTE: description, COMMAND: command, "k3lab.baseline": baseline}
+
+
+def trial_tags(variant_id: str, variant_name: str, seed: int) -> dict[str, str]:
+    """A new trial run's tags (with `node_tags` and `execution_tags`)."""
+    return {VARIANT_ID: variant_id, VARIANT_NAME: variant_name, SEED: str(seed), KIND: "trial"}
+
+
+def node_tags() -> dict[str, str]:
+    """Where a trial runs: k3lab.host, k3lab.process (host:pid; trials of a sweep with
+    `resources.reuse_actors` share processes) and k3lab.node (the Ray node id) inside a Ray worker."""
+    tags = {HOST: socket.gethostname(), "k3lab.process": f"{socket.gethostname()}:{os.getpid()}"}
+    ray = sys.modules.get("ray")  # never imported outside Ray: no Ray node to name
+    try:
+        if ray is not None and ray.is_initialized():
+            tags["k3lab.node"] = ray.get_runtime_context().get_node_id()
+    except Exception:  # a tag is not worth failing a trial for
+        pass
+    return tags
+
+
+def execution_tags(execution: dict | None) -> dict[str, str]:
+    """How the trial actually runs (resolved KDA path, CUDA graph, compile) as k3lab.* tags."""
+    return {f"k3lab.{k}": str(v) for k, v in (execution or {}).items()}
+
+
+def error_tags(message: str) -> dict[str, str]:
+    return {ERROR: message[:MAX_TAG]}
+
+
+def stopped_tags(step) -> dict[str, str]:
+    return {STOPPED_AT: str(step)}
+
+
+def resume_tags(earlier: str | None, command: str) -> dict[str, str]:
+    """The parent's `k3lab.resumed_with` with one more resume's command (one line each)."""
+    return {RESUMED_WITH: f"{earlier}\n{command}" if earlier else command}
+
+
+def close_run(tracking_uri: str, run_id: str, status: str, tags: dict[str, str] | None = None) -> None:
+    """Set tags on a run, then end it with `status` (FINISHED, FAILED, KILLED)."""
+    mlflow = client(tracking_uri)
+    for key, value in (tags or {}).items():
+        mlflow.set_tag(run_id, key, value)
+    mlflow.set_terminated(run_id, status)

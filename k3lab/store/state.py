@@ -1,0 +1,37 @@
+"""Where a sweep's records are found: the storage folder, the tracking store, and the state file.
+
+    <storage>/<experiment>.k3lab.json   {"parent_run_id", "tracking_uri", "trials": [trial ids]}
+
+written by a sweep's first run; `--resume` reopens that parent run and checks that the sweep
+file still describes the same trials, and `k3lab report` finds the parent run through it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from k3lab.store.tracking import default_tracking_uri
+
+
+def default_storage() -> Path:
+    return Path(os.environ.get("K3LAB_STORAGE", "k3lab_runs"))
+
+
+def tracking_uri_or_default(uri: str | None) -> str:
+    return uri or default_tracking_uri()
+
+
+def state_file(storage: Path, experiment: str) -> Path:
+    return storage / f"{experiment}.k3lab.json"
+
+
+def read_state(path: Path) -> dict:
+    """The state file's contents: parent_run_id, tracking_uri, trials (absent in old files)."""
+    return json.loads(path.read_text())
+
+
+def write_state(path: Path, parent_run_id: str, tracking_uri: str, trials: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"parent_run_id": parent_run_id, "tracking_uri": tracking_uri, "trials": trials}))

@@ -1,0 +1,112 @@
+"""The one path from a trial's evaluations to Ray: `TrialReporter`, the same for Tune and DDP trials.
+
+    reporter = TrialReporter(spec, tune.report, tune.Checkpoint, restored=...)
+    result, run_id = run_trial(spec, ..., reporter=reporter)   # the loop calls reporter.on_eval
+    reporter.finish(result, run_id)                            # the held last report
+
+At each evaluation `on_eval` saves the trainer (with the MLflow run id) and sends the tracker's
+metrics, then reports to Ray with that checkpoint: evaluation -> `on_eval` -> `send` -> report.
+
+The metrics go first: when a scheduler stops the trial at a report, Ray ends the trial's process
+without waiting for its training thread, so nothing after the report is sure to run. A crash
+between the two makes Ray restore the previous checkpoint; the restored trial then skips the
+steps its run already has (`MLflowTracker.skip_steps_already_logged`).
+
+The last evaluation's report is held, with a checkpoint of the final model (for `k3lab export`),
+until `finish`: after run_trial has sent the final metrics and closed the run, since a scheduler
+may end the process at that report (ASHA stops every survivor at max_t).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from k3lab.store.runs import RUN_ID_KEY
+from k3lab.train.trainer import FINISHED, save_trainer
+
+
+class TrialReporter:
+    """Reports of one trial (or one DDP rank) to Ray: `report(metrics, checkpoint=)` is
+    `ray.tune.report` or `ray.train.report`, `checkpoint_type` the matching Checkpoint class.
+
+    checkpoints: this process saves checkpoints (not the other ranks of a DDP trial);
+    extra: added to every report but a diverged trial's (a DDP trial's world_size);
+    tracker: the trial's MLflow run, set by run_trial once it is open (None: not tracked)."""
+
+    def __init__(self, spec, report, checkpoint_type, restored: bool, checkpoints: bool = True,
+                 extra: dict | None = None):
+        self.spec, self.report, self.checkpoint_type = spec, report, checkpoint_type
+        self.restored, self.checkpoints, self.extra = restored, checkpoints, extra or {}
+        self.tracker = None
+        self.held: dict = {}  # the last evaluation's report, sent by `finish`
+        self.held_directory: str | None = None
+
+    def on_eval(self, trainer, metrics: dict) -> None:
+        """After each evaluation (`on_eval` of the training loop)."""
+        metrics = report_metrics(self.spec, trainer, metrics, self.tracker) | self.extra
+        if trainer.step >= self.spec.train.steps:  # the last: held until the run is closed
+            self.held = metrics
+            if self.checkpoints:
+                self.held_directory = tempfile.mkdtemp(prefix="k3lab-final-")
+                save_with_run_id(trainer, self.held_directory, self.tracker)
+            return
+        if not self.checkpoints:
+            self.send(metrics, None)
+            return
+        with tempfile.TemporaryDirectory() as directory:
+            save_with_run_id(trainer, directory, self.tracker)
+            if self.tracker is not None:
+                self.tracker.flush()
+            self.send(metrics, self.checkpoint_type.from_directory(directory))
+
+    def send(self, metrics: dict, checkpoint) -> None:
+        # a test crash after the metrics are sent: the hardest place
+        inject_failure(metrics["done_steps"], restored=self.restored)
+        self.report(metrics, checkpoint=checkpoint)
+
+    def finish(self, result, run_id: str | None) -> None:
+        """After run_trial: the held report (the run is closed: Ray may end us here). A diverged
+        trial reports its worst value instead (a retry would diverge again) and stops. With no
+        last evaluation (restored from the final checkpoint, nothing left to train) its run
+        already holds the final metrics, and Ray gets a report that ends the trial."""
+        if result.status != FINISHED:
+            self.report(diverged_report(self.spec, result, run_id), checkpoint=None)
+            return
+        metrics = self.held or diverged_report(self.spec, result, run_id) | self.extra
+        checkpoint = self.checkpoint_type.from_directory(self.held_directory) if self.held_directory else None
+        try:
+            self.send(metrics, checkpoint)
+        finally:
+            if self.held_directory:
+                shutil.rmtree(self.held_directory, ignore_errors=True)
+
+
+def report_metrics(spec, trainer, metrics: dict, tracker) -> dict:
+    """What a trial reports to Ray at an evaluation: the metrics plus what the driver needs."""
+    return metrics | {RUN_ID_KEY: tracker.run_id if tracker else "", "variant": spec.variant_name,
+                      "trial_status": "finished" if trainer.step >= spec.train.steps else "running",
+                      "seed": spec.seed, "done_steps": trainer.step, "total_steps": spec.train.steps}
+
+
+def diverged_report(spec, result, run_id: str | None) -> dict:
+    """The last report of a diverged trial. Tune requires the sweep's metric in every result,
+    so it carries the worst value: schedulers rank the trial last instead of failing the sweep."""
+    worst = float("inf") if spec.mode == "min" else float("-inf")
+    return {spec.metric: worst, "tokens": result.tokens, "trial_status": result.status, "error": result.error,
+            RUN_ID_KEY: run_id or "", "variant": spec.variant_name, "seed": spec.seed, "done_steps": result.step,
+            "total_steps": spec.train.steps}
+
+
+def save_with_run_id(trainer, directory, tracker) -> None:
+    """A trainer checkpoint that names its MLflow run, so a restored trial continues that run."""
+    save_trainer(trainer, directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
+
+
+def inject_failure(step: int, restored: bool) -> None:
+    """Fault injection for crash-recovery tests: with K3LAB_FAIL_AT_STEP=N, a trial that was
+    not restored from a checkpoint raises at its first report at or after step N."""
+    fail_at = int(os.environ.get("K3LAB_FAIL_AT_STEP", "0"))
+    if fail_at and not restored and step >= fail_at:
+        raise RuntimeError(f"K3LAB_FAIL_AT_STEP: injected failure at step {step}")

@@ -1,0 +1,97 @@
+"""Where a sweep runs and logs (`SweepRun`), and the checks on its folders before it starts.
+
+    <storage>/<experiment>/           Ray Tune's experiment directory (fixed name, so --resume works)
+    <storage>/<experiment>.k3lab.json the sweep's MLflow parent run id, for --resume (`k3lab.store.state`)
+    <storage>/<experiment>.ddp/       Ray Train's run folders of the DDP trials
+    <storage>/<experiment>.log        Ray's and MLflow's notices (on the terminal with --verbose)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from k3lab.errors import UserError
+from k3lab.registry import Sweep
+from k3lab.store.state import read_state, state_file
+from k3lab.tune.kernels import resolve_kernel_cache
+
+
+@dataclass
+class SweepRun:
+    """Where a sweep runs and logs."""
+
+    sweep: Sweep
+    storage: Path
+    tracking_uri: str
+    address: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    max_failures: int = 2
+    max_concurrent: int | None = None  # overrides the sweep file's resources.max_concurrent_trials
+    kernel_cache_dir: str | None = None  # --kernel-cache; else the sweep file's, $K3LAB_KERNEL_CACHE, ~/.cache
+    command: str = ""  # the command line that ran it, recorded on the parent run for reports
+    verbose: bool = False  # Ray's and MLflow's notices on the terminal instead of in `log_file`
+
+    @property
+    def experiment(self) -> str:
+        return self.sweep.name if self.sweep.profile is None else f"{self.sweep.name}-{self.sweep.profile}"
+
+    @property
+    def tune_dir(self) -> Path:
+        return self.storage / self.experiment
+
+    @property
+    def state_file(self) -> Path:
+        return state_file(self.storage, self.experiment)
+
+    def parent_run_id(self) -> str:
+        """The MLflow parent run of this sweep's earlier run (its state file must exist)."""
+        return read_state(self.state_file)["parent_run_id"]
+
+    @property
+    def ddp_dir(self) -> Path:
+        """Ray Train's run folders of this sweep's DDP trials (Train resumes from them)."""
+        return self.storage / f"{self.experiment}.ddp"
+
+    @property
+    def kernel_cache(self) -> Path:
+        return resolve_kernel_cache(self.kernel_cache_dir, self.sweep.kernel_cache)
+
+    @property
+    def uses_gpus(self) -> bool:
+        resources = self.sweep.resources
+        return (resources.gpus_per_trial or resources.gpu or 0) > 0
+
+    @property
+    def log_file(self) -> Path:
+        return self.storage / f"{self.experiment}.log"
+
+    @property
+    def on_cluster(self) -> bool:
+        """The trials run on a Ray cluster (--address or RAY_ADDRESS), not on this machine."""
+        return bool(self.address or os.environ.get("RAY_ADDRESS"))
+
+
+def check_experiment_dir(run: SweepRun) -> None:
+    """A fixed directory per sweep: refuse to mix a new sweep into an old one by accident."""
+    exists = run.tune_dir.exists() or run.state_file.exists()
+    if run.resume and not (run.tune_dir.exists() and run.state_file.exists()):
+        raise UserError(f"--resume: no earlier run of {run.experiment} under {run.storage}")
+    if run.resume:
+        saved = read_state(run.state_file).get("trials")
+        if saved is not None and sorted(saved) != sorted(t.id for t in run.sweep.trials):
+            raise UserError(f"--resume: {run.sweep.path} no longer describes the trials of the run under "
+                            f"{run.tune_dir} (variants or seeds changed): run it with --overwrite instead")
+    if exists and not run.resume and not run.overwrite:
+        raise UserError(f"{run.tune_dir} exists from an earlier run: pass --resume to continue it "
+                        "or --overwrite to start again")
+
+
+def discard_earlier_run(run: SweepRun) -> None:
+    """--overwrite, once the new sweep has passed every check: remove the old run's folders."""
+    for folder in (run.tune_dir, run.ddp_dir):
+        shutil.rmtree(folder, ignore_errors=True)
+    run.state_file.unlink(missing_ok=True)
