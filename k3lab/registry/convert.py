@@ -19,7 +19,8 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 from cattrs.v import format_exception as cattrs_format_exception
 
-from k3lab.registry.keypath import FieldError, SpecError, parse_cattrs_path
+from k3lab.errors import FieldError
+from k3lab.registry.keypath import SpecError, parse_cattrs_path
 from k3lab.registry.spec import BaseSpec, SchedulerSpec
 
 _FIELD_MARK = "\x00"  # separates a validator's field name from its message in transform_error output

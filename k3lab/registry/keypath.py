@@ -3,14 +3,13 @@
 Everything the registry validates raises `SpecError(path, message)`, where
 `path` is a tuple of mapping keys and list indices, e.g. `("axes",
 "attn_res_block_size", 2)`. The loader prefixes the file name and turns it
-into a one-line `k3lab.errors.UserError`.
+into a one-line `k3lab.errors.UserError`. The spec validators raise
+`k3lab.errors.FieldError`, which names only the field.
 """
 
 from __future__ import annotations
 
 import re
-
-from k3lab.errors import FieldError  # noqa: F401  (raised by the spec validators; convert reads it)
 
 Path = tuple  # of str (mapping keys) and int (list indices)
 

@@ -19,7 +19,7 @@ import attrs
 from k3lab.errors import FieldError
 from k3lab.model.fidelity import FIDELITIES
 from k3lab.train.spec import TrainSpec
-from k3lab.validators import non_empty, non_negative, one_of, positive, unit_interval
+from k3lab.validators import non_negative, one_of, positive
 
 METRIC_MODES = ("min", "max")
 METRICS = ("val_loss", "val_bpb", "train_loss")  # what every trial reports at each evaluation

@@ -1,5 +1,6 @@
-"""`k3lab export`: a trained model as a Hugging Face Kimi Linear checkpoint.
+"""Exporting a trained model as a Hugging Face Kimi Linear checkpoint: finding it, and its model config.
 
+(`k3lab export`, in `k3lab.commands.export`):
     k3lab export CHECKPOINT --hf DIR   a trainer checkpoint: trainer.pt, a folder holding one
                                        (`k3lab train --save DIR`, a Ray checkpoint), or a trial
                                        folder (its newest checkpoint)
@@ -16,7 +17,6 @@ naming the field: train with `--fidelity kimi_linear` (or `fidelity: kimi_linear
 
 from __future__ import annotations
 
-import argparse
 import re
 import typing
 from pathlib import Path
@@ -24,34 +24,6 @@ from pathlib import Path
 from k3lab.errors import UserError
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")  # MLflow run ids
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    export = subparsers.add_parser("export", help="a trained model as a Hugging Face Kimi Linear checkpoint")
-    export.add_argument("source", metavar="RUN_OR_CHECKPOINT",
-                        help="a checkpoint (trainer.pt or a folder holding one) or an MLflow run id")
-    export.add_argument("--hf", required=True, metavar="DIR", help="output folder: config.json, model.safetensors")
-    export.add_argument("--storage", help="where a run's checkpoints are (default: K3LAB_STORAGE or ./k3lab_runs)")
-    export.add_argument("--tracking-uri", help="MLflow store, for checkpoints that hold no model config "
-                                               "(default: MLFLOW_TRACKING_URI or ./mlflow.db)")
-    export.set_defaults(func=run_export)
-
-
-def run_export(args) -> int:
-    from k3lab.model.hf import check_exportable, save_hf
-    from k3lab.model.model import KimiK3
-    from k3lab.train.checkpoint import load_checkpoint
-    from k3lab.store.state import default_storage
-
-    path = locate_checkpoint(args.source, Path(args.storage) if args.storage else default_storage())
-    state = load_checkpoint(path)
-    config = checkpoint_config(state, path, args.tracking_uri)
-    check_exportable(config)
-    model = KimiK3(config)
-    model.load_state_dict(state["model"])
-    save_hf(model, args.hf)
-    print(f"wrote {Path(args.hf) / 'config.json'} and model.safetensors: step {state['step']} of {path}")
-    return 0
 
 
 # -- finding the checkpoint ---------------------------------------------------------------

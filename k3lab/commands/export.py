@@ -1,0 +1,36 @@
+"""`k3lab export`: a trained model as a Hugging Face Kimi Linear checkpoint (see `k3lab.report.export`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from k3lab.report.export import checkpoint_config, locate_checkpoint
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    export = subparsers.add_parser("export", help="a trained model as a Hugging Face Kimi Linear checkpoint")
+    export.add_argument("source", metavar="RUN_OR_CHECKPOINT",
+                        help="a checkpoint (trainer.pt or a folder holding one) or an MLflow run id")
+    export.add_argument("--hf", required=True, metavar="DIR", help="output folder: config.json, model.safetensors")
+    export.add_argument("--storage", help="where a run's checkpoints are (default: K3LAB_STORAGE or ./k3lab_runs)")
+    export.add_argument("--tracking-uri", help="MLflow store, for checkpoints that hold no model config "
+                                               "(default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    export.set_defaults(func=run_export)
+
+
+def run_export(args) -> int:
+    from k3lab.model.hf import check_exportable, save_hf
+    from k3lab.model.model import KimiK3
+    from k3lab.store.state import default_storage
+    from k3lab.train.checkpoint import load_checkpoint
+
+    path = locate_checkpoint(args.source, Path(args.storage) if args.storage else default_storage())
+    state = load_checkpoint(path)
+    config = checkpoint_config(state, path, args.tracking_uri)
+    check_exportable(config)
+    model = KimiK3(config)
+    model.load_state_dict(state["model"])
+    save_hf(model, args.hf)
+    print(f"wrote {Path(args.hf) / 'config.json'} and model.safetensors: step {state['step']} of {path}")
+    return 0
