@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from conftest import fla_reference
 
-from k3lab.model import kda_fused
+from k3lab.model import attn_res_fused
 from k3lab.model.config import KimiK3Config, tiny_config
 from k3lab.model.kda import KDAChunkwise
 from k3lab.model.kda_fused import KDAFused
@@ -158,7 +158,7 @@ def test_fla_attnres_with_output_norm_is_apply_attn_res_then_the_prenorm():
 # -- CPU: the tuple-endpoint AttnRes state machine ------------------------------------
 
 def standin_fused_attn_res(candidates, norm, proj, out_norm):
-    """`kda_fused.fused_attn_res` in plain PyTorch, to run the fused block path on CPU."""
+    """`attn_res_fused.fused_attn_res` in plain PyTorch, to run the fused block path on CPU."""
     B, T, M = candidates[-1].shape
     flat = [c.reshape(B * T, M) for c in candidates]
     h, weights = attn_res_mixture(torch.stack(flat[:-1], dim=1), flat[-1], norm, proj)
@@ -173,7 +173,7 @@ def test_fused_attn_res_state_machine_matches_the_reference(monkeypatch, block_s
     idx = torch.randint(0, 320, (2, 16))
     expected = model.final_hidden_states(idx)
     expected_weights = [dict(layer.attn_res_weights) for layer in model.layers]
-    monkeypatch.setattr(kda_fused, "fused_attn_res", standin_fused_attn_res)
+    monkeypatch.setattr(attn_res_fused, "fused_attn_res", standin_fused_attn_res)
     monkeypatch.setattr(model, "uses_fused_attn_res", lambda idx: True)
     torch.testing.assert_close(model.final_hidden_states(idx), expected, atol=1e-5, rtol=1e-5)
     for layer, weights in zip(model.layers, expected_weights):
@@ -385,7 +385,7 @@ def test_fused_attn_res_matches_apply_attn_res(dtype, fp32_truth):
         (out.float() * dout).sum().backward()
         return [out.float()] + [c.grad.float() for c in cands] + [p.grad.clone() for p in modules.parameters()]
 
-    fused = grads(lambda *c: kda_fused.fused_attn_res(c, norm, proj, out_norm)[0], dtype)
+    fused = grads(lambda *c: attn_res_fused.fused_attn_res(c, norm, proj, out_norm)[0], dtype)
     ref = grads(reference, dtype)
     names = ["out"] + [f"d_candidate{i}" for i in range(K)] + ["d_norm", "d_proj", "d_out_norm"]
     if dtype == torch.float32:
@@ -396,7 +396,7 @@ def test_fused_attn_res_matches_apply_attn_res(dtype, fp32_truth):
         ref32 = grads(reference, torch.float32)
         for name, a, b, c in zip(names, fused, ref, ref32):
             assert_as_accurate(name, a, b, c, 5e-3 if name == "out" else 8e-3)
-    _, weights = kda_fused.fused_attn_res(candidates, norm, proj, out_norm)
+    _, weights = attn_res_fused.fused_attn_res(candidates, norm, proj, out_norm)
     flat = torch.stack([c.reshape(B * T, M) for c in candidates], dim=1)
     _, ref_weights = attn_res_mixture(flat[:, :-1], flat[:, -1], norm, proj)
     torch.testing.assert_close(weights, ref_weights.mean(dim=0), atol=1e-5, rtol=1e-4)

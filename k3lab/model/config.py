@@ -18,6 +18,7 @@ FFN_ACTIVATIONS = ("situ_glu", "swiglu")
 MOE_BALANCE_RULES = ("quantile", "sign")
 ROUTER_INITS = ("normal", "kaiming_uniform")
 ATTN_RES_PROJ_INITS = ("zeros", "normal")
+FUSED_KDA_CHUNK_SIZES = (32, 64)  # what FLA's chunk_kda takes
 
 
 def kimi_linear_schedule(num_layers: int, kda_per_mla: int = 3) -> tuple[str, ...]:
@@ -160,10 +161,8 @@ class KimiK3Config:
         _require(self.kda_implementation in KDA_IMPLEMENTATIONS, "kda_implementation",
                  f"must be one of {KDA_IMPLEMENTATIONS}")
         if self.kda_implementation == "fused":
-            _require(self.kda_chunk_size in (32, 64), "kda_chunk_size",
-                     "must be 32 or 64 with kda_implementation='fused'")
-            _require(lb is not None and -5 <= lb < 0, "kda_gate_lower_bound",
-                     "must lie in [-5, 0) with kda_implementation='fused'")
+            for field_name, rule in self.fused_kda_problems():
+                _require(False, field_name, rule)
 
     # -- conveniences -------------------------------------------------------------
 
@@ -173,9 +172,38 @@ class KimiK3Config:
         "chunkwise". Other values are returned unchanged."""
         if self.kda_implementation != "auto":
             return self
-        lb = self.kda_gate_lower_bound
-        fused_ok = self.kda_chunk_size in (32, 64) and lb is not None and -5 <= lb < 0
+        fused_ok = not self.fused_kda_problems()
         return self.replace(kda_implementation="fused" if cuda and fused_ok and fla_installed() else "chunkwise")
+
+    def fused_kda_problems(self) -> list[tuple[str, str]]:
+        """(field, rule) for each KDA setting FLA's fused kernel cannot take (safe_gate needs a
+        lower bound in [-5, 0)); empty when the fused path can run this config."""
+        lb = self.kda_gate_lower_bound
+        problems = []
+        if self.kda_chunk_size not in FUSED_KDA_CHUNK_SIZES:
+            problems.append(("kda_chunk_size", "must be 32 or 64 with kda_implementation='fused'"))
+        if not (lb is not None and -5 <= lb < 0):
+            problems.append(("kda_gate_lower_bound", "must lie in [-5, 0) with kda_implementation='fused'"))
+        return problems
+
+    # -- the implementation, as resolved (`resolve_kda`); read by the model, trainer and checks --
+
+    @property
+    def uses_fused_kda(self) -> bool:
+        """KDA layers run FLA's kernels (`KDAFused`; on a CPU tensor it falls back to the
+        padded reference). "auto" counts as not fused until resolved."""
+        return self.kda_implementation == "fused"
+
+    @property
+    def uses_fused_attn_res(self) -> bool:
+        """AttnRes mixtures run FLA's fused kernel (on CUDA tensors): with the fused KDA path."""
+        return self.use_attn_res and self.uses_fused_kda
+
+    @property
+    def seq_len_multiple(self) -> int:
+        """What every sequence length must be a multiple of: the chunk size where chunkwise KDA
+        runs (or may run: "auto"), else 1 (fused KDA pads, other layers take any length)."""
+        return self.kda_chunk_size if "kda" in self.layer_types and not self.uses_fused_kda else 1
 
     def replace(self, **changes) -> "KimiK3Config":
         """A copy with some fields changed, validated again."""

@@ -12,10 +12,7 @@ from k3lab.model.model import KimiK3
 
 def pad_multiple(model: KimiK3) -> int:
     """Chunkwise KDA needs T % chunk_size == 0; other layers take any length."""
-    config = model.config
-    if "kda" in config.layer_types and config.kda_implementation == "chunkwise":
-        return config.kda_chunk_size
-    return 1
+    return model.config.seq_len_multiple
 
 
 @torch.no_grad()

@@ -11,7 +11,7 @@ State carried between blocks (never between forward calls):
 
 GPU path: with kda_implementation="fused" on CUDA the same state machine runs with the
 endpoints as a tuple of P (B, T, M) tensors and every mixture (with the pre-norm that
-follows it) in FLA's fused AttnRes kernel (`kda_fused.fused_attn_res`). The tuple
+follows it) in FLA's fused AttnRes kernel (`attn_res_fused.fused_attn_res`). The tuple
 avoids re-concatenating the endpoints; the candidates and their order are identical.
 """
 
@@ -35,7 +35,7 @@ from k3lab.model.norm import RMSNorm
 
 def build_kda(config: KimiK3Config) -> nn.Module:
     """The KDA layer for this config; FLA (and Triton) are imported only for "fused"."""
-    if config.kda_implementation == "fused":
+    if config.uses_fused_kda:
         from k3lab.model.kda_fused import KDAFused
 
         return KDAFused(config)
@@ -45,16 +45,16 @@ def build_kda(config: KimiK3Config) -> nn.Module:
 
 
 def fused_attn_res(candidates, norm, proj, out_norm):
-    """out_norm(AttnRes mixture of candidates) with FLA's kernel: see `kda_fused.fused_attn_res`
+    """out_norm(AttnRes mixture of candidates) with FLA's kernel: see `attn_res_fused.fused_attn_res`
     (which is the compiler-disabled one).
 
     Imported here, at call time, so the plain model never imports the fused module; and no
     `torch.compiler` decorator at import time, which would import torch._dynamo and with it
     Triton on CUDA builds of torch.
     """
-    from k3lab.model import kda_fused
+    from k3lab.model import attn_res_fused
 
-    return kda_fused.fused_attn_res(candidates, norm, proj, out_norm)
+    return attn_res_fused.fused_attn_res(candidates, norm, proj, out_norm)
 
 
 def attn_res_mixture(block_residual, prefix_sum, norm, proj):
@@ -83,7 +83,6 @@ class KimiK3DecoderBlock(nn.Module):
         self.layer_idx = layer_idx
         self.layer_type = config.layer_types[layer_idx]
         self.use_attn_res = config.use_attn_res
-        self.attn_res_block_size = config.attn_res_block_size
         # a bool, not layer_idx % S in forward: torch.compile then guards on two values, not on every index
         self.starts_block = layer_idx % config.attn_res_block_size == 0
         M, eps = config.hidden_size, config.rms_norm_eps
@@ -272,9 +271,8 @@ class KimiK3(nn.Module):
         return layer(hidden_states, state)
 
     def uses_fused_attn_res(self, idx: torch.Tensor) -> bool:
-        """FLA's AttnRes kernel: only with kda_implementation="fused", on CUDA."""
-        config = self.config
-        return config.use_attn_res and config.kda_implementation == "fused" and idx.is_cuda
+        """FLA's AttnRes kernel: where the config says so (`KimiK3Config.uses_fused_attn_res`), on CUDA."""
+        return self.config.uses_fused_attn_res and idx.is_cuda
 
     def moe_layers(self) -> list[tuple[int, StableLatentMoE]]:
         return [(i, layer.ffn) for i, layer in enumerate(self.layers) if isinstance(layer.ffn, StableLatentMoE)]

@@ -153,8 +153,7 @@ def check_trainable(config: KimiK3Config, train: TrainSpec) -> None:
     """ValueError when the model cannot train on `train.seq_len` tokens."""
     if train.seq_len > config.max_seq_len:
         raise ValueError(f"train.seq_len={train.seq_len} exceeds max_seq_len={config.max_seq_len}")
-    if "kda" in config.layer_types and config.kda_implementation != "fused" \
-            and train.seq_len % config.kda_chunk_size:
+    if train.seq_len % config.seq_len_multiple:
         raise ValueError(f"train.seq_len={train.seq_len} is not a multiple of kda_chunk_size={config.kda_chunk_size}")
 
 

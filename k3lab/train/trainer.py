@@ -88,8 +88,7 @@ def check_shapes(config: KimiK3Config, spec: TrainSpec, vocab_size: int) -> None
                         f"vocab_size={config.vocab_size}")
     if spec.seq_len > config.max_seq_len:
         raise UserError(f"train.seq_len: {spec.seq_len} exceeds the model's max_seq_len={config.max_seq_len}")
-    chunkwise = "kda" in config.layer_types and config.kda_implementation != "fused"  # auto may be chunkwise
-    if chunkwise and spec.seq_len % config.kda_chunk_size:
+    if spec.seq_len % config.seq_len_multiple:
         raise UserError(f"train.seq_len: {spec.seq_len} is not a multiple of kda_chunk_size={config.kda_chunk_size}")
 
 

@@ -113,7 +113,7 @@ def check_fla(models: dict[str, KimiK3Config], gpus: float) -> None:
     if gpus <= 0:
         return
     missing = [name for name in ("fla", "triton") if importlib.util.find_spec(name) is None]
-    fused = [label for label, config in models.items() if config.kda_implementation == "fused"]
+    fused = [label for label, config in models.items() if config.uses_fused_kda]
     if fused and missing:
         where = f"{fused[0]}: " if fused[0] else ""
         raise UserError(f"{where}kda_implementation=fused on a GPU needs the FLA kernels, and "
