@@ -77,9 +77,10 @@ def measure(row: str, args: argparse.Namespace) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from k3lab.registry import TrainSpec, load_preset
+    from k3lab.registry import load_preset
     from k3lab.train.ddp import DDPOptions
     from k3lab.train.metrics import peak_flops
+    from k3lab.train.spec import TrainSpec
     from k3lab.train.trainer import Trainer
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

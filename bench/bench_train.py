@@ -20,8 +20,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import write_section  # noqa: E402
 from k3lab.data import BatchSampler, prepare_dataset  # noqa: E402
-from k3lab.registry import TrainSpec, load_preset  # noqa: E402
-from k3lab.train.trainer import Trainer, train  # noqa: E402
+from k3lab.registry import load_preset  # noqa: E402
+from k3lab.train.spec import TrainSpec  # noqa: E402
+from k3lab.train.trainer import Trainer, fit  # noqa: E402
 
 
 def sampler_tokens_per_s(tokens, batch_size: int, seq_len: int, device: torch.device, batches: int = 200) -> float:
@@ -47,7 +48,7 @@ def main() -> None:
     dataset = prepare_dataset(spec.dataset, spec.tokenizer, progress=False)
     trainer = Trainer(load_preset(args.preset), spec, dataset=dataset)
     start = time.perf_counter()
-    result = train(trainer.config, spec, trainer=trainer)
+    result = fit(trainer)
     wall = time.perf_counter() - start
     train_tps = result.step * spec.tokens_per_step / wall
     feed_tps = sampler_tokens_per_s(dataset.train_tokens, args.batch_size, args.seq_len, trainer.device)
