@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from k3lab.tune.kernels import (ENV_VAR, cache_info, kernel_shapes, require_cuda, resolve_kernel_cache, use_kernel_cache,
-                                warm_kernels)
+from k3lab.tune import kernels  # through the module: tests stand in for its GPU functions
+from k3lab.tune.kernels import ENV_VAR
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,12 +28,12 @@ def run_warm(args: argparse.Namespace) -> int:
     from k3lab.registry.commands import load_sweep_for
 
     sweep = load_sweep_for(args.file, args.profile)
-    require_cuda()
-    cache = resolve_kernel_cache(args.kernel_cache, sweep.kernel_cache)
-    use_kernel_cache(cache)
-    shapes = kernel_shapes(sweep)
+    kernels.require_cuda()
+    cache = kernels.resolve_kernel_cache(args.kernel_cache, sweep.kernel_cache)
+    kernels.use_kernel_cache(cache)
+    shapes = kernels.kernel_shapes(sweep)
     print(f"warming {len(shapes)} kernel shapes of {sweep.name} ({sweep.profile or 'top-level'} profile) into {cache}")
-    result = warm_kernels(shapes, print_progress, cache=cache)
+    result = kernels.warm_kernels(shapes, print_progress, cache=cache)
     print(f"warm: {result['shapes']} shapes in {result['seconds']:.1f} s, "
           f"{result['new_autotune_results']} new autotune results")
     return 0
@@ -44,7 +44,7 @@ def print_progress(done: int, total: int, name: str, seconds: float) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    info = cache_info(resolve_kernel_cache(args.kernel_cache))
+    info = kernels.cache_info(kernels.resolve_kernel_cache(args.kernel_cache))
     if not info["exists"]:
         print(f"kernel cache {info['path']}: empty (nothing tuned on this machine yet)")
         return 0
