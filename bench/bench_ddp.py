@@ -132,10 +132,9 @@ def warm_kernel_cache(args: argparse.Namespace) -> None:
     """FLA autotunes each new shape for minutes: tune this one once, here, into the kernel cache
     ($K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels), so the rows' ranks start warm."""
     from k3lab.registry import load_preset
-    from k3lab.tune.kernels import KernelShape, resolve_kernel_cache, use_kernel_cache, warm_kernels
+    from k3lab.tune.kernels import KernelShape, open_kernel_cache, warm_kernels
 
-    cache = resolve_kernel_cache()
-    use_kernel_cache(cache)  # this process and the torchrun jobs it starts
+    cache = open_kernel_cache()  # this process and the torchrun jobs it starts; from the shipped tunings
     config = load_preset(args.preset).replace(max_seq_len=max(args.seq, 1024))
     print(f"kernels: warming {args.preset} at {args.batch} x {args.seq} (cache {cache}) ...", flush=True)
     result = warm_kernels([KernelShape(args.preset, config, args.batch, args.seq, "bfloat16")])

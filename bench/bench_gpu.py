@@ -40,8 +40,9 @@ KimiK3 -- `count_parameters(model, T)["flops_per_token"]`; FLA -- the same rule 
 to its parameters: 6 x (every 2-D weight a token is multiplied by: the tied embedding once,
 as the head) + per KDA layer the chunk term of `counting.kda_flops_per_token`.
 
-Kernel caches: `--cache-dir DIR` (default $K3LAB_KERNEL_CACHE if set) puts Triton's cache in
-DIR/triton, so FLA's autotuning is paid once per machine; FLA_CACHE_RESULTS stays on.
+Kernel caches: k3lab's kernel cache, as sweeps use it (`--cache-dir DIR`, default
+$K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels; Triton's cache in DIR/triton), started from the
+tunings k3lab ships for this GPU, so FLA's autotuning is paid once per machine kind.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="torch.compile KimiK3's decoder blocks")
     parser.add_argument("--graph", action="store_true",
                         help="replay forward+backward as one CUDA graph (k3lab.train.graphs), both models")
-    parser.add_argument("--cache-dir", default=os.environ.get("K3LAB_KERNEL_CACHE"))
+    parser.add_argument("--cache-dir", default=None,
+                        help="kernel cache folder (default: $K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels)")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args()
     args.names = NAMES if args.only is None else tuple(n.strip() for n in args.only.split(","))
@@ -84,14 +86,6 @@ def parse_args() -> argparse.Namespace:
     if args.warmup < 1 or args.steps < 1:
         parser.error("--warmup and --steps must be at least 1")
     return args
-
-
-def set_kernel_cache(cache_dir: str | None) -> None:
-    """Before triton/FLA are imported: Triton's cache under cache_dir, FLA's result cache on."""
-    os.environ.setdefault("FLA_CACHE_RESULTS", "1")
-    if cache_dir:
-        os.environ["TRITON_CACHE_DIR"] = str(Path(cache_dir, "triton"))
-        Path(os.environ["TRITON_CACHE_DIR"]).mkdir(parents=True, exist_ok=True)
 
 
 # -- the models -----------------------------------------------------------------------------
@@ -276,7 +270,9 @@ def table(results: list, failures: dict) -> str:
 
 def main() -> None:
     args = parse_args()
-    set_kernel_cache(args.cache_dir)
+    from k3lab.tune.kernels import open_kernel_cache
+
+    open_kernel_cache(args.cache_dir)  # before FLA is imported; k3lab's cache, started from its shipped tunings
     import torch
 
     if not torch.cuda.is_available():

@@ -10,6 +10,13 @@ def _seed():
     torch.manual_seed(0)
 
 
+def pytest_configure(config):
+    if torch.cuda.is_available():  # the GPU tests share the machine's kernel cache (and k3lab's shipped tunings)
+        from k3lab.tune.kernels import open_kernel_cache
+
+        open_kernel_cache()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

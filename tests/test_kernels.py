@@ -10,7 +10,7 @@ from k3lab.cli import main
 from k3lab.errors import UserError
 from k3lab.registry import load_sweep
 from k3lab.report.efficiency import peak_flops_of, sweep_efficiency
-from k3lab.tune import kernels
+from k3lab.tune import kernels, tunings
 from k3lab.tune.kernels import cache_info, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,3 +169,104 @@ def test_an_unreadable_warm_record_counts_as_none(fake_gpu, tmp_path):
     shape = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))[0]
     assert warm_kernels([shape], cache=tmp_path, skip_recorded=True)["warmed"] == 1
     assert cache_info(tmp_path)["warm_shapes"] == 1
+
+
+# -- tuned kernels as data: export, import, the shipped tunings -----------------------------------
+
+def tuned_cache(root: Path) -> Path:
+    """A kernel cache as FLA leaves it: two autotune results, a compiled kernel, a warm record."""
+    for digest, kernel in (("AB12", "chunk_kda_fwd_kernel"), ("CD34", "attnres_bwd_kernel_dv")):
+        (root / "triton" / digest).mkdir(parents=True)
+        (root / "triton" / digest / f"{kernel}.autotune.json").write_text(f'{{"kernel": "{kernel}"}}')
+    (root / "triton" / "AB12" / "chunk_kda_fwd_kernel.cubin").write_bytes(b"\0" * 4096)
+    (root / "triton" / "k3lab-warm.json").write_text('{"f1": {"shape": "attnres_off", "device": "NVIDIA H200"}}')
+    return root
+
+
+def test_exported_tunings_import_into_a_fresh_cache_with_their_warm_record(tmp_path):
+    manifest = tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "t.tar.gz", "NVIDIA H200")
+    assert manifest["autotune_results"] == 2 and manifest["gpu"] == "NVIDIA H200"
+    result = tunings.import_tunings(tmp_path / "t.tar.gz", tmp_path / "b", "NVIDIA H200")
+    assert (result["added"], result["kept"], result["warm_shapes"]) == (2, 0, 1)
+    imported = sorted(p.relative_to(tmp_path / "b").as_posix() for p in (tmp_path / "b").rglob("*.autotune.json"))
+    assert imported == ["triton/AB12/chunk_kda_fwd_kernel.autotune.json", "triton/CD34/attnres_bwd_kernel_dv.autotune.json"]
+    assert not list((tmp_path / "b").rglob("*.cubin"))  # compiled kernels stay behind: the archive is small
+    assert kernels.read_warm_record(tmp_path / "b") == {"f1": {"shape": "attnres_off", "device": "NVIDIA H200"}}
+    again = tunings.import_tunings(tmp_path / "t.tar.gz", tmp_path / "b", "NVIDIA H200")
+    assert (again["added"], again["kept"]) == (0, 2)
+
+
+def test_tunings_from_another_gpu_or_library_version_import_nothing(tmp_path, monkeypatch):
+    tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "t.tar.gz", "NVIDIA H200")
+    with pytest.raises(UserError, match=r"t.tar.gz: measured with GPU NVIDIA H200 \(here NVIDIA H100\): nothing"):
+        tunings.import_tunings(tmp_path / "t.tar.gz", tmp_path / "b", "NVIDIA H100")
+    versions = tunings.toolchain_versions()
+    monkeypatch.setattr(tunings, "toolchain_versions", lambda: versions | {"triton": "9.9.9"})
+    with pytest.raises(UserError, match=r"measured with triton .* \(here 9.9.9\): nothing imported"):
+        tunings.import_tunings(tmp_path / "t.tar.gz", tmp_path / "b", "NVIDIA H200")
+    assert not (tmp_path / "b").exists()
+
+
+def test_an_archive_cannot_write_outside_the_cache(tmp_path):
+    tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "t.tar.gz", "NVIDIA H200")
+    import tarfile
+
+    with tarfile.open(tmp_path / "t.tar.gz", "r:gz") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    with tarfile.open(tmp_path / "evil.tar.gz", "w:gz") as tar:
+        for name, data in {**members, "triton/../../escaped.autotune.json": b"{}", "notes.txt": b"x"}.items():
+            tunings.add_member(tar, name, data)
+    assert tunings.import_tunings(tmp_path / "evil.tar.gz", tmp_path / "b", "NVIDIA H200")["added"] == 2
+    assert not (tmp_path / "escaped.autotune.json").exists() and not (tmp_path / "b" / "notes.txt").exists()
+
+
+def test_a_gpu_process_starts_from_the_shipped_tunings_of_its_gpu_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(tunings, "SHIPPED_DIR", tmp_path / "shipped")
+    tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "shipped" / "h200.tar.gz", "NVIDIA H200")
+    assert tunings.start_from_shipped(tmp_path / "other", "NVIDIA H100") is None
+    first = tunings.start_from_shipped(tmp_path / "kc", "NVIDIA H200")
+    assert first["added"] == 2 and first["archive"] == "h200.tar.gz"
+    assert tunings.start_from_shipped(tmp_path / "kc", "NVIDIA H200") is None  # once per cache
+
+
+def test_a_sweeps_warm_up_starts_from_the_shipped_tunings_and_skips_the_shapes_they_recorded(fake_gpu, tmp_path,
+                                                                                            monkeypatch):
+    shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
+    warm_kernels(shapes, cache=tmp_path / "measured", skip_recorded=True)  # "on the H200 that made the archive"
+    (tmp_path / "measured" / "triton" / "X1").mkdir()
+    (tmp_path / "measured" / "triton" / "X1" / "k.autotune.json").write_text("{}")
+    monkeypatch.setattr(tunings, "SHIPPED_DIR", tmp_path / "shipped")
+    tunings.export_tunings(tmp_path / "measured", tmp_path / "shipped" / "h200.tar.gz", "NVIDIA H200")
+    fake_gpu.clear()
+    result = warm_kernels(shapes, cache=tmp_path / "fresh", skip_recorded=True)
+    assert fake_gpu == [] and result["warmed"] == 0 and result["shipped"]["added"] == 1
+
+
+def test_kernels_export_and_import_commands_say_what_they_did_and_refuse_in_one_line(tmp_path, capsys):
+    tuned_cache(tmp_path / "a")
+    assert main(["kernels", "export", str(tmp_path / "t.tar.gz"), "--kernel-cache", str(tmp_path / "a"),
+                 "--gpu", "NVIDIA H200"]) == 0
+    assert "exported 2 autotune results of 2 kernels (tuned on NVIDIA H200;" in capsys.readouterr().out
+    assert main(["kernels", "import", str(tmp_path / "t.tar.gz"), "--kernel-cache", str(tmp_path / "b"),
+                 "--gpu", "NVIDIA H200"]) == 0
+    assert "2 autotune results added, 0 already there, 1 warmed shapes recorded" in capsys.readouterr().out
+    assert main(["kernels", "import", str(tmp_path / "t.tar.gz"), "--kernel-cache", str(tmp_path / "c"),
+                 "--gpu", "NVIDIA A100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "GPU NVIDIA H200 (here NVIDIA A100): nothing imported" in err
+    assert main(["kernels", "import", str(tmp_path / "missing.tar.gz"), "--gpu", "NVIDIA H200"]) == 2
+    assert "missing.tar.gz: no such file" in capsys.readouterr().err
+
+
+def test_the_shipped_tunings_name_the_versions_the_gpu_extra_pins():
+    tomllib = pytest.importorskip("tomllib")
+
+    archives = tunings.shipped_archives()
+    assert archives, "k3lab ships the tunings measured on an H200"
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    pins = dict(requirement.split("==") for requirement in extra if "==" in requirement)
+    for archive in archives:
+        manifest, members = tunings.read_archive(archive)
+        assert manifest["gpu"].startswith("NVIDIA") and members
+        assert pins.get("triton") == manifest["versions"]["triton"]
+        assert pins.get("flash-linear-attention") == manifest["versions"]["fla"]

@@ -1,11 +1,15 @@
-"""`k3lab kernels warm|info`: the per-machine GPU kernel cache (`k3lab.tune.kernels`)."""
+"""`k3lab kernels warm|info|export|import`: the per-machine GPU kernel cache (`k3lab.tune.kernels`) and
+its tuned kernels as archives (`k3lab.tune.tunings`)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from k3lab.errors import UserError
 from k3lab.tune import kernels  # through the module: tests stand in for its GPU functions
 from k3lab.tune.kernels import ENV_VAR
+from k3lab.tune.tunings import export_tunings, import_tunings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,8 +24,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help=f"cache folder (default: the sweep file's kernel_cache, ${ENV_VAR}, or ~/.cache/k3lab/kernels)")
     warm.set_defaults(func=run_warm)
     info = commands.add_parser("info", help="show the kernel cache")
-    info.add_argument("--kernel-cache", default=None, help=f"cache folder (default: ${ENV_VAR} or ~/.cache/k3lab/kernels)")
+    add_cache_argument(info)
     info.set_defaults(func=run_info)
+    export = commands.add_parser("export", help="write the cache's tuned kernels to one small archive (.tar.gz)")
+    export.add_argument("file", help="archive to write")
+    add_cache_argument(export)
+    export.add_argument("--gpu", default=None, help="the GPU they were tuned on (default: this machine's GPU)")
+    export.set_defaults(func=run_export)
+    imported = commands.add_parser("import", help="merge an exported archive into the cache, if it fits this GPU "
+                                                  "and libraries")
+    imported.add_argument("file", help="archive written by `k3lab kernels export`")
+    add_cache_argument(imported)
+    imported.add_argument("--gpu", default=None, help="the GPU the cache serves, on a machine without one "
+                                                      "(a cluster head filling the shared volume)")
+    imported.set_defaults(func=run_import)
+
+
+def add_cache_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kernel-cache", default=None, help=f"cache folder (default: ${ENV_VAR} or ~/.cache/k3lab/kernels)")
 
 
 def run_warm(args: argparse.Namespace) -> int:
@@ -52,4 +72,31 @@ def run_info(args: argparse.Namespace) -> int:
           f"{info['compiled_triton_kernels']} compiled Triton kernels, {info['warm_shapes']} sweep shapes warmed")
     for kernel, n in info["autotuned"].items():
         print(f"  {kernel}: {n} tuned shape{'s' if n != 1 else ''}")
+    return 0
+
+
+def gpu_of(args: argparse.Namespace) -> str:
+    """--gpu, else this machine's GPU; one line when there is neither."""
+    if args.gpu:
+        return args.gpu
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError(f"k3lab kernels {args.kernels_command}: no CUDA GPU here; name the GPU with --gpu")
+    return kernels.gpu_name()
+
+
+def run_export(args: argparse.Namespace) -> int:
+    manifest = export_tunings(kernels.resolve_kernel_cache(args.kernel_cache), Path(args.file), gpu_of(args))
+    versions = ", ".join(f"{name} {version}" for name, version in manifest["versions"].items())
+    print(f"exported {manifest['autotune_results']} autotune results of {len(manifest['kernels'])} kernels "
+          f"(tuned on {manifest['gpu']}; {versions}) to {args.file}, {Path(args.file).stat().st_size / 1024:.0f} KiB")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    cache = kernels.resolve_kernel_cache(args.kernel_cache)
+    result = import_tunings(Path(args.file), cache, gpu_of(args))
+    print(f"imported {args.file} into {cache}: {result['added']} autotune results added, {result['kept']} already "
+          f"there, {result['warm_shapes']} warmed shapes recorded")
     return 0

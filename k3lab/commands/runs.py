@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--tracking-uri", help=TRACKING_HELP)
     train.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    train.add_argument("--kernel-cache", default=None,
+                       help="GPU kernel cache folder (default: $K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels)")
     train.add_argument("--fidelity", choices=FIDELITIES,
                        help="the design document's choices, official K3's or Kimi Linear's (before --set)")
     train.add_argument("--save", metavar="DIR", help="write the trainer checkpoint there at every evaluation "
@@ -178,6 +180,10 @@ def run_train(args) -> int:
     device = parse_device(args.device)
     log_file = None if args.verbose or tracking_uri is None else default_storage() / "train.log"
     run_preflight(train_preflight(args, config, spec, tracking_uri, device, log_file))
+    if device.type == "cuda":
+        from k3lab.tune.kernels import open_kernel_cache
+
+        open_kernel_cache(args.kernel_cache, say=Console(stderr=True).print)
     name = Path(args.model).stem
     trial = TrialSpec(variant_id="train", variant_name=name, seed=args.seed, config=config.to_dict(), train=spec,
                       tracking_uri=tracking_uri, experiment="k3lab-train")

@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -40,6 +39,7 @@ from typing import Callable
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.variants import short_hash
+from k3lab.tune.tunings import read_json, start_from_shipped, write_json
 
 ENV_VAR = "K3LAB_KERNEL_CACHE"
 
@@ -78,6 +78,27 @@ def use_kernel_cache(cache: Path) -> dict[str, str]:
     return env
 
 
+def open_kernel_cache(flag: str | None = None, say: Callable[[str], None] = print) -> Path:
+    """For a GPU process outside a sweep (`k3lab train`, bench/, the GPU tests): point this
+    process at the machine's kernel cache and, on a GPU, start it from the shipped tunings,
+    so that no run tunes a shape that an earlier run or k3lab's own measurement tuned.
+    Call it before FLA is imported."""
+    cache = resolve_kernel_cache(flag)
+    use_kernel_cache(cache)
+    import torch
+
+    if torch.cuda.is_available():
+        shipped = start_from_shipped(cache, gpu_name())
+        if shipped:
+            say(shipped_line(shipped))
+    return cache
+
+
+def shipped_line(shipped: dict) -> str:
+    return (f"kernels: started from k3lab's tunings for {shipped['gpu']} ({shipped['archive']}: "
+            f"{shipped['added']} autotune results, {shipped['warm_shapes']} warmed shapes)")
+
+
 # -- what a sweep will run ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -106,15 +127,18 @@ def warm_kernels(shapes: list[KernelShape], progress: Callable[[int, int, str, f
     """One forward+backward per shape on this process's GPU, as a trial would run it (fused
     KDA where `auto` resolves to it, bf16 autocast unless the shape says otherwise).
 
-    With `cache`, the shapes warmed are added to its record; with `skip_recorded` too, the
-    shapes it already names are skipped. progress(done, total, name, seconds) after each shape
+    With `cache`, it first starts from k3lab's shipped tunings for this GPU (once per cache), and
+    the shapes warmed are added to its record; with `skip_recorded` too, the shapes it already
+    names are skipped. progress(done, total, name, seconds) after each shape
     warmed. Returns {"shapes", "warmed", "seconds", "new_autotune_results", "device_name"}
-    (new *.autotune.json files in Triton's cache; the GPU's name)."""
+    (new *.autotune.json files in Triton's cache; the GPU's name), and "shipped": what
+    `start_from_shipped` imported, or None."""
     require_cuda()
-    before = autotune_results()
     started = time.perf_counter()
-    record = read_warm_record(cache) if cache is not None and skip_recorded else {}
     device, toolchain = gpu_name(), toolchain_fingerprint()
+    shipped = start_from_shipped(cache, device) if cache is not None else None
+    before = autotune_results()
+    record = read_warm_record(cache) if cache is not None and skip_recorded else {}
     fingerprints = {shape: shape_fingerprint(shape, device, toolchain) for shape in shapes}
     todo = [shape for shape in shapes if fingerprints[shape] not in record]
     for i, shape in enumerate(todo):
@@ -127,7 +151,7 @@ def warm_kernels(shapes: list[KernelShape], progress: Callable[[int, int, str, f
         add_to_warm_record(cache, {fingerprints[shape]: {"shape": shape.name, "device": device, "warmed_at": now}
                                    for shape in todo})
     return {"shapes": len(shapes), "warmed": len(todo), "seconds": time.perf_counter() - started,
-            "new_autotune_results": len(autotune_results() - before), "device_name": device}
+            "new_autotune_results": len(autotune_results() - before), "device_name": device, "shipped": shipped}
 
 
 def run_forward_backward(shape: KernelShape) -> None:
@@ -185,26 +209,14 @@ def package_version(name: str) -> str | None:
 
 def read_warm_record(cache: Path) -> dict:
     """{fingerprint: {"shape", "device", "warmed_at"}}; empty when there is none (or it is unreadable)."""
-    try:
-        record = json.loads((cache / WARM_RECORD).read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
+    return read_json(cache / WARM_RECORD)
 
 
 def add_to_warm_record(cache: Path, entries: dict) -> None:
-    """Merge entries into the record; written whole to a uniquely named file and renamed, so a
-    reader (another sweep on the shared volume) never sees half a file. A record that cannot
-    be written only costs a later warm-up, so the warm-up's result stands."""
-    path = cache / WARM_RECORD
-    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(read_warm_record(cache) | entries, indent=1, sort_keys=True))
-        partial.replace(path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
+    """Merge entries into the record. A record that cannot be written only costs a later
+    warm-up, so the warm-up's result stands."""
+    with contextlib.suppress(OSError):
+        write_json(cache / WARM_RECORD, read_warm_record(cache) | entries)
 
 
 def require_cuda() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from k3lab.errors import UserError
 from k3lab.registry import ResourceSpec, Sweep
 from k3lab.report.efficiency import sweep_efficiency, trial_figures
-from k3lab.tune.kernels import cache_env, kernel_shapes, use_kernel_cache, warm_kernels
+from k3lab.tune.kernels import cache_env, kernel_shapes, shipped_line, use_kernel_cache, warm_kernels
 from k3lab.tune.logs import library_logs
 from k3lab.tune.parent import ParentRun, record_sweep
 from k3lab.tune.preflight import Preflight, run_preflight
@@ -94,6 +94,8 @@ def warm_kernels_on_a_gpu(run: SweepRun, say=print) -> dict:
     except Exception as error:  # the trials can still tune for themselves: not worth failing the sweep
         say(f"kernels: warm-up failed ({str(error).strip().splitlines()[-1][:200]}); trials tune their own kernels")
         return {}
+    if result.get("shipped"):
+        say(shipped_line(result["shipped"]))
     recorded = result["shapes"] - result["warmed"]
     already = f", {recorded} already warm from an earlier warm-up" if recorded else ""
     say(f"kernels: warm in {result['seconds']:.1f} s ({result['new_autotune_results']} new autotune results{already})")

@@ -1,0 +1,185 @@
+"""Tuned kernels as data: a kernel cache's autotune results, moved between machines of one kind.
+
+FLA's Triton kernels spend minutes autotuning each new shape. What they find is a few KB of
+JSON per kernel and shape (`<cache>/triton/<hash>/<kernel>.autotune.json`, the hash covering
+the kernel's source, the Triton version and the GPU architecture), and it holds on every GPU
+of the same kind with the same libraries. An archive of them is therefore data:
+
+    k3lab-tunings.json     manifest: GPU name, torch / Triton / FLA versions, counts
+    triton/<hash>/*.autotune.json
+    triton/k3lab-warm.json the warm-up record (shapes a sweep need not warm again)
+
+`k3lab kernels export FILE` writes one from the machine's cache; `k3lab kernels import FILE`
+merges one in after checking that it was measured on this GPU with these versions. k3lab ships
+archives for the GPUs it was tuned on (`k3lab/tunings/*.tar.gz`); a GPU process that opens
+the cache (`start_from_shipped`) imports the one that matches, once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import tarfile
+import uuid
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from k3lab.errors import UserError
+
+MANIFEST = "k3lab-tunings.json"
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "tunings"
+SHIPPED_RECORD = Path("triton") / "k3lab-shipped.json"  # digests of the shipped archives imported
+WARM_RECORD_NAME = "k3lab-warm.json"
+AUTOTUNE_MEMBER = re.compile(r"^triton/[0-9A-Za-z_-]+/[0-9A-Za-z_.-]+\.autotune\.json$")
+
+
+def toolchain_versions() -> dict[str, str | None]:
+    """The library versions a tuning depends on. torch without its local build tag
+    (`2.11.0+cu130` -> `2.11.0`): Triton compiles the kernels, not torch's CUDA build."""
+    def version(*names: str) -> str | None:
+        for name in names:
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+
+    torch = version("torch")
+    return {"torch": torch.split("+")[0] if torch else None, "triton": version("triton"),
+            "fla": version("fla-core", "flash-linear-attention")}
+
+
+def mismatch(manifest: dict, gpu: str, versions: dict) -> str | None:
+    """Why an archive does not fit this machine (None when it does)."""
+    wanted = {"GPU": manifest.get("gpu"), **{name: manifest.get("versions", {}).get(name) for name in versions}}
+    here = {"GPU": gpu, **versions}
+    differ = [f"{key} {wanted[key]} (here {here[key]})" for key in wanted if wanted[key] != here[key]]
+    return ", ".join(differ) or None
+
+
+# -- export ---------------------------------------------------------------------------------
+
+def export_tunings(cache: Path, file: Path, gpu: str) -> dict:
+    """Write `cache`'s autotune results and warm record to `file` (a .tar.gz); the manifest."""
+    triton = cache / "triton"
+    results = sorted(triton.rglob("*.autotune.json")) if triton.is_dir() else []
+    if not results:
+        raise UserError(f"kernel cache {cache}: no autotune results to export (nothing tuned here yet)")
+    warm = triton / WARM_RECORD_NAME
+    members = {f"triton/{path.relative_to(triton).as_posix()}": path.read_bytes() for path in results}
+    if warm.is_file():
+        members[f"triton/{WARM_RECORD_NAME}"] = warm.read_bytes()
+    manifest = {"format": 1, "gpu": gpu, "versions": toolchain_versions(), "autotune_results": len(results),
+                "kernels": sorted({path.name.removesuffix(".autotune.json") for path in results}),
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    file.parent.mkdir(parents=True, exist_ok=True)
+    partial = file.with_name(f".{file.name}.partial")
+    with tarfile.open(partial, "w:gz") as tar:
+        add_member(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
+        for name, data in members.items():
+            add_member(tar, name, data)
+    partial.replace(file)
+    return manifest
+
+
+def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+# -- import ---------------------------------------------------------------------------------
+
+def read_archive(file: Path) -> tuple[dict, dict[str, bytes]]:
+    """(manifest, {member: bytes}) of the archive's files k3lab reads; a broken archive is one line."""
+    try:
+        with tarfile.open(file, "r:gz") as tar:
+            files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        manifest = json.loads(files.pop(MANIFEST))
+    except FileNotFoundError:
+        raise UserError(f"{file}: no such file") from None
+    except (OSError, tarfile.TarError, KeyError, ValueError) as error:
+        raise UserError(f"{file}: not a k3lab kernel tunings archive ({error})") from None
+    members = {name: data for name, data in files.items()
+               if AUTOTUNE_MEMBER.match(name) or name == f"triton/{WARM_RECORD_NAME}"}
+    return manifest, members
+
+
+def import_tunings(file: Path, cache: Path, gpu: str) -> dict:
+    """Merge the archive's autotune results into `cache` (results already there are kept) and
+    its warm record into the cache's; refused, with nothing written, when it was measured on
+    another GPU or with other versions. Returns {"gpu", "added", "kept", "warm_shapes"}."""
+    manifest, members = read_archive(file)
+    why = mismatch(manifest, gpu, toolchain_versions())
+    if why:
+        raise UserError(f"{file}: measured with {why}: nothing imported")
+    added = kept = 0
+    for name, data in members.items():
+        if name.endswith(WARM_RECORD_NAME):
+            continue
+        target = cache / name
+        if target.exists():
+            kept += 1
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        added += 1
+    warm = members.get(f"triton/{WARM_RECORD_NAME}")
+    shapes = merge_warm_record(cache, json.loads(warm)) if warm else 0
+    return {"gpu": manifest.get("gpu"), "added": added, "kept": kept, "warm_shapes": shapes}
+
+
+def merge_warm_record(cache: Path, entries: dict) -> int:
+    """Add an imported warm record's shapes to the cache's; the number of shapes it brought."""
+    if not isinstance(entries, dict) or not entries:
+        return 0
+    record = cache / "triton" / WARM_RECORD_NAME
+    write_json(record, read_json(record) | entries)
+    return len(entries)
+
+
+# -- the tunings k3lab ships ----------------------------------------------------------------
+
+def shipped_archives() -> list[Path]:
+    return sorted(SHIPPED_DIR.glob("*.tar.gz"))
+
+
+def start_from_shipped(cache: Path, gpu: str) -> dict | None:
+    """Import the shipped archive measured on this GPU with these versions, once per cache.
+    None when none matches or it was imported already; else what import_tunings returned."""
+    done = read_json(cache / SHIPPED_RECORD)
+    versions = toolchain_versions()
+    for archive in shipped_archives():
+        digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
+        if digest in done:
+            continue
+        manifest, _ = read_archive(archive)
+        if mismatch(manifest, gpu, versions):
+            continue
+        result = import_tunings(archive, cache, gpu) | {"archive": archive.name}
+        write_json(cache / SHIPPED_RECORD, done | {digest: archive.name})
+        return result
+    return None
+
+
+def read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def write_json(path: Path, value: dict) -> None:
+    """Written whole to a uniquely named file and renamed, so that a reader (another process on
+    a shared volume) never sees half a file."""
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(value, indent=1, sort_keys=True))
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
