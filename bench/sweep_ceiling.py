@@ -1,0 +1,166 @@
+"""A GPU sweep against its own ceiling: a fresh machine, the same machine warm, one trial alone.
+
+    python bench/sweep_ceiling.py experiments/attnres_block.yaml --phase fresh --work /tmp/ceiling
+    python bench/sweep_ceiling.py experiments/attnres_block.yaml --phase warm --phase alone \
+        --work /tmp/ceiling --write
+
+Phases (each adds its figures to WORK/results.json; --write puts every phase measured so far
+into docs/benchmarks.md, so a run split over two calls of a lent machine is one table):
+- fresh: `k3lab sweep FILE` with an empty kernel cache and data cache (WORK/kernels, WORK/data),
+  as on a new machine: what it takes is the shipped tunings and the default corpus. The first
+  training step is the earliest trial's `startup_s` metric (logged as its first step ends),
+  counted from the command's start.
+- warm: the same sweep again on the caches the fresh phase left (a second sweep on one machine).
+- alone: the sweep's first trial (first variant, first seed) alone on the GPU, through the same
+  trial code (`run_trial`, no tracking): its tokens/s over the last log window is the ceiling a
+  sweep of that shape can approach; the sweep's tokens/s (all tokens / wall time) against it is
+  how much of the GPU the sweep uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SECTION = "Sweep ceiling: fresh machine, warm machine, one trial alone"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("file", help="sweep file")
+    parser.add_argument("--profile", default="gpu")
+    parser.add_argument("--phase", action="append", choices=["fresh", "warm", "alone"], default=[],
+                        help="what to measure (repeatable, in order)")
+    parser.add_argument("--work", required=True, help="folder for the caches, stores and results.json")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    return parser.parse_args()
+
+
+def caches(work: Path) -> dict[str, str]:
+    return {"K3LAB_KERNEL_CACHE": str(work / "kernels"), "K3LAB_DATA_DIR": str(work / "data")}
+
+
+def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
+    """One `k3lab sweep` in a fresh storage and store; its wall time, first step and parent metrics."""
+    folder = work / phase
+    store = folder / "mlflow.db"
+    command = [sys.executable, "-m", "k3lab.cli", "sweep", args.file, "--profile", args.profile, "--no-live",
+               "--storage", str(folder / "k3lab_runs"), "--tracking-uri", f"sqlite:///{store}", "--overwrite"]
+    started = time.time()
+    code = subprocess.call(command, env=os.environ | caches(work), cwd=ROOT)
+    wall = time.time() - started
+    figures = sweep_figures(store)
+    first_step = min(figures.pop("first_step_at"), default=None)
+    return {"phase": phase, "exit": code, "command_wall_s": wall,
+            "first_step_s": None if first_step is None else first_step - started, **figures}
+
+
+def sweep_figures(store: Path) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{store}")
+    runs = [run for exp in client.search_experiments() for run in client.search_runs([exp.experiment_id])]
+    parent = next(run for run in runs if run.data.tags.get("k3lab.kind") == "sweep")
+    trials = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    first_steps = [m.timestamp / 1000 for t in trials for m in client.get_metric_history(t.info.run_id, "startup_s")]
+    keep = ("sweep_wall_s", "sweep_tokens", "sweep_tokens_per_s", "sweep_mfu", "kernel_warmup_s",
+            "trial_startup_s_mean", "trial_startup_s_max")
+    return {"device": next((t.data.tags["k3lab.device"] for t in trials if "k3lab.device" in t.data.tags), None),
+            "trials": len(trials), "finished": sum(t.info.status == "FINISHED" for t in trials),
+            "first_step_at": first_steps, **{key: parent.data.metrics.get(key) for key in keep}}
+
+
+def run_alone(args: argparse.Namespace, work: Path) -> dict:
+    """The first trial of the sweep alone, in a child process (this one never touches the GPU)."""
+    out = subprocess.run([sys.executable, __file__, args.file, "--profile", args.profile, "--work", str(work),
+                          "--child"], env=os.environ | caches(work), cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"alone: exit {out.returncode}\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def alone_child(args: argparse.Namespace) -> dict:
+    import torch
+
+    from k3lab.registry.commands import load_sweep_for
+    from k3lab.runner.kernels import open_kernel_cache
+    from k3lab.runner.trial import TrialSpec, run_trial
+
+    open_kernel_cache(say=lambda line: print(line, file=sys.stderr))
+    sweep = load_sweep_for(args.file, args.profile)
+    variant = sweep.valid_variants[0]
+    spec = TrialSpec(variant_id=variant.id, variant_name=variant.name, seed=variant.seeds[0],
+                     config=variant.config.to_dict(), train=sweep.train, tracking_uri=None, experiment="alone")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    result, _ = run_trial(spec, device=device)
+    return {"phase": "alone", "trial": spec.name, "status": result.status, "tokens": result.tokens,
+            "tokens_per_s_last_window": result.tokens_per_s, "tokens_per_s_run_average": result.average_tokens_per_s,
+            "startup_s": result.startup_s, "device": torch.cuda.get_device_name() if device.type == "cuda" else None}
+
+
+def table(results: dict) -> str:
+    def number(x, fmt="{:,.0f}"):
+        return "-" if x is None else fmt.format(x)
+
+    lines = ["| phase | exit | trials finished | command wall (s) | first training step (s) | kernel warm-up (s) "
+             "| trial start-up mean / max (s) | sweep tokens/s | sweep MFU |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name in ("fresh", "warm"):
+        r = results.get(name)
+        if r:
+            lines.append(f"| {name} | {r['exit']} | {r['finished']}/{r['trials']} | {r['command_wall_s']:.0f} "
+                         f"| {number(r['first_step_s'], '{:.1f}')} | {number(r['kernel_warmup_s'], '{:.1f}')} "
+                         f"| {number(r['trial_startup_s_mean'], '{:.1f}')} / {number(r['trial_startup_s_max'], '{:.1f}')} "
+                         f"| {number(r['sweep_tokens_per_s'])} | {number(r['sweep_mfu'], '{:.1%}')} |")
+    notes = []
+    if results.get("fresh") and results.get("warm"):
+        ratio = results["fresh"]["command_wall_s"] / results["warm"]["command_wall_s"]
+        notes.append(f"Fresh against warm, command wall time: {ratio:.2f}x.")
+    alone = results.get("alone")
+    if alone:
+        notes.append(f"One trial alone ({alone['trial']}, {alone['status']}): {number(alone['tokens_per_s_last_window'])} "
+                     f"tokens/s over its last log window, {number(alone['tokens_per_s_run_average'])} over its run.")
+        for name in ("fresh", "warm"):
+            r = results.get(name)
+            if r and r.get("sweep_tokens_per_s") and alone.get("tokens_per_s_last_window"):
+                notes.append(f"The {name} sweep's tokens/s against one trial alone: "
+                             f"{r['sweep_tokens_per_s'] / alone['tokens_per_s_last_window']:.0%}.")
+    return "\n".join(lines) + ("\n\n" + " ".join(notes) if notes else "")
+
+
+def main() -> None:
+    args = parse_args()
+    work = Path(args.work).resolve()
+    if args.child:
+        print(json.dumps(alone_child(args)))
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "results.json"
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    for phase in args.phase:
+        results[phase] = run_alone(args, work) if phase == "alone" else run_sweep(args, work, phase)
+        path.write_text(json.dumps(results, indent=1))
+        print(f"{phase}: {json.dumps(results[phase])}", flush=True)
+    device = next((r["device"] for r in results.values() if r.get("device")), "no GPU")
+    body = (f"`{args.file}` ({args.profile} profile) on {device}. Fresh: empty kernel and data caches, so the sweep "
+            "starts from k3lab's shipped tunings and prepares the corpus; warm: the same sweep again on those caches; "
+            "first training step: from the command's start to the end of the earliest trial's first step.\n\n"
+            + table(results))
+    print(body)
+    if args.write:
+        from bench.report import write_section
+
+        write_section(SECTION, body, command=f"python bench/sweep_ceiling.py {args.file} --profile {args.profile} "
+                      + " ".join(f"--phase {p}" for p in results) + " --work WORK --write")
+
+
+if __name__ == "__main__":
+    main()
