@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Measure the kernel tunings k3lab ships (k3lab/tunings/), on a GPU machine with the `gpu` extra's
+# versions: every experiment's gpu profiles warmed (`k3lab kernels warm`), the GPU tests run, each
+# preset trained for two steps (`k3lab train`), then the cache exported as one archive.
+#   bash scripts/tune_shipped.sh [ARCHIVE]     (default: k3lab/tunings/nvidia-h200.tar.gz)
+# Start from the archive already shipped (a GPU process imports it), so only what is new is tuned.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+archive="${1:-k3lab/tunings/nvidia-h200.tar.gz}"
+k3lab="${K3LAB:-python -m k3lab.cli}"
+failed=0
+warm_profiles() {  # every gpu* profile of one sweep file
+    for profile in $(python -c "import sys, yaml; print(' '.join(p for p in (yaml.safe_load(open(sys.argv[1])).get('profiles') or {}) if p.startswith('gpu')))" "$1"); do
+        echo "== k3lab kernels warm $1 --profile $profile"
+        $k3lab kernels warm "$1" --profile "$profile" || failed=1
+    done
+}
+warm_profiles experiments/attnres_block.yaml   # the flagship first, then the GPU tests: what a first hour runs
+echo "== GPU tests"
+python -m pytest -q tests/test_gpu_fused.py || failed=1
+for file in experiments/*.yaml; do
+    [ "$file" = experiments/attnres_block.yaml ] || warm_profiles "$file"
+done
+for preset in tiny small base; do
+    echo "== k3lab train $preset --steps 2"
+    $k3lab train "$preset" --steps 2 --no-tracking || failed=1
+done
+$k3lab kernels export "$archive" || exit 1
+exit $failed
