@@ -91,8 +91,8 @@ def alone_child(args: argparse.Namespace) -> dict:
     import torch
 
     from k3lab.registry.commands import load_sweep_for
-    from k3lab.runner.kernels import open_kernel_cache
-    from k3lab.runner.trial import TrialSpec, run_trial
+    from k3lab.tune.kernels import open_kernel_cache
+    from k3lab.tune.trial import TrialSpec, run_trial
 
     open_kernel_cache(say=lambda line: print(line, file=sys.stderr))
     sweep = load_sweep_for(args.file, args.profile)
