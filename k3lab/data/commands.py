@@ -12,7 +12,7 @@ from k3lab.data.prepare import DEFAULT_VAL_FRACTION, find_datasets, list_dataset
 from k3lab.data.split import SPLITS
 from k3lab.errors import UserError
 
-SOURCE_HELP = "'stdlib' (default, offline), 'stdlib+tests', a .txt/.jsonl/.parquet file or directory, or hf:NAME[:CONFIG][@SPLIT]"
+SOURCE_HELP = "'stdlib' (default, offline), 'stdlib+tests', 'packages' (every installed package's source and docs, offline), a .txt/.jsonl/.parquet file or directory, or hf:NAME[:CONFIG][@SPLIT]"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

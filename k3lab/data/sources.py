@@ -5,6 +5,9 @@ Spec strings (`get_source` parses them):
   files, one document per file, no network needed; "stdlib+tests" adds the
   test packages. The corpus differs between Python versions, and so does its
   fingerprint.
+- "packages": the `.py`, `.md`, `.rst` and `.txt` files of every package
+  installed in the environment, deduplicated (`k3lab.data.packages`): hundreds
+  of MB offline, for trials that must not repeat data.
 - a local path: a `.txt` file (one document per file), a `.jsonl` file (one
   document per line, field "text"), a `.parquet` file (one document per row,
   column "text"), or a directory searched recursively for those (sorted).
@@ -222,13 +225,17 @@ class HFSource:
                 index += 1
 
 
-Source = StdlibSource | LocalSource | HFSource
+from k3lab.data.packages import PackagesSource  # noqa: E402  (it builds Documents of this module)
+
+Source = StdlibSource | LocalSource | HFSource | PackagesSource
 
 
 def get_source(spec: str = "stdlib") -> Source:
     """Parse a source spec string (see the module docstring)."""
     if spec in ("stdlib", "stdlib+tests"):
         return StdlibSource(include_tests=spec == "stdlib+tests")
+    if spec == "packages":
+        return PackagesSource()
     if spec.startswith("hf:"):
         return HFSource(spec)
     if not spec:

@@ -21,7 +21,7 @@ from cattrs.v import format_exception as cattrs_format_exception
 
 from k3lab.errors import FieldError
 from k3lab.registry.keypath import SpecError, parse_cattrs_path
-from k3lab.registry.spec import BaseSpec, SchedulerSpec
+from k3lab.registry.spec import BaseSpec, SchedulerSpec, SeedsSpec
 
 _FIELD_MARK = "\x00"  # separates a validator's field name from its message in transform_error output
 
@@ -142,6 +142,18 @@ def _scheduler_hook(converter: cattrs.Converter):
     return structure
 
 
+def _seeds_hook(converter: cattrs.Converter):
+    """`seeds:` is a list of seeds or a policy mapping (SeedsSpec)."""
+    def structure(value, _type):
+        if isinstance(value, (list, tuple)):
+            return converter.structure(value, list[int])
+        if isinstance(value, dict):
+            return converter.structure(value, SeedsSpec)
+        raise StrictTypeError(f"expected a list of seeds or a mapping {{start, max, until}}, got {describe(value)}")
+
+    return structure
+
+
 def make_converter() -> cattrs.Converter:
     """A cattrs converter that structures sweep documents strictly."""
     converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
@@ -154,6 +166,7 @@ def make_converter() -> cattrs.Converter:
         lambda t: get_origin(t) is tuple, _sequence_factory(converter, cattrs.cols.homogenous_tuple_structure_factory))
     converter.register_structure_hook(SchedulerSpec, _scheduler_hook(converter))
     converter.register_structure_hook_factory(_is_scalar_union, _scalar_union)
+    converter.register_structure_hook(list[int] | SeedsSpec, _seeds_hook(converter))
     return converter
 
 

@@ -17,10 +17,86 @@ def profile_label(sweep: Sweep) -> str:
 
 def plan_header(sweep: Sweep) -> str:
     """One line: the sweep, its profile, variants x seeds = trials, and the length of a trial."""
+    if sweep.adaptive:
+        policy = sweep.seed_policy
+        return (f"{sweep.name} ({profile_label(sweep)}): {len(sweep.valid_variants)} variants x {policy.start} to "
+                f"{policy.max} seeds = {len(sweep.valid_variants) * policy.start} to {len(sweep.trials)} trials, "
+                f"{sweep.train.steps} steps of {sweep.train.tokens_per_step:,} tokens")
     return (f"{sweep.name} ({profile_label(sweep)}): {len(sweep.valid_variants)} variants x {len(sweep.seeds)} "
             f"seeds = {len(sweep.trials)} trials, {sweep.train.steps} steps of {sweep.train.tokens_per_step:,} tokens")
 
 
 def plan_lines(sweep: Sweep) -> list[str]:
-    """The header, then a note for every default adapted to the file's settings."""
-    return [plan_header(sweep)] + [f"note: {note}" for note in sweep.notes]
+    """The header, the seeds policy and its worst case (a sweep with `seeds: {start, max, ...}`),
+    the baselines by group, data that trials would repeat, then a note for every default
+    adapted to the file's settings."""
+    lines = [plan_header(sweep)] + policy_lines(sweep) + group_lines(sweep)
+    return lines + [f"note: {note}" for note in (*sweep.notes, *data_notes(sweep))]
+
+
+def policy_lines(sweep: Sweep) -> list[str]:
+    """The seeds policy, the budget, and the worst-case trial count, tokens and time."""
+    policy = sweep.seed_policy
+    if policy is None:
+        return []
+    comparisons = len(sweep.baselines)
+    metric = sweep.metric.name if sweep.metric.last == 1 else f"mean of the last {sweep.metric.last} {sweep.metric.name}"
+    family = (f"family-wise {100 * policy.confidence:g}% confidence sequence over {comparisons} "
+              f"comparison{'s' if comparisons != 1 else ''}")
+    if policy.until is not None:
+        rule = (f"then a seed pair at a time for each comparison whose {family} is wider than "
+                f"{100 * policy.until.halfwidth:g}% of the baseline's {metric}, the widest first, up to {policy.max}")
+    else:
+        rule = f"then seed pairs up to {policy.max} for every comparison ({family} on {metric}), the widest first"
+    budget = sweep.budget
+    limits = []
+    if budget and budget.wall is not None:
+        limits.append(f"wall {budget.wall}")
+    if budget and budget.trials is not None:
+        limits.append(f"{budget.trials} trials")
+    lines = [f"seeds: {policy.start} per variant (seeds {policy.first}..{policy.first + policy.start - 1}), {rule}; "
+             f"budget: {', '.join(limits) if limits else 'none'}"]
+    worst = len(sweep.trials)
+    tokens = worst * sweep.train.total_tokens
+    rate = budget.tokens_per_s if budget else None
+    if rate:
+        time = f"about {_minutes(tokens / rate)} at {rate:,.0f} tokens/s (budget.tokens_per_s)"
+    else:
+        time = "not known (budget.tokens_per_s, the sweep's measured aggregate tokens/s, would give it)"
+    capped = ""
+    if budget and budget.trials is not None and budget.trials < worst:
+        capped = f"; the budget stops it at {budget.trials} trials"
+    if budget and budget.wall_s is not None and (not rate or tokens / rate > budget.wall_s):
+        capped += f"; the wall budget ({budget.wall}) may stop it first"
+    return lines + [f"worst case: {worst} trials, {tokens:,} tokens; time {time}{capped}"]
+
+
+def group_lines(sweep: Sweep) -> list[str]:
+    """With `baseline: {axis: value}`: which baseline each group is compared with."""
+    if not sweep.baseline_axes:
+        return []
+    wanted = ", ".join(f"{k}={v}" for k, v in sweep.baseline_axes.items())
+    groups = sorted(set(sweep.baselines.values()), key=list(sweep.baselines.values()).index)
+    return [f"baselines: {wanted} in each group of the other axes' values ({len(groups)} group"
+            f"{'s' if len(groups) != 1 else ''}: {', '.join(groups)})"]
+
+
+def data_notes(sweep: Sweep) -> list[str]:
+    """A note when one trial would train on more tokens than the corpus' training split has."""
+    from k3lab.data.epochs import train_split_tokens
+
+    known = train_split_tokens(sweep.train.dataset, sweep.train.tokenizer)
+    if known is None:
+        return []
+    tokens, exact = known
+    epochs = sweep.train.total_tokens / tokens if tokens else float("inf")
+    if epochs <= (1 if exact else 0.9):  # an estimate (data not prepared yet) may be ~10% off
+        return []
+    about, verb = ("", "repeat") if exact else ("about ", "may repeat")
+    return [f"data: a trial trains {sweep.train.total_tokens:,} tokens, {about}{epochs:.2f} epochs of "
+            f"{sweep.train.dataset}'s {about}{tokens:,} training tokens: the trials {verb} data "
+            "(train.dataset: packages is larger)"]
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

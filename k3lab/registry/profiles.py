@@ -1,8 +1,8 @@
 """Profiles: named partial overrides of a sweep document (e.g. `cpu`, `gpu`).
 
-A profile may set `base`, `axes`, `variants`, `seeds`, `baseline`, `train`,
+A profile may set `base`, `axes`, `variants`, `seeds`, `baseline`, `budget`, `train`,
 `metric`, `resources`, `scheduler` and `match`. Merging, on the raw YAML document:
-- `train`, `metric`, `resources`, `scheduler`, `match`: key by key over the
+- `train`, `metric`, `resources`, `scheduler`, `match`, `budget`: key by key over the
   top-level section (`scheduler: asha` counts as `{kind: asha}`); `match:
   null` turns matching off.
 - `base`: a string replaces the base; a mapping merges key by key over it
@@ -21,8 +21,9 @@ from typing import Any
 from k3lab.registry.convert import describe
 from k3lab.registry.keypath import Path, SpecError
 
-PROFILE_KEYS = ("base", "axes", "variants", "seeds", "baseline", "train", "metric", "resources", "scheduler", "match")
-_SECTIONS = ("train", "metric", "resources", "match")
+PROFILE_KEYS = ("base", "axes", "variants", "seeds", "baseline", "budget", "train", "metric", "resources", "scheduler",
+                "match")
+_SECTIONS = ("train", "metric", "resources", "match", "budget")
 
 
 def profile_names(document: dict[str, Any]) -> list[str]:

@@ -36,10 +36,95 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 @attrs.frozen
 class MetricSpec:
-    """The metric the sweep optimises and compares, e.g. val_loss (min)."""
+    """The metric the sweep optimises and compares, e.g. val_loss (min). `last`: the verdicts
+    compare the mean of a trial's last N evaluations of it (1: the final value)."""
 
     name: str = attrs.field(default="val_loss", validator=one_of(*METRICS))
     mode: str = attrs.field(default="min", validator=one_of(*METRIC_MODES))
+    last: int = attrs.field(default=1, validator=positive)
+
+
+@attrs.frozen
+class UntilSpec:
+    """When a comparison has seeds enough: its family-wise interval's half-width is at most
+    `halfwidth` x |the baseline's metric| (relative, e.g. 0.0025 = 0.25%)."""
+
+    halfwidth: float = attrs.field()
+
+    @halfwidth.validator
+    def _check_halfwidth(self, attribute, value) -> None:
+        if not 0 < value < 1:
+            raise FieldError(attribute.name, f"must lie in (0, 1) (relative to the baseline's metric), got {value!r}")
+
+
+@attrs.frozen
+class SeedsSpec:
+    """`seeds: {start: 3, max: 16, until: {halfwidth: 0.0025}}`: seeds first .. first + max - 1,
+    every variant starting with `start` of them, more added while a comparison is wider than
+    `until` asks (see `k3lab.tune.seeds`); `confidence` is family-wise."""
+
+    start: int = attrs.field(default=3)
+    max: int = attrs.field(default=16)
+    until: UntilSpec | None = None
+    first: int = attrs.field(default=0, validator=non_negative)
+    confidence: float = attrs.field(default=0.95)
+
+    @start.validator
+    def _check_start(self, attribute, value) -> None:
+        if value < 2:
+            raise FieldError(attribute.name, f"must be at least 2 (one pair gives no interval), got {value!r}")
+
+    @confidence.validator
+    def _check_confidence(self, attribute, value) -> None:
+        if not 0 < value < 1:
+            raise FieldError(attribute.name, f"must lie in (0, 1), got {value!r}")
+
+    def __attrs_post_init__(self) -> None:
+        if self.max < self.start:
+            raise FieldError("max", f"must be at least start={self.start}, got {self.max}")
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """Every seed the policy may use, in the order it uses them."""
+        return tuple(range(self.first, self.first + self.max))
+
+
+DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def duration_seconds(value: float | str) -> float | None:
+    """30m, 1h30m, 90s, 2h or a number of seconds -> seconds; None when it is none of those."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    match = DURATION.match(value.strip())
+    if not value.strip() or match is None or not any(match.groups()):
+        return None
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    return 3600 * hours + 60 * minutes + seconds
+
+
+@attrs.frozen
+class BudgetSpec:
+    """How much a sweep with a seeds policy may spend: `wall` (30m, 1h30m, 90s or seconds: no
+    trial starts once the time left is shorter than a typical trial), `trials` (at most this
+    many trials in all). `tokens_per_s`: the sweep's measured aggregate throughput, only for the
+    plan's worst-case time."""
+
+    wall: float | str | None = attrs.field(default=None)
+    trials: int | None = attrs.field(default=None, validator=positive)
+    tokens_per_s: float | None = attrs.field(default=None, validator=positive)
+
+    @wall.validator
+    def _check_wall(self, attribute, value) -> None:
+        if value is None:
+            return
+        seconds = duration_seconds(value)
+        if seconds is None or seconds <= 0:
+            raise FieldError(attribute.name, f"expected a duration such as 30m, 1h30m or 90s (or seconds), got {value!r}")
+
+    @property
+    def wall_s(self) -> float | None:
+        return None if self.wall is None else duration_seconds(self.wall)
 
 
 @attrs.frozen
@@ -143,8 +228,9 @@ class SweepSpec:
     description: str = ""
     axes: dict[str, Any] = attrs.Factory(dict)
     variants: list[Any] = attrs.Factory(list)
-    seeds: list[int] = attrs.field(factory=lambda: [0])
-    baseline: str | None = None  # the variant others are compared against (null: see `Sweep.baseline`)
+    seeds: list[int] | SeedsSpec = attrs.field(factory=lambda: [0])  # a list, or a policy (SeedsSpec)
+    baseline: Any = attrs.field(default=None)  # a variant name, or {axis: value} (null: see `Sweep.baseline`)
+    budget: BudgetSpec | None = None  # with a seeds policy only
     train: TrainSpec = TrainSpec()
     metric: MetricSpec = MetricSpec()
     resources: ResourceSpec = ResourceSpec()
@@ -160,7 +246,24 @@ class SweepSpec:
 
     @seeds.validator
     def _check_seeds(self, attribute, value) -> None:
+        if isinstance(value, SeedsSpec):
+            return
         if not value:
             raise FieldError(attribute.name, "must list at least one seed")
         if len(set(value)) != len(value):
             raise FieldError(attribute.name, f"must not repeat a seed, got {value}")
+
+    @baseline.validator
+    def _check_baseline(self, attribute, value) -> None:
+        if value is not None and not isinstance(value, (str, dict)):
+            raise FieldError(attribute.name, f"expected a variant name or a mapping of axis names to values, "
+                                             f"got {type(value).__name__} {value!r}")
+        if isinstance(value, dict) and not value:
+            raise FieldError(attribute.name, "must name at least one axis value")
+
+    def __attrs_post_init__(self) -> None:
+        if self.budget is not None and not isinstance(self.seeds, SeedsSpec):
+            raise FieldError("budget", "needs a seeds policy (seeds: {start: ..., max: ...}), not a list of seeds")
+        if isinstance(self.seeds, SeedsSpec) and self.scheduler.kind != "none":
+            raise FieldError("scheduler", f"must be none with a seeds policy (a trial that {self.scheduler.kind} "
+                                          f"stops early has no final metric to compare), got {self.scheduler.kind}")

@@ -23,7 +23,8 @@ from k3lab.registry.fields import check_fields
 from k3lab.registry.keypath import SpecError
 from k3lab.registry.presets import model_fields
 from k3lab.registry.profiles import apply_profile, check_profiles, locate, profile_names
-from k3lab.registry.spec import BaseSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SweepSpec
+from k3lab.registry.spec import (BaseSpec, BudgetSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SeedsSpec,
+                                 SweepSpec)
 from k3lab.train.spec import TrainSpec
 from k3lab.registry.variants import Point, Variant, expand, parse_explicit, point_names, points
 from k3lab.registry.yamlfile import read_yaml
@@ -68,6 +69,15 @@ class Sweep:
     baseline: str  # the valid variant the others are compared against, paired by seed
     kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.tune.kernels
     notes: tuple[str, ...] = ()  # defaults adapted to what the file sets, shown with the plan
+    seed_policy: SeedsSpec | None = None  # `seeds: {start, max, until}`; then `seeds` holds every seed it may use
+    budget: BudgetSpec | None = None
+    baselines: dict[str, str] = attrs.Factory(dict)  # compared variant -> the baseline of its group, in file order
+    baseline_axes: dict[str, Any] = attrs.Factory(dict)  # `baseline: {axis: value}` as parsed; {} for a name
+
+    @property
+    def adaptive(self) -> bool:
+        """Seeds are added while comparisons are imprecise (`seeds:` is a policy, not a list)."""
+        return self.seed_policy is not None
 
     @property
     def valid_variants(self) -> tuple[Variant, ...]:
@@ -195,18 +205,63 @@ def _check_baseline_named(resolved: _Resolved, profile: str | None, document: di
     """`baseline:`, when set, names one of the variants (checked for every profile)."""
     baseline = resolved.spec.baseline
     names = point_names(points(resolved.axes, resolved.explicit))
+    if isinstance(baseline, dict):
+        try:
+            baseline_values(baseline, resolved.axes)
+        except SpecError as error:
+            raise error.mapped(lambda p: locate(p, document["profiles"][profile], profile) if profile else p) from None
+        return
     if baseline is None or baseline in names:
         return
     path = ("baseline",)
     if profile is not None:
         path = locate(path, document["profiles"][profile], profile)
-    raise SpecError(path, f"no variant named {baseline!r}{_profile_note(profile)} (variants: {', '.join(names)})")
+    hint = ("; name it by axis values instead, e.g. baseline: {" + f"{resolved.axes[0].name}: ...}}"
+            if len(resolved.axes) > 1 else "")
+    raise SpecError(path, f"no variant named {baseline!r}{_profile_note(profile)} (variants: {', '.join(names)}){hint}")
+
+
+def baseline_values(raw: dict[str, Any], axes: tuple[Axis, ...]) -> dict[str, Any]:
+    """`baseline: {axis: value}` parsed: every key an axis of the sweep, every value one of its values."""
+    by_name = {axis.name: axis for axis in axes}
+    parsed = {}
+    for name, value in raw.items():
+        path = ("baseline", name)
+        if name not in by_name:
+            known = ", ".join(by_name) or "none"
+            raise SpecError(path, f"not an axis of the sweep (axes: {known})")
+        parsed[name] = axis_kind(name, path).parse(value, path)
+        if parsed[name] not in by_name[name].values:
+            shown = ", ".join(str(v) for v in by_name[name].values)
+            raise SpecError(path, f"{value!r} is not one of the axis' values ({shown})")
+    return parsed
+
+
+def group_baselines(variants: tuple[Variant, ...], wanted: dict[str, Any]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """Each valid variant's baseline: the valid variant with the same values of every other axis and
+    `wanted`'s values of the baseline's axes. Returns ({variant: baseline}, notes for variants
+    without one)."""
+    by_overrides = {tuple(sorted(v.overrides.items(), key=lambda kv: kv[0])): v for v in variants}
+    baselines, notes = {}, []
+    for variant in (v for v in variants if v.ok):
+        target = tuple(sorted({**variant.overrides, **wanted}.items(), key=lambda kv: kv[0]))
+        baseline = by_overrides.get(target)
+        if baseline is variant:
+            continue
+        if baseline is None or not baseline.ok:
+            why = "no such variant" if baseline is None else f"{baseline.name} is not run ({baseline.status})"
+            notes.append(f"baseline: {variant.name} is not compared: its group has no baseline ({why})")
+            continue
+        baselines[variant.name] = baseline.name
+    return baselines, tuple(notes)
 
 
 def _baseline(spec: SweepSpec, variants: tuple[Variant, ...]) -> str:
     """The named baseline (it must be valid), else the first valid variant with the standard
     residual stream (the AttnRes ablations' baseline), else the first valid variant."""
     valid = [v for v in variants if v.ok]
+    if isinstance(spec.baseline, dict):
+        return ""  # one per group: see group_baselines
     if spec.baseline is None:
         standard = [v for v in valid if not v.config.use_attn_res]
         return (standard or valid)[0].name
@@ -218,7 +273,8 @@ def _baseline(spec: SweepSpec, variants: tuple[Variant, ...]) -> str:
 
 def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved: _Resolved) -> Sweep:
     spec = resolved.spec
-    seeds = tuple(spec.seeds)
+    policy = spec.seeds if isinstance(spec.seeds, SeedsSpec) else None
+    seeds = policy.seeds if policy is not None else tuple(spec.seeds)
     variants = expand(resolved.base, resolved.base_fields, points(resolved.axes, resolved.explicit), seeds,
                       spec.train, spec.match)
     if not any(v.ok for v in variants):
@@ -227,12 +283,22 @@ def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved:
         baseline = _baseline(spec, variants)
     except SpecError as error:
         raise UserError(f"{path}: {error}{_profile_note(profile)}") from None
+    notes = resolved.notes
+    wanted = baseline_values(spec.baseline, resolved.axes) if isinstance(spec.baseline, dict) else {}
+    if wanted:
+        baselines, missing = group_baselines(variants, wanted)
+        notes += missing
+        if not baselines:
+            raise UserError(f"{path}: baseline: no variant has a baseline in its group{_profile_note(profile)}")
+        baseline = next(iter(baselines.values()))
+    else:
+        baselines = {v.name: baseline for v in variants if v.ok and v.name != baseline}
     return Sweep(
         name=spec.name, description=spec.description, path=str(path), profile=profile, profiles=profiles,
         base=resolved.base, axes=resolved.axes, seeds=seeds, train=spec.train, metric=spec.metric,
         resources=spec.resources, scheduler=spec.scheduler.resolved(spec.train), match=spec.match,
         variants=variants, baseline=baseline, kernel_cache=_relative_to(path.parent, spec.kernel_cache),
-        notes=resolved.notes,
+        notes=notes, seed_policy=policy, budget=spec.budget, baselines=baselines, baseline_axes=wanted,
     )
 
 
