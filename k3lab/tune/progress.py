@@ -30,8 +30,7 @@ def earlier_trials(tune_dir: Path) -> list:
 class SweepProgress(tune.Callback):
     def __init__(self, sweep, specs: dict, live: bool = True):
         self.sweep, self.specs, self.live = sweep, specs, live
-        self.rows = {key: {"status": "pending", "step": 0, "loss": None, "val": None, "tps": None}
-                     for key in specs}
+        self.rows = {key: _pending() for key in specs}
         self.started = time.time()
         self._live = Live(self.table(), refresh_per_second=2, console=Console(stderr=True)) if live else None
 
@@ -48,8 +47,8 @@ class SweepProgress(tune.Callback):
             self._live.update(self.table())
             self._live.__exit__(*exc)
 
-    def _row(self, trial) -> dict:
-        return self.rows[trial.config["trial"]]
+    def _row(self, trial) -> dict:  # a seeds policy starts trials the table did not list at first
+        return self.rows.setdefault(trial.config["trial"], _pending())
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self._row(trial)["status"] = "running"
@@ -71,9 +70,9 @@ class SweepProgress(tune.Callback):
         """Rows as an earlier run of this sweep left them: its last metrics, and its finished trials done."""
         for trial in trials:
             key = trial.config.get("trial")
-            if key not in self.rows or not trial.last_result:
+            if key not in self.specs or not trial.last_result:
                 continue
-            self._show_result(self.rows[key], trial.last_result)
+            self._show_result(self._row(trial), trial.last_result)
             if trial.status == "TERMINATED":
                 self.rows[key]["status"] = completed_status(trial.last_result)
         self._refresh()
@@ -102,6 +101,10 @@ class SweepProgress(tune.Callback):
             table.add_row(self.specs[key].name, row["status"], f"{row['step']}/{steps}", fmt(row["loss"], ".3f"),
                           fmt(row["val"], ".4f"), fmt(row["tps"], ",.0f"))
         return table
+
+
+def _pending() -> dict:
+    return {"status": "pending", "step": 0, "loss": None, "val": None, "tps": None}
 
 
 def completed_status(result: dict) -> str:

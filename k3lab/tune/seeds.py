@@ -286,6 +286,11 @@ class SeedSearcher(Searcher):
         variant, seed = self.trials[trial_id]
         self.planner.complete(variant, seed, None if error else self.value_of(result))
 
+    def starts_with(self, key: str) -> bool:
+        """Whether the trial `key` is one of the start seeds (every variant runs those)."""
+        start = set(self.planner.seeds[:self.planner.start])
+        return any(k == key and seed in start for (_, seed), k in self.keys.items())
+
     def unfinished(self) -> bool:
         """True when Tune returned before the policy was done (interrupted)."""
         return not self.planner.done()
@@ -314,3 +319,40 @@ def final_value(result: dict | None, metric: str) -> float | None:
         return None  # stopped early: no final value
     value = result.get(metric)
     return float(value) if _usable(value) else None
+
+
+def last_mean(tracking_uri: str, metric: str, last: int, result: dict | None) -> float | None:
+    """A trial's value as the mean of its last `last` evaluations of `metric`, read from its MLflow
+    run (the trial's reports to Tune do not survive a restore; its run does)."""
+    if final_value(result, metric) is None:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    run_id = result.get("mlflow_run_id")
+    if not run_id:
+        return None
+    history = sorted((m.step, m.value) for m in MlflowClient(tracking_uri).get_metric_history(run_id, metric))
+    values = [v for _, v in history[-last:]]
+    return statistics.fmean(values) if values and all(_usable(v) for v in values) else None
+
+
+def design_of(sweep) -> Design:
+    """The comparisons' design of a sweep with a seeds policy (`k3lab.registry.Sweep`)."""
+    policy = sweep.seed_policy
+    return Design(comparisons=len(sweep.baselines), max_pairs=policy.max, start=policy.start,
+                  confidence=policy.confidence, halfwidth=policy.until.halfwidth if policy.until else None)
+
+
+def build_searcher(sweep, tracking_uri: str) -> SeedSearcher:
+    """The `SeedSearcher` of a sweep with a seeds policy; its keys are the sweep's trial ids."""
+    import functools
+
+    policy, budget = sweep.seed_policy, sweep.budget
+    planner = SeedPlanner(variants=[v.name for v in sweep.valid_variants], baselines=dict(sweep.baselines),
+                          seeds=list(policy.seeds), start=policy.start, design=design_of(sweep),
+                          budget_trials=budget.trials if budget else None,
+                          budget_wall_s=budget.wall_s if budget else None)
+    keys = {(trial.variant.name, trial.seed): trial.id for trial in sweep.trials}
+    metric = sweep.metric
+    value_of = None if metric.last == 1 else functools.partial(last_mean, tracking_uri, metric.name, metric.last)
+    return SeedSearcher(planner, keys, metric.name, metric.mode, value_of)

@@ -139,7 +139,9 @@ def build_trainable(run: SweepRun, specs: dict[str, TrialSpec]):
     return tune.with_resources(trainable, {"cpu": DDP_DRIVER_CPU})  # the workers hold the real resources
 
 
-def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
+def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list, searcher=None):
+    """The Tuner: a grid over every trial, or with a seeds policy, its `searcher`
+    (`k3lab.tune.seeds.SeedSearcher`) choosing the trials."""
     from ray import tune
 
     sweep = run.sweep
@@ -154,9 +156,10 @@ def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list):
     tune_config = tune.TuneConfig(metric=sweep.metric.name, mode=sweep.metric.mode,
                                   scheduler=build_scheduler(sweep),
                                   max_concurrent_trials=run.max_concurrent or sweep.resources.max_concurrent_trials,
-                                  reuse_actors=sweep.resources.reuse_actors)
-    return tune.Tuner(trainable, param_space={"trial": tune.grid_search(list(specs))}, tune_config=tune_config,
-                      run_config=run_config)
+                                  reuse_actors=sweep.resources.reuse_actors,
+                                  search_alg=searcher, num_samples=len(specs) if searcher else 1)
+    space = {} if searcher else {"trial": tune.grid_search(list(specs))}
+    return tune.Tuner(trainable, param_space=space, tune_config=tune_config, run_config=run_config)
 
 
 def restore_tuner(run: SweepRun, trainable, run_config):
@@ -266,13 +269,21 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print) -> tupl
 
     specs = trial_specs(run, parent_run_id)
     progress = SweepProgress(run.sweep, specs, live=live)
+    searcher = None
+    if run.sweep.adaptive:  # seeds until resolved: a Searcher picks the trials (k3lab.tune.seeds)
+        from k3lab.tune.seeds import build_searcher
+
+        searcher = build_searcher(run.sweep, run.tracking_uri)
+        progress.rows = {key: row for key, row in progress.rows.items() if searcher.starts_with(key)}
     if run.resume:
         progress.show_earlier(earlier_trials(run.tune_dir))
     hardware = {"gpus": ray.cluster_resources().get("GPU", 0) if run.uses_gpus else 0}
     hardware |= warm_kernels_on_a_gpu(run, say=say)
     with progress:
-        tuner = make_tuner(run, specs, [progress, MLflowStatusCallback(run.tracking_uri)])
+        tuner = make_tuner(run, specs, [progress, MLflowStatusCallback(run.tracking_uri)], searcher)
+        if searcher is not None and run.resume:  # the searcher Tune restores (its state: from the folder)
+            searcher = tuner._local_tuner._tune_config.search_alg
         results = tuner.fit()
-    if progress.unfinished():  # Tune catches the first Ctrl-C, saves its state and returns
-        raise KeyboardInterrupt
+    if searcher.unfinished() if searcher is not None else progress.unfinished():  # Tune catches the first
+        raise KeyboardInterrupt  # Ctrl-C, saves its state and returns
     return [str(r.error).splitlines()[0] for r in results if r.error is not None], hardware
