@@ -238,9 +238,19 @@ def print_summary(console, run, summary: dict) -> None:
 
     metric, baseline = summary["metric"], summary.get("baseline")
     console.print(summary_table(summary["rows"], metric, title=f"{run.experiment}: final {metric}"))
-    if summary.get("comparisons"):
+    if summary.get("comparisons") and summary.get("design"):  # a seeds policy: family-wise sequences
+        from k3lab.report.family import sequential_table
+
+        console.print(sequential_table(summary["comparisons"], metric, summary["design"],
+                                       title=f"{run.experiment}: {metric} against the baselines, paired by seed"))
+    elif summary.get("comparisons"):
         console.print(paired_table(summary["comparisons"], metric, baseline,
                                    title=f"{run.experiment}: {metric} against {baseline}, paired by seed"))
+    if len({row["step"] for row in summary.get("curves", [])}) > 1:
+        from k3lab.report.family import curve_table
+
+        console.print(curve_table(summary["curves"], f"{run.experiment}: {metric} - baseline at every evaluation, "
+                                                     "% of the baseline's"))
     if summary.get("efficiency"):
         console.print(efficiency_line(summary["efficiency"]))
     for path in summary["files"]:
@@ -286,6 +296,7 @@ def run_sweep_command(args) -> int:
 
 def run_report(args) -> int:
     from k3lab.report.summary import build_report
+    from k3lab.tune.seeds import report_options
 
     run = sweep_run_from_args(args)
     sweep = run.sweep
@@ -297,9 +308,10 @@ def run_report(args) -> int:
     names = {v.name for v in sweep.valid_variants}
     if args.baseline and args.baseline not in names:
         raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
+    options = {} if args.baseline else report_options(sweep)  # --baseline: one baseline for every variant
     summary = build_report(run.tracking_uri, parent_run_id, metric, sweep.metric.mode, out_dir=out,
                            baseline=args.baseline or sweep.baseline,
-                           variant_order=[v.name for v in sweep.valid_variants])
+                           variant_order=[v.name for v in sweep.valid_variants], **options)
     if args.markdown:
         write_results_markdown(args, run, parent_run_id, summary)
     print_summary(wide_console(), run, summary)

@@ -101,8 +101,21 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
     records, metric = summary["records"], summary["metric"]
     lines = [f"### {title}", "", *run_lines(parent, records, report_command), "",
              *variant_table_lines(summary["rows"], metric), ""]
-    if summary.get("comparisons"):
+    if summary.get("comparisons") and summary.get("design"):  # a seeds policy: family-wise sequences
+        from k3lab.report.family import sequential_table_lines
+
+        lines += [*sequential_table_lines(summary["comparisons"], metric, summary["design"]), ""]
+    elif summary.get("comparisons"):
         lines += [*paired_table_lines(summary["comparisons"], metric, summary["baseline"]), ""]
+    if len({row["step"] for row in summary.get("curves", [])}) > 1:
+        from k3lab.report.family import curve_table_lines
+
+        interval = "family-wise confidence sequence" if summary.get("design") else "95% t-interval"
+        lines += [*curve_table_lines(summary["curves"], metric, interval), ""]
+    from k3lab.report.family import epochs_line
+
+    if epochs_line(records):
+        lines += [f"- {epochs_line(records)}", ""]
     lines += sweep_timing_lines(records, gpu_log)
     if plots:
         lines += ["", *(f"![{Path(link).stem}]({link})" for link in plots)]

@@ -239,17 +239,27 @@ def plot_paired_differences(comparisons: list[stats.Comparison], path: Path, met
 
 def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss", mode: str = "min",
                  out_dir: Path | None = None, baseline: str | None = None,
-                 variant_order: Sequence[str] = ()) -> dict:
+                 variant_order: Sequence[str] = (), baselines: dict[str, str] | None = None, design=None,
+                 last: int = 1) -> dict:
     """Summary rows, paired comparisons against `baseline` (when given), and plot and JSON files in
-    out_dir; returns {"rows", "records", "files", "metric", "baseline", "comparisons"}.
+    out_dir; returns {"rows", "records", "files", "metric", "baseline", "comparisons", "design", "curves"}.
 
-    variant_order: the variant names as the sweep file lists them; rows, legends and colours follow it."""
+    variant_order: the variant names as the sweep file lists them; rows, legends and colours follow it.
+    baselines (variant -> its group's baseline), design (a seeds policy's `k3lab.report.sequential.Design`)
+    and last (verdicts on the mean of the last N evaluations): see `k3lab.report.family`."""
+    from k3lab.report import family
+
     records = load_trials(tracking_uri, parent_run_id, curves=("train_loss", metric))
     order = file_order((r.variant for r in records), variant_order)
     records.sort(key=lambda r: (order.index(r.variant), r.seed))
     rows = sorted(summarize(records, metric), key=lambda row: order.index(row["variant"]))
-    comparisons = paired_comparisons(records, rows, baseline, metric, mode) if baseline else []
+    if design is not None or last != 1 or (baselines and len(set(baselines.values())) > 1):
+        comparisons = family.comparisons_for(records, baselines or {}, metric, mode, design, last)
+    else:
+        comparisons = paired_comparisons(records, rows, baseline, metric, mode) if baseline else []
     add_paired_columns(rows, comparisons, baseline)
+    pairs = baselines or ({r["variant"]: baseline for r in rows if r["variant"] != baseline} if baseline else {})
+    curves = family.curve_differences(records, pairs, metric, design)
     files = []
     if out_dir is not None and records:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -260,11 +270,14 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
         if comparisons:
             files.append(plot_paired_differences(comparisons, out_dir / f"{metric}_vs_baseline.png", metric, mode,
                                                  colours))
+        if len({row["step"] for row in curves}) > 1:  # the whole curve, when there is more than the end
+            files.append(family.plot_curve_differences(curves, out_dir / f"{metric}_curve_vs_baseline.png", metric,
+                                                       mode, colours, "confidence sequence" if design else "95% t"))
         summary_path = out_dir / "summary.json"
         summary_path.write_text(json.dumps(rows, indent=2, default=str))
         files.append(summary_path)
     return {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
-            "comparisons": comparisons}
+            "comparisons": comparisons, "design": design, "curves": curves}
 
 
 def add_paired_columns(rows: list[dict], comparisons: list[stats.Comparison], baseline: str | None) -> None:

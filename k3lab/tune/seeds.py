@@ -356,3 +356,10 @@ def build_searcher(sweep, tracking_uri: str) -> SeedSearcher:
     metric = sweep.metric
     value_of = None if metric.last == 1 else functools.partial(last_mean, tracking_uri, metric.name, metric.last)
     return SeedSearcher(planner, keys, metric.name, metric.mode, value_of)
+
+
+def report_options(sweep) -> dict:
+    """What `build_report` needs to compare a sweep's variants as its file asks: the baseline of each
+    group, the seeds policy's design (None for a list of seeds), the verdict metric's `last`."""
+    return {"baselines": dict(sweep.baselines), "design": design_of(sweep) if sweep.adaptive else None,
+            "last": sweep.metric.last}

@@ -215,6 +215,7 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
     Everything that can be checked is checked first (`check_experiment_dir`, the preflight);
     only then is the parent MLflow run opened, and whatever happens after, it is closed."""
     from k3lab.report.summary import build_report
+    from k3lab.tune.seeds import report_options
 
     check_experiment_dir(run)
     run_preflight(sweep_preflight(run, progress=live))
@@ -229,7 +230,7 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
         errors, hardware = run_trials(run, parent.run_id, live, say)
         summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
                                out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline,
-                               variant_order=[v.name for v in sweep.valid_variants])
+                               variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep))
         for path in summary["files"]:
             parent.log_artifact(path, "report")
         if not run.resume:  # a resume's wall time is only its own part: no efficiency figures

@@ -109,6 +109,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
         tracker = open_trial_run(spec, trainer.counts, run_id, None if flush_with_checkpoints else 50,
                                  execution=trainer.execution())
         tracker.set_tags({runs.DEVICE: device_name(trainer.device)})
+        tracker.log_params(data_params(trainer))
         if started_at is not None:  # the part of startup_s before the first step: imports, data, model
             tracker.log_metrics({"startup_build_s": time.time() - started_at}, trainer.step)
     if reporter is not None:
@@ -141,6 +142,15 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
             tracker.set_tags({runs.ERROR: result.error or result.status})
         tracker.finish("FINISHED" if result.status == FINISHED else "FAILED")
     return result, tracker.run_id if tracker else None
+
+
+def data_params(trainer) -> dict:
+    """data.epochs: the passes over its corpus' training split the whole trial makes (above 1: it
+    sees tokens again); data.train_tokens: that split's size."""
+    train_tokens = len(trainer.dataset.train_tokens)
+    tokens = trainer.tokens_per_step * trainer.spec.steps
+    return {"data.epochs": round(tokens / train_tokens, 4) if train_tokens else "inf",
+            "data.train_tokens": train_tokens}
 
 
 def limit_threads() -> None:

@@ -1,0 +1,215 @@
+"""A sweep's comparisons with the baselines of their groups, read from its trial records: the value
+each trial is judged by, the family-wise table of a sweep with a seeds policy, and the paired
+differences at every evaluation (the whole curve) with their plot.
+
+- The verdict value of a trial is its final metric, or with `metric: {last: N}` the mean of its
+  last N evaluations (`trial_value`); only trials that FINISHED count, as in the t-table.
+- `comparisons_for` pairs every variant with its own baseline (`Sweep.baselines`: one baseline
+  for the whole sweep, or one per group with `baseline: {axis: value}`). With a seeds policy
+  (`design`) the intervals are the family-wise confidence sequences of `k3lab.report.sequential`;
+  without one, per-comparison 95% t-intervals (`k3lab.runner.stats`), as before.
+- `curve_differences` repeats the comparison at every evaluation step the pairs share
+  (difference and interval in % of the baseline's metric at that step, against tokens trained),
+  so "helps early, less at the end" shows. Its intervals are those of the verdicts (the design's
+  confidence sequences, or t-intervals), pointwise in the step: they are not simultaneous over
+  the steps, so the verdict is the final metric's, not the best step's.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from rich.table import Table
+
+from k3lab.report.sequential import (SEQUENTIAL_COLUMNS, Design, comparison_cells, compare_sequential,
+                                     sequential_headers, sequential_note)
+from k3lab.runner import stats
+from k3lab.runner.report import TrialRecord, pyplot, save_figure
+
+
+def trial_value(record: TrialRecord, metric: str, last: int = 1) -> float | None:
+    """The value a trial is compared by (see the module docstring); None when it has none."""
+    if record.status != "FINISHED":
+        return None
+    if last == 1:
+        value = record.value(metric)
+        return value if stats.usable(value) else None
+    values = [v for _, v in sorted(record.curves.get(metric, []))[-last:]]
+    if len(values) < last or not all(stats.usable(v) for v in values):
+        return None
+    return statistics.fmean(values)
+
+
+def values_by_seed(records: list[TrialRecord], metric: str, last: int = 1) -> dict[str, stats.SeedValues]:
+    values: dict[str, stats.SeedValues] = {}
+    for record in records:
+        values.setdefault(record.variant, {})[record.seed] = trial_value(record, metric, last)
+    return values
+
+
+def comparisons_for(records: list[TrialRecord], baselines: dict[str, str], metric: str, mode: str,
+                    design: Design | None = None, last: int = 1, seeds_left: bool = False) -> list[stats.Comparison]:
+    """Every variant of `baselines` (variant -> its baseline) against its baseline, in that order."""
+    values = values_by_seed(records, metric, last)
+    rows = []
+    for variant, baseline in baselines.items():
+        mine, theirs = values.get(variant, {}), values.get(baseline, {})
+        if design is None:
+            rows.append(stats.compare(variant, mine, baseline, theirs, mode))
+        else:
+            rows.append(compare_sequential(variant, mine, baseline, theirs, mode, design, seeds_left))
+    return rows
+
+
+# -- the whole curve ------------------------------------------------------------------------------
+
+
+def tokens_per_step(record: TrialRecord) -> int | None:
+    try:
+        return int(record.params["train.batch_size"]) * int(record.params["train.seq_len"]) * int(
+            record.params.get("train.grad_accum", 1))
+    except (KeyError, ValueError):
+        return None
+
+
+def curve_differences(records: list[TrialRecord], baselines: dict[str, str], metric: str,
+                      design: Design | None = None) -> list[dict]:
+    """For every compared variant and every evaluation step its pairs share: {variant, baseline, step,
+    tokens, pairs, difference, half_width, relative, relative_half_width} (relative: in % of the
+    baseline's mean at that step; half_width None where there is no finite interval)."""
+    finished = [r for r in records if r.status == "FINISHED"]
+    curves: dict[str, dict[int, dict[int, float]]] = {}  # variant -> seed -> step -> value
+    tokens: dict[int, int] = {}
+    for record in finished:
+        points = {step: value for step, value in record.curves.get(metric, []) if stats.usable(value)}
+        curves.setdefault(record.variant, {})[record.seed] = points
+        per_step = tokens_per_step(record)
+        for step in points:
+            tokens.setdefault(step, step * per_step if per_step else step)
+    rows = []
+    for variant, baseline in baselines.items():
+        mine, theirs = curves.get(variant, {}), curves.get(baseline, {})
+        steps = sorted({step for seed in mine.keys() & theirs.keys() for step in mine[seed].keys() & theirs[seed].keys()})
+        for step in steps:
+            seeds = sorted(s for s in mine.keys() & theirs.keys() if step in mine[s] and step in theirs[s])
+            diffs = [mine[s][step] - theirs[s][step] for s in seeds]
+            reference = statistics.fmean(theirs[s][step] for s in seeds)
+            mean = statistics.fmean(diffs)
+            if design is not None:
+                half = design.half_width(diffs)
+                half = half if math.isfinite(half) else None
+            else:
+                half = stats.t_interval(diffs)[1]
+            rows.append({"variant": variant, "baseline": baseline, "step": step, "tokens": tokens[step],
+                         "pairs": len(seeds), "difference": mean, "half_width": half,
+                         "relative": 100 * mean / abs(reference) if reference else None,
+                         "relative_half_width": 100 * half / abs(reference) if reference and half is not None else None})
+    return rows
+
+
+def plot_curve_differences(curves: list[dict], path: Path, metric: str, mode: str, colours: dict,
+                           interval: str) -> Path:
+    """Difference from the baseline in % of its metric against tokens trained, one line per variant,
+    its interval shaded (where finite)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for variant in dict.fromkeys(row["variant"] for row in curves):
+        rows = [r for r in curves if r["variant"] == variant and r["relative"] is not None]
+        if not rows:
+            continue
+        x = [r["tokens"] for r in rows]
+        y = [r["relative"] for r in rows]
+        colour = colours.get(variant, "C0")
+        ax.plot(x, y, marker="o", color=colour, label=f"{variant} vs {rows[0]['baseline']}")
+        bounded = [r for r in rows if r["relative_half_width"] is not None]
+        if bounded:
+            ax.fill_between([r["tokens"] for r in bounded], [r["relative"] - r["relative_half_width"] for r in bounded],
+                            [r["relative"] + r["relative_half_width"] for r in bounded], color=colour, alpha=0.15)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xlabel("tokens trained")
+    ax.set_ylabel(f"{metric} - baseline, % of baseline ({'lower' if mode == 'min' else 'higher'} is better)")
+    ax.set_title(f"{metric} against the baseline at every evaluation, paired by seed ({interval}, pointwise)",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save_figure(plt, fig, path)
+
+
+def curve_cells(row: dict) -> str:
+    if row["relative"] is None:
+        return "n/a"
+    half = f" ± {row['relative_half_width']:.2f}" if row["relative_half_width"] is not None else " (no interval)"
+    return f"{row['relative']:+.2f}%{half}"
+
+
+def curve_grid(curves: list[dict]) -> tuple[list[int], dict[str, dict[int, str]]]:
+    """(tokens of every evaluation, {variant: {tokens: cell}}) for the tables."""
+    columns = sorted({row["tokens"] for row in curves})
+    grid: dict[str, dict[int, str]] = {}
+    for row in curves:
+        grid.setdefault(f"{row['variant']} vs {row['baseline']}", {})[row["tokens"]] = curve_cells(row)
+    return columns, grid
+
+
+def curve_table(curves: list[dict], title: str) -> Table:
+    columns, grid = curve_grid(curves)
+    table = Table(title=title)
+    table.add_column("variant")
+    for tokens in columns:
+        table.add_column(f"{tokens:,} tok", justify="right")
+    for name, cells in grid.items():
+        table.add_row(name, *(cells.get(t, "-") for t in columns))
+    return table
+
+
+def curve_table_lines(curves: list[dict], metric: str, interval: str) -> list[str]:
+    columns, grid = curve_grid(curves)
+    lines = [f"{metric} against the baseline at every evaluation, in % of the baseline's {metric} "
+             f"(mean over the pairs ± the half-width of its {interval}, pointwise), by tokens trained:", "",
+             "| variant | " + " | ".join(f"{t:,}" for t in columns) + " |", "|---|" + "---|" * len(columns)]
+    lines += ["| " + name + " | " + " | ".join(cells.get(t, "-") for t in columns) + " |" for name, cells in grid.items()]
+    return lines
+
+
+# -- the family-wise table ------------------------------------------------------------------------
+
+
+def columns_of(comparisons: list[stats.Comparison]) -> tuple[str, ...]:
+    """The table's columns: the baseline's only where the groups have baselines of their own."""
+    one = len({c.baseline for c in comparisons}) <= 1
+    return tuple(c for c in SEQUENTIAL_COLUMNS if not (one and c == "baseline"))
+
+
+def sequential_table(comparisons: list[stats.Comparison], metric: str, design: Design, title: str) -> Table:
+    headers = sequential_headers(metric, design)
+    if len({c.baseline for c in comparisons}) == 1:
+        headers = headers | {"difference": f"{metric} - {comparisons[0].baseline}"}
+    table = Table(title=title, caption=sequential_note(design))
+    for column in columns_of(comparisons):
+        table.add_column(headers[column], justify="left" if column in ("variant", "baseline", "verdict", "stopping")
+                         else "right", no_wrap=column == "verdict")
+    for comparison in comparisons:
+        cells = comparison_cells(comparison)
+        table.add_row(*(cells[column] for column in columns_of(comparisons)))
+    return table
+
+
+def sequential_table_lines(comparisons: list[stats.Comparison], metric: str, design: Design) -> list[str]:
+    headers = sequential_headers(metric, design)
+    lines = [f"Against the baselines, paired by seed ({sequential_note(design)}):", "",
+             "| " + " | ".join(headers[c] for c in SEQUENTIAL_COLUMNS) + " |", "|" + "---|" * len(SEQUENTIAL_COLUMNS)]
+    for comparison in comparisons:
+        cells = comparison_cells(comparison)
+        lines.append("| " + " | ".join(cells[c] for c in SEQUENTIAL_COLUMNS) + " |")
+    return lines
+
+
+def epochs_line(records: list[TrialRecord]) -> str | None:
+    """How many passes over its corpus' training split each trial made (their data.epochs params)."""
+    epochs = [float(r.params["data.epochs"]) for r in records if "data.epochs" in r.params]
+    if not epochs:
+        return None
+    repeat = " (trials repeated data)" if max(epochs) > 1 else ""
+    return f"Data: each trial trained {min(epochs):.2f}-{max(epochs):.2f} epochs of its corpus (data.epochs){repeat}"
