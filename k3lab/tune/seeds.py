@@ -311,26 +311,31 @@ class SeedSearcher(Searcher):
             self.set_state(json.load(handle))
 
 
+def trained_to_the_end(result: dict | None) -> bool:
+    """Whether a trial's last result says it trained every step (not diverged, not stopped early)."""
+    return bool(result) and result.get("trial_status") != "diverged" and \
+        result.get("done_steps", 0) >= result.get("total_steps", 1)
+
+
 def final_value(result: dict | None, metric: str) -> float | None:
     """A trial's value from its last result: the metric, when the trial trained every step."""
-    if not result or result.get("trial_status") == "diverged":
+    if not trained_to_the_end(result):
         return None
-    if result.get("done_steps", 0) < result.get("total_steps", 1):
-        return None  # stopped early: no final value
     value = result.get(metric)
     return float(value) if _usable(value) else None
 
 
 def last_mean(tracking_uri: str, metric: str, last: int, result: dict | None) -> float | None:
     """A trial's value as the mean of its last `last` evaluations of `metric`, read from its MLflow
-    run (the trial's reports to Tune do not survive a restore; its run does)."""
-    if final_value(result, metric) is None:
+    run: the same values the report compares. (A trial's reports to Tune do not survive a restore,
+    and one restored from its final checkpoint reports no metric of its own; its run has them.)"""
+    if not trained_to_the_end(result):
         return None
     from mlflow.tracking import MlflowClient
 
     run_id = result.get("mlflow_run_id")
     if not run_id:
-        return None
+        return final_value(result, metric) if last == 1 else None
     history = sorted((m.step, m.value) for m in MlflowClient(tracking_uri).get_metric_history(run_id, metric))
     values = [v for _, v in history[-last:]]
     return statistics.fmean(values) if values and all(_usable(v) for v in values) else None
@@ -354,7 +359,7 @@ def build_searcher(sweep, tracking_uri: str) -> SeedSearcher:
                           budget_wall_s=budget.wall_s if budget else None)
     keys = {(trial.variant.name, trial.seed): trial.id for trial in sweep.trials}
     metric = sweep.metric
-    value_of = None if metric.last == 1 else functools.partial(last_mean, tracking_uri, metric.name, metric.last)
+    value_of = functools.partial(last_mean, tracking_uri, metric.name, metric.last)
     return SeedSearcher(planner, keys, metric.name, metric.mode, value_of)
 
 

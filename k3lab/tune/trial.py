@@ -149,7 +149,7 @@ def data_params(trainer) -> dict:
     sees tokens again); data.train_tokens: that split's size."""
     train_tokens = len(trainer.dataset.train_tokens)
     tokens = trainer.tokens_per_step * trainer.spec.steps
-    return {"data.epochs": round(tokens / train_tokens, 4) if train_tokens else "inf",
+    return {"data.epochs": float(f"{tokens / train_tokens:.4g}") if train_tokens else "inf",
             "data.train_tokens": train_tokens}
 
 

@@ -1,0 +1,208 @@
+"""Seeds until resolved: the sweep file's `seeds: {start, max, until}` and `budget:`, the plan that
+`k3lab variants` and `--dry-run` print for them, and CPU sweeps through `SeedSearcher` (Ray Tune's
+search interface), including a driver killed with SIGKILL and resumed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import mini_sweep, sweep_args
+from mlflow.tracking import MlflowClient
+
+from k3lab.cli import main
+from k3lab.errors import UserError
+from k3lab.registry import load_sweep
+from k3lab.report.sequential import Design
+from k3lab.tune.seeds import FINISHED, SeedPlanner
+
+pytestmark = pytest.mark.usefixtures("isolated_data")
+REPO = Path(__file__).resolve().parents[1]
+
+# 2 start seeds give an unbounded interval (so a third is added); at 3 pairs the mini model's
+# interval is ~4% of its loss, inside the 10% asked: the comparison stops there, before max
+POLICY = "seeds: {start: 2, max: 4, until: {halfwidth: 0.1}}"
+SWEEP = mini_sweep("adapt", "seeds until resolved").replace("seeds: [0]", POLICY)
+
+
+def write(tmp_path, text, name="adapt.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# -- the sweep file ------------------------------------------------------------------------------
+
+
+def test_a_policy_loads_with_every_seed_it_may_use_and_a_list_still_works(tmp_path):
+    sweep = load_sweep(write(tmp_path, SWEEP + "budget: {wall: 1h30m, trials: 7}\n"))
+    assert sweep.adaptive and sweep.seeds == (0, 1, 2, 3) and len(sweep.trials) == 8
+    assert (sweep.seed_policy.start, sweep.seed_policy.until.halfwidth) == (2, 0.1)
+    assert (sweep.budget.wall_s, sweep.budget.trials) == (5400.0, 7)
+    old = load_sweep(write(tmp_path, mini_sweep("old", "x").replace("seeds: [0]", "seeds: [0, 1]"), "old.yaml"))
+    assert not old.adaptive and old.seeds == (0, 1) and old.seed_policy is None and len(old.trials) == 4
+    assert old.baselines == {"attnres_bs1": "attnres_off"}
+
+
+def test_a_profile_may_set_the_policy_and_the_budget(tmp_path):
+    text = mini_sweep("p", "x") + "profiles:\n  gpu: {seeds: {start: 3, max: 5}, budget: {wall: 10m}}\n"
+    sweep = load_sweep(write(tmp_path, text), "gpu")
+    assert sweep.seed_policy.max == 5 and sweep.budget.wall_s == 600 and sweep.seed_policy.until is None
+    assert not load_sweep(write(tmp_path, text)).adaptive
+
+
+@pytest.mark.parametrize("replacement, message", [
+    ("seeds: {start: 1, max: 4}", "seeds.start: must be at least 2 (one pair gives no interval), got 1"),
+    ("seeds: {start: 5, max: 4}", "seeds.max: must be at least start=5, got 4"),
+    ("seeds: {start: 2, max: 4, until: {halfwidth: 2.5}}",
+     "seeds.until.halfwidth: must lie in (0, 1) (relative to the baseline's metric), got 2.5"),
+    ("seeds: {start: 2, max: 4, until: {half: 0.1}}", "seeds.until.halfwidth: required key missing"),
+    ("seeds: {begin: 2}", "seeds.begin: unknown key"),
+    ("seeds: three", "seeds: expected a list of seeds or a mapping {start, max, until}, got string 'three'"),
+    ("seeds: {start: 2}\nbudget: {wall: soon}", "budget.wall: expected a duration such as 30m, 1h30m or 90s"),
+    ("seeds: [0]\nbudget: {wall: 30m}", "budget: needs a seeds policy (seeds: {start: ..., max: ...})"),
+    ("seeds: {start: 2}\nscheduler: asha", "scheduler: must be none with a seeds policy"),
+])
+def test_policy_errors_name_the_file_the_field_and_the_rule_in_one_line(tmp_path, capsys, replacement, message):
+    path = write(tmp_path, mini_sweep("bad", "x").replace("seeds: [0]", replacement))
+    assert main(["variants", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and message in err and err.count("\n") == 1
+
+
+def test_a_profile_error_points_into_the_profile(tmp_path, capsys):
+    path = write(tmp_path, mini_sweep("bad", "x") + "profiles:\n  gpu: {seeds: {start: 2, max: 1}}\n")
+    assert main(["variants", str(path)]) == 2
+    assert "profiles.gpu.seeds.max: must be at least start=2, got 1" in capsys.readouterr().err
+
+
+def test_variants_and_dry_run_show_the_policy_and_the_worst_case(tmp_path, capsys):
+    path = write(tmp_path, SWEEP + "budget: {wall: 30m}\n")
+    assert main(["variants", str(path), "--profile", "none"]) == 0
+    variants = capsys.readouterr().out.splitlines()
+    assert main(["sweep", str(path), "--profile", "none", "--dry-run", "--storage", str(tmp_path / "runs")]) == 0
+    dry_run = capsys.readouterr().out.splitlines()
+    for out in (variants, dry_run):
+        text = " ".join(out)
+        assert out[0] == "adapt (top-level settings): 2 variants x 2 to 4 seeds = 4 to 8 trials, 8 steps of 64 tokens"
+        assert "wider than 10% of the baseline's val_loss" in text and "budget: wall 30m" in text
+        assert "worst case: 8 trials, 4,096 tokens; time not known" in text
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_worst_case_time_when_the_rate_is_known(tmp_path, capsys):
+    path = write(tmp_path, SWEEP + "budget: {tokens_per_s: 2.0, trials: 6}\n")
+    assert main(["variants", str(path), "--profile", "none"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "worst case: 8 trials, 4,096 tokens; time about 34 min at 2 tokens/s (budget.tokens_per_s)" in text
+    assert "the budget stops it at 6 trials" in text
+
+
+# -- CPU sweeps through the Searcher -------------------------------------------------------------
+
+
+def trial_table(folder: Path, experiment: str = "adapt") -> dict[tuple[str, int], dict]:
+    """(variant, seed) -> {status, value, run_id} of every trial run of the sweep."""
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    parent_id = json.loads((folder / "runs" / f"{experiment}.k3lab.json").read_text())["parent_run_id"]
+    parent = client.get_run(parent_id)
+    runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
+    table = {}
+    for run in runs:
+        key = (run.data.tags["k3lab.variant_name"], int(run.data.tags["k3lab.seed"]))
+        assert key not in table, f"two runs of {key}"
+        table[key] = {"status": run.info.status, "value": run.data.metrics.get("final_val_loss"),
+                      "run_id": run.info.run_id, "epochs": run.data.params.get("data.epochs")}
+    return table
+
+
+def replay(table, start=2, max_seeds=4, halfwidth=0.1) -> list[tuple[str, int]]:
+    """The trials the policy decides for these results, worked out afresh without Ray."""
+    plan = SeedPlanner(["attnres_off", "attnres_bs1"], {"attnres_bs1": "attnres_off"}, list(range(max_seeds)),
+                       start, Design(1, max_seeds, start, halfwidth=halfwidth))
+    chosen = []
+    while (trial := plan.next_trial()) not in (None, FINISHED):
+        chosen.append(trial)
+        plan.complete(*trial, table[trial]["value"])
+    return sorted(chosen)
+
+
+def cli_env(data_dir) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "K3LAB_FAIL_AT_STEP"}
+    return env | {"PYTHONPATH": str(REPO), "K3LAB_DATA_DIR": str(data_dir)}
+
+
+@pytest.fixture(scope="module")
+def adaptive_sweep(tmp_path_factory, data_dir):
+    """The policy's mini sweep run to its end in a process of its own, one trial at a time."""
+    folder = tmp_path_factory.mktemp("adaptive")
+    path = write(folder, SWEEP)
+    done = subprocess.run([sys.executable, "-m", "k3lab.cli", *sweep_args(folder, path, "--max-concurrent", "1")],
+                          cwd=folder, env=cli_env(data_dir), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return folder, done
+
+
+@pytest.mark.slow
+def test_until_adds_seeds_to_the_start_seeds_and_stops_when_precise(adaptive_sweep):
+    folder, done = adaptive_sweep
+    table = trial_table(folder)
+    assert sorted(table) == [(v, s) for v in ("attnres_bs1", "attnres_off") for s in range(3)]  # 2 start + 1 added
+    assert all(row["status"] == "FINISHED" and row["value"] > 0 for row in table.values())
+    assert sorted(table) == replay(table)  # the trials Tune ran are the policy's decisions
+    assert all(0 < float(row["epochs"]) < 1 for row in table.values())  # data.epochs logged by every trial
+    summary = json.loads((folder / "runs" / "adapt_report" / "summary.json").read_text())
+    paired = {row["variant"]: row["paired"] for row in summary}["attnres_bs1"]
+    assert paired["method"] == "confidence sequence" and paired["pairs"] == 3 and paired["family"] == 1
+    assert paired["stopping"] == "precise" and paired["relative_half_width"] <= 0.1
+    assert "family-wise 95% confidence sequence" in " ".join(done.stdout.split())
+    assert (folder / "runs" / "adapt_report" / "val_loss_curve_vs_baseline.png").exists()
+
+
+@pytest.mark.slow
+def test_a_driver_killed_with_sigkill_resumes_to_the_same_decisions(tmp_path, adaptive_sweep, data_dir):
+    """kill -9 of the driver (and of the Ray instance it started, as a preempted machine loses
+    both) once it has started a trial the policy added; --resume then ends in the same trials,
+    each run once, with the same values as the sweep that ran through."""
+    path = write(tmp_path, SWEEP)
+    args = [sys.executable, "-m", "k3lab.cli", *sweep_args(tmp_path, path, "--max-concurrent", "1")]
+    driver = subprocess.Popen(args, cwd=tmp_path, env=cli_env(data_dir), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and driver.poll() is None:
+            time.sleep(1)
+            try:
+                started = trial_table(tmp_path)
+            except Exception:  # the store or the state file is not there yet
+                continue
+            if any(seed >= 2 for _, seed in started):  # the policy added a seed: its decision was made
+                break
+        assert driver.poll() is None, "the sweep ended before it could be killed"
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver's own process group: it, Ray and the trials
+        driver.wait(timeout=60)
+    assert main(sweep_args(tmp_path, path, "--resume", "--max-concurrent", "1")) == 0
+    resumed, reference = trial_table(tmp_path), trial_table(adaptive_sweep[0])
+    assert sorted(resumed) == sorted(reference) == replay(resumed)
+    assert all(row["status"] == "FINISHED" for row in resumed.values())
+    assert {k: row["value"] for k, row in resumed.items()} == {k: row["value"] for k, row in reference.items()}
+
+
+def test_an_adaptive_resume_refuses_a_changed_policy(tmp_path, capsys):
+    path = write(tmp_path, SWEEP)
+    (tmp_path / "runs" / "adapt").mkdir(parents=True)
+    trials = [t.id for t in load_sweep(path).trials]
+    (tmp_path / "runs" / "adapt.k3lab.json").write_text(json.dumps({"parent_run_id": "x", "trials": trials}))
+    path.write_text(SWEEP.replace("max: 4", "max: 5"))
+    assert main(sweep_args(tmp_path, path, "--resume")) == 2
+    assert "no longer describes the trials" in capsys.readouterr().err
+
+
+def test_a_halfwidth_of_zero_is_refused(tmp_path):
+    with pytest.raises(UserError, match="seeds.until.halfwidth: must lie in"):
+        load_sweep(write(tmp_path, SWEEP.replace("halfwidth: 0.1", "halfwidth: 0"), "zero.yaml"))
