@@ -1,0 +1,155 @@
+"""Baselines by axis values, each variant compared with the baseline of its own group, and the
+whole curve: paired differences at every evaluation (k3lab.report.family), on hand-made records."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from k3lab.cli import main
+from k3lab.registry import load_sweep
+from k3lab.report.family import (comparisons_for, curve_differences, curve_table_lines, plot_curve_differences,
+                                 sequential_table_lines, trial_value)
+from k3lab.report.sequential import Design
+from k3lab.runner.report import TrialRecord
+from k3lab.runner.stats import BETTER, NOT_RESOLVED, t_interval
+
+REPO = Path(__file__).resolve().parents[1]
+ATTNRES = (REPO / "experiments" / "attnres_block.yaml").read_text()
+TWO_AXES = ATTNRES.replace("  attn_res_block_size: [off, full, 2, 4, 8]\n",
+                           "  attn_res_block_size: [off, full, 2, 4, 8]\n  num_experts_per_token: [1, 2]\n")
+
+
+def write(tmp_path, text, name="two.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_second_axis_with_the_old_baseline_name_says_how_to_name_it(tmp_path, capsys):
+    assert main(["variants", str(write(tmp_path, TWO_AXES)), "--profile", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "baseline: no variant named 'attnres_off'" in err and "attnres_off_top1" in err
+    assert "name it by axis values instead, e.g. baseline: {attn_res_block_size: ...}" in err
+    assert err.count("\n") == 1
+
+
+def test_a_baseline_by_axis_values_gives_every_group_its_own(tmp_path, capsys):
+    path = write(tmp_path, TWO_AXES.replace("baseline: attnres_off ", "baseline: {attn_res_block_size: off} "))
+    sweep = load_sweep(path, "cpu")
+    assert sweep.baselines == {f"attnres_{b}_top{k}": f"attnres_off_top{k}"
+                               for b in ("full", "bs2", "bs4", "bs8") for k in (1, 2)}
+    assert list(sweep.baselines)[:2] == ["attnres_full_top1", "attnres_full_top2"]  # the file's order
+    assert sweep.baseline == "attnres_off_top1"  # the first group's, for tags and old readers
+    assert main(["variants", str(path), "--profile", "cpu"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("baselines: attn_res_block_size=off in each group of the other axes' values "
+            "(2 groups: attnres_off_top1, attnres_off_top2)") in out
+
+
+def test_the_one_axis_file_keeps_its_name_form():
+    sweep = load_sweep(REPO / "experiments" / "attnres_block.yaml", "cpu")
+    assert sweep.baseline == "attnres_off"
+    assert sweep.baselines == {v: "attnres_off" for v in ("attnres_full", "attnres_bs2", "attnres_bs4", "attnres_bs8")}
+
+
+@pytest.mark.parametrize("baseline, message", [
+    ("{num_experts: 2}", "baseline.num_experts: not an axis of the sweep (axes: attn_res_block_size, "
+                         "num_experts_per_token)"),
+    ("{attn_res_block_size: 16}", "baseline.attn_res_block_size: 16 is not one of the axis' values (off, full, 2, 4, 8)"),
+    ("{attn_res_block_size: of}", "baseline.attn_res_block_size: expected a block size"),
+    ("{}", "baseline: must name at least one axis value"),
+    ("[off]", "baseline: expected a variant name or a mapping of axis names to values"),
+])
+def test_a_wrong_baseline_names_the_field_and_the_rule(tmp_path, capsys, baseline, message):
+    path = write(tmp_path, TWO_AXES.replace("baseline: attnres_off ", f"baseline: {baseline} "))
+    assert main(["variants", str(path), "--profile", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {path}: {message}" in err and err.count("\n") == 1
+
+
+def test_an_explicit_variant_without_a_baseline_in_its_group_is_left_out_with_a_note(tmp_path):
+    text = TWO_AXES.replace("baseline: attnres_off ", "baseline: {attn_res_block_size: off} ").replace(
+        "seeds: [0, 1]", "variants:\n  - {name: wide, attn_res_block_size: 4, hidden_size: 128}\nseeds: [0, 1]")
+    sweep = load_sweep(write(tmp_path, text), "cpu")
+    assert "wide" not in sweep.baselines and any("wide is not compared" in note for note in sweep.notes)
+
+
+def test_the_gpu_profiles_of_the_two_axis_file_load_with_groups(tmp_path):
+    path = write(tmp_path, TWO_AXES.replace("baseline: attnres_off ", "baseline: {attn_res_block_size: off} "))
+    for profile in ("gpu", "gpu2"):
+        assert len(set(load_sweep(path, profile).baselines.values())) == 2
+
+
+# -- comparisons and curves from records ---------------------------------------------------------
+
+
+def record(variant, seed, final, curve=(), status="FINISHED"):
+    points = list(curve) or [(4, final + 0.5), (8, final)]
+    return TrialRecord(run_id=f"{variant}-{seed}", variant=variant, seed=seed, status=status,
+                       params={"train.batch_size": "2", "train.seq_len": "32", "train.grad_accum": "1"},
+                       final={"val_loss": final}, start_ms=None, end_ms=None, curves={"val_loss": points})
+
+
+def grouped_records():
+    """Two groups (top1, top2), each with its baseline; bs4 is better by 0.1 in top1 only."""
+    records = []
+    for seed, noise in enumerate([0.0, 0.01, -0.01, 0.02]):
+        records += [record("off_top1", seed, 2.0 + noise), record("bs4_top1", seed, 1.9 + noise + 0.001 * seed),
+                    record("off_top2", seed, 3.0 + noise), record("bs4_top2", seed, 3.0 + noise + 0.01 * (-1) ** seed)]
+    return records
+
+
+def test_each_variant_is_compared_with_its_own_groups_baseline():
+    baselines = {"bs4_top1": "off_top1", "bs4_top2": "off_top2"}
+    rows = comparisons_for(grouped_records(), baselines, "val_loss", "min")
+    assert [(c.variant, c.baseline) for c in rows] == list(baselines.items())
+    diffs = [-0.1 + 0.001 * s for s in range(4)]
+    mean, half = t_interval(diffs)
+    assert rows[0].mean_diff == pytest.approx(mean) and rows[0].half_width == pytest.approx(half)
+    assert rows[0].verdict == BETTER and rows[1].verdict == NOT_RESOLVED
+    assert rows[0].relative == pytest.approx(mean / 2.005)  # the baseline of its own group
+
+
+def test_a_family_table_says_which_intervals_and_shows_each_baseline():
+    design = Design(comparisons=2, max_pairs=4, start=2, halfwidth=0.01)
+    rows = comparisons_for(grouped_records(), {"bs4_top1": "off_top1", "bs4_top2": "off_top2"}, "val_loss", "min",
+                           design)
+    lines = sequential_table_lines(rows, "val_loss", design)
+    assert "family-wise 95% confidence sequence (Lai's t-mixture, Bonferroni over 2 comparisons)" in lines[0]
+    assert lines[2].startswith("| variant | baseline | pairs |")
+    assert lines[4].startswith("| bs4_top1 | off_top1 | 4/4 |")
+
+
+def test_the_verdict_metric_may_be_the_mean_of_the_last_evaluations():
+    r = record("v", 0, 2.0, curve=[(2, 3.0), (4, 2.4), (6, 2.2), (8, 2.0)])
+    assert trial_value(r, "val_loss") == 2.0
+    assert trial_value(r, "val_loss", last=3) == pytest.approx((2.4 + 2.2 + 2.0) / 3)
+    assert trial_value(r, "val_loss", last=5) is None  # fewer evaluations than asked
+    assert trial_value(record("v", 0, 2.0, status="FAILED"), "val_loss") is None
+
+
+def test_the_whole_curve_pairs_every_evaluation_and_shows_an_early_lead(tmp_path):
+    records = []
+    for seed, noise in enumerate([0.0, 0.02, -0.01]):  # helps early (-0.1 at step 4), not at the end
+        records += [record("base", seed, 2.0 + noise, [(4, 3.0 + noise), (8, 2.0 + noise)]),
+                    record("v", seed, 2.0 + noise + 0.001 * seed, [(4, 2.9 + noise - 0.001 * seed), (8, 2.0 + noise + 0.001 * seed)])]
+    rows = curve_differences(records, {"v": "base"}, "val_loss")
+    assert [(r["step"], r["tokens"], r["pairs"]) for r in rows] == [(4, 256, 3), (8, 512, 3)]
+    early, late = rows
+    assert early["difference"] == pytest.approx(-0.101) and early["relative"] == pytest.approx(-0.101 / 3.00333 * 100,
+                                                                                               rel=1e-4)
+    assert early["relative"] + early["relative_half_width"] < 0 < late["relative"] + late["relative_half_width"]
+    lines = curve_table_lines(rows, "val_loss", "95% t-interval")
+    assert lines[2] == "| variant | 256 | 512 |" and lines[4].startswith("| v vs base | -3.36% ± ")
+    path = plot_curve_differences(rows, tmp_path / "curve.png", "val_loss", "min", {"v": "C1"}, "95% t")
+    assert path.exists() and path.stat().st_size > 1000
+
+
+def test_curve_intervals_follow_the_design_and_say_where_unbounded():
+    records = []
+    for seed in range(2):
+        records += [record("base", seed, 2.0 + 0.1 * seed), record("v", seed, 1.9 + 0.1 * seed + 0.01 * seed)]
+    rows = curve_differences(records, {"v": "base"}, "val_loss", Design(1, 4, 2))
+    assert all(r["half_width"] is None and r["relative_half_width"] is None for r in rows)  # 2 pairs: unbounded
+    assert not math.isnan(rows[-1]["relative"])

@@ -1,0 +1,114 @@
+"""The `packages` corpus (every installed package's source and docs, k3lab.data.packages), the
+epochs a trial trains (data.epochs) and the plan's note on sweeps whose trials repeat data."""
+
+import pytest
+from conftest import mini_sweep
+
+import k3lab.data.packages as packages
+from k3lab.cli import main
+from k3lab.data import prepare_dataset
+from k3lab.data.epochs import train_split_tokens
+from k3lab.data.sources import StdlibSource, get_source
+from k3lab.data.split import assign
+from k3lab.registry import load_sweep
+from k3lab.registry.plan import plan_lines
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A small site-packages folder standing in for the environment's."""
+    root = tmp_path / "site-packages"
+    files = {
+        "alpha/__init__.py": "from alpha.core import run\n",
+        "alpha/core.py": "def run():\n    return 42\n" * 20,
+        "alpha/README.md": "# alpha\n\nRuns things.\n",
+        "alpha/docs/guide.rst": "Guide\n=====\n\nUse it.\n",
+        "alpha/LICENSE.txt": "MIT License\n\nPermission is hereby granted...\n",
+        "beta/LICENSE.txt": "MIT License\n\nPermission is hereby granted...\n",  # the same text: one document
+        "beta/vendored/core.py": "def run():\n    return 42\n" * 20,  # a vendored copy: one document
+        "beta/tables.txt": "x" * 5000,  # over the size cap set below
+        "beta/blob.txt": "text\0with a NUL byte",  # binary data with a text suffix
+        "beta/beta.py": "print('beta')\n",
+        "beta/data.json": "{}",  # not a text suffix
+        "alpha/__pycache__/core.cpython-311.py": "cached",
+        "alpha-1.0.dist-info/METADATA.txt": "Name: alpha",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    monkeypatch.setattr(packages, "site_packages", lambda: [root.resolve()])
+    monkeypatch.setattr(packages, "MAX_DOCUMENT_BYTES", 4000)
+    return root
+
+
+def test_one_document_per_file_deduplicated_without_metadata_caches_or_binaries(site):
+    source = get_source("packages")
+    ids = [doc.id for doc in source.documents()]
+    assert ids == ["alpha/LICENSE.txt", "alpha/README.md", "alpha/__init__.py", "alpha/core.py", "alpha/docs/guide.rst",
+                   "beta/beta.py"]
+    assert source.spec == "packages" and source.count() == 10  # candidates, before the duplicates go
+
+
+def test_the_fingerprint_follows_installs(site):
+    before = get_source("packages").fingerprint()
+    assert get_source("packages").fingerprint() == before
+    (site / "gamma.py").write_text("import alpha\n")
+    assert get_source("packages").fingerprint() != before
+
+
+def test_it_prepares_and_splits_by_the_hash_of_each_document_id(site, tmp_path):
+    dataset = prepare_dataset("packages", cache_dir=tmp_path / "cache", val_fraction=0.3, progress=False)
+    splits = dataset.manifest["splits"]
+    assert splits["train"]["documents"] + splits["val"]["documents"] == 6
+    ids = [doc.id for doc in get_source("packages").documents()]
+    expected_val = sum(assign(i, 0.3) == "val" for i in ids)
+    assert splits["val"]["documents"] in (expected_val, 1)  # 1: a split the rule left empty gets one
+    assert dataset.manifest["source"] == "packages"
+    tokens, exact = train_split_tokens("packages", cache_dir=tmp_path / "cache", val_fraction=0.3)
+    assert exact and tokens == splits["train"]["tokens"] == len(dataset.train_tokens)
+
+
+def test_the_environment_corpus_is_far_larger_than_the_standard_library():
+    source = packages.PackagesSource()
+    stdlib_bytes = sum(p.stat().st_size for p in StdlibSource().files())
+    assert source.count() > 1000
+    assert source.total_bytes() > 5 * stdlib_bytes  # torch, ray, mlflow: hundreds of MB here
+    assert source.total_bytes() * 0.98 > 10_485_760  # one attnres_block gpu trial never sees a token twice
+
+
+def test_the_plan_says_when_trials_would_repeat_data(tmp_path, isolated_data):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(20):
+        (corpus / f"doc{i}.txt").write_text(f"document {i} " * 20)
+    text = mini_sweep("rep", "x").replace("eval_batches: 1,", f"eval_batches: 1, dataset: {corpus},")
+    path = tmp_path / "rep.yaml"
+    path.write_text(text.replace("steps: 8,", "steps: 200,"))
+    lines = plan_lines(load_sweep(path))  # not prepared yet: an estimate from the files
+    assert any("about" in line and "epochs of" in line and "may repeat data" in line for line in lines)
+    prepare_dataset(str(corpus), progress=False)
+    lines = plan_lines(load_sweep(path))
+    note = next(line for line in lines if "epochs of" in line)
+    assert note.startswith("note: data: a trial trains 12,800 tokens, ") and "the trials repeat data" in note
+    path.write_text(text)  # 8 steps: no repeat, no note
+    assert not any("epochs of" in line for line in plan_lines(load_sweep(path)))
+
+
+def test_data_epochs_of_a_trial(isolated_data):
+    from k3lab.registry import TrainSpec
+    from k3lab.runner.trial import data_params
+
+    class Trainer:  # what data_params reads of a trainer
+        spec = TrainSpec(steps=10, batch_size=2, seq_len=32, warmup_steps=1)
+        tokens_per_step = 64
+
+        class dataset:
+            train_tokens = [0] * 320
+
+    assert data_params(Trainer()) == {"data.epochs": 2.0, "data.train_tokens": 320}
+
+
+def test_data_info_lists_the_packages_source_in_its_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["data", "prepare", "--help"])
+    assert "'packages'" in capsys.readouterr().out
