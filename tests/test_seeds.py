@@ -206,3 +206,40 @@ def test_an_adaptive_resume_refuses_a_changed_policy(tmp_path, capsys):
 def test_a_halfwidth_of_zero_is_refused(tmp_path):
     with pytest.raises(UserError, match="seeds.until.halfwidth: must lie in"):
         load_sweep(write(tmp_path, SWEEP.replace("halfwidth: 0.1", "halfwidth: 0"), "zero.yaml"))
+
+
+def test_the_searcher_speaks_ray_tunes_interface_and_its_saved_state_restores(tmp_path):
+    from ray.tune.search import ConcurrencyLimiter, Searcher
+
+    from k3lab.tune.seeds import SeedSearcher
+
+    def searcher():
+        plan = SeedPlanner(["b", "v"], {"v": "b"}, [0, 1, 2, 3], 2, Design(1, 4, 2, halfwidth=1e-6))
+        keys = {(name, seed): f"{name}_s{seed}" for name in ("b", "v") for seed in range(4)}
+        return SeedSearcher(plan, keys, "val_loss", "min")
+
+    def result(key):  # what a trial reports last: trained to the end, its metric
+        return {"val_loss": 2.0 + 0.01 * int(key[-1]) + (0.003 if key.startswith("v") else 0.0) * int(key[-1]),
+                "done_steps": 8, "total_steps": 8, "trial_status": "finished"}
+
+    first = ConcurrencyLimiter(searcher(), max_concurrent=2)
+    assert isinstance(first.searcher, Searcher)
+    handed = {f"t{i}": first.suggest(f"t{i}") for i in range(3)}
+    assert handed == {"t0": {"trial": "b_s0"}, "t1": {"trial": "v_s0"}, "t2": None}  # two at a time
+    for trial_id in ("t0", "t1"):
+        first.on_trial_complete(trial_id, result(handed[trial_id]["trial"]))
+    handed |= {f"t{i}": first.suggest(f"t{i}") for i in (3, 4)}
+    first.searcher.save(str(tmp_path / "searcher.json"))  # then the driver dies, t3 and t4 running
+    second = searcher()
+    second.restore(str(tmp_path / "searcher.json"))
+    assert second.planner.suggested == [("b", 0), ("v", 0), ("b", 1), ("v", 1)]
+    for trial_id in ("t3", "t4"):  # Tune restores the trials that were running; they end
+        second.on_trial_complete(trial_id, result(handed[trial_id]["trial"]))
+    order, n = [], 5
+    while (suggestion := second.suggest(f"t{n}")) not in (None, Searcher.FINISHED):
+        order.append(suggestion["trial"])
+        second.on_trial_complete(f"t{n}", result(suggestion["trial"]))
+        n += 1
+    assert order == ["b_s2", "v_s2", "b_s3", "v_s3"]  # a halfwidth nobody reaches: up to max
+    assert second.suggest("last") == Searcher.FINISHED and not second.unfinished()
+    second.on_trial_complete("unknown", None, error=True)  # a trial it never handed out: ignored
