@@ -112,3 +112,24 @@ def test_data_info_lists_the_packages_source_in_its_help(capsys):
     with pytest.raises(SystemExit):
         main(["data", "prepare", "--help"])
     assert "'packages'" in capsys.readouterr().out
+
+
+def test_a_bpe_tokenizer_trained_on_the_training_split_is_cached_beside_the_tokens(site, tmp_path):
+    pytest.importorskip("tokenizers")
+    from k3lab.data import find_datasets, load_dataset_info
+    from k3lab.data.bpe import bpe_path
+
+    cache = tmp_path / "cache"
+    assert load_dataset_info("packages", "bpe:300", cache_dir=cache) is None  # not trained: not prepared
+    dataset = prepare_dataset("packages", "bpe:300", cache_dir=cache, val_fraction=0.3, progress=False)
+    path = bpe_path("bpe:300", get_source("packages"), 0.3, cache)
+    assert path.exists() and path.parent.parent == cache / "tokenizers"
+    assert dataset.vocab_size == 300 and dataset.eot_id == dataset.tokenizer.encode("<|endoftext|>")[0]
+    text = "def run():\n    return 42\n"
+    assert dataset.tokenizer.decode(dataset.tokenizer.encode(text)) == text
+    assert len(dataset.tokenizer.encode(text)) < len(text.encode())  # merges learnt
+    again = prepare_dataset("packages", "bpe:300", cache_dir=cache, val_fraction=0.3, progress=False)
+    assert again.cached and again.path == dataset.path  # trained once, tokenized once
+    assert [d.path for d in find_datasets("packages", "bpe:300", cache)] == [dataset.path]
+    with pytest.raises(Exception, match="bpe:VOCAB with VOCAB >= 260"):
+        prepare_dataset("packages", "bpe:12", cache_dir=cache, progress=False)

@@ -20,6 +20,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 import k3lab
+from k3lab.data.bpe import bpe_tokenizer, is_bpe
 from k3lab.data.cache import cache_root, dataset_name, locked, staging
 from k3lab.data.dataset import MANIFEST, TOKENIZER_FILE, Dataset
 from k3lab.data.progress import progress_bar
@@ -43,7 +44,8 @@ def prepare_dataset(source: str = "stdlib", tokenizer: str = "byte", cache_dir: 
     so it is not part of the cache key. Returns a `Dataset` whose `cached` is
     True when nothing had to be written.
     """
-    src, tok = get_source(source), get_tokenizer(tokenizer)
+    src = get_source(source)
+    tok = _tokenizer(tokenizer, src, cache_dir, val_fraction, train=True)
     root, name, identity = _locate(src, tok, cache_dir, val_fraction)
     if (root / name / MANIFEST).exists():
         return Dataset.open(root / name, cached=True)
@@ -58,7 +60,11 @@ def prepare_dataset(source: str = "stdlib", tokenizer: str = "byte", cache_dir: 
 def load_dataset_info(source: str = "stdlib", tokenizer: str = "byte", cache_dir: str | Path | None = None,
                       val_fraction: float = DEFAULT_VAL_FRACTION) -> Dataset | None:
     """The prepared dataset for these arguments, or None when it has not been prepared."""
-    root, name, _ = _locate(get_source(source), get_tokenizer(tokenizer), cache_dir, val_fraction)
+    src = get_source(source)
+    tok = _tokenizer(tokenizer, src, cache_dir, val_fraction, train=False)
+    if tok is None:  # bpe:VOCAB not trained yet: nothing prepared with it either
+        return None
+    root, name, _ = _locate(src, tok, cache_dir, val_fraction)
     return Dataset.open(root / name) if (root / name / MANIFEST).exists() else None
 
 
@@ -66,7 +72,16 @@ def find_datasets(source: str = "stdlib", tokenizer: str = "byte", cache_dir: st
                   val_fraction: float | None = None) -> list[Dataset]:
     """Prepared datasets of this source content and tokenizer, of any validation fraction
     unless one is given."""
-    src, tok = get_source(source), get_tokenizer(tokenizer)
+    src = get_source(source)
+    if is_bpe(tokenizer):  # a trained tokenizer is per validation share: look for each prepared one
+        found = []
+        for share in {ds.manifest["val_fraction"] for ds in list_datasets(cache_dir)}:
+            if val_fraction in (None, share) and (tok := _tokenizer(tokenizer, src, cache_dir, share, False)):
+                found += [ds for ds in list_datasets(cache_dir) if ds.manifest["val_fraction"] == share
+                          and ds.manifest["tokenizer_fingerprint"] == tok.fingerprint
+                          and ds.manifest["fingerprint"] == src.fingerprint()]
+        return found
+    tok = get_tokenizer(tokenizer)
     fingerprint = src.fingerprint()
     return [ds for ds in list_datasets(cache_dir)
             if ds.manifest["fingerprint"] == fingerprint and ds.manifest["tokenizer_fingerprint"] == tok.fingerprint
@@ -78,6 +93,15 @@ def list_datasets(cache_dir: str | Path | None = None) -> list[Dataset]:
     root = cache_root(cache_dir)
     paths = sorted(p.parent for p in root.glob(f"*/{MANIFEST}") if not p.parent.name.startswith("."))
     return [Dataset.open(p) for p in paths]
+
+
+def _tokenizer(spec: str, src: Source, cache_dir, val_fraction: float, train: bool):
+    """The tokenizer a spec names; `bpe:VOCAB` is trained on `src` (see k3lab.data.bpe)."""
+    if is_bpe(spec):
+        if not 0.0 < val_fraction < 1.0:
+            raise UserError(f"val_fraction {val_fraction}: must lie strictly between 0 and 1")
+        return bpe_tokenizer(spec, src, val_fraction, cache_dir, train=train)
+    return get_tokenizer(spec)
 
 
 def _locate(src: Source, tok, cache_dir, val_fraction: float) -> tuple[Path, str, dict]:

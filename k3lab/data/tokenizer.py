@@ -3,6 +3,8 @@
 Spec strings (what `get_tokenizer` takes and manifests record):
 - "byte": ids 0..255 are the UTF-8 bytes, 256 is the end-of-document token.
 - "tokenizer:PATH": a local `tokenizer.json` loaded with the `tokenizers` library.
+- "bpe:VOCAB": a byte-level BPE trained on the dataset's own training split and cached
+  beside its tokens (`k3lab.data.bpe`; it needs the corpus, so `prepare_dataset` resolves it).
 
 Every tokenizer has `name` (human readable), `fingerprint` (identity for cache
 keys: changes whenever the ids would change), `vocab_size`, `eot_id`,
@@ -115,4 +117,6 @@ def get_tokenizer(spec: str = "byte") -> ByteTokenizer | FileTokenizer:
         return ByteTokenizer()
     if spec.startswith("tokenizer:") and len(spec) > len("tokenizer:"):
         return FileTokenizer(spec[len("tokenizer:"):])
-    raise UserError(f"tokenizer '{spec}': unknown spec (use 'byte' or 'tokenizer:PATH/tokenizer.json')")
+    if spec.startswith("bpe:"):
+        raise UserError(f"tokenizer '{spec}': a bpe tokenizer is trained on a dataset; prepare the dataset with it")
+    raise UserError(f"tokenizer '{spec}': unknown spec (use 'byte', 'tokenizer:PATH/tokenizer.json' or bpe:VOCAB)")
