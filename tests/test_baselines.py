@@ -11,8 +11,8 @@ from k3lab.registry import load_sweep
 from k3lab.report.family import (comparisons_for, curve_differences, curve_table_lines, plot_curve_differences,
                                  sequential_table_lines, trial_value)
 from k3lab.report.sequential import Design
-from k3lab.runner.report import TrialRecord
-from k3lab.runner.stats import BETTER, NOT_RESOLVED, t_interval
+from k3lab.report.summary import TrialRecord
+from k3lab.report.stats import BETTER, NOT_RESOLVED, t_interval
 
 REPO = Path(__file__).resolve().parents[1]
 ATTNRES = (REPO / "experiments" / "attnres_block.yaml").read_text()

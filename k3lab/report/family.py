@@ -7,7 +7,7 @@ differences at every evaluation (the whole curve) with their plot.
 - `comparisons_for` pairs every variant with its own baseline (`Sweep.baselines`: one baseline
   for the whole sweep, or one per group with `baseline: {axis: value}`). With a seeds policy
   (`design`) the intervals are the family-wise confidence sequences of `k3lab.report.sequential`;
-  without one, per-comparison 95% t-intervals (`k3lab.runner.stats`), as before.
+  without one, per-comparison 95% t-intervals (`k3lab.report.stats`), as before.
 - `curve_differences` repeats the comparison at every evaluation step the pairs share
   (difference and interval in % of the baseline's metric at that step, against tokens trained),
   so "helps early, less at the end" shows. Its intervals are those of the verdicts (the design's
@@ -25,8 +25,8 @@ from rich.table import Table
 
 from k3lab.report.sequential import (SEQUENTIAL_COLUMNS, Design, comparison_cells, compare_sequential,
                                      sequential_headers, sequential_note)
-from k3lab.runner import stats
-from k3lab.runner.report import TrialRecord, pyplot, save_figure
+from k3lab.report import stats
+from k3lab.report.summary import TrialRecord, pyplot, save_figure
 
 
 def trial_value(record: TrialRecord, metric: str, last: int = 1) -> float | None:

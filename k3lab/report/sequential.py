@@ -1,6 +1,6 @@
 """Anytime-valid, family-wise comparisons of K variants against their baselines, paired by seed.
 
-With a fixed list of seeds, `k3lab.report.stats` (today `k3lab.runner.stats`) gives each
+With a fixed list of seeds, `k3lab.report.stats` gives each
 comparison a 95% Student t-interval. That interval is only valid when the number of seeds is
 fixed before the data is seen. A sweep with `seeds: {start, max, until: {halfwidth}}` looks at
 the paired differences after every new seed pair and decides whether to go on; re-checking a
@@ -74,7 +74,7 @@ import math
 import attrs
 import numpy as np
 
-from k3lab.runner.stats import BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, verdict
+from k3lab.report.stats import BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, verdict
 
 METHOD = "confidence sequence"  # Lai's t-mixture, Bonferroni over the family
 CONFIDENCE = 0.95
@@ -220,7 +220,7 @@ def compare_family(values: dict[str, SeedValues], baselines: dict[str, str], mod
 def comparison_cells(c: Comparison) -> dict[str, str]:
     """The text of one row of a sequential table (the t-table's cells plus baseline, half-width
     relative to the baseline, stopping reason)."""
-    from k3lab.runner.stats import comparison_cells as t_cells
+    from k3lab.report.stats import comparison_cells as t_cells
 
     cells = t_cells(c)
     relative = getattr(c, "relative_half_width", None)
