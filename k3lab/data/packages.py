@@ -63,7 +63,8 @@ class PackagesSource:
             for root in self.roots:
                 mine = []
                 for dirpath, dirnames, filenames in os.walk(root):
-                    dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.endswith(METADATA_SUFFIXES))
+                    dirnames[:] = sorted(d for d in dirnames
+                                         if d != "__pycache__" and not d.endswith(METADATA_SUFFIXES))
                     for name in filenames:
                         path = Path(dirpath, name)
                         if name.endswith(PACKAGE_SUFFIXES) and path.is_file():

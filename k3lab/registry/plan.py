@@ -40,7 +40,9 @@ def policy_lines(sweep: Sweep) -> list[str]:
     if policy is None:
         return []
     comparisons = len(sweep.baselines)
-    metric = sweep.metric.name if sweep.metric.last == 1 else f"mean of the last {sweep.metric.last} {sweep.metric.name}"
+    metric = sweep.metric.name
+    if sweep.metric.last != 1:
+        metric = f"mean of the last {sweep.metric.last} {metric}"
     family = (f"family-wise {100 * policy.confidence:g}% confidence sequence over {comparisons} "
               f"comparison{'s' if comparisons != 1 else ''}")
     if policy.until is not None:

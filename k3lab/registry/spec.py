@@ -120,7 +120,8 @@ class BudgetSpec:
             return
         seconds = duration_seconds(value)
         if seconds is None or seconds <= 0:
-            raise FieldError(attribute.name, f"expected a duration such as 30m, 1h30m or 90s (or seconds), got {value!r}")
+            raise FieldError(attribute.name,
+                             f"expected a duration such as 30m, 1h30m or 90s (or seconds), got {value!r}")
 
     @property
     def wall_s(self) -> float | None:

@@ -91,7 +91,8 @@ def curve_differences(records: list[TrialRecord], baselines: dict[str, str], met
     rows = []
     for variant, baseline in baselines.items():
         mine, theirs = curves.get(variant, {}), curves.get(baseline, {})
-        steps = sorted({step for seed in mine.keys() & theirs.keys() for step in mine[seed].keys() & theirs[seed].keys()})
+        steps = sorted({step for seed in mine.keys() & theirs.keys()
+                        for step in mine[seed].keys() & theirs[seed].keys()})
         for step in steps:
             seeds = sorted(s for s in mine.keys() & theirs.keys() if step in mine[s] and step in theirs[s])
             diffs = [mine[s][step] - theirs[s][step] for s in seeds]
@@ -102,10 +103,11 @@ def curve_differences(records: list[TrialRecord], baselines: dict[str, str], met
                 half = half if math.isfinite(half) else None
             else:
                 half = stats.t_interval(diffs)[1]
+            relative_half = 100 * half / abs(reference) if reference and half is not None else None
             rows.append({"variant": variant, "baseline": baseline, "step": step, "tokens": tokens[step],
                          "pairs": len(seeds), "difference": mean, "half_width": half,
                          "relative": 100 * mean / abs(reference) if reference else None,
-                         "relative_half_width": 100 * half / abs(reference) if reference and half is not None else None})
+                         "relative_half_width": relative_half})
     return rows
 
 
@@ -169,7 +171,8 @@ def curve_table_lines(curves: list[dict], metric: str, interval: str) -> list[st
     lines = [f"{metric} against the baseline at every evaluation, in % of the baseline's {metric} "
              f"(mean over the pairs ± the half-width of its {interval}, pointwise), by tokens trained:", "",
              "| variant | " + " | ".join(f"{t:,}" for t in columns) + " |", "|---|" + "---|" * len(columns)]
-    lines += ["| " + name + " | " + " | ".join(cells.get(t, "-") for t in columns) + " |" for name, cells in grid.items()]
+    lines += ["| " + name + " | " + " | ".join(cells.get(t, "-") for t in columns) + " |"
+              for name, cells in grid.items()]
     return lines
 
 
