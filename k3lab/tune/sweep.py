@@ -157,8 +157,8 @@ def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list, sear
                                   scheduler=build_scheduler(sweep),
                                   max_concurrent_trials=run.max_concurrent or sweep.resources.max_concurrent_trials,
                                   reuse_actors=sweep.resources.reuse_actors,
-                                  search_alg=searcher, num_samples=len(specs) if searcher else 1)
-    space = {} if searcher else {"trial": tune.grid_search(list(specs))}
+                                  search_alg=searcher, num_samples=1 if searcher is None else len(specs))
+    space = {"trial": tune.grid_search(list(specs))} if searcher is None else {}
     return tune.Tuner(trainable, param_space=space, tune_config=tune_config, run_config=run_config)
 
 
@@ -281,7 +281,8 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print) -> tupl
     hardware = {"gpus": ray.cluster_resources().get("GPU", 0) if run.uses_gpus else 0}
     hardware |= warm_kernels_on_a_gpu(run, say=say)
     with progress:
-        tuner = make_tuner(run, specs, [progress, MLflowStatusCallback(run.tracking_uri)], searcher)
+        callbacks = [progress, MLflowStatusCallback(run.tracking_uri)]
+        tuner = (make_tuner(run, specs, callbacks) if searcher is None else make_tuner(run, specs, callbacks, searcher))
         if searcher is not None and run.resume:  # the searcher Tune restores (its state: from the folder)
             searcher = tuner._local_tuner._tune_config.search_alg
         results = tuner.fit()
