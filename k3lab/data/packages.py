@@ -25,6 +25,7 @@ import sysconfig
 from pathlib import Path
 from typing import Iterator
 
+from k3lab.data.document import Document
 from k3lab.errors import UserError
 
 PACKAGE_SUFFIXES = (".py", ".md", ".rst", ".txt")
@@ -95,8 +96,6 @@ class PackagesSource:
                    if path.stat().st_size <= MAX_DOCUMENT_BYTES)
 
     def documents(self) -> Iterator:
-        from k3lab.data.sources import Document
-
         seen_content: set[bytes] = set()
         seen_ids: set[str] = set()
         for index, (root, path) in enumerate(self.files()):

@@ -27,18 +27,15 @@ import json
 import os
 import sysconfig
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
+from k3lab.data.document import Document
+from k3lab.data.packages import PackagesSource
 from k3lab.errors import UserError
 
 FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
 STDLIB_SKIP = {"site-packages", "dist-packages", "__pycache__"}
 STDLIB_TEST_DIRS = {"test", "tests", "idle_test"}
-
-
-class Document(NamedTuple):
-    id: str
-    text: str
 
 
 def _hash_files(root: Path, files: list[Path]) -> str:
@@ -225,7 +222,6 @@ class HFSource:
                 index += 1
 
 
-from k3lab.data.packages import PackagesSource  # noqa: E402  (it builds Documents of this module)
 
 Source = StdlibSource | LocalSource | HFSource | PackagesSource
 

@@ -26,7 +26,8 @@ from rich.table import Table
 from k3lab.report.sequential import (SEQUENTIAL_COLUMNS, Design, comparison_cells, compare_sequential,
                                      sequential_headers, sequential_note)
 from k3lab.report import stats
-from k3lab.report.summary import TrialRecord, pyplot, save_figure
+from k3lab.report.figures import pyplot, save_figure
+from k3lab.report.records import TrialRecord
 
 
 def trial_value(record: TrialRecord, metric: str, last: int = 1) -> float | None:

@@ -11,32 +11,15 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from rich.table import Table
 
 from k3lab.report import stats
+from k3lab.report.figures import pyplot, save_figure
+from k3lab.report.records import TrialRecord
 from k3lab.store import runs
-
-
-@dataclass
-class TrialRecord:
-    run_id: str
-    variant: str
-    seed: int
-    status: str
-    params: dict
-    final: dict  # last value of every metric
-    start_ms: int | None
-    end_ms: int | None
-    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    first_step_ms: int | None = None  # when the trial logged its first optimizer step
-    tags: dict = field(default_factory=dict)
-
-    def value(self, name: str) -> float | None:
-        return self.final.get(name)
 
 
 def load_trials(tracking_uri: str, parent_run_id: str, curves=("train_loss", "val_loss")) -> list[TrialRecord]:
@@ -144,23 +127,6 @@ def variant_colours(variants: Sequence[str]) -> dict[str, tuple]:
     """One colour per variant (in report order), the same in every plot."""
     plt = pyplot()
     return {variant: plt.get_cmap("tab10")(i % 10) for i, variant in enumerate(variants)}
-
-
-def pyplot():
-    """matplotlib.pyplot on the file-only Agg backend (sweeps run without a display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(plt, fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def plot_loss_curves(records: list[TrialRecord], path: Path, metric: str, colours: dict[str, tuple]) -> Path:

@@ -1,0 +1,23 @@
+"""One trial as the report reads it back from the MLflow store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TrialRecord:
+    run_id: str
+    variant: str
+    seed: int
+    status: str
+    params: dict
+    final: dict  # last value of every metric
+    start_ms: int | None
+    end_ms: int | None
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    first_step_ms: int | None = None  # when the trial logged its first optimizer step
+    tags: dict = field(default_factory=dict)
+
+    def value(self, name: str) -> float | None:
+        return self.final.get(name)
