@@ -63,6 +63,7 @@ LOCAL = "k3lab-local"  # scripts/compose_images.sh's base images
 IMAGE = "k3lab:cpu"
 POSTGRES_IMAGE = f"{LOCAL}/postgres:15"
 IMAGE_PYTHON = "3.11"  # Debian bookworm's python3, in docker/python
+TORCH_INDEX_PORT = 38765  # the local torch index, on 127.0.0.1
 COMPOSE_MIN = (2, 24, 4)  # !reset in docker-compose.cpu.yml
 # the variables docker-compose*.yml interpolate: only the generated .env sets them
 COMPOSE_VARIABLES = re.compile(r"^(RAY_|POSTGRES_|MLFLOW_|K3LAB_|COMPOSE_)")
@@ -252,7 +253,13 @@ def local_torch_index(work: Path) -> tuple[str | None, http.server.ThreadingHTTP
     links = "".join(f'<a href="{urllib.parse.quote(w.name)}">{w.name}</a>\n' for w in found)
     (wheels / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
     handler = functools.partial(QuietHandler, directory=str(work / "torch-index"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    # the same URL each run where the port is free: TORCH_INDEX_URL is part of the build's cache key
+    for port in [*range(TORCH_INDEX_PORT, TORCH_INDEX_PORT + 10), 0]:
+        try:
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+            break
+        except OSError:
+            continue
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}/simple", server
 
@@ -291,10 +298,12 @@ def report(request) -> None:
         return
     if os.environ.get("K3LAB_COMPOSE_FIGURES"):
         Path(os.environ["K3LAB_COMPOSE_FIGURES"]).write_text(json.dumps(FIGURES, indent=2) + "\n")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
     writer = request.config.pluginmanager.get_plugin("terminalreporter")
-    if writer is not None:
-        writer.write_line("")
-        writer.write_line("compose cluster figures: " + json.dumps(FIGURES))
+    if capture is not None and writer is not None:
+        with capture.global_and_fixture_disabled():
+            writer.write_line("")
+            writer.write_line("compose cluster figures: " + json.dumps(FIGURES))
 
 
 @pytest.fixture(scope="module")
