@@ -132,3 +132,8 @@ def close_run(tracking_uri: str, run_id: str, status: str, tags: dict[str, str] 
     for key, value in (tags or {}).items():
         mlflow.set_tag(run_id, key, value)
     mlflow.set_terminated(run_id, status)
+
+
+def metric_history(tracking_uri: str, run_id: str, metric: str) -> list[tuple[int, float]]:
+    """One metric of one run as (step, value) pairs, by step."""
+    return sorted((m.step, m.value) for m in client(tracking_uri).get_metric_history(run_id, metric))

@@ -331,12 +331,12 @@ def last_mean(tracking_uri: str, metric: str, last: int, result: dict | None) ->
     and one restored from its final checkpoint reports no metric of its own; its run has them.)"""
     if not trained_to_the_end(result):
         return None
-    from mlflow.tracking import MlflowClient
+    from k3lab.store import runs
 
-    run_id = result.get("mlflow_run_id")
+    run_id = result.get(runs.RUN_ID_KEY)
     if not run_id:
         return final_value(result, metric) if last == 1 else None
-    history = sorted((m.step, m.value) for m in MlflowClient(tracking_uri).get_metric_history(run_id, metric))
+    history = runs.metric_history(tracking_uri, run_id, metric)
     values = [v for _, v in history[-last:]]
     return statistics.fmean(values) if values and all(_usable(v) for v in values) else None
 
