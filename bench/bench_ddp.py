@@ -2,6 +2,7 @@
 
     python bench/bench_ddp.py --write                       # base preset, 1 GPU vs DDP on 2, DDP settings compared
     python bench/bench_ddp.py --rows 1,2,2:static --preset small --batch 32 --seq 1024
+    python bench/bench_ddp.py --rows 1,4,8 --write          # a host of 8 GPUs, the tuned 100 MB buckets
 
 A row is GPUS[:option...]; options change `DDPOptions` (k3lab/train/ddp.py) from its defaults:
 legacy (the trainer's settings before this benchmark: find_unused_parameters, no gradient
@@ -148,6 +149,7 @@ def run_row(row: str, args: argparse.Namespace) -> dict:
                "--child", row, "--preset", args.preset, "--batch", str(args.batch), "--seq", str(args.seq),
                "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--compile"] if args.compile else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off unless asked for: the lent H200 hosts need it off
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
     results = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not results:
