@@ -50,7 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.add_argument("--max-concurrent", type=int, help="trials at a time (default: the sweep file's, else all "
                                                           "that fit)")
     sweep.add_argument("--dry-run", action="store_true", help="list the trials that would run, start nothing")
-    sweep.add_argument("--no-live", action="store_true", help="no live table (for logs and CI)")
+    sweep.add_argument("--no-live", action="store_true",
+                       help="plain progress lines instead of the live table (the default when stdout or stderr "
+                            "is not a terminal: logs, tee, CI)")
     sweep.add_argument("--verbose", action="store_true",
                        help="Ray's and MLflow's notices on the terminal, not in <storage>/<experiment>.log")
     sweep.set_defaults(func=run_sweep_command)
@@ -284,10 +286,11 @@ def run_sweep_command(args) -> int:
         console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
                       f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}")
         return 0
-    console.print(f"MLflow {run.tracking_uri} (experiment {run.experiment}); Tune state in {run.tune_dir}")
-    if not args.verbose:
-        console.print(f"Ray and MLflow notices: {run.log_file}")
-    summary = run_sweep(run, live=not args.no_live)
+    def say(line: str) -> None:  # one line as it is: no markup, never wrapped
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
+    console.line()  # the tables start on a line of their own, after the progress lines or the live table
     print_summary(console, run, summary)
     for error in summary["errors"]:
         console.print(f"[red]trial error: {error}")

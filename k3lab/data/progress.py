@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Callable, Iterator
 
 from rich.console import Console
@@ -17,9 +18,14 @@ def progress_bar(enabled: bool, description: str, total_documents: int | None) -
     if not enabled:
         yield lambda documents, tokens: None
         return
+    console = Console(stderr=True)
+    if not console.is_terminal:  # a log: a line before and one after, never a bar drawn once without its newline
+        with _plain_lines(console, description) as advance:
+            yield advance
+        return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("docs"),
                TextColumn("{task.fields[tokens]:,} tokens"), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True)) as bar:
+    with Progress(*columns, console=console) as bar:
         task = bar.add_task(description, total=total_documents, tokens=0)
         done_tokens = 0
 
@@ -29,3 +35,18 @@ def progress_bar(enabled: bool, description: str, total_documents: int | None) -
             bar.update(task, advance=documents, tokens=done_tokens)
 
         yield advance
+
+
+@contextlib.contextmanager
+def _plain_lines(console: Console, description: str) -> Iterator[Advance]:
+    counts = {"documents": 0, "tokens": 0}
+    started = time.perf_counter()
+    console.print(f"{description} ...", markup=False, highlight=False, soft_wrap=True)
+
+    def advance(documents: int, tokens: int) -> None:
+        counts["documents"] += documents
+        counts["tokens"] += tokens
+
+    yield advance
+    console.print(f"{description}: {counts['documents']:,} docs, {counts['tokens']:,} tokens in "
+                  f"{time.perf_counter() - started:.0f} s", markup=False, highlight=False, soft_wrap=True)

@@ -2,12 +2,14 @@
 all print first, so a preview and the run it previews read the same.
 
     attnres_block (cpu profile): 5 variants x 1 seeds = 5 trials, 100 steps of 1,024 tokens
+    not run: attnres_bs2_2 (duplicate of attnres_bs2)
     note: train.warmup_steps: the default 20 is clipped to steps=10
 """
 
 from __future__ import annotations
 
 from k3lab.registry.sweep import Sweep
+from k3lab.registry.variants import DUPLICATE
 
 
 def profile_label(sweep: Sweep) -> str:
@@ -27,11 +29,25 @@ def plan_header(sweep: Sweep) -> str:
 
 
 def plan_lines(sweep: Sweep) -> list[str]:
-    """The header, the seeds policy and its worst case (a sweep with `seeds: {start, max, ...}`),
-    the baselines by group, data that trials would repeat, then a note for every default
-    adapted to the file's settings."""
-    lines = [plan_header(sweep)] + policy_lines(sweep) + group_lines(sweep)
+    """The header, every variant the plan drops and why, the seeds policy and its worst case (a
+    sweep with `seeds: {start, max, ...}`), the baselines by group, data that trials would repeat,
+    then a note for every default adapted to the file's settings."""
+    lines = [plan_header(sweep)] + dropped_lines(sweep) + policy_lines(sweep) + group_lines(sweep)
     return lines + [f"note: {note}" for note in (*sweep.notes, *data_notes(sweep))]
+
+
+MAX_DROPPED_LINES = 10
+
+
+def dropped_lines(sweep: Sweep, limit: int = MAX_DROPPED_LINES) -> list[str]:
+    """One line per variant the sweep file describes but the plan does not run (a duplicate of an
+    earlier variant, or rejected by the model's validation), with the reason `k3lab variants` gives."""
+    dropped = [v for v in sweep.variants if not v.ok]
+    lines = [f"not run: {v.name} ({v.reason if v.status == DUPLICATE else f'{v.status}: {v.reason}'})"
+             for v in dropped[:limit]]
+    if len(dropped) > limit:
+        lines.append(f"not run: {len(dropped) - limit} more (k3lab variants {sweep.path} lists every variant)")
+    return lines
 
 
 def policy_lines(sweep: Sweep) -> list[str]:

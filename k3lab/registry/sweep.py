@@ -10,6 +10,7 @@ including a sweep in which no variant is valid.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,13 @@ def load_sweep(path: str | Path, profile: str | None = None) -> Sweep:
         resolved = {name: _resolve_profile(document, name, path.parent) for name in [None, *names]}
     except SpecError as error:
         raise UserError(f"{path}: {error}") from None
-    return _sweep(path, profile, tuple(names), resolved[profile])
+    variants = _variants(path, profile, resolved[profile])  # none valid: that is the error, not the baseline
+    try:
+        for name in [None, *names]:
+            _check_baseline_named(resolved[name], name, document)
+    except SpecError as error:
+        raise UserError(f"{path}: {error}") from None
+    return _sweep(path, profile, tuple(names), resolved[profile], variants)
 
 
 def sweep_profiles(path: str | Path) -> tuple[str, ...]:
@@ -156,7 +163,6 @@ def _resolve_profile(document: dict[str, Any], profile: str | None, directory: P
             resolved = _resolve(apply_profile(document, profile), directory, document)
         except SpecError as error:
             raise error.mapped(lambda p: locate(p, document["profiles"][profile], profile)) from None
-    _check_baseline_named(resolved, profile, document)
     return resolved
 
 
@@ -271,14 +277,26 @@ def _baseline(spec: SweepSpec, variants: tuple[Variant, ...]) -> str:
     return named.name
 
 
-def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved: _Resolved) -> Sweep:
-    spec = resolved.spec
+def _seeds(spec: SweepSpec) -> tuple[SeedsSpec | None, tuple[int, ...]]:
+    """The seeds policy (or None) and every seed the sweep may use."""
     policy = spec.seeds if isinstance(spec.seeds, SeedsSpec) else None
-    seeds = policy.seeds if policy is not None else tuple(spec.seeds)
-    variants = expand(resolved.base, resolved.base_fields, points(resolved.axes, resolved.explicit), seeds,
-                      spec.train, spec.match)
+    return policy, policy.seeds if policy is not None else tuple(spec.seeds)
+
+
+def _variants(path: Path, profile: str | None, resolved: _Resolved) -> tuple[Variant, ...]:
+    """The variants of the resolved sweep; a UserError naming the rules that rejected them when none is valid."""
+    spec = resolved.spec
+    variants = expand(resolved.base, resolved.base_fields, points(resolved.axes, resolved.explicit),
+                      _seeds(spec)[1], spec.train, spec.match)
     if not any(v.ok for v in variants):
         raise UserError(f"{path}: no valid variant{_profile_note(profile)}: " + _summarise(variants))
+    return variants
+
+
+def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved: _Resolved,
+           variants: tuple[Variant, ...]) -> Sweep:
+    spec = resolved.spec
+    policy, seeds = _seeds(spec)
     try:
         baseline = _baseline(spec, variants)
     except SpecError as error:
@@ -312,5 +330,24 @@ def _profile_note(profile: str | None) -> str:
 
 
 def _summarise(variants: tuple[Variant, ...], limit: int = 3) -> str:
-    shown = "; ".join(f"{v.name}: {v.reason}" for v in variants[:limit])
-    return shown + (f"; and {len(variants) - limit} more" if len(variants) > limit else "")
+    """Why the variants were rejected, one rule at a time with the swept value it names and the
+    variants it rejected: 'num_experts_per_token=9: num_experts_per_token must be in [1, num_experts=8) (top9)'."""
+    by_reason: dict[str, list[Variant]] = {}
+    for variant in variants:
+        by_reason.setdefault(variant.reason or variant.status, []).append(variant)
+    parts = []
+    for reason, group in list(by_reason.items())[:limit]:
+        names = [v.name for v in group]
+        shown = ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+        parts.append(f"{_swept_values(reason, group)}{reason} ({shown})")
+    rest = len(by_reason) - limit
+    return "; ".join(parts) + (f"; and {rest} more reason{'s' if rest != 1 else ''}" if rest > 0 else "")
+
+
+
+def _swept_values(reason: str, group: list[Variant]) -> str:
+    """'field=value: ' for each swept field the reason names, when every variant of the group has that value."""
+    first = group[0].overrides
+    named = [k for k in first if re.search(rf"\b{re.escape(k)}\b", reason)
+             and all(v.overrides.get(k) == first[k] for v in group)]
+    return "".join(f"{k}={first[k]}: " for k in named)

@@ -188,7 +188,7 @@ def sweep_totals(metrics: dict) -> str:
 
 def variant_table_lines(rows: list[dict], metric: str) -> list[str]:
     lines = [f"| variant | seeds | final {metric} (mean ± std) | total params | active params "
-             "| tokens/s (per trial) | tokens trained |", "|---|---|---|---|---|---|---|"]
+             "| tokens/s (per trial, run average) | tokens trained |", "|---|---|---|---|---|---|---|"]
     for row in rows:
         mean, std = row[f"{metric}_mean"], row[f"{metric}_std"]
         spread = f" ± {fmt(std, '.4f')}" if row["seeds"] > 1 else " (one seed)"

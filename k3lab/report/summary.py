@@ -103,9 +103,12 @@ def paired_table(comparisons: list[stats.Comparison], metric: str, baseline: str
     return table
 
 
+RUN_AVERAGE_TPS = "tokens/s (run average)"  # tokens trained / time training (the live table: the last window)
+
+
 def summary_table(rows: list[dict], metric: str = "val_loss", title: str = "sweep summary") -> Table:
     table = Table(title=title)
-    for column in ("variant", "seeds", metric, "params", "active", "tokens/s", "status"):
+    for column in ("variant", "seeds", metric, "params", "active", RUN_AVERAGE_TPS, "status"):
         table.add_column(column, justify="left" if column in ("variant", "status") else "right")
     for row in rows:
         mean, std = row[f"{metric}_mean"], row[f"{metric}_std"]

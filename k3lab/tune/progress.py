@@ -1,11 +1,21 @@
-"""A live rich table of a sweep's trials, fed by Ray Tune's callbacks on the driver.
+"""A sweep's progress, fed by Ray Tune's callbacks on the driver: a live rich table on a terminal,
+else plain lines.
+
+    mode "live":  the table, redrawn in place on stderr (stdout and stderr are terminals)
+    mode "lines": one line on stdout when a trial starts, evaluates, restarts or ends, with its
+                  figures (stdout piped to a file or `tee`, or --no-live): a log reads in order
+                  and nothing is drawn over anything else
 
 On `--resume` the table starts from what the earlier run got to (`show_earlier`):
 Tune does not call back for trials it finished before, so they would stay "pending".
+A finished trial restored from its final checkpoint reports no metrics of its own; its
+figures then come from its MLflow run, as the summary's do (`finished_figures`).
 """
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 from pathlib import Path
 
@@ -15,8 +25,15 @@ from rich.live import Live
 from rich.table import Table
 
 from k3lab.registry.plan import profile_label
+from k3lab.tune.status import first_error_line
 
 DONE_STATUSES = ("done", "stopped early", "diverged", "error")
+LAST_WINDOW_TPS = "tokens/s (last window)"  # the trial's latest log window (the summary: its run average)
+
+
+def progress_mode(live: bool) -> str:
+    """"live" when asked for and both stdout and stderr are terminals, else "lines"."""
+    return "live" if live and sys.stdout.isatty() and sys.stderr.isatty() else "lines"
 
 
 def earlier_trials(tune_dir: Path) -> list:
@@ -28,14 +45,16 @@ def earlier_trials(tune_dir: Path) -> list:
 
 
 class SweepProgress(tune.Callback):
-    def __init__(self, sweep, specs: dict, live: bool = True):
-        self.sweep, self.specs, self.live = sweep, specs, live
+    def __init__(self, sweep, specs: dict, mode: str = "live", tracking_uri: str | None = None, say=None):
+        self.sweep, self.specs, self.mode, self.tracking_uri = sweep, specs, mode, tracking_uri
+        self.say = say or (lambda line: print(line, flush=True))
         self.rows = {key: _pending() for key in specs}
         self.started = time.time()
-        self._live = Live(self.table(), refresh_per_second=2, console=Console(stderr=True)) if live else None
+        self._live = (Live(self.table(), refresh_per_second=2, console=Console(stderr=True))
+                      if mode == "live" else None)
 
     def __getstate__(self):  # Tune pickles its callbacks with the experiment state: no live display there
-        return self.__dict__ | {"_live": None}
+        return self.__dict__ | {"_live": None, "say": None}
 
     def __enter__(self):
         if self._live:
@@ -50,20 +69,37 @@ class SweepProgress(tune.Callback):
     def _row(self, trial) -> dict:  # a seeds policy starts trials the table did not list at first
         return self.rows.setdefault(trial.config["trial"], _pending())
 
+    def _name(self, trial) -> str:
+        key = trial.config["trial"]
+        return self.specs[key].name if key in self.specs else key
+
     def on_trial_start(self, iteration, trials, trial, **info):
         self._row(trial)["status"] = "running"
+        self._line(trial, "started")
         self._refresh()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self._show_result(self._row(trial), result)
+        row = self._row(trial)
+        self._show_result(row, result)
+        if row["step"] < self.sweep.train.steps:  # the last evaluation is shown as the trial's end
+            self._line(trial, f"step {self._steps(row)}: {self._figures(row)}")
         self._refresh()
 
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self._line(trial, "crashed: restarting from its last checkpoint")
+
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._row(trial)["status"] = completed_status(trial.last_result or {})
+        row = self._row(trial)
+        row["status"] = completed_status(trial.last_result or {})
+        if row["status"] == "done":
+            self._show_result(row, trial.last_result or {})
+        self._line(trial, f"{row['status']} at step {self._steps(row)}: {self._figures(row)}")
         self._refresh()
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._row(trial)["status"] = "error"
+        row = self._row(trial)
+        row["status"] = "error"
+        self._line(trial, f"error at step {self._steps(row)}: {first_error_line(trial)[:300]}")
         self._refresh()
 
     def show_earlier(self, trials) -> None:
@@ -72,19 +108,35 @@ class SweepProgress(tune.Callback):
             key = trial.config.get("trial")
             if key not in self.specs or not trial.last_result:
                 continue
-            self._show_result(self._row(trial), trial.last_result)
+            row = self._row(trial)
+            self._show_result(row, trial.last_result)
             if trial.status == "TERMINATED":
-                self.rows[key]["status"] = completed_status(trial.last_result)
+                row["status"] = completed_status(trial.last_result)
+                self._line(trial, f"{row['status']} in an earlier run, at step {self._steps(row)}: "
+                                  f"{self._figures(row)}")
         self._refresh()
 
     def unfinished(self) -> list[str]:
         """Trials that have not come to an end (after Tune returns: it was interrupted)."""
         return [key for key, row in self.rows.items() if row["status"] not in DONE_STATUSES]
 
-    @staticmethod
-    def _show_result(row: dict, result: dict) -> None:
+    def _show_result(self, row: dict, result: dict) -> None:
+        result = finished_figures(result, self.tracking_uri, self.sweep.metric.name)
         row.update(step=result.get("done_steps", row["step"]), loss=result.get("train_loss"),
                    val=result.get("val_loss"), tps=result.get("tokens_per_s"))
+
+    def _steps(self, row: dict) -> str:
+        return f"{row['step']}/{self.sweep.train.steps}"
+
+    @staticmethod
+    def _figures(row: dict) -> str:
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        return (f"train loss {fmt(row['loss'], '.3f')}, val loss {fmt(row['val'], '.4f')}, "
+                f"{fmt(row['tps'], ',.0f')} {LAST_WINDOW_TPS}")
+
+    def _line(self, trial, text: str) -> None:
+        if self.mode == "lines":
+            self.say(f"{time.time() - self.started:5.0f}s  {self._name(trial)} {text}")
 
     def _refresh(self):
         if self._live:
@@ -94,12 +146,12 @@ class SweepProgress(tune.Callback):
         steps = self.sweep.train.steps
         elapsed = time.time() - self.started
         table = Table(title=f"{self.sweep.name} ({profile_label(self.sweep)}) - {elapsed:.0f}s")
-        for column in ("trial", "status", "step", "train loss", "val loss", "tokens/s"):
+        for column in ("trial", "status", "step", "train loss", "val loss", LAST_WINDOW_TPS):
             table.add_column(column, justify="left" if column in ("trial", "status") else "right")
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         for key, row in self.rows.items():
-            table.add_row(self.specs[key].name, row["status"], f"{row['step']}/{steps}", fmt(row["loss"], ".3f"),
-                          fmt(row["val"], ".4f"), fmt(row["tps"], ",.0f"))
+            table.add_row(self.specs[key].name if key in self.specs else key, row["status"], f"{row['step']}/{steps}",
+                          fmt(row["loss"], ".3f"), fmt(row["val"], ".4f"), fmt(row["tps"], ",.0f"))
         return table
 
 
@@ -114,3 +166,24 @@ def completed_status(result: dict) -> str:
     if result.get("done_steps", 0) < result.get("total_steps", 1):
         return "stopped early"
     return "done"
+
+
+FIGURES = ("train_loss", "val_loss", "tokens_per_s")
+
+
+def finished_figures(result: dict, tracking_uri: str | None, metric: str) -> dict:
+    """`result` itself, unless it is the report of a finished trial that carries no real figures
+    (one restored from its final checkpoint, with nothing left to train, reported its metric as
+    inf before k3lab read them from its run): then the figures its MLflow run holds."""
+    value = result.get(metric)
+    real = isinstance(value, (int, float)) and math.isfinite(value) and all(result.get(k) is not None for k in FIGURES)
+    run_id = result.get("mlflow_run_id")
+    if real or result.get("trial_status") != "finished" or not tracking_uri or not run_id:
+        return result
+    try:
+        from k3lab.store.runs import get_run
+
+        metrics = get_run(tracking_uri, run_id).data.metrics
+    except Exception:  # the table is not worth failing a sweep for: it keeps what Tune has
+        return result
+    return result | {k: metrics[k] for k in FIGURES if k in metrics}

@@ -74,13 +74,35 @@ class TrialReporter:
         if result.status != FINISHED:
             self.report(diverged_report(self.spec, result, run_id), checkpoint=None)
             return
-        metrics = self.held or diverged_report(self.spec, result, run_id) | self.extra
+        metrics = (self.held or self.figures_from_run(result, run_id)
+                   or diverged_report(self.spec, result, run_id) | self.extra)
         checkpoint = self.checkpoint_type.from_directory(self.held_directory) if self.held_directory else None
         try:
             self.send(metrics, checkpoint)
         finally:
             if self.held_directory:
                 shutil.rmtree(self.held_directory, ignore_errors=True)
+
+
+    def figures_from_run(self, result, run_id: str | None) -> dict | None:
+        """The report of a finished trial restored from its final checkpoint (it trained and evaluated
+        nothing now): its last evaluation's figures, from its MLflow run, so Tune's record and the live
+        table show the real ones. None when the run does not have the sweep's metric."""
+        if self.tracker is None or not run_id:
+            return None
+        try:
+            metrics = self.tracker.client.get_run(run_id).data.metrics
+        except Exception:  # Tune still gets a report that ends the trial (the worst value)
+            return None
+        if self.spec.metric not in metrics:
+            return None
+        figures = {k: metrics[k] for k in EVAL_REPORT if k in metrics}
+        return figures | {RUN_ID_KEY: run_id, "variant": self.spec.variant_name, "trial_status": "finished",
+                          "seed": self.spec.seed, "done_steps": result.step, "step": result.step,
+                          "total_steps": self.spec.train.steps} | self.extra
+
+
+EVAL_REPORT = ("val_loss", "val_bpb", "train_loss", "tokens", "tokens_per_s")  # an evaluation's figures
 
 
 def report_metrics(spec, trainer, metrics: dict, tracker) -> dict:

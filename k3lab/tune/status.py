@@ -31,7 +31,7 @@ class MLflowStatusCallback(tune.Callback):
         if not run_id:
             return
         status = final_status(result, errored)
-        tags = runs.error_tags(_first_error_line(trial)) if errored and trial.error_file else {}
+        tags = runs.error_tags(first_error_line(trial)) if errored and trial.error_file else {}
         if status == "KILLED":
             tags |= runs.stopped_tags(result.get("done_steps"))
         runs.close_run(self.tracking_uri, run_id, status, tags)
@@ -43,10 +43,10 @@ class MLflowStatusCallback(tune.Callback):
         self._close(trial, errored=True)
 
 
-def _first_error_line(trial) -> str:
+def first_error_line(trial) -> str:
     try:
         with open(trial.error_file) as handle:
             lines = [line.strip() for line in handle if line.strip()]
         return (lines[-1] if lines else "error")[:5000]
-    except OSError:
+    except (OSError, TypeError):  # TypeError: no error file named
         return "error (no error file)"

@@ -20,6 +20,7 @@ from k3lab.tune.kernels import cache_env, kernel_shapes, shipped_line, use_kerne
 from k3lab.tune.logs import library_logs
 from k3lab.tune.parent import ParentRun, record_sweep
 from k3lab.tune.preflight import Preflight, run_preflight
+from k3lab.tune.reaper import Watchdog, end_leftovers
 from k3lab.tune.run import SweepRun, check_experiment_dir, discard_earlier_run
 from k3lab.tune.trial import TrialSpec, tune_trainable
 
@@ -213,10 +214,12 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
     """Run (or resume) the sweep; returns the report summary (see `k3lab.report.summary`).
 
     Everything that can be checked is checked first (`check_experiment_dir`, the preflight);
-    only then is the parent MLflow run opened, and whatever happens after, it is closed."""
+    only then is the parent MLflow run opened, and whatever happens after, it is closed.
+    Before that, what an earlier run's killed driver left of its Ray instance is ended."""
     from k3lab.report.summary import build_report
     from k3lab.tune.seeds import report_options
 
+    end_leftovers(run.ray_record, say=say)
     check_experiment_dir(run)
     run_preflight(sweep_preflight(run, progress=live))
     if run.uses_gpus:
@@ -224,22 +227,26 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
     if run.overwrite:
         discard_earlier_run(run)
     sweep = run.sweep
-    with library_logs(None if run.verbose else run.log_file, ray=True), ray_session(run), ParentRun(run) as parent:
-        if not run.resume:
-            record_sweep(run, parent)
-        errors, hardware = run_trials(run, parent.run_id, live, say)
-        summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
-                               out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline,
-                               variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep))
-        for path in summary["files"]:
-            parent.log_artifact(path, "report")
-        if not run.resume:  # a resume's wall time is only its own part: no efficiency figures
-            summary["efficiency"] = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id),
-                                                     time.time() - parent.started, hardware["gpus"],
-                                                     hardware.get("device_name"), hardware.get("seconds", 0.0))
-            parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k != "sweep_wall_s"})
-        parent.log_metrics({"trials_failed": len(errors)})
-        parent.status = "FINISHED" if not errors else "FAILED"
+    with library_logs(None if run.verbose else run.log_file, ray=True):
+        say(f"MLflow {run.tracking_uri} (experiment {run.experiment}); Tune state in {run.tune_dir}")
+        if not run.verbose:  # named here, once the checks have passed and the file exists
+            say(f"Ray and MLflow notices: {run.log_file}")
+        with ray_session(run), ParentRun(run) as parent:
+            if not run.resume:
+                record_sweep(run, parent)
+            errors, hardware = run_trials(run, parent.run_id, live, say)
+            summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
+                                   out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline,
+                                   variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep))
+            for path in summary["files"]:
+                parent.log_artifact(path, "report")
+            if not run.resume:  # a resume's wall time is only its own part: no efficiency figures
+                summary["efficiency"] = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id),
+                                                         time.time() - parent.started, hardware["gpus"],
+                                                         hardware.get("device_name"), hardware.get("seconds", 0.0))
+                parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k != "sweep_wall_s"})
+            parent.log_metrics({"trials_failed": len(errors)})
+            parent.status = "FINISHED" if not errors else "FAILED"
     summary["errors"] = errors
     summary["parent_run_id"] = parent.run_id
     return summary
@@ -251,12 +258,29 @@ def ray_session(run: SweepRun):
     opened; shut down on the way out, whatever happens."""
     import ray
 
+    watchdog = None
     try:
+        if not run.on_cluster:  # a Ray instance of the sweep's own: it ends with this process (k3lab.tune.reaper)
+            watchdog = Watchdog.start(run.ray_record, run.log_file)
         start_ray(run)
+        if watchdog is not None:
+            watchdog.session(ray_session_dir())
         check_cluster_fits(run.sweep, ray.cluster_resources())
         yield
     finally:
         ray.shutdown()
+        if watchdog is not None:
+            watchdog.close()
+
+
+def ray_session_dir() -> str | None:
+    """The session folder of the Ray instance this process started (/tmp/ray/session_...), if known."""
+    try:
+        from ray._private import worker
+
+        return worker._global_node.get_session_dir_path()
+    except Exception:  # a private API: only for the watchdog's record and messages
+        return None
 
 
 def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print) -> tuple[list[str], dict]:
@@ -265,11 +289,11 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print) -> tupl
     "seconds" of warm-up}). Raises KeyboardInterrupt when Tune stopped on Ctrl-C with trials left."""
     import ray
 
-    from k3lab.tune.progress import SweepProgress, earlier_trials
+    from k3lab.tune.progress import SweepProgress, earlier_trials, progress_mode
     from k3lab.tune.status import MLflowStatusCallback
 
     specs = trial_specs(run, parent_run_id)
-    progress = SweepProgress(run.sweep, specs, live=live)
+    progress = SweepProgress(run.sweep, specs, mode=progress_mode(live), tracking_uri=run.tracking_uri, say=say)
     searcher = None
     if run.sweep.adaptive:  # seeds until resolved: a Searcher picks the trials (k3lab.tune.seeds)
         from k3lab.tune.seeds import build_searcher
