@@ -11,15 +11,18 @@ import re
 from pathlib import Path
 
 
-def replace_section(path: str | Path, name: str, body: str, header: str = "") -> None:
-    """Write `body` as the section `name` of `path`, replacing an earlier one of that name."""
+def replace_section(path: str | Path, name: str, body: str, header: str = "") -> bool:
+    """Write `body` as the section `name` of `path`, replacing an earlier one of that name
+    (returns True) or added at the end (False)."""
     path = Path(path)
     section = f"<!-- section:{name} -->\n{body.strip()}\n<!-- /section:{name} -->\n"
     text = path.read_text() if path.exists() else header
     pattern = re.compile(rf"<!-- section:{re.escape(name)} -->.*?<!-- /section:{re.escape(name)} -->\n", re.S)
-    if pattern.search(text):
+    replaced = bool(pattern.search(text))
+    if replaced:
         text = pattern.sub(lambda _: section, text)
     else:
         text = text.rstrip("\n") + ("\n\n" if text.strip() else "") + section
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+    return replaced

@@ -44,7 +44,7 @@ def test_profile_none_previews_the_top_level_settings_with_their_seed_count(swee
 
 
 def test_sweep_prints_the_same_header_before_it_starts(tmp_path, sweep_file, monkeypatch, capsys):
-    def stop(run, live):  # the header is printed; what the sweep then does is tested elsewhere
+    def stop(run, live, say):  # the header is printed; what the sweep then does is tested elsewhere
         raise KeyboardInterrupt
 
     monkeypatch.setattr("k3lab.tune.sweep.run_sweep", stop)
@@ -81,3 +81,37 @@ def test_a_warmup_within_the_steps_needs_no_note(tmp_path, capsys):
     path = short_sweep(tmp_path, "{steps: 10, seq_len: 32, warmup_steps: 10}")
     assert main(["variants", str(path)]) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_every_variant_the_plan_drops_is_named_with_the_reason_before_a_sweep_runs(tmp_path, monkeypatch, capsys):
+    """A duplicate and a rejected variant: `k3lab variants`, `sweep --dry-run` and `sweep` itself name
+    each in the plan, with the reason the variants table gives, before anything runs."""
+    path = tmp_path / "dropped.yaml"
+    path.write_text(mini_sweep("dropped", "x").replace("attn_res_block_size: [off, 1]", "attn_res_block_size: [1, 1]")
+                    + "variants: [{name: wide_topk, num_experts_per_token: 100000}]\n")
+    expected = ["dropped (top-level settings): 1 variants x 1 seeds = 1 trials, 8 steps of 64 tokens",
+                "not run: attnres_bs1_2 (duplicate of attnres_bs1)",
+                "not run: wide_topk (rejected: num_experts_per_token must be in [1, num_experts=8))"]
+    assert main(["variants", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[:3] == expected
+    assert "duplicate of attnres_bs1" in out.split(expected[-1])[1]  # and the table still lists it
+    assert main(["sweep", str(path), "--dry-run", "--storage", str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out.splitlines()[:3] == expected
+
+    def stop(run, live, say):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("k3lab.tune.sweep.run_sweep", stop)
+    assert main(["sweep", str(path), "--storage", str(tmp_path / "runs")]) == 130
+    assert capsys.readouterr().out.splitlines()[:3] == expected
+
+
+def test_a_long_list_of_dropped_variants_is_cut_with_where_to_see_them_all(tmp_path, capsys):
+    path = tmp_path / "many.yaml"
+    path.write_text(mini_sweep("many", "x") + "variants: [" + ", ".join(
+        f"{{name: k{k}, num_experts_per_token: {k}}}" for k in range(100, 112)) + "]\n")
+    assert main(["variants", str(path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("not run:")]
+    assert len(lines) == 11 and lines[0].startswith("not run: k100 (rejected: num_experts_per_token must be")
+    assert lines[-1] == f"not run: 2 more (k3lab variants {path} lists every variant)"

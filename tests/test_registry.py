@@ -165,7 +165,14 @@ ERRORS = {
     "profile_axis": (MINIMAL + "profiles:\n  gpu:\n    axes: {attn_res_block_size: [4, huge]}\n",
                      ["profiles.gpu.axes.attn_res_block_size[1]: expected a block size"]),
     "all_invalid": ("name: t\nbase: tiny\naxes: {num_experts_per_token: [8, 9]}\n",
-                    ["no valid variant", "top8: num_experts_per_token must be in"]),
+                    ["no valid variant: num_experts_per_token must be in [1, num_experts=8) (top8, top9)"]),
+    # the rule that rejected every variant, with the swept value it names; not the baseline's name,
+    # which no longer matches a variant once the axis is added (validity is checked first)
+    "all_invalid_with_a_baseline": ("name: t\nbase: tiny\naxes:\n  attn_res_block_size: [off, 2, 4, 8, full]\n"
+                                    "  num_experts_per_token: [100000]\nbaseline: attnres_off\n",
+                                    ["no valid variant: num_experts_per_token=100000: num_experts_per_token must be "
+                                     "in [1, num_experts=8) (attnres_off_top100000, attnres_bs2_top100000, "
+                                     "attnres_bs4_top100000 and 2 more)"]),
     "unknown_baseline": (MINIMAL + "baseline: attnres_bs4\n",
                          ["baseline: no variant named 'attnres_bs4' (variants: attnres_off, attnres_bs2)"]),
     "profile_drops_baseline": (MINIMAL + "baseline: attnres_bs2\nprofiles: {cpu: {axes: {attn_res_block_size: [off, 4]}}}\n",

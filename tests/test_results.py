@@ -230,6 +230,12 @@ def test_report_command_writes_markdown_with_plots_beside_it(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "paired by seed" in out and "attnres_bs1" in out
+    folder = markdown.parent / "results" / "mini"
+    # it says what it wrote and where: the file and its section, the plots and their folder
+    assert out.splitlines()[-1] == (
+        f"wrote {markdown}: section mini (added), linking 4 plots copied to {folder}/ (loss_curves.png, "
+        "val_loss_by_variant.png, val_loss_vs_params.png, val_loss_vs_baseline.png)")
+    assert sorted(p.name for p in folder.iterdir()) == sorted(out.splitlines()[-1].split("(")[-1][:-1].split(", "))
     text = markdown.read_text()
     assert text.startswith("# Results\n") and "<!-- section:mini -->" in text
     assert "| attnres_bs1 | 2/2 | -0.0750 |" in text
@@ -240,6 +246,7 @@ def test_report_command_writes_markdown_with_plots_beside_it(tmp_path, capsys):
     # plots written straight into the folder the markdown links to
     assert main(args + ["--out", str(markdown.parent / "results" / "mini")]) == 0
     assert all((markdown.parent / link).stat().st_size > 1000 for link in links)
+    assert f"wrote {markdown}: section mini (replaced), linking 4 plots" in capsys.readouterr().out
 
 
 def test_report_refuses_an_unknown_baseline(tmp_path, capsys):

@@ -315,9 +315,11 @@ def run_report(args) -> int:
     summary = build_report(run.tracking_uri, parent_run_id, metric, sweep.metric.mode, out_dir=out,
                            baseline=args.baseline or sweep.baseline,
                            variant_order=[v.name for v in sweep.valid_variants], **options)
-    if args.markdown:
-        write_results_markdown(args, run, parent_run_id, summary)
-    print_summary(wide_console(), run, summary)
+    written = write_results_markdown(args, run, parent_run_id, summary) if args.markdown else None
+    console = wide_console()
+    print_summary(console, run, summary)
+    if written is not None:
+        console.print(written, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -351,9 +353,10 @@ def run_ui(args) -> int:
     os.execv(mlflow, [mlflow, "server", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)])
 
 
-def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> None:
+def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> str:
     """The sweep's section of the markdown file, with its plots copied into a folder beside it
-    (docs/results.md -> docs/results/<experiment>/*.png) and linked from the section."""
+    (docs/results.md -> docs/results/<experiment>/*.png) and linked from the section.
+    Returns the line that says what it wrote, and where."""
     from k3lab.markdown import replace_section
     from k3lab.report.results import copy_plots, load_parent, results_markdown
 
@@ -362,4 +365,9 @@ def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> None
     title = f"{run.experiment}: {run.sweep.description}" if run.sweep.description else run.experiment
     body = results_markdown(summary, load_parent(run.tracking_uri, parent_run_id), title,
                             report_command=args.command_line, gpu_log=args.gpu_log, plots=plots)
-    replace_section(markdown, run.experiment, body, header="# Results\n")
+    replaced = replace_section(markdown, run.experiment, body, header="# Results\n")
+    folder = markdown.parent / markdown.stem / run.experiment
+    names = ", ".join(Path(p).name for p in plots)
+    return (f"wrote {markdown}: section {run.experiment} ({'replaced' if replaced else 'added'})"
+            + (f", linking {len(plots)} plot{'s' if len(plots) != 1 else ''} copied to {folder}/ ({names})"
+               if plots else " (no plots)"))
