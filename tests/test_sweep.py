@@ -80,9 +80,10 @@ def test_unreachable_tracking_server_is_reported_before_any_trial(tmp_path, swee
     args = ["sweep", str(sweep_file), "--storage", str(tmp_path / "runs"), "--no-live",
             "--tracking-uri", "http://127.0.0.1:9"]
     assert main(args) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "the MLflow server does not answer" in err and err.count("\n") == 1
     assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+    assert str(tmp_path / "runs") not in out  # and no message names a file that is not there
 
 
 def test_dry_run_lists_trials_and_starts_nothing(tmp_path, sweep_file, capsys):
@@ -193,6 +194,26 @@ def test_sweep_header_counts_variants_seeds_and_trials(finished_sweep):
     assert header == "mini (top-level settings): 2 variants x 1 seeds = 2 trials, 8 steps of 64 tokens"
 
 
+def test_piped_sweep_output_is_progress_lines_then_tables_each_on_lines_of_their_own(finished_sweep):
+    """stdout is a pipe here (as with `| tee log`): a line per trial start, evaluation and end, in
+    order, no live table anywhere, and every table's title and borders on lines of their own."""
+    folder, done = finished_sweep
+    lines = done.stdout.splitlines()
+    progress = [line.split("s  ", 1)[1] for line in lines if "-s0 " in line and "s  " in line]
+    for name in ("attnres_off-s0", "attnres_bs1-s0"):
+        mine = [line for line in progress if line.startswith(name)]
+        assert [line.split(" ")[1] for line in mine] == ["started", "step", "done"], mine
+        assert mine[1].startswith(f"{name} step 4/8: train loss ") and mine[2].startswith(f"{name} done at step 8/8:")
+        assert mine[2].endswith(" tokens/s (last window)") and "val loss -" not in mine[2]
+    assert "┏" not in done.stderr and "┃" not in done.stderr  # no table drawn on stderr
+    for line in lines:  # a border is never glued to anything
+        for border in "┏└┡":
+            assert border not in line or line.startswith(border), line
+    assert "mini: final val_loss" in [line.strip() for line in lines]
+    assert "tokens/s (run average)" in done.stdout
+    assert not (folder / "runs" / "mini.ray.json").exists()  # its watchdog is done: nothing left of Ray
+
+
 def test_sweep_keeps_ray_and_mlflow_notices_in_its_log_file(finished_sweep):
     folder, done = finished_sweep
     assert "Token authentication" not in done.stderr and "mlflow" not in done.stderr.lower()
@@ -208,11 +229,12 @@ def test_resume_of_a_finished_sweep_shows_its_trials_done_and_keeps_the_first_wa
     first_wall = parent.data.metrics["sweep_wall_s"]
     args = [a for a in sweep_args(folder, folder / "mini.yaml", "--resume") if a != "--no-live"]
     assert main(args) == 0
-    table = capfd.readouterr().err
-    assert "pending" not in table
-    for run in runs:  # each trial's row: done, every step, its final validation loss
-        row = next(line for line in table.splitlines() if f"{run.data.tags['k3lab.variant_name']}-s0" in line)
-        assert "done" in row and "8/8" in row and f"{run.data.metrics['val_loss']:.4f}" in row
+    out = capfd.readouterr().out  # not a terminal: the progress lines
+    assert "started" not in out
+    for run in runs:  # each trial's line: done, every step, its final validation loss
+        line = next(line for line in out.splitlines() if f"{run.data.tags['k3lab.variant_name']}-s0 " in line)
+        assert f"done in an earlier run, at step 8/8: train loss {run.data.metrics['train_loss']:.3f}, val loss " \
+               f"{run.data.metrics['val_loss']:.4f}" in line
     parent = client.get_run(parent.info.run_id)
     assert parent.data.metrics["sweep_wall_s"] == first_wall
     assert parent.data.metrics["resume_wall_s"] > 0
@@ -288,3 +310,90 @@ def test_reused_trial_processes_run_the_next_trial_cleanly_and_to_the_same_resul
     _, _, fresh = trial_runs(finished_sweep[0])  # the same sweep, each trial in a new process
     final = {r.data.tags["k3lab.variant_name"]: r.data.metrics["final_val_loss"] for r in runs}
     assert final == {r.data.tags["k3lab.variant_name"]: r.data.metrics["final_val_loss"] for r in fresh}
+
+
+def ray_processes_of(driver: int) -> dict[int, int]:
+    """{pid: start time} of every process under a driver: its Ray instance (and the watchdog)."""
+    from k3lab.tune import reaper
+
+    return reaper.descendants(driver)
+
+
+def test_a_driver_killed_with_sigkill_leaves_no_ray_process_and_resume_shows_its_finished_trial(
+        tmp_path, sweep_file, data_dir, capsys):
+    """kill -9 of `k3lab sweep` just after its first trial ended: every process of its Ray instance
+    (Ray's agents outlast SIGTERM) is gone soon after, and --resume shows that trial done with the
+    figures its MLflow run holds (Tune may run it again from its final checkpoint: nothing to train)."""
+    import signal
+    import threading
+    import time
+
+    from k3lab.tune import reaper
+
+    if not reaper.supported():
+        pytest.skip("needs /proc (Linux)")
+    sweep_file.write_text(sweep_file.read_text().replace("steps: 8,", "steps: 40,").replace("eval_interval: 4",
+                                                                                             "eval_interval: 20"))
+    env = {k: v for k, v in os.environ.items() if k != "K3LAB_FAIL_AT_STEP"}
+    env |= {"PYTHONPATH": str(REPO), "K3LAB_DATA_DIR": str(data_dir)}
+    driver = subprocess.Popen([sys.executable, "-m", "k3lab.cli", *sweep_args(tmp_path, sweep_file,
+                                                                                  "--max-concurrent", "1")],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    timer = threading.Timer(600, driver.kill)  # whatever happens, the driver does not outlive the test
+    timer.start()
+    instance: dict[int, int] = {}
+    try:
+        seen = []
+        for line in driver.stdout:
+            seen.append(line)
+            if "attnres_off-s0 done at step 40/40" in line:
+                break
+        assert seen and "done at step 40/40" in seen[-1], "".join(seen)
+        instance = ray_processes_of(driver.pid)
+        names = [reaper.name_of(pid) for pid in instance]
+        assert "raylet" in names and any(name.startswith("ray::") for name in names), names
+
+        def unrecorded() -> set[str]:  # the watchdog's record follows the instance (it looks every POLL_S)
+            record = reaper.read_record(tmp_path / "runs" / "mini.ray.json")
+            return set(map(str, ray_processes_of(driver.pid))) - set(record["processes"]) - {
+                str(record["watchdog"]["pid"])}
+
+        deadline = time.monotonic() + 10
+        while unrecorded() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not unrecorded()
+        instance |= ray_processes_of(driver.pid)
+        session = reaper.read_record(tmp_path / "runs" / "mini.ray.json")["session_dir"]
+        assert session and session.startswith("/")
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+
+        def left() -> list[str]:
+            by_tree = [f"{pid} {reaper.name_of(pid)}" for pid, start in instance.items() if reaper.is_alive(pid, start)]
+            by_session = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and reaper.start_time(int(p.name))
+                          and session in (p / "cmdline").read_bytes().decode(errors="replace")]
+            return by_tree + by_session
+
+        deadline = time.monotonic() + 3 * reaper.GRACE_S + 20
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left() == []
+        assert not (tmp_path / "runs" / "mini.ray.json").exists()
+        assert "ended without shutting Ray down; ended" in (tmp_path / "runs" / "mini.log").read_text()
+    finally:
+        timer.cancel()
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        for pid, start in instance.items():  # the test's own clean-up, should the watchdog have failed
+            if reaper.is_alive(pid, start):
+                os.kill(pid, signal.SIGKILL)
+    capsys.readouterr()
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 0
+    out = capsys.readouterr().out
+    client, _, runs = trial_runs(tmp_path)
+    first = next(r for r in runs if r.data.tags["k3lab.variant_name"] == "attnres_off")
+    line = next(line for line in out.splitlines() if "attnres_off-s0 done" in line)
+    assert f"at step 40/40: train loss {first.data.metrics['train_loss']:.3f}, val loss " \
+           f"{first.data.metrics['val_loss']:.4f}" in line, out
+    assert "inf" not in line and "ray: ended" not in out  # the watchdog had ended them: nothing left over

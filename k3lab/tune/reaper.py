@@ -259,12 +259,17 @@ def watch(driver: int, driver_start: int, record_path: Path, ray_dir: str, log_f
                 continue
             if parent in ours or pid in ours or is_ray_process(pid, ray_dir):
                 ours.add(pid)
-                if str(pid) not in record["processes"] or record["processes"][str(pid)]["start"] != started:
-                    record["processes"][str(pid)] = {"start": started, "name": name_of(pid)}
+                entry = {"start": started, "name": name_of(pid)}  # a worker renames itself 'ray::...' once up
+                if record["processes"].get(str(pid)) != entry:
+                    record["processes"][str(pid)] = entry
         if record != written:
             _write_record(record_path, record)
             written = json.loads(json.dumps(record))
     died = not is_alive(driver, driver_start)
+    for pid, started in list(_processes(record).items()):  # started since the last look: under one we know
+        if is_alive(pid, started):
+            for child, child_start in descendants(pid).items():
+                record["processes"].setdefault(str(child), {"start": child_start, "name": name_of(child)})
     ended = end_processes(_processes(record))
     if ended and log_file is not None:
         how = "ended without shutting Ray down" if died else "shut Ray down"
