@@ -39,3 +39,68 @@ def test_git_ignores_every_folder_a_run_writes(tmp_path):
 def test_readme_says_how_to_get_a_cpu_only_torch_and_keeps_the_quick_start_commands():
     assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in README
     assert all(f"```bash\n{command}\n```" in README for command in QUICK_START)
+
+
+def readme_sample():
+    """scripts/readme_sample.py, loaded by its path (scripts are run, not installed)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_sample", REPO / "scripts" / "readme_sample.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def readme_val_losses() -> dict[str, float]:
+    """variant -> val_loss, as the README's sample table shows them."""
+    rows = [line.split("│") for line in readme_sample().readme_table(README).splitlines() if line.startswith("│")]
+    return {cells[1].strip(): float(cells[3]) for cells in rows}
+
+
+def test_readme_sample_table_is_the_committed_runs_table_as_k3lab_prints_it_today():
+    """The README's table is the committed store's (docs/runs/attnres_block-cpu-*.db.xz) rendered by
+    today's table code, for today's variants of the quick-start sweep with today's parameter counts:
+    a hand edit, a new column or a model change that moves a count shows here."""
+    from k3lab.registry.counts import count
+    from k3lab.registry.sweep import load_sweep
+
+    sample = readme_sample()
+    store = sample.committed_store(README)
+    assert store.exists(), store
+    rows = sample.sample_rows(store)
+    assert sample.readme_table(README) == sample.render(rows), "run: python scripts/readme_sample.py --write"
+    sweep = load_sweep(sample.SWEEP_FILE, sample.PROFILE)
+    assert [row["variant"] for row in rows] == [v.name for v in sweep.valid_variants]
+    for row, variant in zip(rows, sweep.valid_variants):
+        counts = count(variant.config, sweep.train.seq_len)
+        assert (row["params_total"], row["params_active"]) == (counts.total, counts.active), variant.name
+        assert row["statuses"] == ["FINISHED"] and row["seeds"] == len(sweep.seeds)
+    assert (store.with_name(store.name.removesuffix(".db.xz") + ".sweep.log")).exists()  # the run's output
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("isolated_data")
+def test_readme_sample_baseline_val_loss_is_what_a_run_gives_today():
+    """CPU trials are deterministic: the baseline of the README's sample, trained again as the sweep
+    trains it (one thread, its seed, the cpu profile: ~30-50 s on one core), ends at the README's
+    val_loss. Bit for bit on the machine that made the sample; the tolerance (2 in the last digit
+    shown) allows another CPU's rounding. When it fails, the training changed: run the sweep again
+    and commit its store (scripts/readme_sample.py says how)."""
+    import torch
+
+    from k3lab.registry.sweep import load_sweep
+    from k3lab.tune.trial import TrialSpec, run_trial
+
+    sample = readme_sample()
+    sweep = load_sweep(sample.SWEEP_FILE, sample.PROFILE)
+    baseline = next(v for v in sweep.valid_variants if v.name == sweep.baseline)
+    spec = TrialSpec(variant_id=baseline.id, variant_name=baseline.name, seed=sweep.seeds[0],
+                     config=baseline.config.to_dict(), train=sweep.train, tracking_uri=None, experiment="readme")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(sweep.resources.cpu))  # as K3LAB_TRIAL_CPUS sets it in a sweep's trial
+    try:
+        result, _ = run_trial(spec, device=torch.device("cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    assert result.status == "finished"
+    assert abs(result.val_loss - readme_val_losses()[baseline.name]) <= 2e-4, result.val_loss
