@@ -125,12 +125,30 @@ def test_the_next_sweep_ends_what_an_earlier_killed_run_left_and_says_so_in_one_
 
 def test_a_sweep_of_the_same_experiment_that_still_runs_is_not_a_leftover(tmp_path):
     worker, started = stubborn_process()
+    driver, driver_start = stubborn_process()  # another process's sweep, still running
     record = tmp_path / "x.ray.json"
-    write_record(record, {worker.pid: started}, {"pid": os.getpid(), "start": reaper.start_time(os.getpid())})
+    write_record(record, {worker.pid: started}, {"pid": driver.pid, "start": driver_start})
     try:
-        with pytest.raises(UserError, match=f"a sweep of this experiment is running \\(driver PID {os.getpid()}\\)"):
+        with pytest.raises(UserError, match=f"a sweep of this experiment is running \\(driver PID {driver.pid}\\)"):
             reaper.end_leftovers(record, say=print)
         assert worker.poll() is None and record.exists()
     finally:
-        worker.kill()
-        worker.wait()
+        for process in (worker, driver):
+            process.kill()
+            process.wait()
+
+
+def test_an_earlier_sweep_of_this_same_process_is_over_its_leftovers_are_ended(tmp_path):
+    """Sweeps run one after another in one process (a notebook, the tests): a record naming this
+    process is what its earlier sweep left, not a sweep that runs."""
+    leftover, started = stubborn_process()
+    record = tmp_path / "x.ray.json"
+    write_record(record, {leftover.pid: started}, {"pid": os.getpid(), "start": reaper.start_time(os.getpid())})
+    said = []
+    try:
+        assert reaper.end_leftovers(record, say=said.append, grace_s=0.5) == [leftover.pid]
+        assert "(an earlier sweep of this process, Ray instance /tmp/ray/session_x)" in said[0]
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+        leftover.wait()

@@ -6,15 +6,16 @@ driver. `ray.shutdown()` ends them when the driver ends normally; when the drive
 (`kill -9`, out of memory) nothing does, and `ray::DashboardAgent` and `ray::RuntimeEnvAgent`
 stay alive for good (they outlast SIGTERM by more than 8 s).
 
-So beside the instance the driver starts a watchdog (`python -m k3lab.tune.reaper`, in a session
-of its own: Ctrl-C and a closed terminal do not reach it). It follows the driver's process tree
-every `POLL_S` seconds and keeps it in `<storage>/<experiment>.ray.json` (each process's PID, its
-start time and name, and the Ray session folder). When the driver ends, however it ends, the
-watchdog ends every process of that tree still alive, by PID (SIGTERM, then SIGKILL after
-`GRACE_S`), writes one line about it to the sweep's log and removes the record. A process
-is only ever ended when its PID still has the start time recorded with it (not a new process
-that got the PID), and only processes of this driver's tree are recorded: never a Ray
-instance that k3lab did not start.
+So before it starts Ray the driver starts a watchdog (`python -m k3lab.tune.reaper`, in a session
+of its own: Ctrl-C and a closed terminal do not reach it). Every `POLL_S` seconds it reads the
+driver's process tree and keeps the instance's processes in `<storage>/<experiment>.ray.json`
+(each one's PID, start time and name, and the Ray session folder): the driver's descendants that
+were not there when the watchdog started and are programs of the ray package, and everything
+under those. When the driver ends, however it ends, the watchdog ends each of them still alive,
+by PID (SIGTERM, then SIGKILL after `GRACE_S`), writes one line about it to the sweep's log and
+removes the record. A process is only ever ended when its PID still has the start time recorded
+with it (not a new process that got the PID); a Ray instance k3lab did not start, or another
+child of the driver (a test's services), is never recorded.
 
 Should the watchdog have been killed too, the record stays behind: the next `k3lab sweep` or
 `--resume` of the sweep (`end_leftovers`) ends the processes it names that still run and says
@@ -304,7 +305,8 @@ def end_leftovers(record_path: Path, say=print, grace_s: float = GRACE_S) -> lis
         record_path.unlink(missing_ok=True)
         return []
     driver, watchdog = record.get("driver", {}), record.get("watchdog", {})
-    if driver and is_alive(int(driver["pid"]), int(driver["start"])):
+    mine = bool(driver) and int(driver["pid"]) == os.getpid()  # an earlier sweep of this process: it has ended
+    if driver and not mine and is_alive(int(driver["pid"]), int(driver["start"])):
         raise UserError(f"{record_path}: a sweep of this experiment is running (driver PID {driver['pid']}): "
                         "wait for it to end, or stop it, before starting another")
     if watchdog and is_alive(int(watchdog["pid"]), int(watchdog["start"])):
@@ -314,9 +316,9 @@ def end_leftovers(record_path: Path, say=print, grace_s: float = GRACE_S) -> lis
         record = read_record(record_path) or record
     ended = end_processes(_processes(record), grace_s)
     if ended:
+        gone = "an earlier sweep of this process" if mine else f"driver PID {driver.get('pid', '?')} gone"
         say(f"ray: ended {len(ended)} process{'es' if len(ended) != 1 else ''} left by an earlier run of this "
-            f"sweep (driver PID {driver.get('pid', '?')} gone, Ray instance {record.get('session_dir') or '?'}): "
-            f"{_names(record, ended)}")
+            f"sweep ({gone}, Ray instance {record.get('session_dir') or '?'}): {_names(record, ended)}")
     record_path.unlink(missing_ok=True)
     return ended
 
