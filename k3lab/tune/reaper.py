@@ -191,7 +191,7 @@ class Watchdog:
         import ray
 
         record.parent.mkdir(parents=True, exist_ok=True)
-        record.unlink(missing_ok=True)
+        _remove(record)
         package_root = str(Path(__file__).resolve().parents[2])  # this k3lab, wherever it is imported from
         env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         command = [sys.executable, "-m", "k3lab.tune.reaper", str(os.getpid()), str(start_time(os.getpid())),
@@ -277,7 +277,7 @@ def watch(driver: int, driver_start: int, record_path: Path, ray_dir: str, log_f
         _log(log_file, f"k3lab: the sweep's driver (PID {driver}) {how}; ended {len(ended)} process"
                        f"{'es' if len(ended) != 1 else ''} of its Ray instance ({record['session_dir']}): "
                        f"{_names(record, ended)}")
-    record_path.unlink(missing_ok=True)
+    _remove(record_path)
 
 
 def _log(path: Path, line: str) -> None:
@@ -301,8 +301,8 @@ def end_leftovers(record_path: Path, say=print, grace_s: float = GRACE_S) -> lis
     from k3lab.errors import UserError
 
     record = read_record(record_path)
-    if record is None:
-        record_path.unlink(missing_ok=True)
+    if record is None:  # none, or unreadable (half written by a watchdog killed mid-write: nothing to go on)
+        _remove(record_path)
         return []
     driver, watchdog = record.get("driver", {}), record.get("watchdog", {})
     mine = bool(driver) and int(driver["pid"]) == os.getpid()  # an earlier sweep of this process: it has ended
@@ -319,8 +319,15 @@ def end_leftovers(record_path: Path, say=print, grace_s: float = GRACE_S) -> lis
         gone = "an earlier sweep of this process" if mine else f"driver PID {driver.get('pid', '?')} gone"
         say(f"ray: ended {len(ended)} process{'es' if len(ended) != 1 else ''} left by an earlier run of this "
             f"sweep ({gone}, Ray instance {record.get('session_dir') or '?'}): {_names(record, ended)}")
-    record_path.unlink(missing_ok=True)
+    _remove(record_path)
     return ended
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:  # e.g. a storage path below a file: the preflight that follows names it
+        pass
 
 
 def main(argv: list[str]) -> int:
