@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "k3lab.registry.commands",  # k3lab variants
     "k3lab.data.commands",  # k3lab data prepare|info
     "k3lab.commands.runs",  # k3lab train|sweep|report
+    "k3lab.commands.ui",  # k3lab ui
     "k3lab.commands.kernels",  # k3lab kernels warm|info
     "k3lab.bundle",  # k3lab bundle
     "k3lab.commands.export",  # k3lab export

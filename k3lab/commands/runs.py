@@ -1,4 +1,4 @@
-"""`k3lab train`, `k3lab sweep` and `k3lab report`."""
+"""`k3lab train`, `k3lab sweep` and `k3lab report` (`k3lab ui` is `k3lab.commands.ui`)."""
 
 from __future__ import annotations
 
@@ -69,12 +69,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--baseline", help="the variant the others are compared against, paired by seed "
                                             "(default: the sweep file's baseline)")
     report.set_defaults(func=run_report)
-
-    ui = subparsers.add_parser("ui", help="open the MLflow UI on k3lab's tracking store")
-    ui.add_argument("--tracking-uri", help="the store (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
-    ui.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    ui.add_argument("--port", type=int, default=5000)
-    ui.set_defaults(func=run_ui)
 
 
 # -- k3lab train -----------------------------------------------------------------------
@@ -334,23 +328,6 @@ def find_parent_run(run) -> str:
     if run_id is None:
         raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage} or in {run.tracking_uri}")
     return run_id
-
-
-def run_ui(args) -> int:
-    """`mlflow server` on the same store k3lab logs to, serving local artifacts."""
-    import os
-    import shutil
-
-    from k3lab.store.state import tracking_uri_or_default
-
-    uri = tracking_uri_or_default(args.tracking_uri)
-    if uri.startswith(("http://", "https://")):
-        raise UserError(f"--tracking-uri {uri} is already a server: open it in a browser")
-    mlflow = shutil.which("mlflow")
-    if mlflow is None:
-        raise UserError("the mlflow command is not installed in this environment")
-    print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C to stop)")
-    os.execv(mlflow, [mlflow, "server", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)])
 
 
 def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> str:

@@ -20,6 +20,7 @@ from k3lab.report import stats
 from k3lab.report.figures import pyplot, save_figure
 from k3lab.report.records import TrialRecord
 from k3lab.store import runs
+from k3lab.store.colours import variant_colours as palette
 
 
 def load_trials(tracking_uri: str, parent_run_id: str, curves=("train_loss", "val_loss")) -> list[TrialRecord]:
@@ -126,10 +127,10 @@ def file_order(names: Iterable[str], variant_order: Sequence[str]) -> list[str]:
     return sorted(set(names), key=lambda name: (position.get(name, len(position)), name))
 
 
-def variant_colours(variants: Sequence[str]) -> dict[str, tuple]:
-    """One colour per variant (in report order), the same in every plot."""
-    plt = pyplot()
-    return {variant: plt.get_cmap("tab10")(i % 10) for i, variant in enumerate(variants)}
+def variant_colours(variants: Sequence[str], variant_order: Sequence[str] = ()) -> dict[str, str]:
+    """One colour per variant, the same in every plot and in the MLflow UI (the trials'
+    `mlflow.runColor`): by the variant's place in the sweep file (`variant_order`), then the others."""
+    return palette(file_order({*variant_order, *variants}, variant_order))
 
 
 def plot_loss_curves(records: list[TrialRecord], path: Path, metric: str, colours: dict[str, tuple]) -> Path:
@@ -232,7 +233,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     files = []
     if out_dir is not None and records:
         out_dir.mkdir(parents=True, exist_ok=True)
-        colours = variant_colours(order)
+        colours = variant_colours(order, variant_order)
         files.append(plot_loss_curves(records, out_dir / "loss_curves.png", metric, colours))
         files.append(plot_metric_by_variant(rows, out_dir / f"{metric}_by_variant.png", metric, colours))
         files.append(plot_metric_vs_params(rows, out_dir / f"{metric}_vs_params.png", metric, colours))

@@ -15,17 +15,27 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 
 RUN_ID_KEY = "mlflow_run_id"  # in a trial's checkpoint extras and in each of its Ray reports
 
 PARENT = "mlflow.parentRunId"
-NOTE = "mlflow.note.content"
+NOTE = "mlflow.note.content"  # a run's (or an experiment's) description in the MLflow UI, markdown
+RUN_COLOR = "mlflow.runColor"  # the run's colour in the MLflow UI's tables and charts
+# The experiment's kind: MLflow's web app knows custom_model_development (model training: the
+# Runs tab) and genai_development (traces). The 3.17 UI picks its view from a global
+# "GenAI / Model training" switch and ignores this tag (see `k3lab.commands.ui`).
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 KIND = "k3lab.kind"  # "sweep" (a parent run) or "trial"
+DESCRIPTION = "k3lab.description"  # on the parent run: the sweep file's description
 VARIANT_ID, VARIANT_NAME, SEED = "k3lab.variant_id", "k3lab.variant_name", "k3lab.seed"
 ERROR = "k3lab.error"  # the first line of what stopped a trial
 STOPPED_AT = "k3lab.stopped_at_step"  # a trial the scheduler (or a signal) stopped
 DEVICE, HOST = "k3lab.device", "k3lab.host"
 COMMAND, RESUMED_WITH = "k3lab.command", "k3lab.resumed_with"  # on the parent run: how it was run
+DRIVER = "k3lab.driver"  # on the parent run: host:pid of the process running the sweep (the last one)
+STATUS = "k3lab.status"  # on the parent run: running, finished, failed, killed, or interrupted (its driver died)
+INTERRUPTED = "interrupted"
 MAX_TAG = 5000  # characters kept of an error message
 
 MAX_RUNS = 10000  # of one sweep, in one search
@@ -87,12 +97,21 @@ def sweep_tags(name: str, profile: str | None, version: str, commit: str, descri
                baseline: str | None) -> dict[str, str]:
     """A new parent run's tags."""
     return {KIND: "sweep", "k3lab.sweep": name, "k3lab.profile": profile or "", "k3lab.version": version,
-            "git_commit": commit, NOTE: description, COMMAND: command, "k3lab.baseline": baseline}
+            "git_commit": commit, NOTE: description or "", DESCRIPTION: description or "", COMMAND: command,
+            "k3lab.baseline": baseline} | reopen_tags()
 
 
-def trial_tags(variant_id: str, variant_name: str, seed: int) -> dict[str, str]:
-    """A new trial run's tags (with `node_tags` and `execution_tags`)."""
-    return {VARIANT_ID: variant_id, VARIANT_NAME: variant_name, SEED: str(seed), KIND: "trial"}
+def trial_tags(variant_id: str, variant_name: str, seed: int, colour: str | None = None) -> dict[str, str]:
+    """A new trial run's tags (with `node_tags` and `execution_tags`); `colour`: the variant's
+    (`k3lab.store.colours`), so every seed of a variant has one colour in the MLflow UI."""
+    tags = {VARIANT_ID: variant_id, VARIANT_NAME: variant_name, SEED: str(seed), KIND: "trial"}
+    return tags | ({RUN_COLOR: colour} if colour else {})
+
+
+def driver_tags() -> dict[str, str]:
+    """The process that runs (or resumes) a sweep, on its parent run: `sweep_state` tells from it
+    whether a RUNNING parent still has a driver."""
+    return {DRIVER: f"{socket.gethostname()}:{os.getpid()}"}
 
 
 def node_tags() -> dict[str, str]:
@@ -126,6 +145,11 @@ def resume_tags(earlier: str | None, command: str) -> dict[str, str]:
     return {RESUMED_WITH: f"{earlier}\n{command}" if earlier else command}
 
 
+def end_tags(status: str) -> dict[str, str]:
+    """A parent run's `k3lab.status` as it ends: finished, failed or killed."""
+    return {STATUS: status.lower()}
+
+
 def close_run(tracking_uri: str, run_id: str, status: str, tags: dict[str, str] | None = None) -> None:
     """Set tags on a run, then end it with `status` (FINISHED, FAILED, KILLED)."""
     mlflow = client(tracking_uri)
@@ -137,3 +161,80 @@ def close_run(tracking_uri: str, run_id: str, status: str, tags: dict[str, str] 
 def metric_history(tracking_uri: str, run_id: str, metric: str) -> list[tuple[int, float]]:
     """One metric of one run as (step, value) pairs, by step."""
     return sorted((m.step, m.value) for m in client(tracking_uri).get_metric_history(run_id, metric))
+
+
+# -- a parent run whose driver died ----------------------------------------------------------
+
+STALE_MS = 10 * 60 * 1000  # seen from another host: every trial ended this long ago and the parent still runs
+
+
+def driver_alive(driver: str | None) -> bool | None:
+    """Whether the driver process `host:pid` still runs: None when it runs on another host
+    (or is not recorded), where this process cannot tell."""
+    host, _, pid = (driver or "").rpartition(":")
+    if not host or host != socket.gethostname() or not pid.isdigit():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
+
+
+def sweep_state(parent, trials: list, now_ms: int | None = None) -> str:
+    """What a sweep's parent run is: its MLflow status (FINISHED, FAILED, KILLED), RUNNING while a
+    driver runs it, or INTERRUPTED when it is RUNNING with no driver left: the driver's process is
+    gone (same host), or (another host, or a store from before `k3lab.driver`) no trial is running
+    and the last one ended more than STALE_MS ago."""
+    if parent.info.status != "RUNNING":
+        return parent.info.status
+    alive = driver_alive(parent.data.tags.get(DRIVER))
+    if alive is not None:
+        return "RUNNING" if alive else INTERRUPTED
+    if any(t.info.status == "RUNNING" for t in trials):
+        return "RUNNING"
+    ends = [t.info.end_time for t in trials if t.info.end_time]
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    return INTERRUPTED if ends and now_ms - max(ends) > STALE_MS else "RUNNING"
+
+
+def mark_interrupted(tracking_uri: str, parent_run_id: str) -> None:
+    """The parent's tag says so (the UI shows the run as RUNNING: MLflow has no such status)."""
+    client(tracking_uri).set_tag(parent_run_id, STATUS, INTERRUPTED)
+
+
+def close_interrupted(tracking_uri: str, parent_run_id: str) -> int:
+    """End an interrupted sweep: its trials still RUNNING end KILLED, then the parent KILLED at
+    its last trial's end (its own end was never recorded). Returns the trials ended."""
+    mlflow = client(tracking_uri)
+    trials = trial_runs(tracking_uri, parent_run_id)
+    running = [t for t in trials if t.info.status == "RUNNING"]
+    for trial in running:
+        mlflow.set_terminated(trial.info.run_id, "KILLED")
+    ends = [t.info.end_time for t in trials if t.info.end_time]
+    mlflow.set_tag(parent_run_id, STATUS, INTERRUPTED)
+    mlflow.set_terminated(parent_run_id, "KILLED", end_time=max(ends) if ends and not running else None)
+    return len(running)
+
+
+def reopen_tags() -> dict[str, str]:
+    """A resumed sweep's parent: this process drives it now, and it is running again."""
+    return driver_tags() | {STATUS: "running"}
+
+
+def sweep_runs(tracking_uri: str) -> list:
+    """Every sweep's parent run in the store, newest first."""
+    mlflow = client(tracking_uri)
+    experiments = [e.experiment_id for e in mlflow.search_experiments()]
+    return mlflow.search_runs(experiments, f"tags.`{KIND}` = 'sweep'", order_by=["attributes.start_time DESC"],
+                              max_results=MAX_RUNS) if experiments else []
+
+
+def swept_axes(trials: list) -> list[str]:
+    """The axes a sweep swept, from its trials' `axis.*` params: those every trial has (a sweep
+    of named variants, whose params differ per variant, has none)."""
+    keys = [{k.removeprefix("axis.") for k in t.data.params if k.startswith("axis.")} for t in trials]
+    common = set.intersection(*keys) if keys else set()
+    return sorted(common)

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from k3lab.store.runs import EXPERIMENT_KIND, MODEL_TRAINING
+
 MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_LENGTH = 6000
@@ -80,6 +82,16 @@ def relocate_artifacts(tracking_uri: str, experiment: str) -> int:
     return moved.rowcount
 
 
+def relocate_store_artifacts(tracking_uri: str) -> int:
+    """`relocate_artifacts` for every experiment of a local SQLite store; the runs moved."""
+    if sqlite_path(tracking_uri) is None:
+        return 0
+    from mlflow.tracking import MlflowClient
+
+    names = [e.name for e in MlflowClient(tracking_uri).search_experiments()]
+    return sum(relocate_artifacts(tracking_uri, name) for name in names)
+
+
 def forget_artifact_locations() -> None:
     """Drop MLflow's per-process cache of run artifact repositories (private, keyed by run id),
     which would keep the old locations in a process that used the store before it moved."""
@@ -89,13 +101,17 @@ def forget_artifact_locations() -> None:
 
 
 def get_or_create_experiment(client, name: str, tracking_uri: str) -> str:
+    """The experiment's id; a new one is a model-training experiment (`runs.EXPERIMENT_KIND`) with
+    its artifacts in the `mlartifacts/` beside a local store."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
+        if EXPERIMENT_KIND not in experiment.tags:  # made by a k3lab before the tag
+            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
         return experiment.experiment_id
     root = artifact_root_for(tracking_uri)
     location = f"{root}/{name}" if root else None
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND: MODEL_TRAINING})
     except Exception:  # created by a concurrent trial in the meantime
         experiment = client.get_experiment_by_name(name)
         if experiment is None:

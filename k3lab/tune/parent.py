@@ -24,6 +24,7 @@ import k3lab
 from k3lab.store import runs
 from k3lab.store.state import write_state
 from k3lab.store.tracking import MLflowTracker, flatten, relocate_artifacts
+from k3lab.store.views import present_sweep
 from k3lab.tune.run import SweepRun
 
 
@@ -56,9 +57,11 @@ class ParentRun:
         if self.run.resume:
             self.tracker = MLflowTracker(self.run.tracking_uri, self.run.parent_run_id())
             self.tracker.client.update_run(self.run_id, status="RUNNING")
+            self.tracker.set_tags(runs.reopen_tags())  # this process drives it now (it may have been interrupted)
             record_resume_command(self.tracker, self.run.command)
             return self
         self.tracker = create_parent_run(self.run)
+        present(self.run, self.run_id)
         return self
 
     def __exit__(self, kind, error, traceback) -> bool:
@@ -92,7 +95,24 @@ class ParentRun:
             self.tracker.log_metrics({"resume_wall_s": wall}, step=len(earlier) + 1)
         else:
             self.tracker.log_metrics({"sweep_wall_s": wall}, step=0)
+        with contextlib.suppress(Exception):  # the UI's links to every trial: not worth failing the sweep for
+            present(self.run, self.run_id)
+        self.tracker.set_tags(runs.end_tags(status))
         self.tracker.finish(status)
+
+
+def present(run: SweepRun, parent_run_id: str) -> None:
+    """The sweep in the MLflow UI: its experiment's loss view and description, the parent's
+    description with links to its trials, a colour per variant (`k3lab.store.views`)."""
+    sweep = run.sweep
+    present_sweep(run.tracking_uri, parent_run_id, axes=[axis.name for axis in sweep.axes],
+                  metric=sweep.metric.name, variant_order=[v.name for v in sweep.valid_variants],
+                  description=sweep.description, title=sweep_title(run))
+
+
+def sweep_title(run: SweepRun) -> str:
+    sweep = run.sweep
+    return f"k3lab sweep {sweep.name}" + (f" ({sweep.profile} profile)" if sweep.profile else "")
 
 
 def create_parent_run(run: SweepRun) -> MLflowTracker:

@@ -16,6 +16,7 @@ from pathlib import Path
 from k3lab.errors import UserError
 from k3lab.registry import ResourceSpec, Sweep
 from k3lab.report.efficiency import sweep_efficiency, trial_figures
+from k3lab.store.colours import variant_colours
 from k3lab.tune.kernels import cache_env, kernel_shapes, shipped_line, use_kernel_cache, warm_kernels
 from k3lab.tune.logs import library_logs
 from k3lab.tune.parent import ParentRun, record_sweep
@@ -26,12 +27,14 @@ from k3lab.tune.trial import TrialSpec, tune_trainable
 
 
 def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
+    colours = variant_colours([v.name for v in run.sweep.valid_variants])
     return {
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
                             config=trial.variant.config.to_dict(), train=run.sweep.train,
                             tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id,
                             overrides={k: str(v) for k, v in trial.variant.overrides.items()},
-                            metric=run.sweep.metric.name, mode=run.sweep.metric.mode)
+                            metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
+                            colour=colours[trial.variant.name])
         for trial in run.sweep.trials
     }
 

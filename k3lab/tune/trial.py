@@ -42,6 +42,7 @@ class TrialSpec:
     overrides: dict | None = None  # the swept axis values of this variant, e.g. {"attn_res_block_size": 4}
     metric: str = "val_loss"  # the sweep's metric and mode: a diverged trial reports its worst value
     mode: str = "min"
+    colour: str | None = None  # the variant's, in k3lab's plots and the MLflow UI (k3lab.store.colours)
 
     @property
     def name(self) -> str:
@@ -71,7 +72,7 @@ def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
         tracker.client.update_run(run_id, status="RUNNING")
         tracker.set_tags(node_tags() | execution_tags(execution))  # a restored trial may run on another node
         return tracker
-    tags = runs.trial_tags(spec.variant_id, spec.variant_name, spec.seed) | node_tags() | execution_tags(execution)
+    tags = runs.trial_tags(spec.variant_id, spec.variant_name, spec.seed, spec.colour) | node_tags() | execution_tags(execution)
     tracker = MLflowTracker.start(spec.tracking_uri, spec.experiment, spec.name, tags=tags,
                                   parent_run_id=spec.parent_run_id, flush_every=flush_every)
     tracker.log_params(trial_params(spec, counts) | {f"run.{k}": v for k, v in (execution or {}).items()})

@@ -1,0 +1,159 @@
+"""`k3lab ui [STORE]`: the MLflow UI on a k3lab store, opening on the science.
+
+STORE is a SQLite store (`mlflow.db`, the folder holding it, or a compressed `*.db.xz` such as
+those in docs/runs, unpacked first into --unpack-dir); default `--tracking-uri`, MLFLOW_TRACKING_URI
+or ./mlflow.db. Before the server starts, a local store is made to show what it holds:
+
+- its artifact locations (absolute paths in the database) point at the `mlartifacts/` beside it,
+  so a store copied from another machine shows its artifacts (`relocate_store_artifacts`);
+- sweeps recorded before k3lab wrote the UI's view and descriptions get them
+  (`k3lab.store.views.present_earlier_sweeps`), and a sweep whose parent run has no report
+  artifacts (a store copied without `mlartifacts/`) gets its report rebuilt from the store
+  and logged to the parent run (plots, summary.json);
+
+then `mlflow server --app-name k3lab` (`k3lab.commands.ui_app`: MLflow's app, starting a new
+browser in the "Model training" view) serves it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import lzma
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from k3lab.errors import UserError
+
+APP_NAME, APP = "k3lab", "k3lab.commands.ui_app:app"
+UI_CACHE = Path.home() / ".cache" / "k3lab" / "ui"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    ui = subparsers.add_parser("ui", help="open the MLflow UI on a k3lab store (its artifacts and plots included)")
+    ui.add_argument("store", nargs="?", help="mlflow.db, its folder, or a *.db.xz (default: --tracking-uri)")
+    ui.add_argument("--tracking-uri", help="the store (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
+    ui.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--workers", type=int, help="server processes (default: MLflow's, 4)")
+    ui.add_argument("--unpack-dir", help=f"where a *.db.xz is unpacked (default: {UI_CACHE}/<name>)")
+    ui.add_argument("--no-prepare", action="store_true",
+                    help="serve the store as it is: no artifact relocation, no views or rebuilt reports")
+    ui.set_defaults(func=run_ui)
+
+
+def store_uri(args) -> str:
+    """The tracking URI of the store the arguments name (a *.db.xz unpacked first)."""
+    from k3lab.store.state import tracking_uri_or_default
+
+    if args.store is None:
+        return tracking_uri_or_default(args.tracking_uri)
+    path = Path(args.store)
+    if path.is_dir():
+        path = path / "mlflow.db"
+    if not path.exists():
+        raise UserError(f"{args.store}: no such store")
+    if path.name.endswith(".xz"):
+        path = unpack(path, Path(args.unpack_dir) if args.unpack_dir else UI_CACHE / path.name.removesuffix(".xz"))
+    return f"sqlite:///{path.resolve()}"
+
+
+def unpack(archive: Path, folder: Path) -> Path:
+    """`folder`/mlflow.db from a compressed store, kept while it is newer than the archive (it
+    then keeps what was added to it: rebuilt reports, views saved in the UI)."""
+    database = folder / "mlflow.db"
+    if database.exists() and database.stat().st_mtime >= archive.stat().st_mtime:
+        return database
+    folder.mkdir(parents=True, exist_ok=True)
+    with lzma.open(archive) as source, tempfile.NamedTemporaryFile(dir=folder, delete=False) as target:
+        shutil.copyfileobj(source, target)
+    os.replace(target.name, database)
+    print(f"unpacked {archive} to {database}")
+    return database
+
+
+def prepare_store(tracking_uri: str, say=print) -> None:
+    """What a local store needs before the UI shows it (see the module docstring)."""
+    from k3lab.store.tracking import artifact_folder_for, relocate_store_artifacts
+    from k3lab.store.views import present_earlier_sweeps
+
+    moved = relocate_store_artifacts(tracking_uri)
+    if moved:
+        say(f"pointed {moved} runs' artifact locations at {artifact_folder_for(tracking_uri)}")
+    presented = present_earlier_sweeps(tracking_uri)
+    if presented:
+        say(f"added the loss view and descriptions to {presented} sweeps recorded before them")
+    for parent_run_id, name in rebuild_missing_reports(tracking_uri):
+        say(f"rebuilt the report of {name} (parent run {parent_run_id}) from the store into its artifacts")
+
+
+def rebuild_missing_reports(tracking_uri: str) -> list[tuple[str, str]]:
+    """Log a report (plots, summary.json) to every sweep's parent run that has none."""
+    from k3lab.report.summary import build_report
+    from k3lab.store import runs
+
+    client = runs.client(tracking_uri)
+    rebuilt = []
+    for parent in runs.sweep_runs(tracking_uri):
+        run_id = parent.info.run_id
+        try:
+            if client.list_artifacts(run_id, "report"):
+                continue
+        except Exception:  # an artifact location this machine cannot read: nothing to add to
+            continue
+        trials = runs.trial_runs(tracking_uri, run_id)
+        if not trials:
+            continue
+        baseline = parent.data.tags.get("k3lab.baseline") or None
+        metric, _, mode = parent.data.params.get("metric", "val_loss:min").partition(":")
+        names = sorted({runs.variant_of(t) for t in trials}, key=lambda n: (n != baseline, n))
+        with tempfile.TemporaryDirectory() as folder:
+            summary = build_report(tracking_uri, run_id, metric, mode or "min", out_dir=Path(folder),
+                                   baseline=baseline if baseline in names else None, variant_order=names)
+            for path in summary["files"]:
+                client.log_artifact(run_id, str(path), "report")
+        rebuilt.append((run_id, client.get_experiment(parent.info.experiment_id).name))
+    return rebuilt
+
+
+def app_entry_point() -> dict[str, str]:
+    """Environment for `mlflow server --app-name k3lab`: where k3lab is not installed (or installed
+    from another checkout, without the entry point), a dist-info folder that declares it."""
+    from importlib.metadata import entry_points
+
+    found = [e for e in entry_points(group="mlflow.app") if e.name == APP_NAME]
+    paths = [str(Path(__file__).resolve().parents[2])]  # this k3lab first, in the server's processes too
+    if not found or found[0].value != APP:
+        shim = UI_CACHE / "entry-point"
+        info = shim / "k3lab_ui_app-0.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: k3lab-ui-app\nVersion: 0\n")
+        (info / "entry_points.txt").write_text(f"[mlflow.app]\n{APP_NAME} = {APP}\n")
+        paths.insert(0, str(shim))
+    return {"PYTHONPATH": os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def server_command(args, uri: str) -> list[str]:
+    mlflow = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
+    if not Path(mlflow).exists():
+        raise UserError("the mlflow command is not installed in this environment")
+    command = [mlflow, "server", "--app-name", APP_NAME, "--backend-store-uri", uri,
+               "--host", args.host, "--port", str(args.port)]
+    return command + (["--workers", str(args.workers)] if args.workers else [])
+
+
+def run_ui(args) -> int:
+    from k3lab.store.tracking import sqlite_path
+
+    uri = store_uri(args)
+    if uri.startswith(("http://", "https://")):
+        raise UserError(f"--tracking-uri {uri} is already a server: open it in a browser")
+    if sqlite_path(uri) is not None and not sqlite_path(uri).exists():
+        raise UserError(f"{sqlite_path(uri)}: no such store")
+    if not args.no_prepare and sqlite_path(uri) is not None:
+        prepare_store(uri)
+    command = server_command(args, uri)
+    print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C to stop)", flush=True)
+    os.execve(command[0], command, os.environ | app_entry_point())

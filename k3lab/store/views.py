@@ -1,0 +1,205 @@
+"""How a sweep reads in the MLflow UI: a saved view of its loss curves, and descriptions with links.
+
+MLflow 3.17's experiment page keeps its layout (charts, sections, grouping, columns) in the
+browser, per experiment, and shares it through saved views: an experiment tag
+`mlflow.sharedViewState.<id>` = {"name", "createdAt", "updatedAt", "state"} with the state as
+"deflate;" + base64(zlib(JSON)), opened by `#/experiments/<id>/runs?viewStateShareKey=<id>` and
+listed under the page's "Views" button. (The UI leaves a view's `runsExpanded`, `runsPinned`,
+`runsHidden` and `runsVisibilityMap` out: nested trials are reached by grouping instead.)
+
+Every k3lab sweep's experiment gets one such view, LOSS_VIEW: the chart view, runs grouped by the
+swept axes (`axis.*` params; the variant name without axes) so the nested trials show without
+expanding the parent, each trial drawn in its own colour (`mlflow.runColor`: its variant's), all
+of them (not the UI's default first 10), and a first section with train_loss, val_loss and
+tokens_per_s. The experiment's description (shown above its runs) links to it and to the sweep's
+report plots; the parent run's description says how to compare and links to the metric page
+with every trial's loss curves overlaid.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.parse
+import zlib
+from typing import Sequence
+
+from k3lab.store import runs
+from k3lab.store.colours import variant_colours
+
+SHARED_VIEW = "mlflow.sharedViewState."
+LOSS_VIEW, LOSS_VIEW_NAME = "k3lab-loss-curves", "Loss curves by variant"
+FIRST_CHARTS = ("train_loss", "val_loss", "tokens_per_s")  # the view's first section, in this order
+LOSS_SECTION = "Loss and throughput"
+REPORT_PLOT = "report/loss_curves.png"  # the parent run's artifact the links open (the report's folder beside it)
+
+
+def line_chart(metric: str, section: str) -> dict:
+    """One line chart of the experiment page's chart view (MLflow 3.17's chart card fields)."""
+    return {"uuid": f"k3lab-{metric}", "type": "LINE", "runsCountToCompare": 100, "metricSectionId": section,
+            "deleted": False, "isGenerated": False, "displayName": metric, "metricKey": metric,
+            "lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear", "range": {},
+            "xAxisKey": "step", "selectedXAxisMetricKey": "", "yAxisKey": "metric", "yAxisExpressions": [],
+            "ignoreOutliers": False, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True}
+
+
+def group_keys(axes: Sequence[str]) -> list[dict]:
+    """Group by the swept axes' params (a sweep of named variants: by the variant name tag)."""
+    if axes:
+        return [{"mode": "param", "groupByData": f"axis.{axis}"} for axis in axes]
+    return [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
+
+
+def loss_view_state(axes: Sequence[str], metric: str = "val_loss") -> dict:
+    """The experiment page's state for LOSS_VIEW (the keys of MLflow 3.17's saved views)."""
+    section = "k3lab-loss"
+    charts = list(dict.fromkeys([*FIRST_CHARTS[:2], metric, *FIRST_CHARTS[2:]]))
+    columns = [f"params.`axis.{axis}`" for axis in axes] + [f"metrics.`{name}`" for name in
+                                                            dict.fromkeys([metric, "train_loss", "avg_tokens_per_s"])]
+    return {
+        "searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
+        "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
+        "selectedColumns": columns + ["params.`params.active`"], "columnOrder": [], "columnWidths": {},
+        "runsHiddenMode": "SHOW_ALL",  # the UI's default draws the first 10 runs only
+        "compareRunCharts": [line_chart(name, section) for name in charts],
+        "compareRunSections": [{"uuid": section, "name": LOSS_SECTION, "display": True, "isReordered": False,
+                                "deleted": False, "isGenerated": False}],
+        "viewMaximized": False, "runListHidden": False, "isAccordionReordered": True,
+        "useGroupedValuesInCharts": False,  # every trial its own line, in its run colour
+        "hideEmptyCharts": True,
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": group_keys(axes)}, "groupsExpanded": {},
+        "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
+    }
+
+
+def pack_state(state: dict) -> str:
+    return "deflate;" + base64.b64encode(zlib.compress(json.dumps(state, separators=(",", ":")).encode())).decode()
+
+
+def unpack_state(packed: str) -> dict:
+    return json.loads(zlib.decompress(base64.b64decode(packed.removeprefix("deflate;"))))
+
+
+def saved_view_tag(view_id: str, name: str, state: dict, created_ms: int | None = None) -> dict[str, str]:
+    now = int(time.time() * 1000)
+    envelope = {"name": name, "createdAt": created_ms or now, "updatedAt": now, "state": pack_state(state)}
+    return {SHARED_VIEW + view_id: json.dumps(envelope, separators=(",", ":"))}
+
+
+# -- links inside the UI (hash routes of MLflow 3.17's web app) --------------------------------
+
+def view_link(experiment_id: str, view_id: str = LOSS_VIEW) -> str:
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={view_id}&compareRunsMode=CHART"
+
+
+def artifacts_link(experiment_id: str, run_id: str, path: str = "") -> str:
+    return f"#/experiments/{experiment_id}/runs/{run_id}/artifacts" + (f"/{path}" if path else "")
+
+
+def metric_page_link(experiment_id: str, run_ids: Sequence[str], metrics: Sequence[str], log_y: bool = False) -> str:
+    """The metric page: the curves of `metrics` for every run in `run_ids`, overlaid."""
+    def js(value) -> str:
+        return urllib.parse.quote(json.dumps(value, separators=(",", ":")), safe="")
+
+    return (f"#/metric/{urllib.parse.quote(metrics[0], safe='')}?runs={js(list(run_ids))}&metric={js(metrics[0])}"
+            f"&experiments={js([experiment_id])}&plot_metric_keys={js(list(metrics))}&plot_layout={js({})}"
+            f"&x_axis=step&y_axis_scale={'log' if log_y else 'linear'}&line_smoothness=1&show_point=false"
+            f"&deselected_curves={js([])}&last_linear_y_axis_range={js([])}")
+
+
+# -- descriptions ----------------------------------------------------------------------------
+
+def how_to_compare(axes: Sequence[str], metric: str) -> str:
+    group = ", ".join(f"`axis.{a}`" for a in axes) or f"the tag `{runs.VARIANT_NAME}`"
+    return (f"To compare by hand: *Runs*, the chart view, *Group by* {group} (the seeds of one variant "
+            f"together, and the trials show without expanding the parent run). Curves of chosen trials "
+            f"overlaid: open a trial, *Model metrics*, a chart's title: the metric page, where more runs "
+            f"can be added. Trials are named `variant-sN` (seed N), one colour per variant as in k3lab's "
+            f"plots; each trial's final {metric} is `final_{metric}`.")
+
+
+def experiment_note(experiment_id: str, parent_run_id: str, title: str) -> str:
+    """The experiment's description: its first line (all the UI shows until expanded) links to
+    the loss view and to the latest sweep's report plots."""
+    return (f"**{title}** · [{LOSS_VIEW_NAME}]({view_link(experiment_id)}) · "
+            f"[report plots of the latest sweep]({artifacts_link(experiment_id, parent_run_id, REPORT_PLOT)})\n\n"
+            f"One parent run per sweep (the latest: `{parent_run_id}`), one nested run per trial. "
+            f"The view above: every trial's train_loss, val_loss and tokens_per_s, one colour per variant, "
+            f"grouped by the swept axes (it is also under *Views*).")
+
+
+def parent_note(experiment_id: str, parent_run_id: str, description: str, axes: Sequence[str], metric: str,
+                trial_run_ids: Sequence[str] = (), state: str | None = None) -> str:
+    """The parent run's description: what the sweep is, where to look, how to compare."""
+    lines = [description or "k3lab sweep", ""]
+    if state == runs.INTERRUPTED:
+        lines += ["**Interrupted**: its driver stopped before the sweep ended; `k3lab sweep FILE --resume` "
+                  "continues it, `k3lab report FILE --close` ends it.", ""]
+    links = [f"[{LOSS_VIEW_NAME}]({view_link(experiment_id)})",
+             f"[report plots and summary.json]({artifacts_link(experiment_id, parent_run_id, REPORT_PLOT)})"]
+    if trial_run_ids:
+        curves = list(dict.fromkeys([metric, "train_loss"]))
+        links.insert(1, f"[every trial's {' and '.join(curves)} on one page]"
+                        f"({metric_page_link(experiment_id, trial_run_ids, curves)})")
+    lines += [" · ".join(links), "", how_to_compare(axes, metric) + "."]
+    return "\n".join(lines)
+
+
+# -- writing them ------------------------------------------------------------------------------
+
+def present_sweep(tracking_uri: str, parent_run_id: str, *, axes: Sequence[str] = (), metric: str = "val_loss",
+                  variant_order: Sequence[str] = (), description: str | None = None, title: str | None = None,
+                  state: str | None = None) -> None:
+    """Write what the UI shows of a sweep: the experiment's kind, saved view and description, the
+    parent's description, and a colour on every trial without one (variants in `variant_order`,
+    then any others, sorted). Idempotent; used when a sweep starts and ends, by `k3lab report`, and
+    by `k3lab ui` on stores made before these existed."""
+    client = runs.client(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    experiment_id = parent.info.experiment_id
+    experiment = client.get_experiment(experiment_id)
+    created = None
+    if SHARED_VIEW + LOSS_VIEW in experiment.tags:
+        created = json.loads(experiment.tags[SHARED_VIEW + LOSS_VIEW]).get("createdAt")
+    title = title or f"k3lab sweep {experiment.name}"
+    tags = {runs.EXPERIMENT_KIND: runs.MODEL_TRAINING, runs.NOTE: experiment_note(experiment_id, parent_run_id, title)}
+    tags |= saved_view_tag(LOSS_VIEW, LOSS_VIEW_NAME, loss_view_state(axes, metric), created)
+    for key, value in tags.items():
+        if experiment.tags.get(key) != value:
+            client.set_experiment_tag(experiment_id, key, value)
+    trials = runs.trial_runs(tracking_uri, parent_run_id)
+    names = [runs.variant_of(t) for t in trials]
+    colours = variant_colours([*variant_order, *sorted(set(names) - set(variant_order))])
+    for trial, name in zip(trials, names):
+        if runs.RUN_COLOR not in trial.data.tags:
+            client.set_tag(trial.info.run_id, runs.RUN_COLOR, colours[name])
+    if description is None:  # stores from before k3lab.description kept it in the note
+        note = parent.data.tags.get(runs.NOTE, "")
+        description = parent.data.tags.get(runs.DESCRIPTION, "" if LOSS_VIEW_NAME in note else note)
+    ordered = sorted(trials, key=lambda t: (variant_order.index(runs.variant_of(t)) if runs.variant_of(t) in
+                                            variant_order else len(variant_order), runs.seed_of(t)))
+    note = parent_note(experiment_id, parent_run_id, description, axes, metric,
+                       [t.info.run_id for t in ordered], state)
+    if parent.data.tags.get(runs.NOTE) != note:
+        client.set_tag(parent_run_id, runs.NOTE, note)
+
+
+def present_earlier_sweeps(tracking_uri: str) -> int:
+    """`present_sweep` for the sweeps of experiments without the loss view (stores from an older
+    k3lab): axes from the trials' params, the baseline's colour first. Returns how many."""
+    client = runs.client(tracking_uri)
+    done, count = set(), 0
+    for parent in reversed(runs.sweep_runs(tracking_uri)):  # oldest first: the latest ends in the description
+        experiment_id = parent.info.experiment_id
+        if experiment_id not in done and SHARED_VIEW + LOSS_VIEW in client.get_experiment(experiment_id).tags:
+            continue
+        done.add(experiment_id)
+        trials = runs.trial_runs(tracking_uri, parent.info.run_id)
+        baseline = parent.data.tags.get("k3lab.baseline")
+        names = sorted({runs.variant_of(t) for t in trials}, key=lambda n: (n != baseline, n))
+        metric = parent.data.params.get("metric", "val_loss:min").split(":")[0]
+        present_sweep(tracking_uri, parent.info.run_id, axes=runs.swept_axes(trials), metric=metric,
+                      variant_order=names, state=runs.sweep_state(parent, trials))
+        count += 1
+    return count

@@ -1,0 +1,147 @@
+"""What the MLflow UI is given to show a sweep (k3lab.store.views, k3lab ui), without a browser:
+tests/test_ui_browser.py checks it in one."""
+
+import json
+import lzma
+import shutil
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from k3lab.store import runs, views
+from k3lab.store.colours import variant_colours
+from k3lab.store.tracking import MLflowTracker
+
+
+def fake_sweep(uri: str, experiment: str = "mini", variants=("attnres_off", "attnres_bs1"), seeds=(0, 1),
+               steps=4) -> tuple[str, dict]:
+    """A parent run with finished trials logging train_loss/val_loss, as a sweep records them."""
+    parent = MLflowTracker.start(uri, experiment, experiment, tags=runs.sweep_tags(
+        experiment, None, "0", "abc", "two variants", "k3lab sweep mini.yaml", variants[0]))
+    parent.log_params({"metric": "val_loss:min"})
+    trials = {}
+    for variant in variants:
+        for seed in seeds:
+            trial = MLflowTracker.start(uri, experiment, f"{variant}-s{seed}",
+                                        tags=runs.trial_tags(f"id-{variant}", variant, seed),
+                                        parent_run_id=parent.run_id)
+            trial.log_params({"axis.attn_res_block_size": variant.removeprefix("attnres_"), "params.total": 10,
+                              "params.active": 10})
+            for step in range(1, steps + 1):
+                trial.log_metrics({"train_loss": 5.0 - step * 0.1 - seed * 0.01, "tokens_per_s": 100.0}, step)
+            trial.log_metrics({"val_loss": 4.5 + (variant != variants[0]) * 0.05, "tokens": 64.0}, steps)
+            trial.finish("FINISHED")
+            trials[(variant, seed)] = trial.run_id
+    parent.finish("FINISHED")
+    return parent.run_id, trials
+
+
+def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent_run_id, trials = fake_sweep(uri)
+    views.present_sweep(uri, parent_run_id, axes=["attn_res_block_size"], variant_order=["attnres_off", "attnres_bs1"],
+                        description="two variants")
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("mini")
+    assert experiment.tags[runs.EXPERIMENT_KIND] == "custom_model_development"
+    envelope = json.loads(experiment.tags[views.SHARED_VIEW + views.LOSS_VIEW])
+    state = views.unpack_state(envelope["state"])
+    assert envelope["name"] == "Loss curves by variant"
+    assert [c["metricKey"] for c in state["compareRunCharts"]] == ["train_loss", "val_loss", "tokens_per_s"]
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "param", "groupByData": "axis.attn_res_block_size"}]
+    assert state["runsHiddenMode"] == "SHOW_ALL" and state["useGroupedValuesInCharts"] is False
+    note = experiment.tags[runs.NOTE]
+    assert views.view_link(experiment.experiment_id) in note.splitlines()[0]  # in the line the UI shows
+    assert f"runs/{parent_run_id}/artifacts/report/loss_curves.png" in note.splitlines()[0]
+    colours = variant_colours(["attnres_off", "attnres_bs1"])
+    for (variant, seed), run_id in trials.items():
+        run = client.get_run(run_id)
+        assert run.info.run_name == f"{variant}-s{seed}"
+        assert run.data.tags[runs.RUN_COLOR] == colours[variant]  # both seeds of a variant: one colour
+    parent_note = client.get_run(parent_run_id).data.tags[runs.NOTE]
+    assert parent_note.startswith("two variants")
+    assert "#/metric/val_loss?runs=" in parent_note and all(r in parent_note for r in trials.values())
+    assert "Group by* `axis.attn_res_block_size`" in parent_note
+    views.present_sweep(uri, parent_run_id, axes=["attn_res_block_size"])  # again: the same, one view
+    assert [k for k in client.get_experiment_by_name("mini").tags if k.startswith(views.SHARED_VIEW)] == \
+        [views.SHARED_VIEW + views.LOSS_VIEW]
+
+
+def test_the_report_plots_and_the_ui_colour_a_variant_alike():
+    from k3lab.report.summary import variant_colours as report_colours
+
+    order = ["attnres_off", "attnres_full", "attnres_bs2"]
+    assert report_colours(["attnres_bs2", "attnres_off"], order) == {
+        name: colour for name, colour in variant_colours(order).items() if name != "attnres_full"} | {
+        "attnres_full": variant_colours(order)["attnres_full"]}
+    assert len(set(variant_colours([f"v{i}" for i in range(20)]).values())) == 20
+
+
+def test_a_sweep_of_named_variants_is_grouped_by_variant_name():
+    state = views.loss_view_state([])
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
+
+
+def test_ui_app_starts_a_new_browser_in_model_training():
+    from k3lab.commands import ui_app
+
+    page = ui_app.flask_app.test_client().get("/")
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert html.index("k3lab ui: first-visit defaults") < html.index("<script defer")  # before the app's code
+    assert '"mlflow.workflowType_v1": "machine_learning"' in html
+    assert "text/html" in page.headers["Content-Type"]
+    assert ui_app.flask_app.test_client().get("/health").get_data(as_text=True) == "OK"  # the rest: as it was
+
+
+def test_a_copied_compressed_store_opens_with_its_artifacts_and_report(tmp_path, capsys):
+    from k3lab.commands.ui import prepare_store, store_uri
+
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    parent_run_id, _ = fake_sweep(f"sqlite:///{origin / 'mlflow.db'}")
+    archive = tmp_path / "mini.db.xz"  # what docs/runs holds: the database alone, no mlartifacts/
+    archive.write_bytes(lzma.compress((origin / "mlflow.db").read_bytes()))
+    shutil.rmtree(origin)
+
+    class Args:
+        store, tracking_uri, unpack_dir = str(archive), None, str(tmp_path / "opened")
+
+    uri = store_uri(Args)
+    assert uri == f"sqlite:///{tmp_path / 'opened' / 'mlflow.db'}"
+    prepare_store(uri)
+    said = capsys.readouterr().out
+    assert "artifact locations" in said and "rebuilt the report" in said
+    client = MlflowClient(uri)
+    run = client.get_run(parent_run_id)
+    assert run.info.artifact_uri.startswith((tmp_path / "opened" / "mlartifacts").as_uri())
+    names = {a.path for a in client.list_artifacts(parent_run_id, "report")}
+    assert {"report/loss_curves.png", "report/summary.json"} <= names
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert views.SHARED_VIEW + views.LOSS_VIEW in experiment.tags  # a store from before the view gets it
+    prepare_store(uri)  # a second time: nothing left to do
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("driver, trials_running, ended_ago_s, expected", [
+    ("{host}:{dead}", False, 5, "interrupted"),  # this host, the process is gone
+    ("{host}:{alive}", False, 5, "RUNNING"),
+    ("elsewhere:1", True, 5000, "RUNNING"),  # another host: trials still running
+    ("elsewhere:1", False, 60, "RUNNING"),  # ... the last just ended (the driver may be reporting)
+    ("elsewhere:1", False, 5000, "interrupted"),
+    (None, False, 5000, "interrupted"),  # a store from before k3lab.driver
+])
+def test_a_parent_run_whose_driver_died_is_interrupted(driver, trials_running, ended_ago_s, expected):
+    import os
+    import socket
+    import subprocess
+    import sys
+    from types import SimpleNamespace as NS
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    tags = {} if driver is None else {runs.DRIVER: driver.format(host=socket.gethostname(), dead=done.stdout.strip(),
+                                                                 alive=os.getpid())}
+    parent = NS(info=NS(status="RUNNING"), data=NS(tags=tags))
+    trial = NS(info=NS(status="RUNNING" if trials_running else "FINISHED", end_time=None if trials_running else 1))
+    assert runs.sweep_state(parent, [trial], now_ms=1 + ended_ago_s * 1000) == expected
+    assert runs.sweep_state(NS(info=NS(status="FINISHED"), data=NS(tags=tags)), [trial]) == "FINISHED"
