@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from k3lab.store.metrics import MIXTURE_TABLE, diagnostic_metrics, mixture_table
 from k3lab.store.runs import EXPERIMENT_KIND, MODEL_TRAINING
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
@@ -25,6 +26,7 @@ class Tracker(Protocol):
 
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def log_diagnostics(self, diagnostics: dict, step: int, table: bool = False) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def flush(self) -> None: ...
     def finish(self, status: str) -> None: ...
@@ -195,6 +197,22 @@ class MLflowTracker:
         if self.flush_every is not None and self._steps_since_flush >= self.flush_every:
             self.flush()
 
+    def log_diagnostics(self, diagnostics: dict, step: int, table: bool = False) -> None:
+        """A window's per-layer diagnostics as `diag/...` metrics (`k3lab.store.metrics`), sent with
+        the step's metrics; with `table`, the AttnRes mixtures as a table artifact, now."""
+        from mlflow.entities import Metric
+
+        start = time.perf_counter()
+        metrics = diagnostic_metrics(diagnostics)
+        if step <= self._logged_through:
+            metrics = {k: v for k, v in metrics.items() if k not in self._logged_keys}
+        now = int(time.time() * 1000)
+        self._pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
+        mixtures = mixture_table(diagnostics) if table else None
+        if mixtures is not None:
+            self.client.log_dict(self.run_id, mixtures, MIXTURE_TABLE.format(step=step))
+        self.seconds_in_tracking += time.perf_counter() - start
+
     def set_tags(self, tags: dict[str, str]) -> None:
         for key, value in tags.items():
             self.client.set_tag(self.run_id, key, str(value))
@@ -228,6 +246,7 @@ class MemoryTracker:
         self.params: dict[str, Any] = {}
         self.metrics: dict[str, list[tuple[int, float]]] = {}
         self.tags: dict[str, str] = {}
+        self.tables: dict[str, dict] = {}  # artifact file -> table
         self.status: str | None = None
         self.log_calls = 0
         self.flushes = 0
@@ -239,6 +258,13 @@ class MemoryTracker:
         self.log_calls += 1
         for key, value in metrics.items():
             self.metrics.setdefault(key, []).append((step, float(value)))
+
+    def log_diagnostics(self, diagnostics: dict, step: int, table: bool = False) -> None:
+        for key, value in diagnostic_metrics(diagnostics).items():
+            self.metrics.setdefault(key, []).append((step, float(value)))
+        mixtures = mixture_table(diagnostics) if table else None
+        if mixtures is not None:
+            self.tables[MIXTURE_TABLE.format(step=step)] = mixtures
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.tags.update(tags)

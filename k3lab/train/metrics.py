@@ -1,4 +1,4 @@
-"""Metrics of the architecture itself (MoE load, AttnRes mixtures) and the device's peak FLOP/s."""
+"""Diagnostics of the architecture itself (MoE load, AttnRes mixtures) and the device's peak FLOP/s."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count()} cores)"
 
 
-def moe_metrics(window_loads: list[dict[int, torch.Tensor]]) -> dict[str, float]:
-    """Per MoE layer over a window of steps: max/min expert load ratio and the load entropy
-    normalised to [0, 1] (1 = perfectly balanced)."""
+def moe_loads(window_loads: list[dict[int, torch.Tensor]]) -> dict[int, dict[str, float]]:
+    """Per MoE layer over a window of steps: {layer: {"load_max_min": max/min expert load ratio,
+    "load_entropy": the load entropy normalised to [0, 1] (1 = perfectly balanced)}}."""
     if not window_loads or not window_loads[0]:
         return {}
     out = {}
@@ -48,17 +48,27 @@ def moe_metrics(window_loads: list[dict[int, torch.Tensor]]) -> dict[str, float]
     for layer, load in zip(layers, mean_loads):
         load = load / load.sum().clamp(min=1e-12)
         entropy = -(load * load.clamp(min=1e-12).log()).sum() / torch.log(torch.tensor(float(len(load))))
-        out[f"moe/L{layer}/load_max_min"] = (load.max() / load.min().clamp(min=1e-6)).item()
-        out[f"moe/L{layer}/load_entropy"] = entropy.item()
+        out[layer] = {"load_max_min": (load.max() / load.min().clamp(min=1e-6)).item(),
+                      "load_entropy": entropy.item()}
     return out
 
 
-def attn_res_metrics(model) -> dict[str, float]:
-    """Mean AttnRes mixture weight on each depth candidate, per layer and site, from the
-    last training forward: attnres/L{layer}/{attn|ffn}/c{k} (c0 = the embedding)."""
-    out = {}
-    for i, layer in enumerate(model.layers):
-        for site, weights in getattr(layer, "attn_res_weights", {}).items():
-            for k, w in enumerate(weights.float().cpu().tolist()):
-                out[f"attnres/L{i}/{site}/c{k}"] = w
-    return out
+def attn_res_mixtures(model) -> dict[int, dict[str, list[float]]]:
+    """The mean AttnRes mixture weight on each depth candidate from the last training forward:
+    {layer: {"attn" | "ffn": [weight of c0 (the embedding), c1, ...]}}."""
+    return {i: {site: weights.float().cpu().tolist() for site, weights in layer.attn_res_weights.items()}
+            for i, layer in enumerate(model.layers) if getattr(layer, "attn_res_weights", None)}
+
+
+def diagnostics(model, window_loads: list[dict[int, torch.Tensor]]) -> dict[str, dict]:
+    """What a trial tracks of the architecture itself, per layer: {"moe": moe_loads, "attn_res":
+    attn_res_mixtures}. A tracker names and logs them (`log_diagnostics`; k3lab.store.metrics
+    for MLflow)."""
+    return {"moe": moe_loads(window_loads), "attn_res": attn_res_mixtures(model)}
+
+
+def log_diagnostics(tracker, values: dict[str, dict], step: int, table: bool = False) -> None:
+    """Hand them to the tracker, if it takes them (table: also the full AttnRes mixtures, at evaluations)."""
+    method = getattr(tracker, "log_diagnostics", None)
+    if method is not None:
+        method(values, step, table=table)

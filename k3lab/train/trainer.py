@@ -33,7 +33,7 @@ from k3lab.train.spec import TrainSpec
 from k3lab.train.ddp import DDPOptions, wrap_ddp
 from k3lab.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from k3lab.train.graphs import GraphedForwardBackward, cuda_graph_blocker
-from k3lab.train.metrics import attn_res_metrics, moe_metrics, peak_flops
+from k3lab.train.metrics import diagnostics, log_diagnostics, peak_flops
 
 FINISHED, DIVERGED = "finished", "diverged"
 EAGER_STEPS_BEFORE_CAPTURE = 2  # kernels compiled and autotuned, allocator warm
@@ -285,6 +285,7 @@ class Window:
         self.values: list[dict] = []
         self.start = time.perf_counter()
         self.elapsed = 0.0  # set by collect
+        self.diagnostics: dict = {}  # set by collect: per-layer MoE loads and AttnRes mixtures (metrics.diagnostics)
 
     def add(self, step: int, values: dict) -> None:
         self.steps.append(step)
@@ -309,8 +310,7 @@ class Window:
             window["mfu"] = trainer.counts["flops_per_token"] * tokens_per_s / (peak * trainer.world_size)
         if trainer.device.type == "cuda":
             window["peak_memory_gb"] = torch.cuda.max_memory_allocated(trainer.device) / 1e9
-        window.update(moe_metrics([v["loads"] for v in self.values]))
-        window.update(attn_res_metrics(trainer.model))
+        self.diagnostics = diagnostics(trainer.model, [v["loads"] for v in self.values])
         return per_step, window
 
 
@@ -362,6 +362,8 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
             for step, metrics in per_step:
                 if tracker is not None:
                     tracker.log_metrics(metrics | (window_metrics if step == per_step[-1][0] else {}), step)
+            if tracker is not None and bad is None:  # a table of the AttnRes mixtures at each evaluation
+                log_diagnostics(tracker, window.diagnostics, trainer.step, table=at_eval)
             result.train_loss = per_step[-1][1]["train_loss"]
             result.trained_tokens += window.tokens
             result.train_seconds += window.elapsed
