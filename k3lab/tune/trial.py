@@ -54,7 +54,8 @@ class TrialSpec:
 
 def trial_params(spec: TrialSpec, counts: dict) -> dict:
     """MLflow params of a trial run: the flattened model config, train spec and counts."""
-    params = flatten("model", spec.config) | flatten("train", attrs.asdict(spec.train))
+    params = runs.model_params(spec.config, spec.model_config().inactive_fields())
+    params |= flatten("train", attrs.asdict(spec.train))
     params |= {f"params.{k}": v for k, v in counts.items() if k != "by_component"}
     params |= {f"params.component.{k}": v for k, v in counts["by_component"].items()}
     params |= {f"axis.{k}": v for k, v in (spec.overrides or {}).items()}
