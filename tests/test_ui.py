@@ -14,7 +14,7 @@ from k3lab.store.tracking import MLflowTracker
 
 
 def fake_sweep(uri: str, experiment: str = "mini", variants=("attnres_off", "attnres_bs1"), seeds=(0, 1),
-               steps=4) -> tuple[str, dict]:
+               steps=4, parent_status: str = "FINISHED") -> tuple[str, dict]:
     """A parent run with finished trials logging train_loss/val_loss, as a sweep records them."""
     parent = MLflowTracker.start(uri, experiment, experiment, tags=runs.sweep_tags(
         experiment, None, "0", "abc", "two variants", "k3lab sweep mini.yaml", variants[0]))
@@ -32,7 +32,10 @@ def fake_sweep(uri: str, experiment: str = "mini", variants=("attnres_off", "att
             trial.log_metrics({"val_loss": 4.5 + (variant != variants[0]) * 0.05, "tokens": 64.0}, steps)
             trial.finish("FINISHED")
             trials[(variant, seed)] = trial.run_id
-    parent.finish("FINISHED")
+    if parent_status == "RUNNING":
+        parent.flush()
+    else:
+        parent.finish(parent_status)
     return parent.run_id, trials
 
 
@@ -145,3 +148,55 @@ def test_a_parent_run_whose_driver_died_is_interrupted(driver, trials_running, e
     trial = NS(info=NS(status="RUNNING" if trials_running else "FINISHED", end_time=None if trials_running else 1))
     assert runs.sweep_state(parent, [trial], now_ms=1 + ended_ago_s * 1000) == expected
     assert runs.sweep_state(NS(info=NS(status="FINISHED"), data=NS(tags=tags)), [trial]) == "FINISHED"
+
+
+def test_params_of_a_switched_off_feature_read_off():
+    from k3lab.model.config import tiny_config
+    from k3lab.train.spec import TrainSpec
+    from k3lab.tune.trial import TrialSpec, trial_params
+
+    def params(**fields):
+        config = tiny_config(**fields)
+        spec = TrialSpec(variant_id="v", variant_name="v", seed=0, config=config.to_dict(), train=TrainSpec(),
+                         tracking_uri=None, experiment="e", overrides={"attn_res_block_size": "off"})
+        return trial_params(spec, {"total": 1, "by_component": {}})
+
+    off = params(use_attn_res=False)
+    assert off["model.attn_res_block_size"] == "off" and off["model.attn_res_proj_init"] == "off"
+    assert off["model.use_attn_res"] is False and off["axis.attn_res_block_size"] == "off"
+    assert off["model.num_experts"] == 4  # MoE is on in tiny
+    on = params()
+    assert on["model.attn_res_block_size"] == 2
+    dense = params(num_dense_layers=4)
+    assert dense["model.num_experts"] == "off" and dense["model.moe_latent_size"] == "off"
+    all_kda = params(layer_types=("kda",) * 4)
+    assert all_kda["model.mla_num_heads"] == "off" and all_kda["model.kda_num_heads"] == tiny_config().kda_num_heads
+
+
+def test_a_sweep_whose_driver_died_is_reported_interrupted_and_closed(tmp_path, sweep_file, capsys):
+    import subprocess
+    import socket
+    import sys
+
+    from k3lab.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent_run_id, _ = fake_sweep(uri, seeds=(0,), parent_status="RUNNING")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    client = MlflowClient(uri)
+    client.set_tag(parent_run_id, runs.DRIVER, f"{socket.gethostname()}:{gone.stdout.strip()}")
+    report = ["report", str(sweep_file), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri]
+    assert main(report) == 0
+    out = capsys.readouterr().out
+    assert "interrupted" in out and "--resume" in out and "--close" in out
+    parent = client.get_run(parent_run_id)
+    assert parent.info.status == "RUNNING" and parent.data.tags[runs.STATUS] == "interrupted"
+    assert "**Interrupted**" in parent.data.tags[runs.NOTE]
+    assert main([*report, "--close"]) == 0
+    parent = client.get_run(parent_run_id)
+    last_end = max(t.info.end_time for t in runs.trial_runs(uri, parent_run_id))
+    assert parent.info.status == "KILLED" and parent.info.end_time == last_end
+    assert parent.data.tags[runs.STATUS] == "interrupted"
+    capsys.readouterr()
+    assert main([*report, "--close"]) == 2  # closed already
+    assert "nothing to close" in capsys.readouterr().err

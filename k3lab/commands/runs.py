@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 import yaml
@@ -68,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--gpu-log", help="GPU utilisation samples (epoch_seconds,percent per line) for --markdown")
     report.add_argument("--baseline", help="the variant the others are compared against, paired by seed "
                                             "(default: the sweep file's baseline)")
+    report.add_argument("--close", action="store_true",
+                        help="end a sweep whose driver died: its parent run and the trials left RUNNING end KILLED "
+                             "(--resume continues it instead)")
     report.set_defaults(func=run_report)
 
 
@@ -294,6 +298,7 @@ def run_sweep_command(args) -> int:
 def run_report(args) -> int:
     from k3lab.report.summary import build_report
     from k3lab.tune.seeds import report_options
+    from k3lab.tune.parent import present
 
     run = sweep_run_from_args(args)
     sweep = run.sweep
@@ -306,15 +311,47 @@ def run_report(args) -> int:
     if args.baseline and args.baseline not in names:
         raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
     options = {} if args.baseline else report_options(sweep)  # --baseline: one baseline for every variant
+    console = wide_console()
+    state = check_interrupted(console, run, parent_run_id, close=args.close)
     summary = build_report(run.tracking_uri, parent_run_id, metric, sweep.metric.mode, out_dir=out,
                            baseline=args.baseline or sweep.baseline,
                            variant_order=[v.name for v in sweep.valid_variants], **options)
     written = write_results_markdown(args, run, parent_run_id, summary) if args.markdown else None
-    console = wide_console()
+    with contextlib.suppress(Exception):  # the UI's view and descriptions, as of now
+        present(run, parent_run_id, state=state)
     print_summary(console, run, summary)
     if written is not None:
         console.print(written, markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def check_interrupted(console, run, parent_run_id: str, close: bool) -> str:
+    """The sweep's state (`k3lab.store.runs.sweep_state`): an interrupted one is said so on the
+    terminal and in the parent's `k3lab.status` tag, and ended with `close`."""
+    from k3lab.store import runs
+
+    parent = runs.get_run(run.tracking_uri, parent_run_id)
+    state = runs.sweep_state(parent, runs.trial_runs(run.tracking_uri, parent_run_id))
+    if close and parent.info.status != "RUNNING":
+        raise UserError(f"--close: the parent run {parent_run_id} of {run.experiment} has ended already "
+                        f"({parent.info.status}): nothing to close")
+    if close and state != runs.INTERRUPTED:
+        raise UserError(f"--close: the parent run {parent_run_id} of {run.experiment} is still running "
+                        f"(its driver {parent.data.tags.get(runs.DRIVER, '?')} is alive)")
+    if state != runs.INTERRUPTED or parent.info.status != "RUNNING":
+        return state
+    if close:
+        ended = runs.close_interrupted(run.tracking_uri, parent_run_id)
+        console.print(f"[yellow]interrupted: the parent run {parent_run_id} of {run.experiment} ended KILLED"
+                      + (f", with {ended} trials still marked running" if ended else ""))
+        return state
+    runs.mark_interrupted(run.tracking_uri, parent_run_id)
+    driver = parent.data.tags.get(runs.DRIVER)
+    console.print(f"[yellow]interrupted: the parent run {parent_run_id} of {run.experiment} is still RUNNING but "
+                  + (f"its driver ({driver}) is gone" if driver else "no trial has run for a while")
+                  + f"; `k3lab sweep {run.sweep.path} --resume` continues it, `k3lab report {run.sweep.path} "
+                  "--close` ends it")
+    return state
 
 
 def find_parent_run(run) -> str:

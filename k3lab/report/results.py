@@ -74,12 +74,14 @@ class ParentRecord:
     params: dict
     metrics: dict
     tags: dict
+    state: str = ""  # runs.sweep_state: FINISHED, FAILED, KILLED, RUNNING or interrupted
 
 
 def load_parent(tracking_uri: str, parent_run_id: str) -> ParentRecord:
     run = runs.get_run(tracking_uri, parent_run_id)
+    state = runs.sweep_state(run, runs.trial_runs(tracking_uri, parent_run_id))
     return ParentRecord(run.info.run_id, run.info.start_time, run.info.end_time, run.data.params,
-                        dict(run.data.metrics), run.data.tags)
+                        dict(run.data.metrics), run.data.tags, state)
 
 
 def copy_plots(files: list[Path], folder: Path, relative_to: Path) -> list[str]:
@@ -130,7 +132,7 @@ def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: 
     if report_command:
         lines.append(f"- Report: `{report_command}`")
     gpus = parent.metrics.get("sweep_gpus")
-    lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms)}", f"- Machine: {machine(records, gpus)}",
+    lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms, parent.state)}", f"- Machine: {machine(records, gpus)}",
               f"- Tokens per trial: {tokens_per_trial(parent.params)}", f"- Sweep: {sweep_line(parent, records)}"]
     return lines
 
@@ -147,12 +149,15 @@ def sweep_line(parent: ParentRecord, records: list[TrialRecord]) -> str:
     return "parent run not closed; from its trials, to the last one's end: " + sweep_totals(totals)
 
 
-def date_range(start_ms: int | None, end_ms: int | None) -> str:
+def date_range(start_ms: int | None, end_ms: int | None, state: str = "") -> str:
     def utc(ms: int) -> str:
         return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
     if not start_ms:
         return "n/a"
+    if state == runs.INTERRUPTED:
+        return utc(start_ms) + " (interrupted: its driver stopped before the sweep ended" + (
+            f"; closed at the last trial's end, {utc(end_ms)})" if end_ms else ")")
     return utc(start_ms) + (f" to {utc(end_ms)}" if end_ms else " (not finished)")
 
 

@@ -132,6 +132,17 @@ def execution_tags(execution: dict | None) -> dict[str, str]:
     return {f"k3lab.{k}": str(v) for k, v in (execution or {}).items()}
 
 
+OFF = "off"  # the value of a param whose feature the model has switched off
+
+
+def model_params(config: dict, inactive=()) -> dict[str, str]:
+    """A trial's `model.*` params; the fields of a switched-off feature (`inactive`, e.g. the AttnRes
+    block size of a model without AttnRes) read "off", not their unused default."""
+    from k3lab.store.tracking import flatten
+
+    return flatten("model", config) | {f"model.{name}": OFF for name in inactive}
+
+
 def error_tags(message: str) -> dict[str, str]:
     return {ERROR: message[:MAX_TAG]}
 
@@ -188,8 +199,8 @@ def sweep_state(parent, trials: list, now_ms: int | None = None) -> str:
     driver runs it, or INTERRUPTED when it is RUNNING with no driver left: the driver's process is
     gone (same host), or (another host, or a store from before `k3lab.driver`) no trial is running
     and the last one ended more than STALE_MS ago."""
-    if parent.info.status != "RUNNING":
-        return parent.info.status
+    if parent.info.status != "RUNNING":  # a closed interrupted sweep (report --close) stays one
+        return INTERRUPTED if parent.data.tags.get(STATUS) == INTERRUPTED else parent.info.status
     alive = driver_alive(parent.data.tags.get(DRIVER))
     if alive is not None:
         return "RUNNING" if alive else INTERRUPTED

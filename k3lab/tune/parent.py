@@ -101,13 +101,14 @@ class ParentRun:
         self.tracker.finish(status)
 
 
-def present(run: SweepRun, parent_run_id: str) -> None:
+def present(run: SweepRun, parent_run_id: str, state: str | None = None) -> None:
     """The sweep in the MLflow UI: its experiment's loss view and description, the parent's
-    description with links to its trials, a colour per variant (`k3lab.store.views`)."""
+    description with links to its trials (and, `state` interrupted, what to do), a colour per
+    variant (`k3lab.store.views`)."""
     sweep = run.sweep
     present_sweep(run.tracking_uri, parent_run_id, axes=[axis.name for axis in sweep.axes],
                   metric=sweep.metric.name, variant_order=[v.name for v in sweep.valid_variants],
-                  description=sweep.description, title=sweep_title(run))
+                  description=sweep.description, title=sweep_title(run), state=state)
 
 
 def sweep_title(run: SweepRun) -> str:
