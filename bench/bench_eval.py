@@ -2,8 +2,8 @@
 
     python bench/bench_eval.py [--preset small] [--batch-size 4] [--seq-len 256] [--eval-batches 8 4] [--steps 6]
 
-Times, on this machine's device, the mean optimizer step (after two warm-up steps), one
-`Trainer.evaluate()` of each `--eval-batches` (forward only, the trial's eval windows) and one
+Times, on this machine's device, the mean optimizer step (after two warm-up steps), the best
+of three `Trainer.evaluate()` of each `--eval-batches` (forward only, the trial's eval windows) and one
 trainer checkpoint (a sweep trial saves one at every evaluation, with its report to Ray), and
 prints them in units of training steps. An evaluation every `k` steps then costs about
 (evaluation + checkpoint) / k of the training time.
@@ -56,15 +56,19 @@ def main() -> None:
             times.append(time.perf_counter() - start)
     step_s = statistics.fmean(times)
     print(f"{args.preset} on {device}, {args.batch_size} x {args.seq_len} tokens: training step {step_s:.3f} s "
-          f"(mean of {len(times)})")
+          f"(mean of {len(times)}, best {min(times):.3f} s)", flush=True)
     for batches in args.eval_batches:
         trainer.spec = attrs.evolve(spec, eval_batches=batches)
         trainer.evaluate()  # the first builds the eval windows
-        start = time.perf_counter()
-        trainer.evaluate()
-        synced(device)
-        eval_s = time.perf_counter() - start
-        print(f"evaluation of {batches} batches: {eval_s:.3f} s = {eval_s / step_s:.2f} training steps")
+        runs = []
+        for _ in range(3):
+            start = time.perf_counter()
+            trainer.evaluate()
+            synced(device)
+            runs.append(time.perf_counter() - start)
+        eval_s = min(runs)
+        print(f"evaluation of {batches} batches: {eval_s:.3f} s (best of 3) = {eval_s / step_s:.2f} training "
+              f"steps (best step {min(times):.3f} s: {eval_s / min(times):.2f})", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         save_trainer(trainer, folder)

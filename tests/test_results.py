@@ -102,7 +102,7 @@ def legend_colours(fig) -> dict[str, str]:
 
 
 def test_report_command_keeps_the_files_order_and_one_colour_per_variant_in_every_plot(store, monkeypatch, capsys):
-    from k3lab.report import summary as report
+    from k3lab.report import plots as report
 
     uri, parent, _, tmp_path = store
     sweep = tmp_path / "attnres_block.yaml"  # the baseline first, as in the store's runs
@@ -128,6 +128,9 @@ def test_report_command_keeps_the_files_order_and_one_colour_per_variant_in_ever
     first = plots["loss_curves.png"]
     assert set(first) == {"attnres_off", "attnres_bs4"} and first["attnres_off"] != first["attnres_bs4"]
     assert all(plots[name] == first for name in legends)
+    from k3lab.store.colours import variant_colours
+
+    assert first == variant_colours(["attnres_off", "attnres_bs4"])  # the trials' mlflow.runColor too
 
 
 def test_results_markdown_reports_table_startup_tracking_and_gpu_busy(store):

@@ -3,7 +3,7 @@
 Everything here reads what the trials logged (params, metric histories, run times),
 so the same report can be rebuilt later from the store alone (`k3lab report`).
 Variants appear in the sweep file's order (the baseline first), each in one colour
-in every plot.
+in every plot (`k3lab.report.plots`) and in the MLflow UI.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import Iterable, Sequence
 
 from rich.table import Table
 
-from k3lab.report import stats
-from k3lab.report.figures import pyplot, save_figure
+from k3lab.report import plots, stats
 from k3lab.report.records import TrialRecord
 from k3lab.store import runs
 from k3lab.store.colours import variant_colours as palette
@@ -133,80 +132,6 @@ def variant_colours(variants: Sequence[str], variant_order: Sequence[str] = ()) 
     return palette(file_order({*variant_order, *variants}, variant_order))
 
 
-def plot_loss_curves(records: list[TrialRecord], path: Path, metric: str, colours: dict[str, tuple]) -> Path:
-    """Loss curves by variant (one colour per variant, one line per seed), train and validation."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, name in zip(axes, ("train_loss", metric)):
-        for record in records:
-            points = record.curves.get(name, [])
-            if points:
-                steps, values = zip(*points)
-                label = record.variant if record.seed == min(r.seed for r in records if r.variant == record.variant) else None
-                ax.plot(steps, values, color=colours[record.variant], alpha=0.8, label=label)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(name)
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    return save_figure(plt, fig, path)
-
-
-def plot_metric_vs_params(rows: list[dict], path: Path, metric: str, colours: dict[str, tuple]) -> Path:
-    """Final metric (mean +- std over seeds) against active parameters, one point per variant."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for row in rows:
-        if math.isnan(row[f"{metric}_mean"]):
-            continue
-        ax.errorbar(row["params_active"], row[f"{metric}_mean"], yerr=row[f"{metric}_std"], fmt="o", capsize=3,
-                    color=colours[row["variant"]], label=row["variant"])
-        ax.annotate(row["variant"], (row["params_active"], row[f"{metric}_mean"]), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")
-    ax.set_xlabel("active parameters")
-    ax.set_ylabel(f"final {metric}")
-    ax.grid(alpha=0.3)
-    return save_figure(plt, fig, path)
-
-
-def plot_metric_by_variant(rows: list[dict], path: Path, metric: str, colours: dict[str, tuple]) -> Path:
-    """Final metric against the swept axis values, in the rows' order (one point per variant,
-    seed std as error bars)."""
-    plt = pyplot()
-    labels = [", ".join(f"{k}={v}" for k, v in r["axes"].items()) or r["variant"] for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.8))
-    for x, row in enumerate(rows):
-        ax.errorbar(x, row[f"{metric}_mean"], yerr=row[f"{metric}_std"], fmt="o", capsize=4,
-                    color=colours[row["variant"]], label=row["variant"])
-    ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(f"final {metric} (mean ± std over seeds)")
-    ax.grid(alpha=0.3)
-    return save_figure(plt, fig, path)
-
-
-def plot_paired_differences(comparisons: list[stats.Comparison], path: Path, metric: str, mode: str,
-                            colours: dict[str, str] | None = None) -> Path:
-    """Each variant's mean paired difference from the baseline with its 95% interval; a hollow
-    marker without a bar where one pair gives no interval, nothing where there is no pair."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(comparisons) + 2), 4.8))
-    for x, c in enumerate(comparisons):
-        if c.mean_diff is None:
-            continue
-        colour = (colours or {}).get(c.variant, "C0")
-        error = None if c.half_width is None else [[c.half_width], [c.half_width]]
-        ax.errorbar([x], [c.mean_diff], yerr=error, fmt="o", capsize=4, color=colour,
-                    markerfacecolor=colour if c.half_width is not None else "none")
-    ax.axhline(0.0, color="black", linewidth=0.8)
-    labels = [f"{c.variant}\n{c.verdict} ({c.pairs}/{c.seeds} pairs)" for c in comparisons]
-    ax.set_xticks(range(len(comparisons)), labels, rotation=30, ha="right", fontsize=8)
-    baseline = comparisons[0].baseline if comparisons else "baseline"
-    ax.set_ylabel(f"{metric} - {baseline} ({'lower' if mode == 'min' else 'higher'} is better)")
-    ax.set_title(f"final {metric} minus {baseline}'s, paired by seed (95% t-interval)", fontsize=10)
-    ax.grid(alpha=0.3)
-    return save_figure(plt, fig, path)
-
-
 def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss", mode: str = "min",
                  out_dir: Path | None = None, baseline: str | None = None,
                  variant_order: Sequence[str] = (), baselines: dict[str, str] | None = None, design=None,
@@ -234,12 +159,15 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     if out_dir is not None and records:
         out_dir.mkdir(parents=True, exist_ok=True)
         colours = variant_colours(order, variant_order)
-        files.append(plot_loss_curves(records, out_dir / "loss_curves.png", metric, colours))
-        files.append(plot_metric_by_variant(rows, out_dir / f"{metric}_by_variant.png", metric, colours))
-        files.append(plot_metric_vs_params(rows, out_dir / f"{metric}_vs_params.png", metric, colours))
+        title = experiment_title(tracking_uri, parent_run_id)
+        files.append(plots.plot_loss_curves(records, out_dir / "loss_curves.png", metric, colours, baseline, title))
+        files.append(plots.plot_metric_by_variant(rows, out_dir / f"{metric}_by_variant.png", metric, colours,
+                                                  baseline, title))
+        files.append(plots.plot_metric_vs_params(rows, out_dir / f"{metric}_vs_params.png", metric, colours,
+                                                 baseline, title))
         if comparisons:
-            files.append(plot_paired_differences(comparisons, out_dir / f"{metric}_vs_baseline.png", metric, mode,
-                                                 colours))
+            files.append(plots.plot_paired_differences(comparisons, out_dir / f"{metric}_vs_baseline.png", metric,
+                                                       mode, colours, title))
         if len({row["step"] for row in curves}) > 1:  # the whole curve, when there is more than the end
             files.append(family.plot_curve_differences(curves, out_dir / f"{metric}_curve_vs_baseline.png", metric,
                                                        mode, colours, "confidence sequence" if design else "95% t"))
@@ -248,6 +176,12 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
         files.append(summary_path)
     return {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
             "comparisons": comparisons, "design": design, "curves": curves}
+
+
+def experiment_title(tracking_uri: str, parent_run_id: str) -> str:
+    """The plots' title: the sweep's experiment (e.g. attnres_block-gpu)."""
+    client = runs.client(tracking_uri)
+    return client.get_experiment(client.get_run(parent_run_id).info.experiment_id).name
 
 
 def add_paired_columns(rows: list[dict], comparisons: list[stats.Comparison], baseline: str | None) -> None:

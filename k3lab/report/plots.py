@@ -1,0 +1,303 @@
+"""The report's plots: each titled with the sweep, the baseline drawn where variants are compared,
+one colour per variant (`k3lab.store.colours`, the trials' colour in the MLflow UI too), and a
+trial that did not finish (stopped early by the scheduler, failed, diverged) marked with a cross.
+
+    loss_curves.png         train_loss (log scale, smoothed); train_loss minus the baseline over
+                            the second half of training and the metric minus the baseline at each
+                            evaluation, paired by seed (differences of ~1% that overlaid curves hide)
+    <metric>_by_variant.png the final metric per variant, mean ± std over seeds, the baseline's as a line
+    <metric>_vs_params.png  the final metric against active parameters (variants of equal size side
+                            by side, labelled), the baseline's as a line
+    <metric>_vs_baseline.png each variant's paired difference from the baseline with its 95% interval
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+STOPPED = ("KILLED", "FAILED")  # a trial's MLflow status when it did not train to the end
+BASELINE_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.0}
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (sweeps run without a display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(plt, fig, path: Path) -> Path:
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # nothing clipped: labels and legends inside the file
+    plt.close(fig)
+    return path
+
+
+def figure(plt, width: float, height: float, columns: int = 1):
+    fig, axes = plt.subplots(1, columns, figsize=(width, height), layout="constrained")
+    return fig, axes
+
+
+def smooth(points: list[tuple[int, float]], window: int) -> tuple[np.ndarray, np.ndarray]:
+    """A centred moving average of a curve (steps, values); the ends use the points they have."""
+    if not points:
+        return np.array([]), np.array([])
+    steps, values = (np.asarray(v, dtype=float) for v in zip(*points))
+    if window <= 1 or len(values) < 3:
+        return steps, values
+    kernel = np.ones(window)
+    sums = np.convolve(values, kernel, mode="same")
+    counts = np.convolve(np.ones_like(values), kernel, mode="same")
+    return steps, sums / counts
+
+
+def smoothing_window(records) -> int:
+    longest = max((len(r.curves.get("train_loss", [])) for r in records), default=0)
+    return max(1, longest // 25)
+
+
+def plain_log_ticks(ax) -> None:
+    """A log-scale y axis labelled 0.8, 1, 2 instead of 8x10^-1, 10^0, 2x10^0."""
+    from matplotlib.ticker import FuncFormatter
+
+    label = FuncFormatter(lambda value, _position: f"{value:g}")
+    ax.yaxis.set_major_formatter(label)
+    ax.yaxis.set_minor_formatter(label)
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+
+
+def mark_stopped(ax, record, steps, values, colour) -> None:
+    """A cross at the last point of a trial that did not finish."""
+    if record.status in STOPPED and len(steps):
+        ax.plot(steps[-1], values[-1], marker="X", markersize=9, color=colour, markeredgecolor="black",
+                linestyle="none", zorder=5)
+
+
+def stopped_handle():
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], marker="X", markersize=9, color="grey", markeredgecolor="black", linestyle="none")
+
+
+def paired_curve(records, variant: str, baseline: str, name: str, window: int, from_step: float = 0):
+    """The mean over seeds of (variant - baseline) for the curve `name`, at the steps both have."""
+    base = {r.seed: dict(zip(*smooth(r.curves.get(name, []), window))) for r in records if r.variant == baseline}
+    diffs: dict[float, list[float]] = {}
+    for record in (r for r in records if r.variant == variant and r.seed in base):
+        for step, value in zip(*smooth(record.curves.get(name, []), window)):
+            if step >= from_step and step in base[record.seed]:
+                diffs.setdefault(step, []).append(value - base[record.seed][step])
+    steps = sorted(diffs)
+    return np.array(steps), np.array([sum(diffs[s]) / len(diffs[s]) for s in steps])
+
+
+def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], baseline: str | None = None,
+                     title: str = "") -> Path:
+    """Three panels: train_loss of every trial (log scale, smoothed), then, against the baseline
+    paired by seed, train_loss over the second half and `metric` at each evaluation (without a
+    baseline: those two as they are, the second half of training zoomed)."""
+    plt = pyplot()
+    fig, (whole, late, val) = figure(plt, 17, 5.4, columns=3)
+    window = smoothing_window(records)
+    last = max((p[0] for r in records for p in r.curves.get("train_loss", [])[-1:]), default=0)
+    variants = list(dict.fromkeys(r.variant for r in records))
+    labelled = set()
+    for record in records:
+        steps, values = smooth(record.curves.get("train_loss", []), window)
+        if not len(steps):
+            continue
+        colour = colours[record.variant]
+        label = record.variant if record.variant not in labelled else None
+        labelled.add(record.variant)
+        whole.plot(steps, values, color=colour, alpha=0.85, linewidth=1.2, label=label)
+        mark_stopped(whole, record, steps, values, colour)
+    whole.set_yscale("log")
+    plain_log_ticks(whole)
+    smoothed = f", smoothed over {window} steps" if window > 1 else ""
+    whole.set_title(f"train_loss, every trial\n(log scale{smoothed})", fontsize=10)
+    compared = baseline is not None and baseline in variants
+    for ax, name, start in ((late, "train_loss", last / 2), (val, metric, 0)):
+        for variant in variants:
+            colour = colours[variant]
+            if compared:
+                if variant == baseline:
+                    continue
+                steps, values = paired_curve(records, variant, baseline, name, window if name == "train_loss" else 1,
+                                             start)
+                ax.plot(steps, values, color=colour, marker="o" if name != "train_loss" else None, markersize=4)
+                stopped = next((r for r in records if r.variant == variant and r.status in STOPPED), None)
+                if stopped is not None:
+                    mark_stopped(ax, stopped, steps, values, colour)
+            else:
+                for record in (r for r in records if r.variant == variant):
+                    steps, values = smooth(record.curves.get(name, []), window if name == "train_loss" else 1)
+                    keep = steps >= start
+                    ax.plot(steps[keep], values[keep], color=colour, alpha=0.85,
+                            marker="o" if name != "train_loss" else None, markersize=4)
+                    mark_stopped(ax, record, steps[keep], values[keep], colour)
+        if compared:
+            ax.axhline(0.0, **BASELINE_STYLE)
+            ax.set_ylabel(f"{name} − baseline")
+        else:
+            ax.set_ylabel(name)
+        ax.ticklabel_format(axis="y", useOffset=False)
+    paired = f"minus the baseline {baseline} (dashed), paired by seed"
+    late.set_title(f"train_loss over the second half of training\n{paired if compared else ''}", fontsize=10)
+    val.set_title(f"{metric} at each evaluation\n{paired if compared else ''}", fontsize=10)
+    for ax in (whole, late, val):
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    whole.set_ylabel("train_loss")
+    handles, labels = whole.get_legend_handles_labels()
+    if any(r.status in STOPPED for r in records):
+        handles, labels = [*handles, stopped_handle()], [*labels, "stopped early or failed"]
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=9, frameon=False)
+    fig.suptitle(f"{title}: loss curves by variant" if title else "loss curves by variant")
+    return save_figure(plt, fig, path)
+
+
+def baseline_line(ax, rows: list[dict], metric: str, baseline: str | None) -> str:
+    """The baseline's mean as a dashed line across the axes; returns the words for the title."""
+    row = next((r for r in rows if r["variant"] == baseline), None)
+    if row is None or math.isnan(row[f"{metric}_mean"]):
+        return ""
+    ax.axhline(row[f"{metric}_mean"], **BASELINE_STYLE)
+    return f"; dashed: the baseline {baseline}"
+
+
+def unfinished_note(rows: list[dict], shown: str = "×") -> str:
+    missing = [r["variant"] for r in rows if r["seeds"] == 0]
+    return f"\nno finished trial ({shown}): {', '.join(missing)}" if missing else ""
+
+
+def plot_metric_by_variant(rows: list[dict], path: Path, metric: str, colours: dict[str, str],
+                           baseline: str | None = None, title: str = "") -> Path:
+    """Final metric per variant (mean ± std over finished seeds), in the rows' order; a variant
+    with no finished trial is a cross on the axis; fewer finished seeds than run are said."""
+    plt = pyplot()
+    fig, ax = figure(plt, max(6.5, 0.8 * len(rows) + 3), 5.0)
+    finite = [r[f"{metric}_mean"] for r in rows if not math.isnan(r[f"{metric}_mean"])]
+    low = min(finite) if finite else 0.0
+    for x, row in enumerate(rows):
+        mean, std, colour = row[f"{metric}_mean"], row[f"{metric}_std"], colours[row["variant"]]
+        if math.isnan(mean):
+            ax.plot(x, low, marker="X", markersize=10, color=colour, markeredgecolor="black", linestyle="none",
+                    label=row["variant"], clip_on=False)
+            continue
+        ax.errorbar(x, mean, yerr=std, fmt="o", capsize=4, color=colour, label=row["variant"])
+        if row["seeds"] < row["trials"]:
+            ax.annotate(f"{row['seeds']}/{row['trials']} seeds", (x, mean), xytext=(6, -10),
+                        textcoords="offset points", fontsize=7)
+    reference = baseline_line(ax, rows, metric, baseline)
+    ax.set_xticks(range(len(rows)), [r["variant"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.set_ylabel(f"final {metric}")
+    ax.ticklabel_format(axis="y", useOffset=False)
+    ax.grid(alpha=0.3)
+    seeds = max((r["trials"] for r in rows), default=0)
+    ax.set_title(f"final {metric} by variant, mean ± std over {seeds} seed{'s' if seeds != 1 else ''}"
+                 f"{reference}{unfinished_note(rows)}", fontsize=10)
+    fig.suptitle(title or f"final {metric}")
+    return save_figure(plt, fig, path)
+
+
+def spread(values: Sequence[float], gap: float) -> list[float]:
+    """`values` moved apart as little as needed so that neighbours are at least `gap` apart (order kept)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    placed = [float(values[i]) for i in order]
+    for i in range(1, len(placed)):
+        placed[i] = max(placed[i], placed[i - 1] + gap)
+    shift = (sum(placed) - sum(values[i] for i in order)) / max(1, len(placed))  # keep them centred
+    out = [0.0] * len(values)
+    for rank, i in enumerate(order):
+        out[i] = placed[rank] - shift
+    return out
+
+
+def parameter_count(value: float, span: float = 0.0) -> str:
+    """25.3M, 1.2B: with as many decimals as ticks `span` apart need to read apart."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1.0, "")):
+        if abs(value) >= scale or scale == 1.0:
+            tick = span / 6 / scale if span else 1.0
+            decimals = max(0, min(6, math.ceil(-math.log10(tick)))) if tick < 1 else 0
+            return f"{value / scale:.{decimals}f}{unit}"
+    return f"{value:.0f}"
+
+
+def plot_metric_vs_params(rows: list[dict], path: Path, metric: str, colours: dict[str, str],
+                          baseline: str | None = None, title: str = "") -> Path:
+    """Final metric (mean ± std over seeds) against active parameters, one point per variant;
+    variants of (nearly) equal size are set side by side and every point is labelled."""
+    from matplotlib.ticker import FuncFormatter
+
+    plt = pyplot()
+    fig, ax = figure(plt, 8.5, 5.2)
+    shown = [r for r in rows if not math.isnan(r[f"{metric}_mean"])]
+    xs = [float(r["params_active"]) for r in shown]
+    span = (max(xs) - min(xs)) if xs else 0.0
+    step = 0.03 * (span or max(xs, default=1.0))
+    groups: dict[int, list[int]] = {}  # variants within 0.5% of each other's size share a slot
+    for i, x in enumerate(xs):
+        key = next((k for k in groups if abs(xs[groups[k][0]] - x) <= 0.005 * max(x, 1.0)), len(groups))
+        groups.setdefault(key, []).append(i)
+    placed = list(xs)
+    for members in groups.values():
+        for rank, i in enumerate(members):
+            placed[i] = xs[i] + (rank - (len(members) - 1) / 2) * step
+    means = [r[f"{metric}_mean"] for r in shown]
+    height = (max(means) - min(means)) if means else 0.0
+    labels_y = spread(means, 0.06 * (height or abs(means[0]) * 0.01 or 1.0)) if means else []
+    for row, x, y, label_y in zip(shown, placed, means, labels_y):
+        colour = colours[row["variant"]]
+        ax.errorbar(x, y, yerr=row[f"{metric}_std"], fmt="o", capsize=3, color=colour, label=row["variant"])
+        ax.annotate(row["variant"], (x, y), xytext=(x + 0.35 * step, label_y), textcoords="data", fontsize=7,
+                    va="center", arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.6})
+    reference = baseline_line(ax, rows, metric, baseline)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _position: parameter_count(value, span)))
+    ax.ticklabel_format(axis="y", useOffset=False)
+    if xs:
+        ax.set_xlim(min(placed) - 2 * step, max(placed) + 6 * step)
+    ax.set_xlabel("active parameters per token" + (" (variants of equal size side by side)" if
+                                                   any(len(m) > 1 for m in groups.values()) else ""))
+    ax.set_ylabel(f"final {metric}")
+    ax.grid(alpha=0.3)
+    ax.set_title(f"final {metric} (mean ± std over seeds) against active parameters{reference}"
+                 f"{unfinished_note(rows, 'not drawn')}", fontsize=10)
+    fig.suptitle(title or f"final {metric}")
+    return save_figure(plt, fig, path)
+
+
+def plot_paired_differences(comparisons, path: Path, metric: str, mode: str, colours: dict[str, str] | None = None,
+                            title: str = "") -> Path:
+    """Each variant's mean paired difference from the baseline with its 95% interval, one row per
+    variant (labels side by side never overlap); a hollow marker without a bar where one pair gives
+    no interval, a cross on 0 where there is no pair (no trial finished with the baseline's seed)."""
+    plt = pyplot()
+    fig, ax = figure(plt, 9.0, max(3.0, 0.45 * len(comparisons) + 1.8))
+    rows = list(range(len(comparisons)))[::-1]  # the first variant on top
+    for y, c in zip(rows, comparisons):
+        colour = (colours or {}).get(c.variant, "C0")
+        if c.mean_diff is None:
+            ax.plot([0.0], [y], marker="X", markersize=10, color=colour, markeredgecolor="black", linestyle="none")
+            continue
+        error = None if c.half_width is None else [[c.half_width], [c.half_width]]
+        ax.errorbar([c.mean_diff], [y], xerr=error, fmt="o", capsize=4, color=colour,
+                    markerfacecolor=colour if c.half_width is not None else "none")
+    ax.axvline(0.0, **BASELINE_STYLE)
+    labels = [f"{c.variant}: {c.verdict} ({c.pairs}/{c.seeds} pairs)" for c in comparisons]
+    ax.set_yticks(rows, labels, fontsize=8)
+    ax.set_ylim(-0.6, len(comparisons) - 0.4)
+    baseline = comparisons[0].baseline if comparisons else "baseline"
+    ax.set_xlabel(f"{metric} − {baseline} ({'lower' if mode == 'min' else 'higher'} is better)")
+    ax.ticklabel_format(axis="x", useOffset=False)
+    ax.set_title(f"final {metric} minus the baseline {baseline}'s (dashed), paired by seed, with its 95% "
+                 f"t-interval\nhollow: one pair, no interval; ×: no pair", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.suptitle(title or f"final {metric} against {baseline}")
+    return save_figure(plt, fig, path)
