@@ -16,7 +16,9 @@ def pyplot():
 
 
 def save_figure(plt, fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    """Save and close; labels, titles and legends outside the axes stay inside the file."""
+    if fig.get_layout_engine() is None:  # a figure made with layout="constrained" keeps its own
+        fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -9,6 +9,9 @@ trial that did not finish (stopped early by the scheduler, failed, diverged) mar
     <metric>_vs_params.png  the final metric against active parameters (variants of equal size side
                             by side, labelled), the baseline's as a line
     <metric>_vs_baseline.png each variant's paired difference from the baseline with its 95% interval
+
+(`<metric>_curve_vs_baseline.png`, the difference at every evaluation in % of the baseline, is
+`k3lab.report.family`'s.)
 """
 
 from __future__ import annotations
@@ -19,24 +22,10 @@ from typing import Sequence
 
 import numpy as np
 
+from k3lab.report.figures import pyplot, save_figure
+
 STOPPED = ("KILLED", "FAILED")  # a trial's MLflow status when it did not train to the end
 BASELINE_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.0}
-
-
-def pyplot():
-    """matplotlib.pyplot on the file-only Agg backend (sweeps run without a display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(plt, fig, path: Path) -> Path:
-    fig.savefig(path, dpi=120, bbox_inches="tight")  # nothing clipped: labels and legends inside the file
-    plt.close(fig)
-    return path
 
 
 def figure(plt, width: float, height: float, columns: int = 1):
