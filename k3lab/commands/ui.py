@@ -28,7 +28,7 @@ from pathlib import Path
 from k3lab.errors import UserError
 
 APP_NAME, APP = "k3lab", "k3lab.commands.ui_app:app"
-UI_CACHE = Path.home() / ".cache" / "k3lab" / "ui"
+UI_CACHE = Path(os.environ.get("K3LAB_UI_DIR") or Path.home() / ".cache" / "k3lab" / "ui")  # unpacked stores
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

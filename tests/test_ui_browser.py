@@ -1,0 +1,202 @@
+"""The MLflow UI in a real browser: Playwright driving Debian's chromium against `k3lab ui` on the
+store of a CPU mini sweep made here, clicking as a researcher would from the experiment list.
+
+Checks what issue 25 found wrong: the experiment opens in the training view (not GenAI's Overview)
+with the parent run; the loss curves of every trial, one colour per variant, are two clicks away
+(the test counts them); a trial's val_loss chart renders; its params say "off" for AttnRes off;
+the parent's report plots open as artifacts. Screenshots go to K3LAB_UI_SCREENSHOTS (docs/ui for
+the README: `K3LAB_UI_SCREENSHOTS=docs/ui python -m pytest tests/test_ui_browser.py`), else to
+the test's temporary folder.
+
+Needs `playwright` (the test extra) and a `chromium` on PATH (`apt-get install chromium`; .ci/run
+installs it); Playwright never downloads a browser here. Without them the test skips and says why.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import mini_sweep, sweep_args
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT_MS = 90_000  # a cold MLflow UI on two shared cores
+
+
+def browser_or_skip() -> str:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install -e '.[test]')")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
+    return chromium
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, data_dir):
+    """A CPU mini sweep (AttnRes off against block size 1, 8 steps) in its own folder."""
+    from k3lab.cli import main
+
+    folder = tmp_path_factory.mktemp("ui-sweep")
+    sweep_file = folder / "mini.yaml"
+    sweep_file.write_text(mini_sweep("mini", "AttnRes off against block size 1 on a 2-layer tiny model"))
+    os.environ["K3LAB_DATA_DIR"] = str(data_dir)
+    try:
+        assert main(sweep_args(folder, sweep_file)) == 0
+    finally:
+        os.environ.pop("K3LAB_DATA_DIR", None)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ui(swept):
+    """`k3lab ui` on the sweep's store at a free loopback port; stopped (its process group) at the end."""
+    chromium = browser_or_skip()
+    port = free_port()
+    env = os.environ | {"K3LAB_UI_DIR": str(swept / "ui"),
+                        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    log = open(swept / "ui.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "k3lab.cli", "ui", str(swept / "mlflow.db"), "--port", str(port),
+                               "--workers", "1"], cwd=swept, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                if urllib.request.urlopen(base + "/health", timeout=5).read() == b"OK":
+                    break
+            except OSError:
+                pass
+            assert server.poll() is None, (swept / "ui.log").read_text()[-3000:]
+            assert time.time() < deadline, "k3lab ui did not answer in 180 s"
+            time.sleep(1)
+        yield base, chromium
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server's own group: mlflow, uvicorn and its workers
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def screenshot_folder(tmp_path) -> Path:
+    folder = Path(os.environ.get("K3LAB_UI_SCREENSHOTS") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def store_ids(folder: Path) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("mini")
+    runs = client.search_runs([experiment.experiment_id])
+    parent = next(r for r in runs if r.data.tags.get("k3lab.kind") == "sweep")
+    trials = {r.info.run_name: r.info.run_id for r in runs if r.data.tags.get("k3lab.kind") == "trial"}
+    return {"experiment": experiment.experiment_id, "parent": parent.info.run_id, "trials": trials}
+
+
+def rgb(colour: str) -> str:
+    red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({red}, {green}, {blue})"
+
+
+def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    from k3lab.store.colours import variant_colours
+
+    base, chromium = ui
+    ids = store_ids(swept)
+    colours = variant_colours(["attnres_off", "attnres_bs1"])  # the sweep file's order, as in k3lab's plots
+    shots = screenshot_folder(tmp_path)
+    clicks = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(viewport={"width": 1440, "height": 900})  # a first visit: nothing stored
+            context.set_default_timeout(TIMEOUT_MS)
+            page = context.new_page()
+
+            # the experiment list, then the experiment: the training view (Runs), not GenAI's Overview
+            page.goto(base + "/#/experiments")
+            page.locator("main").get_by_role("link", name="mini", exact=True).first.click()
+            clicks.append("experiment 'mini' in the experiment list")
+            page.wait_for_url(f"**/experiments/{ids['experiment']}/runs**")
+            expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+            expect(page.get_by_role("link", name="mini", exact=True).last).to_be_visible()  # the parent run
+            assert page.get_by_text("Detect Issues").count() == 0 and "overview" not in page.url
+            view = page.get_by_role("link", name="Loss curves by variant")
+            expect(view).to_be_visible()  # in the experiment's description, its first line
+            page.screenshot(path=shots / "01-experiment-runs.png")
+
+            # one click more: every trial's train_loss, val_loss and tokens_per_s, grouped by the axis
+            with context.expect_page() as opened:  # the description's links open a new tab
+                view.click()
+            clicks.append("'Loss curves by variant' in the experiment's description")
+            charts = opened.value
+            charts.get_by_text("Loss and throughput").wait_for()
+            expect(charts.get_by_text("Group by: axis.attn_res_block_size")).to_be_visible()
+            for name in ("attnres_off-s0", "attnres_bs1-s0"):  # the trials, without expanding the parent
+                expect(charts.get_by_role("link", name=name, exact=True)).to_be_visible()
+            headings = charts.locator("[data-testid=experiment-view-compare-runs-card] h4").all_inner_texts()
+            assert headings[:3] == ["train_loss", "val_loss", "tokens_per_s"], headings
+            charts.locator("path.js-line").first.wait_for()
+            charts.wait_for_timeout(2000)  # every chart drawn
+            strokes = set(charts.evaluate("Array.from(document.querySelectorAll('path.js-line'), p => p.style.stroke)"))
+            assert strokes == {rgb(colours["attnres_off"]), rgb(colours["attnres_bs1"])}, strokes  # one per variant
+            charts.screenshot(path=shots / "02-loss-curves-by-variant.png")
+            assert len(clicks) <= 2, clicks
+
+            # a trial: its val_loss chart renders; AttnRes off reads off in its params
+            trial = ids["trials"]["attnres_off-s0"]
+            page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{trial}/model-metrics")
+            page.get_by_role("searchbox", name="Search metric charts").fill("val_loss")  # charts draw when in view
+            card = page.locator("[data-testid=experiment-view-compare-runs-card]",
+                                has=page.get_by_role("heading", name="val_loss", exact=True)).first
+            card.locator("path.js-line[d*='L']").first.wait_for()  # a line through its evaluations
+            page.screenshot(path=shots / "03-trial-val-loss.png")
+            page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{trial}")
+            page.get_by_placeholder("Search parameters").fill("attn_res_block_size")
+            expect(page.get_by_role("row", name="model.attn_res_block_size off")).to_be_visible()
+
+            # the parent's report plots open as artifacts
+            page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{ids['parent']}/artifacts/report/loss_curves.png")
+            page.wait_for_function("Array.from(document.images).some(i => i.complete && i.naturalWidth > 500)")
+            for name in ("summary.json", "val_loss_vs_baseline.png"):
+                expect(page.get_by_text(name, exact=True)).to_be_visible()
+            page.screenshot(path=shots / "04-parent-report-artifacts.png")
+
+            # the parent's description links the metric page with every trial's curves overlaid
+            page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{ids['parent']}")
+            link = page.get_by_role("link", name="every trial's val_loss and train_loss on one page")
+            page.goto(base + "/" + link.get_attribute("href"))
+            page.locator("path.js-line").first.wait_for()
+            for name in ids["trials"]:
+                expect(page.get_by_role("link", name=name, exact=True).first).to_be_visible()
+            page.screenshot(path=shots / "05-metric-page.png")
+        finally:
+            browser.close()
+    (shots / "clicks.json").write_text(json.dumps({"from": "the experiment list", "to": "every trial's loss curves, "
+                                                   "coloured by variant", "clicks": clicks}, indent=2) + "\n")
+    print(f"clicks from the experiment list to the loss curves of every trial: {len(clicks)}: {clicks}")
