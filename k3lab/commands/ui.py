@@ -56,7 +56,8 @@ def store_uri(args) -> str:
     if not path.exists():
         raise UserError(f"{args.store}: no such store")
     if path.name.endswith(".xz"):
-        path = unpack(path, Path(args.unpack_dir) if args.unpack_dir else UI_CACHE / path.name.removesuffix(".xz"))
+        name = path.name.removesuffix(".xz").removesuffix(".db")
+        path = unpack(path, Path(args.unpack_dir) if args.unpack_dir else UI_CACHE / name)
     return f"sqlite:///{path.resolve()}"
 
 

@@ -199,7 +199,10 @@ def present_earlier_sweeps(tracking_uri: str) -> int:
         baseline = parent.data.tags.get("k3lab.baseline")
         names = sorted({runs.variant_of(t) for t in trials}, key=lambda n: (n != baseline, n))
         metric = parent.data.params.get("metric", "val_loss:min").split(":")[0]
+        state = runs.sweep_state(parent, trials)
+        if state == runs.INTERRUPTED and parent.info.status == "RUNNING":
+            runs.mark_interrupted(tracking_uri, parent.info.run_id)
         present_sweep(tracking_uri, parent.info.run_id, axes=runs.swept_axes(trials), metric=metric,
-                      variant_order=names, state=runs.sweep_state(parent, trials))
+                      variant_order=names, state=state)
         count += 1
     return count
