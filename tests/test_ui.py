@@ -4,6 +4,7 @@ tests/test_ui_browser.py checks it in one."""
 import json
 import lzma
 import shutil
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -200,3 +201,16 @@ def test_a_sweep_whose_driver_died_is_reported_interrupted_and_closed(tmp_path, 
     capsys.readouterr()
     assert main([*report, "--close"]) == 2  # closed already
     assert "nothing to close" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml")))
+def test_every_shipped_gpu_profile_makes_val_loss_a_curve(path):
+    from k3lab.registry.commands import load_sweep_for
+
+    for profile in ("gpu", "gpu2"):
+        try:
+            sweep = load_sweep_for(str(path), profile)
+        except Exception as error:  # a file without that profile
+            assert profile in str(error) or profile == "gpu2", error
+            continue
+        assert sweep.train.num_evals >= 8, (path.name, profile, sweep.train.num_evals)
