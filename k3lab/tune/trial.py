@@ -73,7 +73,8 @@ def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
         tracker.client.update_run(run_id, status="RUNNING")
         tracker.set_tags(node_tags() | execution_tags(execution))  # a restored trial may run on another node
         return tracker
-    tags = runs.trial_tags(spec.variant_id, spec.variant_name, spec.seed, spec.colour) | node_tags() | execution_tags(execution)
+    tags = runs.trial_tags(spec.variant_id, spec.variant_name, spec.seed, spec.colour)
+    tags |= node_tags() | execution_tags(execution)
     tracker = MLflowTracker.start(spec.tracking_uri, spec.experiment, spec.name, tags=tags,
                                   parent_run_id=spec.parent_run_id, flush_every=flush_every)
     tracker.log_params(trial_params(spec, counts) | {f"run.{k}": v for k, v in (execution or {}).items()})
