@@ -38,15 +38,19 @@ def test_every_step_is_logged_once_with_window_metrics():
     assert [s for s, _ in tracker.metrics["val_loss"]] == [6, 12]
     assert all(v > 0 for _, v in tracker.metrics["tokens_per_s"])
     diag = sorted(k for k in tracker.metrics if k.startswith("diag/"))
-    assert "diag/moe/L01/load_entropy" in diag and "diag/attnres/L03/mix_entropy" in diag
     assert not [k for k in tracker.metrics if not k.startswith("diag/") and "/" in k]  # all under one prefix
-    assert len(diag) == 2 * 3 + 4  # tiny: 3 MoE layers x 2, 4 AttnRes layers x 1 (was 2 x 3 + 2 x 14)
-    assert [s for s, _ in tracker.metrics["diag/attnres/L03/mix_entropy"]] == [3, 6, 9, 12]
-    assert sorted(tracker.tables) == ["diag/attnres_mixture/step_000006.json", "diag/attnres_mixture/step_000012.json"]
+    # tiny: one series per MoE layer (3) and per AttnRes layer (4), two chart sections in the UI
+    assert diag == [f"diag/attnres_entropy/L0{i}" for i in range(4)] + [f"diag/moe_balance/L0{i}" for i in (1, 2, 3)]
+    assert [s for s, _ in tracker.metrics["diag/attnres_entropy/L03"]] == [3, 6, 9, 12]
+    assert sorted(tracker.tables) == ["diag/attnres_mixture/step_000006.json", "diag/attnres_mixture/step_000012.json",
+                                      "diag/moe_load/step_000006.json", "diag/moe_load/step_000012.json"]
     table = tracker.tables["diag/attnres_mixture/step_000012.json"]
     assert table["columns"][:3] == ["layer", "site", "c0"] and table["data"][0][0] == "L00"
     assert {row[1] for row in table["data"]} == {"attn", "ffn"}
     assert all(sum(w for w in row[2:] if w is not None) == pytest.approx(1, abs=1e-4) for row in table["data"])
+    loads = tracker.tables["diag/moe_load/step_000012.json"]
+    assert loads["columns"][:4] == ["layer", "load_entropy", "load_max_min", "e0"] and len(loads["data"]) == 3
+    assert all(sum(row[3:]) == pytest.approx(1, abs=1e-4) for row in loads["data"])
 
 
 def test_nan_loss_stops_the_trial_with_a_clear_status():

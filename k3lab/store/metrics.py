@@ -1,23 +1,31 @@
 """The names under which a trial's per-layer diagnostics reach MLflow, and their tables.
 
 The training loop hands its diagnostics over as numbers per layer (`k3lab.train.metrics.diagnostics`);
-here they get their names, all under one prefix so that the loss and throughput metrics come
-first in every list of a run's metrics, with zero-padded layer numbers (L00 = model.layers[0])
-so that layers sort in order:
+here they get their names: all under one prefix, one summary series per layer, zero-padded layer
+numbers (L00 = model.layers[0]) so that layers sort in order:
 
-    diag/moe/L01/load_max_min    max/min expert load over a logging window, per MoE layer
-    diag/moe/L01/load_entropy    expert load entropy, 1 = balanced
-    diag/attnres/L03/mix_entropy the AttnRes mixture's entropy over its depth candidates,
-                                 normalised (1 = uniform, 0 = one candidate), mean of the layer's
-                                 two sites (before attention, before the FFN)
+    diag/attnres_entropy/L03   the AttnRes mixture's entropy over its depth candidates, normalised
+                               (1 = uniform, 0 = one candidate), mean of the layer's two sites
+                               (before attention, before the FFN)
+    diag/moe_balance/L01       the MoE layer's expert load entropy, normalised (1 = balanced),
+                               over a logging window
 
-and at each evaluation the full AttnRes mixtures as one table artifact:
+The name ends in the layer because MLflow's UI makes one chart section of every name's part
+before its last "/": these give two sections ("diag/attnres_entropy", "diag/moe_balance") with a
+chart per layer, in order, instead of a section per layer and site. (Those sections still come
+before the UI's "Model metrics" section of train_loss and val_loss on a run's page: the UI sorts
+named sections first; the experiment's saved view, `k3lab.store.views`, puts the loss first.)
 
-    diag/attnres_mixture/step_000080.json   {"columns": [layer, site, c0, c1, ...], "data": rows}
+At each evaluation the full picture goes into table artifacts (MLflow's `log_table` layout,
+{"columns", "data"}):
 
-(c0 = the embedding, the last = the live prefix; MLflow's `log_table` layout). Stores written
-before k3lab 0.1's UI work have `moe/L{i}/...` and `attnres/L{i}/{site}/c{k}` instead; nothing
-k3lab reports reads them.
+    diag/attnres_mixture/step_000080.json   layer, site, c0, c1, ... (c0 = the embedding, the last
+                                            = the live prefix)
+    diag/moe_load/step_000080.json          layer, load_entropy, load_max_min, e0, e1, ... (each
+                                            expert's share of the routed tokens)
+
+Stores written before had `moe/L{i}/load_max_min`, `moe/L{i}/load_entropy` and
+`attnres/L{i}/{site}/c{k}`; nothing k3lab reports reads them.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from __future__ import annotations
 import math
 
 DIAG = "diag"
+ATTN_RES, MOE = DIAG + "/attnres_entropy", DIAG + "/moe_balance"
 MIXTURE_TABLE = DIAG + "/attnres_mixture/step_{step:06d}.json"
+LOAD_TABLE = DIAG + "/moe_load/step_{step:06d}.json"
 
 
 def layer_label(index: int) -> str:
@@ -42,24 +52,37 @@ def normalised_entropy(weights: list[float]) -> float | None:
 
 
 def diagnostic_metrics(diagnostics: dict[str, dict]) -> dict[str, float]:
-    """{metric name: value} of one logging window's diagnostics."""
+    """{metric name: value} of one logging window's diagnostics: one per layer."""
     out = {}
     for layer, values in sorted(diagnostics.get("moe", {}).items()):
-        for name, value in values.items():
-            out[f"{DIAG}/moe/{layer_label(layer)}/{name}"] = value
+        out[f"{MOE}/{layer_label(layer)}"] = values["load_entropy"]
     for layer, sites in sorted(diagnostics.get("attn_res", {}).items()):
         entropies = [e for e in map(normalised_entropy, sites.values()) if e is not None]
         if entropies:
-            out[f"{DIAG}/attnres/{layer_label(layer)}/mix_entropy"] = sum(entropies) / len(entropies)
+            out[f"{ATTN_RES}/{layer_label(layer)}"] = sum(entropies) / len(entropies)
     return out
 
 
-def mixture_table(diagnostics: dict[str, dict]) -> dict | None:
-    """The AttnRes mixtures as a table (one row per layer and site), or None without AttnRes."""
+def padded(values: list, width: int) -> list:
+    return [*values, *[None] * (width - len(values))]
+
+
+def diagnostic_tables(diagnostics: dict[str, dict], step: int) -> dict[str, dict]:
+    """{artifact file: table} of the AttnRes mixtures (one row per layer and site) and the MoE
+    loads (one row per layer) at `step`; those the model has."""
+    tables = {}
     mixtures = diagnostics.get("attn_res", {})
-    if not mixtures:
-        return None
-    width = max(len(w) for sites in mixtures.values() for w in sites.values())
-    rows = [[layer_label(layer), site, *weights, *[None] * (width - len(weights))]
-            for layer, sites in sorted(mixtures.items()) for site, weights in sites.items()]
-    return {"columns": ["layer", "site", *(f"c{k}" for k in range(width))], "data": rows}
+    if mixtures:
+        width = max(len(w) for sites in mixtures.values() for w in sites.values())
+        rows = [[layer_label(layer), site, *padded(weights, width)]
+                for layer, sites in sorted(mixtures.items()) for site, weights in sites.items()]
+        tables[MIXTURE_TABLE.format(step=step)] = {"columns": ["layer", "site", *(f"c{k}" for k in range(width))],
+                                                   "data": rows}
+    loads = diagnostics.get("moe", {})
+    if loads:
+        width = max(len(v.get("load", [])) for v in loads.values())
+        rows = [[layer_label(layer), v["load_entropy"], v["load_max_min"], *padded(v.get("load", []), width)]
+                for layer, v in sorted(loads.items())]
+        tables[LOAD_TABLE.format(step=step)] = {
+            "columns": ["layer", "load_entropy", "load_max_min", *(f"e{k}" for k in range(width))], "data": rows}
+    return tables

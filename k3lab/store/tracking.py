@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from k3lab.store.metrics import MIXTURE_TABLE, diagnostic_metrics, mixture_table
+from k3lab.store.metrics import diagnostic_metrics, diagnostic_tables
 from k3lab.store.runs import EXPERIMENT_KIND, MODEL_TRAINING
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
@@ -199,7 +199,7 @@ class MLflowTracker:
 
     def log_diagnostics(self, diagnostics: dict, step: int, table: bool = False) -> None:
         """A window's per-layer diagnostics as `diag/...` metrics (`k3lab.store.metrics`), sent with
-        the step's metrics; with `table`, the AttnRes mixtures as a table artifact, now."""
+        the step's metrics; with `table`, in full as table artifacts, now."""
         from mlflow.entities import Metric
 
         start = time.perf_counter()
@@ -208,9 +208,8 @@ class MLflowTracker:
             metrics = {k: v for k, v in metrics.items() if k not in self._logged_keys}
         now = int(time.time() * 1000)
         self._pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
-        mixtures = mixture_table(diagnostics) if table else None
-        if mixtures is not None:
-            self.client.log_dict(self.run_id, mixtures, MIXTURE_TABLE.format(step=step))
+        for artifact, content in (diagnostic_tables(diagnostics, step) if table else {}).items():
+            self.client.log_dict(self.run_id, content, artifact)
         self.seconds_in_tracking += time.perf_counter() - start
 
     def set_tags(self, tags: dict[str, str]) -> None:
@@ -262,9 +261,8 @@ class MemoryTracker:
     def log_diagnostics(self, diagnostics: dict, step: int, table: bool = False) -> None:
         for key, value in diagnostic_metrics(diagnostics).items():
             self.metrics.setdefault(key, []).append((step, float(value)))
-        mixtures = mixture_table(diagnostics) if table else None
-        if mixtures is not None:
-            self.tables[MIXTURE_TABLE.format(step=step)] = mixtures
+        if table:
+            self.tables |= diagnostic_tables(diagnostics, step)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.tags.update(tags)

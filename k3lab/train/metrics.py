@@ -37,9 +37,10 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count()} cores)"
 
 
-def moe_loads(window_loads: list[dict[int, torch.Tensor]]) -> dict[int, dict[str, float]]:
+def moe_loads(window_loads: list[dict[int, torch.Tensor]]) -> dict[int, dict]:
     """Per MoE layer over a window of steps: {layer: {"load_max_min": max/min expert load ratio,
-    "load_entropy": the load entropy normalised to [0, 1] (1 = perfectly balanced)}}."""
+    "load_entropy": the load entropy normalised to [0, 1] (1 = perfectly balanced), "load": each
+    expert's share of the routed tokens}}."""
     if not window_loads or not window_loads[0]:
         return {}
     out = {}
@@ -49,7 +50,7 @@ def moe_loads(window_loads: list[dict[int, torch.Tensor]]) -> dict[int, dict[str
         load = load / load.sum().clamp(min=1e-12)
         entropy = -(load * load.clamp(min=1e-12).log()).sum() / torch.log(torch.tensor(float(len(load))))
         out[layer] = {"load_max_min": (load.max() / load.min().clamp(min=1e-6)).item(),
-                      "load_entropy": entropy.item()}
+                      "load_entropy": entropy.item(), "load": load.tolist()}
     return out
 
 
@@ -68,7 +69,7 @@ def diagnostics(model, window_loads: list[dict[int, torch.Tensor]]) -> dict[str,
 
 
 def log_diagnostics(tracker, values: dict[str, dict], step: int, table: bool = False) -> None:
-    """Hand them to the tracker, if it takes them (table: also the full AttnRes mixtures, at evaluations)."""
+    """Hand them to the tracker, if it takes them (table: also in full, as tables, at evaluations)."""
     method = getattr(tracker, "log_diagnostics", None)
     if method is not None:
         method(values, step, table=table)
