@@ -205,19 +205,6 @@ class KimiK3Config:
         runs (or may run: "auto"), else 1 (fused KDA pads, other layers take any length)."""
         return self.kda_chunk_size if "kda" in self.layer_types and not self.uses_fused_kda else 1
 
-    def inactive_fields(self) -> tuple[str, ...]:
-        """The fields that do not shape this model: those of a feature it has switched off (AttnRes
-        off; no MoE layer; no KDA or no MLA layer). Their values are only the defaults."""
-        fields = []
-        if not self.use_attn_res:
-            fields += ["attn_res_block_size", "attn_res_proj_init"]
-        if self.num_dense_layers >= self.num_layers:
-            fields += [*MOE_FIELDS]
-        for kind, prefix in (("kda", "kda_"), ("mla", "mla_")):
-            if kind not in self.layer_types:
-                fields += [f.name for f in dataclasses.fields(self) if f.name.startswith(prefix)]
-        return tuple(fields)
-
     def replace(self, **changes) -> "KimiK3Config":
         """A copy with some fields changed, validated again."""
         return dataclasses.replace(self, **changes)
@@ -238,10 +225,6 @@ class KimiK3Config:
     def schedule(self) -> str:
         """The layer schedule as letters, K for KDA and M for MLA, e.g. 'KKKMKKKM'."""
         return "".join("K" if t == "kda" else "M" for t in self.layer_types)
-
-
-MOE_FIELDS = ("num_experts", "num_experts_per_token", "num_shared_experts", "moe_intermediate_size", "moe_latent_size",
-              "routed_scaling_factor", "moe_balance", "moe_bias_update_rate", "router_init")
 
 
 def fla_installed() -> bool:

@@ -125,24 +125,26 @@ def _build(point: Point, base: KimiK3Config, base_fields: dict[str, Any], seeds:
                    config=config, matched=matched)
 
 
-def normalise(config: KimiK3Config, base: KimiK3Config) -> KimiK3Config:
-    """`config` with fields that cannot change the model reset to the base's:
-    the block size and scorer init without AttnRes (and any block size >= num_layers, which all
-    keep only the embedding as an endpoint, to num_layers), MoE fields when
-    every layer is dense, KDA fields without KDA layers, MLA fields without MLA
-    layers. Kept as is when the reset would not validate."""
-    resets: dict[str, Any] = {}
-    if not config.use_attn_res:
-        resets["attn_res_block_size"] = base.attn_res_block_size
-        resets["attn_res_proj_init"] = base.attn_res_proj_init
-    elif config.attn_res_block_size > config.num_layers > 0:
-        resets["attn_res_block_size"] = config.num_layers
+def inactive_fields(config: KimiK3Config) -> tuple[str, ...]:
+    """The fields of a feature the model has switched off (AttnRes off; every layer dense; no KDA or
+    no MLA layer): they do not shape it, their values are only the defaults."""
+    fields = ["attn_res_block_size", "attn_res_proj_init"] if not config.use_attn_res else []
     unused = ((config.num_dense_layers == config.num_layers, MOE_FIELDS),
               ("kda" not in config.layer_types, KDA_FIELDS),
               ("mla" not in config.layer_types, MLA_FIELDS))
     for is_unused, names in unused:
         if is_unused:
-            resets.update({name: getattr(base, name) for name in names})
+            fields += names
+    return tuple(fields)
+
+
+def normalise(config: KimiK3Config, base: KimiK3Config) -> KimiK3Config:
+    """`config` with fields that cannot change the model (`inactive_fields`) reset to the base's,
+    and any block size >= num_layers (all keep only the embedding as an endpoint) set to
+    num_layers. Kept as is when the reset would not validate."""
+    resets: dict[str, Any] = {name: getattr(base, name) for name in inactive_fields(config)}
+    if config.use_attn_res and config.attn_res_block_size > config.num_layers > 0:
+        resets["attn_res_block_size"] = config.num_layers
     try:
         return config.replace(**resets)
     except ValueError:

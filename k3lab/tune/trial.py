@@ -17,6 +17,7 @@ from pathlib import Path
 import attrs
 
 from k3lab.model.config import KimiK3Config
+from k3lab.registry.variants import inactive_fields
 from k3lab.store import runs
 from k3lab.store.runs import RUN_ID_KEY, execution_tags, node_tags  # noqa: F401  (RUN_ID_KEY: for callers)
 from k3lab.store.tracking import MLflowTracker, flatten
@@ -54,7 +55,7 @@ class TrialSpec:
 
 def trial_params(spec: TrialSpec, counts: dict) -> dict:
     """MLflow params of a trial run: the flattened model config, train spec and counts."""
-    params = runs.model_params(spec.config, spec.model_config().inactive_fields())
+    params = runs.model_params(spec.config, inactive_fields(spec.model_config()))
     params |= flatten("train", attrs.asdict(spec.train))
     params |= {f"params.{k}": v for k, v in counts.items() if k != "by_component"}
     params |= {f"params.component.{k}": v for k, v in counts["by_component"].items()}
