@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 
 RUN_ID_KEY = "mlflow_run_id"  # in a trial's checkpoint extras and in each of its Ray reports
 
@@ -135,11 +136,21 @@ def execution_tags(execution: dict | None) -> dict[str, str]:
 OFF = "off"  # the value of a param whose feature the model has switched off
 
 
+def flatten(prefix: str, value: Any) -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists and tuples become strings."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), item))
+        return out
+    if isinstance(value, (list, tuple)):
+        value = ",".join(map(str, value))
+    return {prefix: value}
+
+
 def model_params(config: dict, inactive=()) -> dict[str, str]:
     """A trial's `model.*` params; the fields of a switched-off feature (`inactive`, e.g. the AttnRes
     block size of a model without AttnRes) read "off", not their unused default."""
-    from k3lab.store.tracking import flatten
-
     return flatten("model", config) | {f"model.{name}": OFF for name in inactive}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from k3lab.store.metrics import diagnostic_metrics, diagnostic_tables
-from k3lab.store.runs import EXPERIMENT_KIND, MODEL_TRAINING
+from k3lab.store.runs import EXPERIMENT_KIND, MODEL_TRAINING, flatten  # noqa: F401  (flatten: for callers)
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
 MAX_PARAMS_PER_BATCH = 100
@@ -119,18 +119,6 @@ def get_or_create_experiment(client, name: str, tracking_uri: str) -> str:
         if experiment is None:
             raise
         return experiment.experiment_id
-
-
-def flatten(prefix: str, value: Any) -> dict[str, Any]:
-    """{'a': {'b': 1}} -> {'a.b': 1}; lists and tuples become strings."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), item))
-        return out
-    if isinstance(value, (list, tuple)):
-        value = ",".join(map(str, value))
-    return {prefix: value}
 
 
 PER_ATTEMPT = ("startup_s", "startup_build_s")  # logged by every attempt of a trial, restored ones too
