@@ -64,7 +64,7 @@ def bench_script(name: str):
     return module
 
 
-def mini_sweep(name: str, description: str) -> str:
+def mini_sweep(name: str, description: str, steps: int = 8, eval_interval: int = 4, log_interval: int = 2) -> str:
     """A sweep file of two variants (AttnRes off / block size 1) of a 2-layer tiny model, 8 steps."""
     return f"""\
 name: {name}
@@ -73,7 +73,7 @@ base: {{preset: tiny, num_layers: 2, layer_types: [kda, mla], num_dense_layers: 
 axes:
   attn_res_block_size: [off, 1]
 seeds: [0]
-train: {{steps: 8, batch_size: 2, seq_len: 32, warmup_steps: 1, eval_interval: 4, eval_batches: 1, log_interval: 2}}
+train: {{steps: {steps}, batch_size: 2, seq_len: 32, warmup_steps: 1, eval_interval: {eval_interval}, eval_batches: 1, log_interval: {log_interval}}}
 resources: {{cpu: 1, gpu: 0}}
 """
 

@@ -52,6 +52,8 @@ from pathlib import Path
 
 import pytest
 
+import conftest
+
 pytestmark = [pytest.mark.compose, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,16 +70,6 @@ COMPOSE_MIN = (2, 24, 4)  # !reset in docker-compose.cpu.yml
 COMPOSE_VARIABLES = re.compile(r"^(RAY_|POSTGRES_|MLFLOW_|K3LAB_|COMPOSE_)")
 
 STEPS, EVAL = 600, 25  # the killed sweep: long enough to kill the worker mid-trial, a checkpoint every EVAL steps
-MINI = """\
-name: {name}
-description: {description}
-base: {{preset: tiny, num_layers: 2, layer_types: [kda, mla], num_dense_layers: 1}}
-axes:
-  attn_res_block_size: [off, 1]
-seeds: [0]
-train: {{steps: {steps}, batch_size: 2, seq_len: 32, warmup_steps: 1, eval_interval: {eval}, eval_batches: 1, log_interval: {log}}}
-resources: {{cpu: 1, gpu: 0}}
-"""
 FIGURES: dict[str, object] = {}
 
 
@@ -409,8 +401,7 @@ def sweep_command(cluster, name: str, text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def mini_sweep(cluster):
-    text = MINI.format(name="compose_mini", description="two variants of a very small model, on the compose cluster",
-                       steps=8, eval=4, log=2)
+    text = conftest.mini_sweep("compose_mini", "two variants of a very small model, on the compose cluster")
     start = time.time()
     out = run(sweep_command(cluster, "compose_mini", text), timeout=900, env=cluster["env"])
     FIGURES["mini_sweep_s"] = round(time.time() - start, 1)
@@ -443,8 +434,8 @@ def ray_nodes(cluster) -> list[dict]:
 def killed_sweep(cluster, mini_sweep):
     """A sweep whose worker container is killed mid-trial and started again."""
     env, base = cluster["env"], cluster["mlflow"]
-    text = MINI.format(name="compose_kill", description="the worker container is killed during these trials",
-                       steps=STEPS, eval=EVAL, log=5)
+    text = conftest.mini_sweep("compose_kill", "the worker container is killed during these trials",
+                               steps=STEPS, eval_interval=EVAL, log_interval=5)
     (worker,) = service_containers(cluster, "ray-worker")
     nodes_before = {n["id"] for n in ray_nodes(cluster) if "worker" in n["resources"] and n["alive"]}
     log = (cluster["work"] / "compose_kill.log").open("w+")
