@@ -1,4 +1,6 @@
 import importlib.util
+import json
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,11 @@ def sweep_args(tmp_path, sweep_file, *extra, storage=None) -> list[str]:
     """`k3lab sweep` arguments with the storage (default tmp_path/runs) and MLflow store in tmp_path."""
     return ["sweep", str(sweep_file), "--storage", str(storage or tmp_path / "runs"), "--no-live",
             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra]
+
+
+def mlflow_api(base: str, path: str, body: dict | None = None) -> dict:
+    """One call of an MLflow server's REST API (GET, or POST with a JSON body): its JSON answer."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())

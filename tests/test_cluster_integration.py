@@ -21,11 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import mini_sweep
+from conftest import mini_sweep, mlflow_api
 import yaml
 
 pytestmark = pytest.mark.slow
@@ -80,13 +79,6 @@ def _free(port: int) -> bool:
             return True
         except OSError:
             return False
-
-
-def api(base: str, path: str, body: dict | None = None) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -168,8 +160,8 @@ def ray_nodes(cluster) -> list[dict]:
 
 def test_runs_land_in_the_server_one_parent_and_one_nested_run_per_trial(cluster, sweep):
     base = cluster["cluster_env"]["MLFLOW_TRACKING_URI"]
-    experiment = api(base, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=cluster_mini")["experiment"]
-    runs = api(base, "/api/2.0/mlflow/runs/search",
+    experiment = mlflow_api(base, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=cluster_mini")["experiment"]
+    runs = mlflow_api(base, "/api/2.0/mlflow/runs/search",
                {"experiment_ids": [experiment["experiment_id"]], "max_results": 100})["runs"]
     tags = [{t["key"]: t["value"] for t in run["data"].get("tags", [])} for run in runs]
     parents = [run for run, tag in zip(runs, tags) if tag.get("k3lab.kind") == "sweep"]
@@ -184,10 +176,10 @@ def test_runs_land_in_the_server_one_parent_and_one_nested_run_per_trial(cluster
         metrics = {m["key"]: m for m in run["data"]["metrics"]}
         assert {"train_loss", "val_loss", "final_val_loss", "params_total"} <= set(metrics)
         assert metrics["val_loss"]["step"] == 8
-        history = api(base, f"/api/2.0/mlflow/metrics/get-history?run_id={run['info']['run_id']}&metric_key=train_loss")
+        history = mlflow_api(base, f"/api/2.0/mlflow/metrics/get-history?run_id={run['info']['run_id']}&metric_key=train_loss")
         assert sorted(m["step"] for m in history["metrics"]) == list(range(1, 9))
     # the parent's artifacts went through the server (--serve-artifacts) into its destination folder
-    listed = api(base, f"/api/2.0/mlflow/artifacts/list?run_id={parent_id}")
+    listed = mlflow_api(base, f"/api/2.0/mlflow/artifacts/list?run_id={parent_id}")
     assert {"cluster_mini.yaml", "report"} <= {f["path"] for f in listed["files"]}
     stored = list((cluster["dir"] / "mlartifacts").rglob("cluster_mini.yaml"))
     assert stored and stored[0].read_text() == SWEEP
@@ -210,8 +202,8 @@ def test_trials_ran_on_the_worker_node(cluster, sweep):
     head = [n for n in nodes if "node:__internal_head__" in n["resources"]]
     assert len(workers) == 1 and len(head) == 1 and head[0]["resources"].get("CPU", 0) == 0
     base = cluster["cluster_env"]["MLFLOW_TRACKING_URI"]
-    experiment = api(base, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=cluster_mini")["experiment"]
-    runs = api(base, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]],
+    experiment = mlflow_api(base, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=cluster_mini")["experiment"]
+    runs = mlflow_api(base, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]],
                                                       "filter": "tags.`k3lab.kind` = 'trial'"})["runs"]
     nodes_of_trials = {next(t["value"] for t in run["data"]["tags"] if t["key"] == "k3lab.node") for run in runs}
     assert nodes_of_trials == set(workers)

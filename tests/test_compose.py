@@ -53,6 +53,7 @@ from pathlib import Path
 import pytest
 
 import conftest
+from conftest import mlflow_api
 
 pytestmark = [pytest.mark.compose, pytest.mark.slow]
 
@@ -91,25 +92,18 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def api(base: str, path: str, body: dict | None = None) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
-
-
 def tags_of(run_: dict) -> dict[str, str]:
     return {t["key"]: t["value"] for t in run_["data"].get("tags", [])}
 
 
 def history(base: str, run_id: str, key: str) -> list[dict]:
     query = urllib.parse.urlencode({"run_id": run_id, "metric_key": key, "max_results": 25000})
-    return api(base, f"/api/2.0/mlflow/metrics/get-history?{query}").get("metrics", [])
+    return mlflow_api(base, f"/api/2.0/mlflow/metrics/get-history?{query}").get("metrics", [])
 
 
 def experiment_runs(base: str, name: str) -> list[dict]:
-    experiment = api(base, f"/api/2.0/mlflow/experiments/get-by-name?experiment_name={name}")["experiment"]
-    return api(base, "/api/2.0/mlflow/runs/search",
+    experiment = mlflow_api(base, f"/api/2.0/mlflow/experiments/get-by-name?experiment_name={name}")["experiment"]
+    return mlflow_api(base, "/api/2.0/mlflow/runs/search",
                {"experiment_ids": [experiment["experiment_id"]], "max_results": 100}).get("runs", [])
 
 
@@ -503,7 +497,7 @@ def test_the_sweep_lands_in_mlflow_one_parent_and_one_nested_run_per_trial(clust
         assert sorted(m["step"] for m in history(base, run_id, "train_loss")) == list(range(1, 9))
         assert sorted(m["step"] for m in history(base, run_id, "val_loss")) == [4, 8]
         assert {"final_val_loss", "params_total", "tokens_per_s"} <= {m["key"] for m in run_["data"]["metrics"]}
-    listed = api(base, f"/api/2.0/mlflow/artifacts/list?run_id={parent_id}")
+    listed = mlflow_api(base, f"/api/2.0/mlflow/artifacts/list?run_id={parent_id}")
     assert {"compose_mini.yaml", "report"} <= {f["path"] for f in listed["files"]}  # through the server's artifact store
 
 
