@@ -116,20 +116,30 @@ def import_tunings(file: Path, cache: Path, gpu: str) -> dict:
     why = mismatch(manifest, gpu, toolchain_versions())
     if why:
         raise UserError(f"{file}: measured with {why}: nothing imported")
+    return merge_into(cache, manifest, members)
+
+
+def merge_into(cache: Path, manifest: dict, members: dict[str, bytes]) -> dict:
+    """Write an archive's members into `cache` (see import_tunings); each file whole, by rename,
+    so that a process reading the cache (on a shared volume) never sees half a file."""
     added = kept = 0
     for name, data in members.items():
+        target = cache / name
         if name.endswith(WARM_RECORD_NAME):
             continue
-        target = cache / name
         if target.exists():
             kept += 1
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
+        partial.write_bytes(data)
+        partial.replace(target)
         added += 1
-    warm = members.get(f"triton/{WARM_RECORD_NAME}")
-    shapes = merge_warm_record(cache, json.loads(warm)) if warm else 0
-    return {"gpu": manifest.get("gpu"), "added": added, "kept": kept, "warm_shapes": shapes}
+    try:
+        warm = json.loads(members.get(f"triton/{WARM_RECORD_NAME}", b"{}"))
+    except ValueError:  # a damaged record only costs a warm-up
+        warm = {}
+    return {"gpu": manifest.get("gpu"), "added": added, "kept": kept, "warm_shapes": merge_warm_record(cache, warm)}
 
 
 def merge_warm_record(cache: Path, entries: dict) -> int:
@@ -156,10 +166,10 @@ def start_from_shipped(cache: Path, gpu: str) -> dict | None:
         digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
         if digest in done:
             continue
-        manifest, _ = read_archive(archive)
+        manifest, members = read_archive(archive)
         if mismatch(manifest, gpu, versions):
             continue
-        result = import_tunings(archive, cache, gpu) | {"archive": archive.name}
+        result = merge_into(cache, manifest, members) | {"archive": archive.name}
         write_json(cache / SHIPPED_RECORD, done | {digest: archive.name})
         return result
     return None
