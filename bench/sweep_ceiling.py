@@ -64,16 +64,16 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
 
 
 def sweep_figures(store: Path) -> dict:
-    from mlflow.tracking import MlflowClient
+    from k3lab.store import runs
 
-    client = MlflowClient(f"sqlite:///{store}")
-    runs = [run for exp in client.search_experiments() for run in client.search_runs([exp.experiment_id])]
-    parent = next(run for run in runs if run.data.tags.get("k3lab.kind") == "sweep")
-    trials = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    first_steps = [m.timestamp / 1000 for t in trials for m in client.get_metric_history(t.info.run_id, "startup_s")]
+    uri = f"sqlite:///{store}"
+    parent = runs.sweep_runs(uri)[0]
+    trials = runs.trial_runs(uri, parent.info.run_id)
+    first_steps = [m.timestamp / 1000 for t in trials
+                   for m in runs.client(uri).get_metric_history(t.info.run_id, "startup_s")]
     keep = ("sweep_wall_s", "sweep_tokens", "sweep_tokens_per_s", "sweep_mfu", "kernel_warmup_s",
             "trial_startup_s_mean", "trial_startup_s_max")
-    return {"device": next((t.data.tags["k3lab.device"] for t in trials if "k3lab.device" in t.data.tags), None),
+    return {"device": next((t.data.tags[runs.DEVICE] for t in trials if runs.DEVICE in t.data.tags), None),
             "trials": len(trials), "finished": sum(t.info.status == "FINISHED" for t in trials),
             "first_step_at": first_steps, **{key: parent.data.metrics.get(key) for key in keep}}
 

@@ -41,13 +41,12 @@ def parse_args() -> argparse.Namespace:
 
 def sweep_row(label: str, path: str, gpus: float) -> dict:
     """The figures of the one sweep (parent run) in the store at `path`."""
-    from mlflow.tracking import MlflowClient
+    from k3lab.store import runs
 
-    client = MlflowClient(f"sqlite:///{Path(path).resolve()}")
-    runs = [run for exp in client.search_experiments() for run in client.search_runs([exp.experiment_id])]
-    parent = next(run for run in runs if run.data.tags.get("k3lab.kind") == "sweep")
-    trials = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    device = next((t.data.tags["k3lab.device"] for t in trials if "k3lab.device" in t.data.tags), None)
+    uri = f"sqlite:///{Path(path).resolve()}"
+    parent = runs.sweep_runs(uri)[0]  # the store holds one sweep
+    trials = runs.trial_runs(uri, parent.info.run_id)
+    device = next((t.data.tags[runs.DEVICE] for t in trials if runs.DEVICE in t.data.tags), None)
     efficiency = parent.data.metrics  # what the sweep's summary printed, when it got that far
     if "sweep_tokens" not in efficiency:  # stopped before its summary: from the trials' figures
         wall = efficiency.get("sweep_wall_s") or wall_to_the_end(
