@@ -244,16 +244,3 @@ def test_the_searcher_speaks_ray_tunes_interface_and_its_saved_state_restores(tm
     assert second.suggest("last") == Searcher.FINISHED and not second.unfinished()
     second.on_trial_complete("unknown", None, error=True)  # a trial it never handed out: ignored
 
-
-def test_a_staggered_searcher_hands_out_the_next_trial_only_once_the_last_one_reported():
-    from k3lab.tune.seeds import SeedSearcher
-
-    plan = SeedPlanner(["b", "v"], {"v": "b"}, [0, 1, 2], 2, Design(1, 3, 2, halfwidth=1e-6))
-    keys = {(name, seed): f"{name}_s{seed}" for name in ("b", "v") for seed in range(3)}
-    searcher = SeedSearcher(plan, keys, "val_loss", "min", stagger=True)
-    assert searcher.suggest("t0") == {"trial": "b_s0"}
-    assert searcher.suggest("t1") is None  # t0 is still starting: its start-up has the CPUs
-    searcher.on_trial_result("t0", {"val_loss": 2.5, "done_steps": 2, "total_steps": 8})
-    assert searcher.suggest("t1") == {"trial": "v_s0"}  # the same trial an unstaggered one would give
-    searcher.on_trial_complete("t1", None, error=True)  # a trial that fails before reporting
-    assert searcher.suggest("t2") == {"trial": "b_s1"}  # frees the gate too

@@ -261,40 +261,26 @@ class SeedSearcher(Searcher):
     trial's value, and `save`/`restore` keep its state in Tune's experiment folder.
 
     keys: (variant name, seed) -> the trial's key in the sweep's TrialSpecs; value_of(result)
-    turns a trial's last result into its value for the comparisons (None: no value).
-
-    stagger: hand out no trial while an earlier one has not reported yet. Trials that share a GPU
-    then start one after another, each start-up (imports, data, compile, graph capture: 10-60 s)
-    running beside trials that train, instead of all of a wave's start-ups leaving the GPU idle at
-    once. Only when trials start changes, never which trials run."""
+    turns a trial's last result into its value for the comparisons (None: no value)."""
 
     def __init__(self, planner: SeedPlanner, keys: dict[tuple[str, int], str], metric: str, mode: str,
-                 value_of: Callable[[dict | None], float | None] | None = None, stagger: bool = False):
+                 value_of: Callable[[dict | None], float | None] | None = None):
         super().__init__(metric=metric, mode=mode)
         self.planner = planner
         self.keys = dict(keys)
         self.trials: dict[str, tuple[str, int]] = {}  # Tune's trial id -> (variant, seed)
         self.value_of = value_of or (lambda result: final_value(result, metric))
-        self.stagger = stagger
-        self.starting: set[str] = set()  # trial ids handed out that have not reported yet
 
     def suggest(self, trial_id: str):
-        if self.stagger and self.starting:
-            return None
         chosen = self.planner.next_trial()
         if chosen == FINISHED:
             return Searcher.FINISHED
         if chosen is None:
             return None
         self.trials[trial_id] = chosen
-        self.starting.add(trial_id)
         return {"trial": self.keys[chosen]}
 
-    def on_trial_result(self, trial_id: str, result: dict) -> None:
-        self.starting.discard(trial_id)
-
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        self.starting.discard(trial_id)
         if trial_id not in self.trials:
             return
         variant, seed = self.trials[trial_id]
@@ -315,7 +301,6 @@ class SeedSearcher(Searcher):
     def set_state(self, state: dict) -> None:
         self.planner.set_state(state["planner"])
         self.trials = {t: (v, int(s)) for t, (v, s) in state["trials"].items()}
-        self.starting = set()  # restored trials start again; none holds the gate
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "w") as handle:
@@ -375,8 +360,7 @@ def build_searcher(sweep, tracking_uri: str) -> SeedSearcher:
     keys = {(trial.variant.name, trial.seed): trial.id for trial in sweep.trials}
     metric = sweep.metric
     value_of = functools.partial(last_mean, tracking_uri, metric.name, metric.last)
-    shares_a_gpu = 0 < (sweep.resources.gpu or 0) < 1
-    return SeedSearcher(planner, keys, metric.name, metric.mode, value_of, stagger=shares_a_gpu)
+    return SeedSearcher(planner, keys, metric.name, metric.mode, value_of)
 
 
 def report_options(sweep) -> dict:
