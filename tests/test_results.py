@@ -197,6 +197,28 @@ def test_results_markdown_shows_the_sweep_totals_the_parent_logged(tmp_path):
     assert "- Machine: 2 x " in text  # the GPUs the sweep had, not just the device name
 
 
+def test_a_sweep_run_in_parts_reports_its_totals_over_the_sum_of_the_parts(tmp_path):
+    """A first run and two resumes (as on preemptible nodes): the totals the last part logged
+    cover all three, and the line says the wall time is their sum."""
+    totals = {"sweep_wall_s": 500.0, "sweep_parts_wall_s": 1200.0, "sweep_parts": 3.0,
+              "sweep_tokens": 12_000_000, "sweep_tokens_per_s": 10_000.0}
+    uri, parent, _ = make_store(tmp_path, VAL_LOSS, parent_metrics=totals)
+    text = results_markdown(build_report(uri, parent), load_parent(uri, parent), "AttnRes")
+    assert "- Sweep: wall time 1,200 s (the sum of 3 parts), tokens in all 12,000,000, aggregate tokens/s 10,000" in text
+
+
+def test_a_sweep_stopped_in_its_last_part_gets_its_totals_from_its_trials_over_every_part(tmp_path):
+    """Stopped (Ctrl-C, preempted) in a resumed part: the parent closed with the parts' wall time
+    but no totals; the section counts the tokens its trials trained over that time."""
+    uri, parent, _ = make_store(tmp_path, VAL_LOSS, parent_metrics={"sweep_wall_s": 515.0,
+                                                                   "sweep_parts_wall_s": 935.0, "sweep_parts": 2.0})
+    MlflowClient(uri).set_terminated(parent, "KILLED")
+    text = results_markdown(build_report(uri, parent), load_parent(uri, parent), "AttnRes")
+    tokens = 81920 * len(VAL_LOSS)
+    assert (f"- Sweep: stopped before its end; from the tokens its trials trained: wall time 935 s (the sum of 2 "
+            f"parts), tokens in all {tokens:,}, aggregate tokens/s {tokens / 935:,.0f}") in text
+
+
 def test_a_sweep_whose_driver_died_before_its_totals_gets_them_from_its_trials(tmp_path):
     """The parent run never closed (its driver was killed after the trials ended): the section
     still gives the tokens and the rate, up to the last trial's end, and says so."""

@@ -236,8 +236,11 @@ def test_resume_of_a_finished_sweep_shows_its_trials_done_and_keeps_the_first_wa
         assert f"done in an earlier run, at step 8/8: train loss {run.data.metrics['train_loss']:.3f}, val loss " \
                f"{run.data.metrics['val_loss']:.4f}" in line
     parent = client.get_run(parent.info.run_id)
-    assert parent.data.metrics["sweep_wall_s"] == first_wall
-    assert parent.data.metrics["resume_wall_s"] > 0
+    metrics = parent.data.metrics
+    assert metrics["sweep_wall_s"] == first_wall and metrics["resume_wall_s"] > 0
+    assert metrics["sweep_parts"] == 2  # the totals cover both parts, their wall times summed
+    assert metrics["sweep_parts_wall_s"] == pytest.approx(first_wall + metrics["resume_wall_s"])
+    assert metrics["sweep_tokens_per_s"] == pytest.approx(metrics["sweep_tokens"] / metrics["sweep_parts_wall_s"], rel=0.05)
     assert parent.info.status == "FINISHED"
 
 

@@ -138,13 +138,21 @@ def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: 
 
 
 def sweep_line(parent: ParentRecord, records: list[TrialRecord]) -> str:
-    """The sweep's totals as its parent run logged them. A sweep whose parent run never closed
-    (its driver was stopped, or it is still running) gets them from its trials, up to the last
-    one's end, once every trial has ended; else n/a."""
-    wall_s = wall_to_the_end(parent.start_ms, None, [r.end_ms for r in records])
-    if "sweep_tokens" in parent.metrics or parent.end_ms or wall_s is None:
-        return sweep_totals(parent.metrics)
+    """The sweep's totals as its parent run logged them, over all its parts (a first run and its
+    resumes: wall times summed). A sweep stopped before its totals were logged gets them from its
+    trials: over the parts' wall time when its parent closed, else up to the last trial's end once
+    every trial has ended; else n/a."""
+    metrics, parts = parent.metrics, int(parent.metrics.get("sweep_parts", 1))
+    over = f" (the sum of {parts} parts)" if parts > 1 else ""
+    if "sweep_tokens" in metrics:
+        return sweep_totals(metrics | {"sweep_wall_s": metrics.get("sweep_parts_wall_s", metrics.get("sweep_wall_s"))}, over)
     figures = [{"tokens": r.value("tokens"), "flops_per_token": r.value("flops_per_token")} for r in records]
+    if parent.end_ms and "sweep_parts_wall_s" in metrics:
+        totals = sweep_efficiency(figures, metrics["sweep_parts_wall_s"], gpus=0, device_name=None)
+        return "stopped before its end; from the tokens its trials trained: " + sweep_totals(totals, over)
+    wall_s = wall_to_the_end(parent.start_ms, None, [r.end_ms for r in records])
+    if parent.end_ms or wall_s is None:
+        return sweep_totals(metrics)
     totals = sweep_efficiency(figures, wall_s, gpus=0, device_name=None)
     return "parent run not closed; from its trials, to the last one's end: " + sweep_totals(totals)
 
@@ -181,13 +189,13 @@ def tokens_per_trial(params: dict) -> str:
     return f"{steps * batch * seq * accum:,} ({steps} steps of {batch} x {seq} tokens{accumulation})"
 
 
-def sweep_totals(metrics: dict) -> str:
+def sweep_totals(metrics: dict, wall_note: str = "") -> str:
     """The sweep's wall time, tokens, aggregate tokens/s and MFU where the parent run logged them."""
     def value(name: str, spec: str, unit: str = "", scale: float = 1.0) -> str:
         number = metrics.get(name)
         return "n/a" if number is None else format(scale * number, spec) + unit
 
-    return (f"wall time {value('sweep_wall_s', ',.0f', ' s')}, tokens in all {value('sweep_tokens', ',.0f')}, "
+    return (f"wall time {value('sweep_wall_s', ',.0f', ' s')}{wall_note}, tokens in all {value('sweep_tokens', ',.0f')}, "
             f"aggregate tokens/s {value('sweep_tokens_per_s', ',.0f')}, MFU {value('sweep_mfu', '.1f', '%', 100)}")
 
 

@@ -8,7 +8,9 @@
 However the block ends, the run ends with it: with `status`, or KILLED on Ctrl-C
 (or SIGTERM while Ray runs), or FAILED on any other exception. It logs the wall
 time of this invocation: `sweep_wall_s` for the first run, `resume_wall_s` (step
-1, 2, ... per resume) for each `--resume`, so the first run's time is kept.
+1, 2, ... per resume) for each `--resume`, so the first run's time is kept, and
+`sweep_parts_wall_s` / `sweep_parts`: the wall time of every invocation so far, summed,
+and how many there were (a sweep run in parts, as on preemptible nodes, took that long).
 """
 
 from __future__ import annotations
@@ -87,9 +89,22 @@ class ParentRun:
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.tracker.log_artifact(path, artifact_path)
 
+    def parts_wall_s(self, this_part_s: float | None = None) -> tuple[float, int]:
+        """(seconds, count) of every invocation of this sweep so far, this one (default: up to
+        now) included."""
+        earlier = []
+        if self.run.resume:
+            client = self.tracker.client
+            earlier = [m.value for name in ("sweep_wall_s", "resume_wall_s")
+                       for m in client.get_metric_history(self.run_id, name)]
+        this_part_s = time.time() - self.started if this_part_s is None else this_part_s
+        return sum(earlier) + this_part_s, len(earlier) + 1
+
     def end(self, status: str) -> None:
         """Log this invocation's wall time and close the run with `status`."""
         wall = time.time() - self.started
+        total, parts = self.parts_wall_s(wall)
+        self.tracker.log_metrics({"sweep_parts_wall_s": total, "sweep_parts": float(parts)}, step=0)
         if self.run.resume:
             earlier = self.tracker.client.get_metric_history(self.run_id, "resume_wall_s")
             self.tracker.log_metrics({"resume_wall_s": wall}, step=len(earlier) + 1)

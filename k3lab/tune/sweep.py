@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from pathlib import Path
 
 from k3lab.errors import UserError
@@ -243,11 +242,12 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
                                    variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep))
             for path in summary["files"]:
                 parent.log_artifact(path, "report")
-            if not run.resume:  # a resume's wall time is only its own part: no efficiency figures
-                summary["efficiency"] = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id),
-                                                         time.time() - parent.started, hardware["gpus"],
-                                                         hardware.get("device_name"), hardware.get("seconds", 0.0))
-                parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k != "sweep_wall_s"})
+            wall_s, parts = parent.parts_wall_s()  # a resumed sweep: over every part, summed
+            summary["efficiency"] = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id), wall_s,
+                                                     hardware["gpus"], hardware.get("device_name"),
+                                                     hardware.get("seconds", 0.0)) | {"sweep_parts": parts}
+            logged_by_end = {"sweep_wall_s", "sweep_parts"} | ({"kernel_warmup_s"} if run.resume else set())
+            parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k not in logged_by_end})
             parent.log_metrics({"trials_failed": len(errors)})
             parent.status = "FINISHED" if not errors else "FAILED"
     summary["errors"] = errors
