@@ -1,0 +1,290 @@
+"""AttnRes alone: FLA's fused kernels against alternatives, in GB/s against the GPU's own copy rate.
+
+    python bench/bench_attnres.py --write                           # the trial shapes, on a GPU
+    python bench/bench_attnres.py --sources 4,13 --rows fla,fla_split     # a subset
+    python bench/bench_attnres.py --device cpu --tokens 512 --dim 64 --sources 3 --reps 2   # harness check
+
+One AttnRes call as k3lab makes it (`k3lab.model.attn_res_fused`): K sources of N x D in bf16,
+the RMS-normalised scores against a learned query, the softmax over sources, the mixture and the
+pre-norm after it (`output_rms_weight`), with its backward. N = 64 x 1024 tokens and D = 512
+are the `small` preset's trials in the gpu profiles. K is the number of candidates a layer mixes,
+at most: 2 for blocks of 8 (an endpoint and the live prefix), 4 for blocks of 4, 7 for blocks of
+2, and 13 for full AttnRes over 12 layers (12 endpoints and the prefix).
+
+Rows:
+    fla            fla.ops.attnres.fused_attnres, forward and backward
+    fla_split      FLA's forward and its dv kernel, then the column sums that give dq, dw and
+                   the output norm's weight gradient by torch.sum over the N rows (which spreads
+                   the N axis over the whole GPU), instead of FLA's attnres_bwd_kernel_dqdw,
+                   whose grid is D / BD programs (8-32 for D = 512) that each walk all N rows
+    naive_compiled `reference_attnres` (plain PyTorch, fp32 math, as fla.ops.attnres.naive_attnres)
+                   under torch.compile (eager on CPU)
+    dqdw_fla, dqdw_split
+                   the reduction stage alone on the same (N, D) fp32 buffers: FLA's kernel
+                   against torch.sum
+    copy           a device-to-device copy of 2 GiB: the bandwidth the rows are measured against
+
+Bytes counted (what the algorithm must move, s = 2 bytes for bf16):
+    forward   K*N*D*s read + N*D*s written (+ K*N*8 of logits and rstd, N*4 of lse)
+    backward  2*K*N*D*s read (checkpoint level 1 re-reads the sources to rebuild the mixture)
+              + N*D*s (do) read + K*N*D*s (dv) written + 2 x N*D*4 (dqw, dow_partial) written
+              and read back + the stats
+    dqdw      2 x N*D*4 read
+GB/s = bytes / mean time; "of copy" = that against the copy row's GB/s (bytes read + written).
+Times: CUDA events around `--reps` calls after `--warmup` calls, mean per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SECTION = "AttnRes alone: FLA's kernels against alternatives"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=64 * 1024, help="N: rows (batch x sequence)")
+    parser.add_argument("--dim", type=int, default=512, help="D: hidden size")
+    parser.add_argument("--sources", default="2,4,7,13", help="K values, comma-separated")
+    parser.add_argument("--rows", default="fla,fla_split,naive_compiled,dqdw", help="which rows, comma-separated")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    return parser.parse_args()
+
+
+def column_sums(dqw: torch.Tensor, dow_partial: torch.Tensor | None, q: torch.Tensor, w: torch.Tensor,
+                ow: torch.Tensor | None):
+    """dq, dw, dow from the dv kernel's per-row buffers (N, D) fp32, as FLA's dqdw kernel gives
+    them: the logit uses q * w, so dq = (sum_n dqw) * w and dw = (sum_n dqw) * q."""
+    total = dqw.sum(dim=0)  # (D,) fp32
+    dq, dw = (total * w.float()).to(q.dtype), (total * q.float()).to(w.dtype)
+    dow = dow_partial.sum(dim=0).to(ow.dtype) if ow is not None else None
+    return dq, dw, dow
+
+
+def reference_attnres(query, residuals, rms_weight, output_rms_weight=None, rms_eps: float = 1e-6):
+    """AttnRes in plain PyTorch, fp32 math, as FLA's `naive_attnres` (which imports Triton, so CPU
+    machines without it cannot use FLA's): residuals K x (N, D) -> (N, D) in their dtype."""
+    D = residuals[0].shape[-1]
+    v = torch.stack([r.float() for r in residuals])  # (K, N, D)
+    k = torch.nn.functional.rms_norm(v, (D,), rms_weight.float(), rms_eps)
+    p = (k @ query.float()).softmax(dim=0)  # (K, N)
+    o = (p[..., None] * v).sum(0)
+    if output_rms_weight is not None:
+        o = torch.nn.functional.rms_norm(o, (D,), output_rms_weight.float(), rms_eps)
+    return o.to(residuals[0].dtype)
+
+
+def dv_twin(q, w, ow, residuals, do, eps: float = 1e-6, scale: float = 1.0):
+    """The plain-PyTorch twin of FLA's attnres_bwd_kernel_dv: (dvs, dqw, dow_partial) for
+    residuals K x (N, D), q, w, ow (D,), do (N, D). The reference the split reduction is tested on."""
+    v = torch.stack([r.float() for r in residuals])  # (K, N, D)
+    D = v.shape[-1]
+    rstd = torch.rsqrt(v.pow(2).mean(-1) + eps)  # (K, N)
+    k = v * rstd[..., None]
+    qw = q.float() * w.float()
+    logit = k @ qw  # (K, N)
+    p = torch.softmax(logit * scale, dim=0)
+    o_pre = (p[..., None] * v).sum(0)  # (N, D)
+    do = do.float()
+    dow_partial = None
+    if ow is not None:
+        o_rstd = torch.rsqrt(o_pre.pow(2).mean(-1, keepdim=True) + eps)
+        xhat = o_pre * o_rstd
+        dow_partial = xhat * do
+        c1 = (xhat * ow.float() * do).sum(-1, keepdim=True) / D
+        do = (ow.float() * do - xhat * c1) * o_rstd
+    delta = (do * o_pre).sum(-1)  # (N,)
+    dp = (v * do).sum(-1)  # (K, N)
+    ds = p * (dp - delta) * scale
+    dv = p[..., None] * do + (ds * rstd)[..., None] * (qw - k * (logit / D)[..., None])
+    dqw = (ds[..., None] * k).sum(0)  # (N, D)
+    return list(dv), dqw, dow_partial
+
+
+def split_attnres():
+    """fused_attnres with FLA's forward and dv kernel and `column_sums` in place of its dqdw kernel."""
+    from fla.ops.attnres import fused as fla
+
+    class SplitReduceAttnres(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, query, rms_weight, output_rms_weight, eps, *residuals):
+            res = fla._build_ptr_table(residuals)
+            o, o_pre, rstd, logit, lse = fla.fused_attnres_fwd(q=query, residuals=residuals, res=res, w=rms_weight,
+                                                               ow=output_rms_weight, eps=eps, scale=1.0,
+                                                               checkpoint_level=1)
+            ctx.save_for_backward(query, rms_weight, output_rms_weight, rstd, logit, lse, *residuals)
+            ctx.eps, ctx.res = eps, res
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, w, ow, rstd, logit, lse, *residuals = ctx.saved_tensors
+            do = do.contiguous()
+            N, D = do.shape
+            L = len(residuals)
+            dvs = [torch.empty_like(r) for r in residuals]
+            dqw = torch.empty_like(do, dtype=torch.float32)
+            dow_partial = torch.empty_like(do, dtype=torch.float32) if ow is not None else None
+            fla.attnres_bwd_kernel_dv[(N,)](
+                q=q, res=ctx.res, w=w, ow=ow, o_pre=None, rstd=rstd, logit=logit, lse=lse, do=do,
+                dres=fla._build_ptr_table(dvs), dqw=dqw, dow_partial=dow_partial, N=N, L=L,
+                L2=max(8, fla.triton.next_power_of_2(L)), D=D, eps=ctx.eps, scale=1.0,
+                BD=fla.triton.next_power_of_2(D), HAS_ONORM=ow is not None, SAVE_OPRE=False)
+            dq, dw, dow = column_sums(dqw, dow_partial, q, w, ow)
+            return (dq, dw, dow, None, *dvs)
+
+    def call(query, residuals, rms_weight, output_rms_weight, rms_eps):
+        return SplitReduceAttnres.apply(query, rms_weight, output_rms_weight, rms_eps, *residuals)
+
+    return call
+
+
+def timed(fn, reps: int, warmup: int, device: torch.device) -> float:
+    """Mean seconds per call of fn()."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1000 / reps
+    began = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - began) / reps
+
+
+def copy_gbps(device: torch.device, reps: int, warmup: int) -> float:
+    """Bytes read + written per second by a device-to-device copy of 2 GiB (256 MiB on CPU)."""
+    n = (2 if device.type == "cuda" else 0.25) * 2**30
+    src = torch.empty(int(n), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / timed(lambda: dst.copy_(src), reps, warmup, device) / 1e9
+
+
+def attnres_bytes(K: int, N: int, D: int, s: int = 2) -> tuple[int, int]:
+    """(forward, backward) bytes as the module docstring counts them."""
+    stats = K * N * 8 + N * 4
+    forward = K * N * D * s + N * D * s + stats
+    backward = 2 * K * N * D * s + N * D * s + K * N * D * s + 2 * 2 * N * D * 4 + stats
+    return forward, backward
+
+
+def inputs(K: int, N: int, D: int, device: torch.device, dtype=torch.bfloat16):
+    g = torch.Generator(device="cpu").manual_seed(K)
+    residuals = [torch.randn(N, D, generator=g).to(device, dtype).requires_grad_() for _ in range(K)]
+    query = (0.02 * torch.randn(D, generator=g)).to(device).requires_grad_()
+    rms_weight = (1 + 0.1 * torch.randn(D, generator=g)).to(device).requires_grad_()
+    out_weight = (1 + 0.1 * torch.randn(D, generator=g)).to(device).requires_grad_()
+    do = torch.randn(N, D, generator=g).to(device, dtype)
+    return residuals, query, rms_weight, out_weight, do
+
+
+def implementations(names: list[str], device: torch.device) -> dict:
+    """name -> fn(query, residuals, rms_weight, output_rms_weight, rms_eps) returning o."""
+    found = {}
+    if device.type == "cuda" and "fla" in names:
+        from fla.ops.attnres import fused_attnres
+        found["fla"] = lambda q, r, w, ow, eps: fused_attnres(q, r, w, ow, eps)
+    if device.type == "cuda" and "fla_split" in names:
+        found["fla_split"] = split_attnres()
+    if "naive_compiled" in names:
+        found["naive_compiled"] = torch.compile(reference_attnres) if device.type == "cuda" else reference_attnres
+    return found
+
+
+def measure_call(fn, K: int, N: int, D: int, args, device: torch.device) -> dict:
+    residuals, query, rms_weight, out_weight, do = inputs(K, N, D, device)
+    leaves = [query, rms_weight, out_weight, *residuals]
+
+    def forward():
+        return fn(query, residuals, rms_weight, out_weight, 1e-6)
+
+    out = forward()
+    backward = lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)  # noqa: E731
+    with torch.no_grad():
+        fwd_s = timed(forward, args.reps, args.warmup, device)
+    bwd_s = timed(backward, args.reps, args.warmup, device)
+    fwd_bytes, bwd_bytes = attnres_bytes(K, N, D)
+    return {"fwd_ms": 1e3 * fwd_s, "bwd_ms": 1e3 * bwd_s, "fwd_gbps": fwd_bytes / fwd_s / 1e9,
+            "bwd_gbps": bwd_bytes / bwd_s / 1e9}
+
+
+def measure_dqdw(N: int, D: int, args, device: torch.device) -> dict:
+    """The reduction stage alone: FLA's dqdw kernel (on a GPU) and torch.sum, same buffers."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    dqw, dow_partial = (torch.randn(N, D, generator=g).to(device) for _ in range(2))
+    q, w, ow = (torch.randn(D, generator=g).to(device) for _ in range(3))
+    rows = {"dqdw_split": lambda: column_sums(dqw, dow_partial, q, w, ow)}
+    if device.type == "cuda":
+        from fla.ops.attnres import fused as fla
+
+        dq, dw, dow = torch.empty_like(q), torch.empty_like(w), torch.empty_like(ow)
+        grid = lambda meta: (fla.triton.cdiv(D, meta["BD"]),)  # noqa: E731
+        rows["dqdw_fla"] = lambda: fla.attnres_bwd_kernel_dqdw[grid](
+            q=q, w=w, dqw=dqw, dow_partial=dow_partial, dq=dq, dw=dw, dow=dow, N=N, D=D, HAS_ONORM=True)
+    nbytes = 2 * N * D * 4
+    return {name: nbytes / timed(fn, args.reps, args.warmup, device) / 1e9 for name, fn in rows.items()}
+
+
+def table(results: list[dict], copy: float) -> str:
+    lines = [f"Copy (device to device, read + written): {copy:,.0f} GB/s.", "",
+             "| row | K | N x D | forward (ms) | forward GB/s | of copy | backward (ms) | backward GB/s | of copy |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "fwd_ms" in r:
+            lines.append(f"| {r['row']} | {r['K']} | {r['N']:,} x {r['D']} | {r['fwd_ms']:.3f} | {r['fwd_gbps']:,.0f} | "
+                         f"{r['fwd_gbps'] / copy:.0%} | {r['bwd_ms']:.3f} | {r['bwd_gbps']:,.0f} | {r['bwd_gbps'] / copy:.0%} |")
+    reductions = [r for r in results if "gbps" in r]
+    if reductions:
+        lines += ["", "| reduction stage | N x D | GB/s | of copy |", "|---|---|---|---|"]
+        lines += [f"| {r['row']} | {r['N']:,} x {r['D']} | {r['gbps']:,.0f} | {r['gbps'] / copy:.0%} |" for r in reductions]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        from k3lab.tune.kernels import open_kernel_cache
+
+        open_kernel_cache()  # before FLA's kernels autotune: k3lab's cache, from its shipped tunings
+        if not torch.cuda.is_available():
+            sys.exit("bench_attnres.py: no CUDA GPU here (--device cpu checks the harness)")
+    names = args.rows.split(",")
+    N, D = args.tokens, args.dim
+    copy = copy_gbps(device, args.reps, args.warmup)
+    results = []
+    for name, fn in implementations(names, device).items():
+        for K in (int(k) for k in args.sources.split(",")):
+            row = {"row": name, "K": K, "N": N, "D": D, **measure_call(fn, K, N, D, args, device)}
+            print(row, flush=True)
+            results.append(row)
+    if "dqdw" in names:
+        for name, gbps in measure_dqdw(N, D, args, device).items():
+            results.append({"row": name, "N": N, "D": D, "gbps": gbps})
+            print(results[-1], flush=True)
+    body = table(results, copy)
+    print(body)
+    if args.write:
+        from bench.report import write_section
+
+        write_section(SECTION, body)
+
+
+if __name__ == "__main__":
+    main()
