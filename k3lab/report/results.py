@@ -145,7 +145,8 @@ def sweep_line(parent: ParentRecord, records: list[TrialRecord]) -> str:
     metrics, parts = parent.metrics, int(parent.metrics.get("sweep_parts", 1))
     over = f" (the sum of {parts} parts)" if parts > 1 else ""
     if "sweep_tokens" in metrics:
-        return sweep_totals(metrics | {"sweep_wall_s": metrics.get("sweep_parts_wall_s", metrics.get("sweep_wall_s"))}, over)
+        wall = metrics.get("sweep_parts_wall_s", metrics.get("sweep_wall_s"))
+        return sweep_totals(metrics | {"sweep_wall_s": wall}, over)
     figures = [{"tokens": r.value("tokens"), "flops_per_token": r.value("flops_per_token")} for r in records]
     if parent.end_ms and "sweep_parts_wall_s" in metrics:
         totals = sweep_efficiency(figures, metrics["sweep_parts_wall_s"], gpus=0, device_name=None)
@@ -195,7 +196,8 @@ def sweep_totals(metrics: dict, wall_note: str = "") -> str:
         number = metrics.get(name)
         return "n/a" if number is None else format(scale * number, spec) + unit
 
-    return (f"wall time {value('sweep_wall_s', ',.0f', ' s')}{wall_note}, tokens in all {value('sweep_tokens', ',.0f')}, "
+    return (f"wall time {value('sweep_wall_s', ',.0f', ' s')}{wall_note}, "
+            f"tokens in all {value('sweep_tokens', ',.0f')}, "
             f"aggregate tokens/s {value('sweep_tokens_per_s', ',.0f')}, MFU {value('sweep_mfu', '.1f', '%', 100)}")
 
 
