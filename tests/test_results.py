@@ -188,6 +188,16 @@ def test_results_markdown_has_how_it_ran_and_the_paired_table(paired_store):
     assert "![val_loss_vs_baseline](results/attnres_block-gpu/val_loss_vs_baseline.png)" in text
 
 
+def test_results_markdown_shows_each_seeds_paired_difference_so_an_outlying_seed_is_seen(paired_store):
+    uri, parent, _ = paired_store
+    summary = build_report(uri, parent, "val_loss", "min", baseline="attnres_off")
+    text = results_markdown(summary, load_parent(uri, parent), "AttnRes")
+    assert "| variant | baseline | s0 | s1 | s2 |" in text
+    assert "| attnres_bs4 | attnres_off | -0.0300 | -0.0200 | -0.0400 |" in text
+    assert "| attnres_bs2 | attnres_off | -0.0100 | - | +0.0200 |" in text  # seed 1 diverged: no pair
+    assert "| attnres_bs8 | attnres_off | -0.0500 | - | - |" in text
+
+
 def test_results_markdown_shows_the_sweep_totals_the_parent_logged(tmp_path):
     totals = {"sweep_wall_s": 1234.4, "sweep_tokens": 16_384_000, "sweep_tokens_per_s": 13_272.5, "sweep_mfu": 0.1234,
               "sweep_gpus": 2.0}

@@ -64,6 +64,23 @@ def comparisons_for(records: list[TrialRecord], baselines: dict[str, str], metri
     return rows
 
 
+def seed_difference_lines(records: list[TrialRecord], pairs: dict[str, str], metric: str,
+                          last: int = 1) -> list[str]:
+    """Markdown: each comparison's difference (variant - its baseline) at every seed, so that a
+    seed far from the others, which widens the interval most, is seen before the verdict is read."""
+    values = values_by_seed(records, metric, last)
+    seeds = sorted({seed for by_seed in values.values() for seed in by_seed})
+    lines = [f"{metric} - baseline at each seed (paired; -: no pair):", "",
+             "| variant | baseline | " + " | ".join(f"s{seed}" for seed in seeds) + " |",
+             "|---|---|" + "---|" * len(seeds)]
+    for variant, baseline in pairs.items():
+        mine, theirs = values.get(variant, {}), values.get(baseline, {})
+        cells = [f"{mine[s] - theirs[s]:+.4f}" if stats.usable(mine.get(s)) and stats.usable(theirs.get(s)) else "-"
+                 for s in seeds]
+        lines.append(f"| {variant} | {baseline} | " + " | ".join(cells) + " |")
+    return lines
+
+
 # -- the whole curve ------------------------------------------------------------------------------
 
 

@@ -109,6 +109,10 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
         lines += [*sequential_table_lines(summary["comparisons"], metric, summary["design"]), ""]
     elif summary.get("comparisons"):
         lines += [*paired_table_lines(summary["comparisons"], metric, summary["baseline"]), ""]
+    if any(c.pairs > 1 for c in summary.get("comparisons", [])):
+        from k3lab.report.family import seed_difference_lines
+
+        lines += [*seed_difference_lines(records, summary["pairs"], metric, summary.get("last", 1)), ""]
     if len({row["step"] for row in summary.get("curves", [])}) > 1:
         from k3lab.report.family import curve_table_lines
 

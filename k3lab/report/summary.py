@@ -137,7 +137,8 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
                  variant_order: Sequence[str] = (), baselines: dict[str, str] | None = None, design=None,
                  last: int = 1) -> dict:
     """Summary rows, paired comparisons against `baseline` (when given), and plot and JSON files in
-    out_dir; returns {"rows", "records", "files", "metric", "baseline", "comparisons", "design", "curves"}.
+    out_dir; returns {"rows", "records", "files", "metric", "baseline", "comparisons", "design", "curves",
+    "pairs" (variant -> the baseline it is compared with), "last"}.
 
     variant_order: the variant names as the sweep file lists them; rows, legends and colours follow it.
     baselines (variant -> its group's baseline), design (a seeds policy's `k3lab.report.sequential.Design`)
@@ -175,7 +176,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
         summary_path.write_text(json.dumps(rows, indent=2, default=str))
         files.append(summary_path)
     return {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
-            "comparisons": comparisons, "design": design, "curves": curves}
+            "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last}
 
 
 def experiment_title(tracking_uri: str, parent_run_id: str) -> str:
