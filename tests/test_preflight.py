@@ -136,13 +136,18 @@ def test_ctrl_c_after_the_parent_run_opened_ends_it_killed(tmp_path, sweep_file,
 
 def test_ctrl_c_that_tune_catches_ends_the_parent_killed_not_finished(tmp_path, sweep_file, monkeypatch, capsys):
     class StoppedTuner:  # Tune catches the first Ctrl-C, saves its state and returns: no trial got to its end
+        def __init__(self, run):
+            run.tune_dir.mkdir(parents=True)  # where Tune keeps that state
+
         def fit(self):
             return []
 
     no_ray(monkeypatch)
-    monkeypatch.setattr("k3lab.tune.sweep.make_tuner", lambda run, specs, callbacks: StoppedTuner())
-    assert main(sweep_args(tmp_path, sweep_file)) == 130
+    monkeypatch.setattr("k3lab.tune.sweep.make_tuner", lambda run, specs, callbacks: StoppedTuner(run))
+    assert main([*sweep_args(tmp_path, sweep_file), "--overwrite"]) == 130
     assert parent_run(tmp_path).info.status == "KILLED"
+    hint = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("sweep stopped"))
+    assert hint.endswith(" --resume`") and "--overwrite" not in hint and str(sweep_file) in hint
 
 
 def test_ctrl_c_ends_the_trial_runs_it_left_running_killed(tmp_path, sweep_file, monkeypatch):

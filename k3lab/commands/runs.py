@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
+import sys
 from pathlib import Path
 
 import yaml
@@ -288,12 +290,25 @@ def run_sweep_command(args) -> int:
     def say(line: str) -> None:  # one line as it is: no markup, never wrapped
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
+    try:
+        summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
+    except KeyboardInterrupt:
+        if run.state_file.exists() and run.tune_dir.exists():  # what --resume needs to go on
+            print(f"sweep stopped, its state saved: continue it with `{resume_command(args.command_line)}`",
+                  file=sys.stderr)
+        raise
     console.line()  # the tables start on a line of their own, after the progress lines or the live table
     print_summary(console, run, summary)
     for error in summary["errors"]:
         console.print(f"[red]trial error: {error}")
     return 1 if summary["errors"] else 0
+
+
+def resume_command(command_line: str) -> str:
+    """The command that continues a stopped sweep: the same one with --resume (and never --overwrite,
+    which would discard what it continues)."""
+    words = [word for word in shlex.split(command_line) if word != "--overwrite"]
+    return shlex.join(words if "--resume" in words else [*words, "--resume"])
 
 
 def run_report(args) -> int:
