@@ -29,6 +29,15 @@ def unit_interval(instance, attribute, value) -> None:
         raise FieldError(attribute.name, f"must lie in [0, 1], got {value!r}")
 
 
+def open_unit_interval(why: str = ""):
+    """A validator for a fraction strictly between 0 and 1; `why` is added to its message."""
+    def check(instance, attribute, value) -> None:
+        if not 0 < value < 1:
+            raise FieldError(attribute.name, f"must lie in (0, 1){why}, got {value!r}")
+
+    return check
+
+
 def non_empty(instance, attribute, value) -> None:
     if not value:
         raise FieldError(attribute.name, "must not be empty")

@@ -19,7 +19,7 @@ import attrs
 from k3lab.errors import FieldError
 from k3lab.model.fidelity import FIDELITIES
 from k3lab.train.spec import TrainSpec
-from k3lab.validators import non_negative, one_of, positive
+from k3lab.validators import non_negative, one_of, open_unit_interval, positive
 
 METRIC_MODES = ("min", "max")
 METRICS = ("val_loss", "val_bpb", "train_loss")  # what every trial reports at each evaluation
@@ -49,12 +49,7 @@ class UntilSpec:
     """When a comparison has seeds enough: its family-wise interval's half-width is at most
     `halfwidth` x |the baseline's metric| (relative, e.g. 0.0025 = 0.25%)."""
 
-    halfwidth: float = attrs.field()
-
-    @halfwidth.validator
-    def _check_halfwidth(self, attribute, value) -> None:
-        if not 0 < value < 1:
-            raise FieldError(attribute.name, f"must lie in (0, 1) (relative to the baseline's metric), got {value!r}")
+    halfwidth: float = attrs.field(validator=open_unit_interval(" (relative to the baseline's metric)"))
 
 
 @attrs.frozen
@@ -67,17 +62,12 @@ class SeedsSpec:
     max: int = attrs.field(default=16)
     until: UntilSpec | None = None
     first: int = attrs.field(default=0, validator=non_negative)
-    confidence: float = attrs.field(default=0.95)
+    confidence: float = attrs.field(default=0.95, validator=open_unit_interval())
 
     @start.validator
     def _check_start(self, attribute, value) -> None:
         if value < 2:
             raise FieldError(attribute.name, f"must be at least 2 (one pair gives no interval), got {value!r}")
-
-    @confidence.validator
-    def _check_confidence(self, attribute, value) -> None:
-        if not 0 < value < 1:
-            raise FieldError(attribute.name, f"must lie in (0, 1), got {value!r}")
 
     def __attrs_post_init__(self) -> None:
         if self.max < self.start:
@@ -199,13 +189,8 @@ class MatchSpec:
     lies within `tolerance` (relative) of the base model's."""
 
     by: str = attrs.field(default="active_params", validator=one_of(*MATCH_BY))
-    tolerance: float = attrs.field(default=0.02)
+    tolerance: float = attrs.field(default=0.02, validator=open_unit_interval())
     adjust: str = attrs.field(default="intermediate_size", validator=one_of(*ADJUSTABLE_FIELDS))
-
-    @tolerance.validator
-    def _check_tolerance(self, attribute, value) -> None:
-        if not 0 < value < 1:
-            raise FieldError(attribute.name, f"must lie in (0, 1), got {value!r}")
 
 
 @attrs.frozen
