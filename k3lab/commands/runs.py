@@ -265,7 +265,9 @@ def efficiency_line(e: dict) -> str:
     times = [f"kernel warm-up {e['kernel_warmup_s']:.1f} s"] if e.get("kernel_warmup_s") else []
     if "trial_startup_s_max" in e:
         times.append(f"trial start-up up to {e['trial_startup_s_max']:.1f} s")
-    parts = f" (the sum of {e['sweep_parts']} parts)" if e.get("sweep_parts", 1) > 1 else ""
+    from k3lab.report.results import parts_note
+
+    parts = parts_note(e.get("sweep_parts", 1))
     return (f"sweep: {e['sweep_tokens']:,.0f} tokens in {e['sweep_wall_s']:.0f} s{parts} = {e['sweep_tokens_per_s']:,.0f} "
             f"tokens/s, {mfu}" + (f"; {', '.join(times)}" if times else ""))
 

@@ -146,8 +146,8 @@ def sweep_line(parent: ParentRecord, records: list[TrialRecord]) -> str:
     resumes: wall times summed). A sweep stopped before its totals were logged gets them from its
     trials: over the parts' wall time when its parent closed, else up to the last trial's end once
     every trial has ended; else n/a."""
-    metrics, parts = parent.metrics, int(parent.metrics.get("sweep_parts", 1))
-    over = f" (the sum of {parts} parts)" if parts > 1 else ""
+    metrics = parent.metrics
+    over = parts_note(metrics.get("sweep_parts", 1))
     if "sweep_tokens" in metrics:
         wall = metrics.get("sweep_parts_wall_s", metrics.get("sweep_wall_s"))
         return sweep_totals(metrics | {"sweep_wall_s": wall}, over)
@@ -160,6 +160,11 @@ def sweep_line(parent: ParentRecord, records: list[TrialRecord]) -> str:
         return sweep_totals(metrics)
     totals = sweep_efficiency(figures, wall_s, gpus=0, device_name=None)
     return "parent run not closed; from its trials, to the last one's end: " + sweep_totals(totals)
+
+
+def parts_note(parts: float) -> str:
+    """What follows a wall time that sums a sweep's parts (a first run and its resumes)."""
+    return f" (the sum of {int(parts)} parts)" if parts > 1 else ""
 
 
 def date_range(start_ms: int | None, end_ms: int | None, state: str = "") -> str:

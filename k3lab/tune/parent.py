@@ -47,6 +47,7 @@ class ParentRun:
         self.status = "FINISHED"
         self.tracker: MLflowTracker | None = None
         self.started = 0.0
+        self.earlier_walls: dict[str, list[float]] = {"sweep_wall_s": [], "resume_wall_s": []}  # earlier parts'
 
     @property
     def run_id(self) -> str:
@@ -59,6 +60,8 @@ class ParentRun:
         if self.run.resume:
             self.tracker = MLflowTracker(self.run.tracking_uri, self.run.parent_run_id())
             self.tracker.client.update_run(self.run_id, status="RUNNING")
+            self.earlier_walls = {name: [m.value for m in self.tracker.client.get_metric_history(self.run_id, name)]
+                                  for name in self.earlier_walls}
             self.tracker.set_tags(runs.reopen_tags())  # this process drives it now (it may have been interrupted)
             record_resume_command(self.tracker, self.run.command)
             return self
@@ -92,11 +95,7 @@ class ParentRun:
     def parts_wall_s(self, this_part_s: float | None = None) -> tuple[float, int]:
         """(seconds, count) of every invocation of this sweep so far, this one (default: up to
         now) included."""
-        earlier = []
-        if self.run.resume:
-            client = self.tracker.client
-            earlier = [m.value for name in ("sweep_wall_s", "resume_wall_s")
-                       for m in client.get_metric_history(self.run_id, name)]
+        earlier = [wall for walls in self.earlier_walls.values() for wall in walls]
         this_part_s = time.time() - self.started if this_part_s is None else this_part_s
         return sum(earlier) + this_part_s, len(earlier) + 1
 
@@ -106,8 +105,7 @@ class ParentRun:
         total, parts = self.parts_wall_s(wall)
         self.tracker.log_metrics({"sweep_parts_wall_s": total, "sweep_parts": float(parts)}, step=0)
         if self.run.resume:
-            earlier = self.tracker.client.get_metric_history(self.run_id, "resume_wall_s")
-            self.tracker.log_metrics({"resume_wall_s": wall}, step=len(earlier) + 1)
+            self.tracker.log_metrics({"resume_wall_s": wall}, step=len(self.earlier_walls["resume_wall_s"]) + 1)
         else:
             self.tracker.log_metrics({"sweep_wall_s": wall}, step=0)
         with contextlib.suppress(Exception):  # the UI's links to every trial: not worth failing the sweep for
