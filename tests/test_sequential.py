@@ -68,6 +68,20 @@ def test_verdicts_and_stopping_reasons_of_a_family():
     assert (short.verdict, short.reason, short.half_width) == (NOT_RESOLVED, "unbounded at 2 pairs", None)
 
 
+@pytest.mark.parametrize("state, reason", [("FINISHED", "budget"), ("FAILED", "budget"), ("KILLED", "stopped"),
+                                           ("interrupted", "stopped"), ("RUNNING", "running")])
+def test_an_imprecise_comparison_says_whether_the_budget_or_a_stop_ended_it(state, reason):
+    """A sweep stopped after two of its three 10-minute parts has spent 20 of its 30 minutes: its
+    imprecise comparisons were stopped, not ended by the budget, and `--resume` would add seeds."""
+    from k3lab.report.family import unfinished_reason
+
+    design = Design(comparisons=1, max_pairs=8, start=3, halfwidth=0.001)
+    base = {s: 2.0 + 0.1 * s for s in range(4)}
+    noisy = {s: base[s] + (0.3 if s % 2 else -0.2) for s in range(4)}
+    row = compare_sequential("w", noisy, "b", base, "min", design, unfinished_reason(state))
+    assert row.verdict == NOT_RESOLVED and row.stopping == reason
+
+
 # -- the seeds policy on plain data ------------------------------------------------------------
 
 

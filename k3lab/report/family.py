@@ -23,8 +23,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from k3lab.report.sequential import (SEQUENTIAL_COLUMNS, Design, comparison_cells, compare_sequential,
-                                     sequential_headers, sequential_note)
+from k3lab.report.sequential import (BUDGET, RUNNING, SEQUENTIAL_COLUMNS, STOPPED, Design, comparison_cells,
+                                     compare_sequential, sequential_headers, sequential_note)
 from k3lab.report import stats
 from k3lab.report.figures import pyplot, save_figure
 from k3lab.report.records import TrialRecord
@@ -51,8 +51,9 @@ def values_by_seed(records: list[TrialRecord], metric: str, last: int = 1) -> di
 
 
 def comparisons_for(records: list[TrialRecord], baselines: dict[str, str], metric: str, mode: str,
-                    design: Design | None = None, last: int = 1, seeds_left: bool = False) -> list[stats.Comparison]:
-    """Every variant of `baselines` (variant -> its baseline) against its baseline, in that order."""
+                    design: Design | None = None, last: int = 1, unfinished: str = BUDGET) -> list[stats.Comparison]:
+    """Every variant of `baselines` (variant -> its baseline) against its baseline, in that order;
+    `unfinished`: see `compare_sequential` (`unfinished_reason` gives it for a stored sweep)."""
     values = values_by_seed(records, metric, last)
     rows = []
     for variant, baseline in baselines.items():
@@ -60,8 +61,17 @@ def comparisons_for(records: list[TrialRecord], baselines: dict[str, str], metri
         if design is None:
             rows.append(stats.compare(variant, mine, baseline, theirs, mode))
         else:
-            rows.append(compare_sequential(variant, mine, baseline, theirs, mode, design, seeds_left))
+            rows.append(compare_sequential(variant, mine, baseline, theirs, mode, design, unfinished))
     return rows
+
+
+def unfinished_reason(sweep_state: str) -> str:
+    """Why a stored sweep's imprecise comparisons (short of max seeds) have no more seeds, from its
+    state (`k3lab.store.runs.sweep_state`): the budget when it finished, running while it runs,
+    else stopped (killed or interrupted: a preemptible node's part, or Ctrl-C) before its budget."""
+    if sweep_state in ("FINISHED", "FAILED"):  # it ran to its end (FAILED: some trials failed)
+        return BUDGET
+    return RUNNING if sweep_state == "RUNNING" else STOPPED
 
 
 def seed_difference_lines(records: list[TrialRecord], pairs: dict[str, str], metric: str,

@@ -78,7 +78,7 @@ from k3lab.report.stats import BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValu
 
 METHOD = "confidence sequence"  # Lai's t-mixture, Bonferroni over the family
 CONFIDENCE = 0.95
-PRECISE, MAX_SEEDS, BUDGET, RUNNING = "precise", "max seeds", "budget", "running"
+PRECISE, MAX_SEEDS, BUDGET, RUNNING, STOPPED = "precise", "max seeds", "budget", "running", "stopped"
 
 __all__ = ["BETTER", "WORSE", "NOT_RESOLVED", "Design", "SequentialComparison", "cs_half_width",
            "mixture_precision", "compare_sequential", "compare_family", "naive_t_half_width"]
@@ -165,7 +165,7 @@ class SequentialComparison(Comparison):
     confidence: float = CONFIDENCE  # family-wise
     family: int = 1  # K
     relative_half_width: float | None = None  # half-width / |baseline mean|
-    stopping: str = ""  # precise, max seeds, budget, running
+    stopping: str = ""  # precise, max seeds, budget, stopped, running
 
     def to_json(self) -> dict:
         return super().to_json() | {"method": self.method, "confidence": self.confidence, "family": self.family,
@@ -173,22 +173,23 @@ class SequentialComparison(Comparison):
 
 
 def compare_sequential(variant: str, values: SeedValues, baseline: str, baseline_values: SeedValues, mode: str,
-                       design: Design, seeds_left: bool = True) -> SequentialComparison:
+                       design: Design, unfinished: str = RUNNING) -> SequentialComparison:
     """`variant` against `baseline`, paired by seed, with the design's confidence sequence.
-    `seeds_left`: whether the sweep could still add seeds (else an imprecise comparison
-    stopped for the budget)."""
+    `unfinished`: why a comparison that is neither precise nor at max seeds has no more seeds:
+    RUNNING (the sweep may still add some), BUDGET (it ended at its budget) or STOPPED (it was
+    stopped before, and `--resume` would go on)."""
     seeds = paired_seeds(values, baseline_values)
     every_seed = len(values.keys() | baseline_values.keys())
     common = dict(method=METHOD, confidence=design.confidence, family=design.comparisons)
     if not seeds:
         return SequentialComparison(variant, baseline, 0, every_seed, None, None, None, NOT_RESOLVED, "no pairs",
-                                    **common, stopping=RUNNING if seeds_left else BUDGET)
+                                    **common, stopping=unfinished)
     diffs = [values[s] - baseline_values[s] for s in seeds]
     mean = math.fsum(diffs) / len(diffs)
     baseline_mean = math.fsum(baseline_values[s] for s in seeds) / len(seeds)
     half = design.half_width(diffs)
     relative = half / abs(baseline_mean) if baseline_mean and math.isfinite(half) else None
-    stopping = stopping_reason(relative, len(seeds), design, seeds_left)
+    stopping = stopping_reason(relative, len(seeds), design, unfinished)
     if not math.isfinite(half):
         return SequentialComparison(variant, baseline, len(seeds), every_seed, mean, None, baseline_mean,
                                     NOT_RESOLVED, f"unbounded at {len(seeds)} pair{'s' if len(seeds) > 1 else ''}",
@@ -199,21 +200,21 @@ def compare_sequential(variant: str, values: SeedValues, baseline: str, baseline
                                 reason, **common, relative_half_width=relative, stopping=stopping)
 
 
-def stopping_reason(relative: float | None, pairs: int, design: Design, seeds_left: bool) -> str:
-    """precise (as narrow as asked), max seeds, budget (the sweep could add none), or running."""
+def stopping_reason(relative: float | None, pairs: int, design: Design, unfinished: str) -> str:
+    """precise (as narrow as asked), max seeds, or else `unfinished` (budget, stopped, running)."""
     if design.halfwidth is not None and relative is not None and relative <= design.halfwidth:
         return PRECISE
     if pairs >= design.max_pairs:
         return MAX_SEEDS
-    return RUNNING if seeds_left else BUDGET
+    return unfinished
 
 
 def compare_family(values: dict[str, SeedValues], baselines: dict[str, str], mode: str, design: Design,
-                   seeds_left: bool = False) -> list[SequentialComparison]:
+                   unfinished: str = BUDGET) -> list[SequentialComparison]:
     """Every variant that has a baseline (`baselines`: variant -> its group's baseline), in the
     order of `baselines`; `design.comparisons` should be len(baselines)."""
     return [compare_sequential(variant, values.get(variant, {}), baseline, values.get(baseline, {}), mode, design,
-                               seeds_left)
+                               unfinished)
             for variant, baseline in baselines.items()]
 
 
@@ -244,4 +245,5 @@ def sequential_note(design: Design) -> str:
     asked = f"; asked: {100 * design.halfwidth:g}% of the baseline's metric" if design.halfwidth else ""
     return (f"pairs: seeds where both trials finished, of the seeds run; interval: {design.label}; half-width: "
             f"relative to the baseline's mean over the pairs{asked}; not resolved: the interval covers 0 (or is "
-            "unbounded at so few pairs); stopped by: precise (as narrow as asked), max seeds, budget")
+            "unbounded at so few pairs); stopped by: precise (as narrow as asked), max seeds, budget, stopped (the sweep was stopped before "
+            "its budget ended; `--resume` adds seeds), running")

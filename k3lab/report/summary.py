@@ -150,7 +150,8 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     records.sort(key=lambda r: (order.index(r.variant), r.seed))
     rows = sorted(summarize(records, metric), key=lambda row: order.index(row["variant"]))
     if design is not None or last != 1 or (baselines and len(set(baselines.values())) > 1):
-        comparisons = family.comparisons_for(records, baselines or {}, metric, mode, design, last)
+        comparisons = family.comparisons_for(records, baselines or {}, metric, mode, design, last,
+                                             family.unfinished_reason(stored_sweep_state(tracking_uri, parent_run_id)))
     else:
         comparisons = paired_comparisons(records, rows, baseline, metric, mode) if baseline else []
     add_paired_columns(rows, comparisons, baseline)
@@ -177,6 +178,11 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
         files.append(summary_path)
     return {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
             "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last}
+
+
+def stored_sweep_state(tracking_uri: str, parent_run_id: str) -> str:
+    """FINISHED, FAILED, KILLED, RUNNING or interrupted (`runs.sweep_state`)."""
+    return runs.sweep_state(runs.client(tracking_uri).get_run(parent_run_id), runs.trial_runs(tracking_uri, parent_run_id))
 
 
 def experiment_title(tracking_uri: str, parent_run_id: str) -> str:
