@@ -339,3 +339,36 @@ def test_bench_trial_table_from_logs_takes_rows_a_stopped_run_printed_and_names_
     origins, rows = bench_script("bench_trial").rows_from_logs([str(first), str(stopped)])
     assert origins == ["run a", "run b"]
     assert [r.split("|")[2:4] for r in rows] == [[" after [1] ", " 1 "], [" before [2] ", " 3 "]]
+
+
+def test_a_sweep_resumed_in_parts_lists_each_resume_command_once_with_its_count():
+    from k3lab.report.results import resume_lines
+
+    again = "k3lab sweep x.yaml --resume"
+    assert resume_lines([again, again, "k3lab sweep x.yaml --resume --max-concurrent 2"]) == [
+        f"- Resumed with (2 times): `{again}`", "- Resumed with: `k3lab sweep x.yaml --resume --max-concurrent 2`"]
+    assert resume_lines([]) == []
+
+
+def test_the_data_line_gives_one_figure_when_every_trial_trained_the_same_epochs():
+    from types import SimpleNamespace as NS
+
+    from k3lab.report.family import epochs_line
+
+    same = [NS(params={"data.epochs": "0.0304"}), NS(params={"data.epochs": "0.0301"})]
+    assert epochs_line(same) == "Data: each trial trained 0.03 epochs of its corpus (data.epochs)"
+    spread = [NS(params={"data.epochs": "0.5"}), NS(params={"data.epochs": "1.25"})]
+    assert epochs_line(spread) == "Data: each trial trained 0.50-1.25 epochs of its corpus (data.epochs) (trials repeated data)"
+
+
+def test_the_report_says_how_often_trials_crashed_and_with_which_error():
+    from types import SimpleNamespace as NS
+
+    from k3lab.report.results import crash_lines
+
+    launch = "torch.AcceleratorError: CUDA error: unspecified launch failure"
+    records = [NS(tags={"k3lab.crashes": "2", "k3lab.last_crash": launch}),
+               NS(tags={"k3lab.crashes": "1", "k3lab.last_crash": launch}), NS(tags={})]
+    assert crash_lines(records) == [f"- Crashes: 3 in 2 of 3 trials, each restarted from its last checkpoint "
+                                    f"(k3lab.crashes); last errors: `{launch}` (2 trials)."]
+    assert crash_lines(records[2:]) == []

@@ -243,4 +243,6 @@ def epochs_line(records: list[TrialRecord]) -> str | None:
     if not epochs:
         return None
     repeat = " (trials repeated data)" if max(epochs) > 1 else ""
-    return f"Data: each trial trained {min(epochs):.2f}-{max(epochs):.2f} epochs of its corpus (data.epochs){repeat}"
+    low, high = f"{min(epochs):.2f}", f"{max(epochs):.2f}"
+    spread = low if low == high else f"{low}-{high}"
+    return f"Data: each trial trained {spread} epochs of its corpus (data.epochs){repeat}"

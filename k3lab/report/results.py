@@ -20,6 +20,8 @@ step any trial finished).
 
 from __future__ import annotations
 
+import collections
+
 import math
 import shutil
 import statistics
@@ -128,11 +130,17 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
     return "\n".join(lines) + "\n"
 
 
+def resume_lines(commands: list[str]) -> list[str]:
+    """One line per distinct resume command, with how often it ran (a sweep in parts repeats one)."""
+    counts = dict(collections.Counter(commands))
+    return [f"- Resumed with{f' ({n} times)' if n > 1 else ''}: `{command}`" for command, n in counts.items()]
+
+
 def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: str) -> list[str]:
     """Commands, date, machine, tokens per trial and the sweep's totals, as a bullet list."""
     command = parent.tags.get(runs.COMMAND) or "n/a (not recorded)"
     lines = [f"- Command: `{command}`"]
-    lines += [f"- Resumed with: `{line}`" for line in parent.tags.get(runs.RESUMED_WITH, "").splitlines()]
+    lines += resume_lines(parent.tags.get(runs.RESUMED_WITH, "").splitlines())
     if report_command:
         lines.append(f"- Report: `{report_command}`")
     gpus = parent.metrics.get("sweep_gpus")
@@ -233,6 +241,18 @@ def paired_table_lines(comparisons: list[stats.Comparison], metric: str, baselin
     return lines
 
 
+def crash_lines(records: list[TrialRecord]) -> list[str]:
+    """How often trials crashed and went on from their last checkpoint, and with which errors."""
+    crashed = [r for r in records if int(r.tags.get(runs.CRASHES, "0"))]
+    if not crashed:
+        return []
+    total = sum(int(r.tags[runs.CRASHES]) for r in crashed)
+    errors = collections.Counter(r.tags.get(runs.LAST_CRASH, "?") for r in crashed)
+    listed = "; ".join(f"`{error[:160]}` ({n} trial{'s' if n > 1 else ''})" for error, n in errors.most_common(3))
+    return [f"- Crashes: {total} in {len(crashed)} of {len(records)} trials, each restarted from its last checkpoint "
+            f"(k3lab.crashes); last errors: {listed}."]
+
+
 def sweep_timing_lines(records: list[TrialRecord], gpu_log: str | Path | None) -> list[str]:
     starts = [r.start_ms / 1000 for r in records if r.start_ms]
     ends = [r.end_ms / 1000 for r in records if r.end_ms]
@@ -250,6 +270,7 @@ def sweep_timing_lines(records: list[TrialRecord], gpu_log: str | Path | None) -
         lines.append(f"- Trial start-up (process start to the end of the first optimizer step): mean "
                      f"{statistics.fmean(startups):.1f} s, max {max(startups):.1f} s, "
                      f"{sum(startups):.0f} trial-seconds in all.{split}")
+    lines += crash_lines(records)
     if overheads:
         mean, _ = mean_std(overheads)
         lines.append(f"- Tracking overhead (time in the MLflow tracker / training-loop time): mean {100 * mean:.2f}%, "

@@ -32,6 +32,7 @@ DESCRIPTION = "k3lab.description"  # on the parent run: the sweep file's descrip
 VARIANT_ID, VARIANT_NAME, SEED = "k3lab.variant_id", "k3lab.variant_name", "k3lab.seed"
 ERROR = "k3lab.error"  # the first line of what stopped a trial
 STOPPED_AT = "k3lab.stopped_at_step"  # a trial the scheduler (or a signal) stopped
+CRASHES, LAST_CRASH = "k3lab.crashes", "k3lab.last_crash"  # a trial's crashes Tune restarted from a checkpoint
 DEVICE, HOST = "k3lab.device", "k3lab.host"
 COMMAND, RESUMED_WITH = "k3lab.command", "k3lab.resumed_with"  # on the parent run: how it was run
 DRIVER = "k3lab.driver"  # on the parent run: host:pid of the process running the sweep (the last one)
@@ -156,6 +157,16 @@ def model_params(config: dict, inactive=()) -> dict[str, str]:
 
 def error_tags(message: str) -> dict[str, str]:
     return {ERROR: message[:MAX_TAG]}
+
+
+def count_crash(tracking_uri: str, run_id: str, error: str) -> int:
+    """One more crash of a trial that goes on from its last checkpoint, on its run: how many
+    (`k3lab.crashes`, over every part of a sweep) and the last one's error line. Returns the count."""
+    mlflow = client(tracking_uri)
+    crashes = int(mlflow.get_run(run_id).data.tags.get(CRASHES, "0")) + 1
+    mlflow.set_tag(run_id, CRASHES, str(crashes))
+    mlflow.set_tag(run_id, LAST_CRASH, error[:MAX_TAG])
+    return crashes
 
 
 def stopped_tags(step) -> dict[str, str]:

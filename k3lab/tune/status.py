@@ -42,6 +42,13 @@ class MLflowStatusCallback(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         self._close(trial, errored=True)
 
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        """A crash Tune retries from the trial's last checkpoint: counted on the trial's run, so
+        the report can say how much of a sweep went into restarts (the progress log says it too)."""
+        run_id = (trial.last_result or {}).get(RUN_ID_KEY)
+        if run_id:
+            runs.count_crash(self.tracking_uri, run_id, first_error_line(trial))
+
 
 def first_error_line(trial) -> str:
     try:
