@@ -347,3 +347,24 @@ def test_a_fixed_t_interval_rechecked_after_every_pair_would_under_cover(simulat
     assert error_unsplit > 0.10 and cover_unsplit < 0.90
     assert cover_cs >= 0.95 and error_cs <= 0.05
     assert cover_fixed >= 0.95 - 3 * math.sqrt(0.05 * 0.95 / 4000)
+
+
+def test_an_imprecise_comparison_says_about_how_many_pairs_the_asked_precision_would_take():
+    """At a spread of 0.01 on a loss of 1.0, 0.5% needs the confidence sequence at about half a
+    spread: tens of pairs; the figure is the first n at which the interval (planned for max n) is
+    that narrow, and a precise comparison shows none."""
+    from k3lab.report.sequential import needed_cell, pairs_needed
+
+    design = Design(comparisons=4, max_pairs=12, start=3, halfwidth=0.005)
+    needed = pairs_needed(0.01, 1.0, design, have=5)
+    precision = lambda n: mixture_precision(-(-(3 + n) // 2), design.alpha)  # noqa: E731
+    assert cs_half_width(needed, (needed - 1) * 1e-4, design.alpha, precision(needed)) <= 0.005
+    assert cs_half_width(needed - 1, (needed - 2) * 1e-4, design.alpha, precision(needed - 1)) > 0.005
+    assert 20 < needed < 200 and pairs_needed(1.0, 1.0, design, have=5) is None  # hopeless: over the cap
+    base = {s: 1.0 + 0.01 * s for s in range(5)}
+    noisy = compare_sequential("w", {s: v + (0.01 if s % 2 else -0.01) for s, v in base.items()}, "b", base, "min",
+                               design, "stopped")
+    assert noisy.pairs_needed is not None and needed_cell(noisy) == f"~{noisy.pairs_needed}"
+    tight = compare_sequential("v", {s: v - 0.05 + 1e-5 * (-1) ** s for s, v in base.items()}, "b", base, "min",
+                               design)
+    assert tight.stopping == PRECISE and tight.pairs_needed is None and needed_cell(tight) == "-"

@@ -207,10 +207,12 @@ def curve_table_lines(curves: list[dict], metric: str, interval: str) -> list[st
 # -- the family-wise table ------------------------------------------------------------------------
 
 
-def columns_of(comparisons: list[stats.Comparison]) -> tuple[str, ...]:
-    """The table's columns: the baseline's only where the groups have baselines of their own."""
+def columns_of(comparisons: list[stats.Comparison], design: Design) -> tuple[str, ...]:
+    """The table's columns: the baseline's only where the groups have baselines of their own, the
+    pairs the asked precision needs only where one is asked."""
     one = len({c.baseline for c in comparisons}) <= 1
-    return tuple(c for c in SEQUENTIAL_COLUMNS if not (one and c == "baseline"))
+    return tuple(c for c in SEQUENTIAL_COLUMNS
+                 if not (one and c == "baseline") and not (design.halfwidth is None and c == "needed"))
 
 
 def sequential_table(comparisons: list[stats.Comparison], metric: str, design: Design, title: str) -> Table:
@@ -218,22 +220,24 @@ def sequential_table(comparisons: list[stats.Comparison], metric: str, design: D
     if len({c.baseline for c in comparisons}) == 1:
         headers = headers | {"difference": f"{metric} - {comparisons[0].baseline}"}
     table = Table(title=title, caption=sequential_note(design))
-    for column in columns_of(comparisons):
+    columns = columns_of(comparisons, design)
+    for column in columns:
         table.add_column(headers[column], justify="left" if column in ("variant", "baseline", "verdict", "stopping")
                          else "right", no_wrap=column == "verdict")
     for comparison in comparisons:
         cells = comparison_cells(comparison)
-        table.add_row(*(cells[column] for column in columns_of(comparisons)))
+        table.add_row(*(cells[column] for column in columns))
     return table
 
 
 def sequential_table_lines(comparisons: list[stats.Comparison], metric: str, design: Design) -> list[str]:
     headers = sequential_headers(metric, design)
+    columns = tuple(c for c in SEQUENTIAL_COLUMNS if not (design.halfwidth is None and c == "needed"))
     lines = [f"Against the baselines, paired by seed ({sequential_note(design)}):", "",
-             "| " + " | ".join(headers[c] for c in SEQUENTIAL_COLUMNS) + " |", "|" + "---|" * len(SEQUENTIAL_COLUMNS)]
+             "| " + " | ".join(headers[c] for c in columns) + " |", "|" + "---|" * len(columns)]
     for comparison in comparisons:
         cells = comparison_cells(comparison)
-        lines.append("| " + " | ".join(cells[c] for c in SEQUENTIAL_COLUMNS) + " |")
+        lines.append("| " + " | ".join(cells[c] for c in columns) + " |")
     return lines
 
 

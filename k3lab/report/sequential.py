@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 
 import attrs
 import numpy as np
@@ -156,6 +157,22 @@ class Design:
                 "valid however many seeds were added after looking")
 
 
+NEEDED_CAP = 200  # beyond this many pairs the answer is a different design (longer trials, a calmer metric)
+
+
+def pairs_needed(sd: float, reference: float, design: Design, have: int) -> int | None:
+    """About how many pairs the asked relative half-width would take if the paired differences
+    kept the spread `sd` seen so far: the smallest n >= have whose confidence sequence (its
+    precision planned as for `max: n`) is that narrow; None above NEEDED_CAP. A planning figure
+    for the next sweep (the spread is itself uncertain at few pairs), never part of a verdict."""
+    target = design.halfwidth * abs(reference)
+    for n in range(max(have, 2), NEEDED_CAP + 1):
+        precision = mixture_precision(math.ceil((design.start + n) / 2), design.alpha)
+        if cs_half_width(n, (n - 1) * sd ** 2, design.alpha, precision) <= target:
+            return n
+    return None
+
+
 @attrs.frozen
 class SequentialComparison(Comparison):
     """A `Comparison` whose interval is the family-wise confidence sequence, with the relative
@@ -166,10 +183,12 @@ class SequentialComparison(Comparison):
     family: int = 1  # K
     relative_half_width: float | None = None  # half-width / |baseline mean|
     stopping: str = ""  # precise, max seeds, budget, stopped, running
+    pairs_needed: int | None = None  # for the asked half-width at the spread seen (`pairs_needed`)
 
     def to_json(self) -> dict:
         return super().to_json() | {"method": self.method, "confidence": self.confidence, "family": self.family,
-                                    "relative_half_width": self.relative_half_width, "stopping": self.stopping}
+                                    "relative_half_width": self.relative_half_width, "stopping": self.stopping,
+                                    "pairs_needed": self.pairs_needed}
 
 
 def compare_sequential(variant: str, values: SeedValues, baseline: str, baseline_values: SeedValues, mode: str,
@@ -190,6 +209,8 @@ def compare_sequential(variant: str, values: SeedValues, baseline: str, baseline
     half = design.half_width(diffs)
     relative = half / abs(baseline_mean) if baseline_mean and math.isfinite(half) else None
     stopping = stopping_reason(relative, len(seeds), design, unfinished)
+    if design.halfwidth is not None and stopping != PRECISE and len(diffs) >= 2:
+        common["pairs_needed"] = pairs_needed(statistics.stdev(diffs), baseline_mean, design, len(diffs))
     if not math.isfinite(half):
         return SequentialComparison(variant, baseline, len(seeds), every_seed, mean, None, baseline_mean,
                                     NOT_RESOLVED, f"unbounded at {len(seeds)} pair{'s' if len(seeds) > 1 else ''}",
@@ -228,22 +249,34 @@ def comparison_cells(c: Comparison) -> dict[str, str]:
     cells["baseline"] = c.baseline
     cells["halfwidth"] = "n/a" if relative is None else f"{100 * relative:.2f}%"
     cells["stopping"] = getattr(c, "stopping", "") or "-"
+    cells["needed"] = needed_cell(c)
     return cells
 
 
+def needed_cell(c: Comparison) -> str:
+    """"-" once precise (or when no precision is asked), n/a under two pairs, else ~N or >cap."""
+    if getattr(c, "stopping", "") == PRECISE or c.pairs < 2:
+        return "-" if c.pairs >= 2 else "n/a"
+    needed = getattr(c, "pairs_needed", None)
+    return f"~{needed}" if needed is not None else f">{NEEDED_CAP}"
+
+
 SEQUENTIAL_COLUMNS = ("variant", "baseline", "pairs", "difference", "interval", "relative", "halfwidth", "verdict",
-                      "stopping")
+                      "stopping", "needed")
 
 
 def sequential_headers(metric: str, design: Design) -> dict[str, str]:
     return {"variant": "variant", "baseline": "baseline", "pairs": "pairs", "difference": f"{metric} - baseline",
             "interval": f"family-wise {100 * design.confidence:g}% CS", "relative": "vs baseline",
-            "halfwidth": "half-width", "verdict": "verdict", "stopping": "stopped by"}
+            "halfwidth": "half-width", "verdict": "verdict", "stopping": "stopped by", "needed": "pairs for asked"}
 
 
 def sequential_note(design: Design) -> str:
     asked = f"; asked: {100 * design.halfwidth:g}% of the baseline's metric" if design.halfwidth else ""
+    needed = ("; pairs for asked: about how many pairs the asked half-width would take at the spread of the "
+              "differences so far (a planning figure for the next sweep, not part of the verdict)"
+              if design.halfwidth else "")
     return (f"pairs: seeds where both trials finished, of the seeds run; interval: {design.label}; half-width: "
             f"relative to the baseline's mean over the pairs{asked}; not resolved: the interval covers 0 (or is "
-            "unbounded at so few pairs); stopped by: precise (as narrow as asked), max seeds, budget, stopped (the sweep was stopped before "
-            "its budget ended; `--resume` adds seeds), running")
+            "unbounded at so few pairs); stopped by: precise (as narrow as asked), max seeds, budget, stopped "
+            f"(the sweep was stopped before its budget ended; `--resume` adds seeds), running{needed}")
