@@ -123,3 +123,18 @@ def test_a_trial_restored_from_its_final_checkpoint_reports_its_runs_figures(tmp
     assert sent == [{"train_loss": 4.25, "val_loss": 4.5, "tokens_per_s": 2000.0, "mlflow_run_id": run_id,
                      "variant": "attnres_off", "trial_status": "finished", "seed": 0, "done_steps": 8, "step": 8,
                      "total_steps": 8}]
+
+
+def test_a_crashed_trial_says_its_error_as_it_restarts(sweep, tmp_path):
+    """The log line a crash leaves names what went wrong, so a researcher reading the sweep's
+    output sees a CUDA fault without opening the Tune folder."""
+    progress, specs, said = make_progress(sweep, tmp_path)
+    error_file = tmp_path / "error.txt"
+    error_file.write_text("Traceback (most recent call last):\n  ...\n"
+                          "torch.AcceleratorError: CUDA error: unspecified launch failure\n")
+    crashed = trial(next(iter(specs)))
+    crashed.error_file = str(error_file)
+    with progress:
+        progress.on_trial_recover(0, [], crashed)
+    assert said[0].split("s  ", 1)[1] == ("attnres_off-s0 crashed (torch.AcceleratorError: CUDA error: unspecified "
+                                          "launch failure): restarting from its last checkpoint")

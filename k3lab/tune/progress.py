@@ -86,7 +86,7 @@ class SweepProgress(tune.Callback):
         self._refresh()
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self._line(trial, "crashed: restarting from its last checkpoint")
+        self._line(trial, f"crashed ({first_error_line(trial)[:200]}): restarting from its last checkpoint")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         row = self._row(trial)
