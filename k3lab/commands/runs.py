@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import yaml
@@ -13,10 +16,11 @@ import yaml
 from k3lab.errors import UserError
 from k3lab.model.fidelity import FIDELITIES, fidelity_fields
 from k3lab.registry.commands import add_profile_argument
-from k3lab.registry.spec import METRICS
+from k3lab.registry.spec import METRICS, duration_seconds
 
 STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
+STOPPED_ON_TIME = 3  # exit code of a sweep --stop-after stopped: resumable, not failed
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.add_argument("--max-failures", type=int, default=2, help="retries of a crashed trial (from its checkpoint)")
     sweep.add_argument("--max-concurrent", type=int, help="trials at a time (default: the sweep file's, else all "
                                                           "that fit)")
+    sweep.add_argument("--stop-after", metavar="DURATION",
+                       help="stop cleanly after this wall time (10m, 1h30m, 90s), the state saved for --resume, "
+                            f"as before a job scheduler's time limit or a preemptible node's end; exit code {STOPPED_ON_TIME}")
     sweep.add_argument("--dry-run", action="store_true", help="list the trials that would run, start nothing")
     sweep.add_argument("--no-live", action="store_true",
                        help="plain progress lines instead of the live table (the default when stdout or stderr "
@@ -278,6 +285,7 @@ def run_sweep_command(args) -> int:
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
+    stop_after = stop_after_seconds(args.stop_after)
     run = sweep_run_from_args(args, address=args.address, resume=args.resume, overwrite=args.overwrite,
                               max_failures=args.max_failures, max_concurrent=args.max_concurrent,
                               kernel_cache_dir=args.kernel_cache, command=args.command_line, verbose=args.verbose)
@@ -292,18 +300,49 @@ def run_sweep_command(args) -> int:
     def say(line: str) -> None:  # one line as it is: no markup, never wrapped
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
+    timer = stop_timer(stop_after)
     try:
         summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
     except KeyboardInterrupt:
+        on_time = timer is not None and timer.finished.is_set()
+        stopped = f"sweep stopped after {args.stop_after} (--stop-after)" if on_time else "sweep stopped"
         if run.state_file.exists() and run.tune_dir.exists():  # what --resume needs to go on
-            print(f"sweep stopped, its state saved: continue it with `{resume_command(args.command_line)}`",
+            print(f"{stopped}, its state saved: continue it with `{resume_command(args.command_line)}`",
                   file=sys.stderr)
+        elif on_time:
+            print(f"{stopped} before its trials started: nothing to resume; give it more time", file=sys.stderr)
+        if on_time:
+            return STOPPED_ON_TIME
         raise
+    finally:
+        if timer is not None:
+            timer.cancel()
     console.line()  # the tables start on a line of their own, after the progress lines or the live table
     print_summary(console, run, summary)
     for error in summary["errors"]:
         console.print(f"[red]trial error: {error}")
     return 1 if summary["errors"] else 0
+
+
+def stop_after_seconds(value: str | None) -> float | None:
+    """--stop-after as seconds; a value that is not a positive duration is a one-line error."""
+    if value is None:
+        return None
+    seconds = duration_seconds(value)
+    if seconds is None or seconds <= 0:
+        raise UserError(f"--stop-after {value}: not a duration (e.g. 10m, 1h30m, 90s)")
+    return seconds
+
+
+def stop_timer(seconds: float | None) -> threading.Timer | None:
+    """A timer that stops the sweep as Ctrl-C does (SIGINT to this process: Tune saves its state,
+    running trials are checkpointed and end KILLED, `--resume` goes on) once `seconds` have passed."""
+    if seconds is None:
+        return None
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def resume_command(command_line: str) -> str:
