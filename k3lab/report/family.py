@@ -207,12 +207,15 @@ def curve_table_lines(curves: list[dict], metric: str, interval: str) -> list[st
 # -- the family-wise table ------------------------------------------------------------------------
 
 
+def design_columns(design: Design) -> tuple[str, ...]:
+    """The columns of a design's table: the pairs the asked precision needs only where one is asked."""
+    return tuple(c for c in SEQUENTIAL_COLUMNS if not (design.halfwidth is None and c == "needed"))
+
+
 def columns_of(comparisons: list[stats.Comparison], design: Design) -> tuple[str, ...]:
-    """The table's columns: the baseline's only where the groups have baselines of their own, the
-    pairs the asked precision needs only where one is asked."""
+    """The terminal table's columns: the baseline's only where the groups have baselines of their own."""
     one = len({c.baseline for c in comparisons}) <= 1
-    return tuple(c for c in SEQUENTIAL_COLUMNS
-                 if not (one and c == "baseline") and not (design.halfwidth is None and c == "needed"))
+    return tuple(c for c in design_columns(design) if not (one and c == "baseline"))
 
 
 def sequential_table(comparisons: list[stats.Comparison], metric: str, design: Design, title: str) -> Table:
@@ -232,7 +235,7 @@ def sequential_table(comparisons: list[stats.Comparison], metric: str, design: D
 
 def sequential_table_lines(comparisons: list[stats.Comparison], metric: str, design: Design) -> list[str]:
     headers = sequential_headers(metric, design)
-    columns = tuple(c for c in SEQUENTIAL_COLUMNS if not (design.halfwidth is None and c == "needed"))
+    columns = design_columns(design)
     lines = [f"Against the baselines, paired by seed ({sequential_note(design)}):", "",
              "| " + " | ".join(headers[c] for c in columns) + " |", "|" + "---|" * len(columns)]
     for comparison in comparisons:
