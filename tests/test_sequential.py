@@ -368,3 +368,18 @@ def test_an_imprecise_comparison_says_about_how_many_pairs_the_asked_precision_w
     tight = compare_sequential("v", {s: v - 0.05 + 1e-5 * (-1) ** s for s, v in base.items()}, "b", base, "min",
                                design)
     assert tight.stopping == PRECISE and tight.pairs_needed is None and needed_cell(tight) == "-"
+
+
+def test_without_an_asked_half_width_the_table_has_no_pairs_for_asked_column():
+    """`pairs for asked` answers "how far from what was asked": a policy that asks for no precision
+    (seeds up to max) has nothing to measure it against, so its table leaves the column out."""
+    from k3lab.report.family import sequential_table_lines
+
+    base = {s: 1.0 + 0.01 * s for s in range(5)}
+    rows = [compare_sequential("w", {s: v + 0.01 * (-1) ** s for s, v in base.items()}, "b", base, "min",
+                               Design(comparisons=1, max_pairs=8, start=3, halfwidth=halfwidth))
+            for halfwidth in (None, 0.005)]
+    plain, asked = (sequential_table_lines([row], "val_loss", row_design)
+                    for row, row_design in zip(rows, (Design(1, 8, 3), Design(1, 8, 3, halfwidth=0.005))))
+    assert "pairs for asked" not in plain[2] and "pairs for asked" in asked[2]
+    assert rows[0].pairs_needed is None and rows[1].pairs_needed is not None
