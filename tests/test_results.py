@@ -372,3 +372,17 @@ def test_the_report_says_how_often_trials_crashed_and_with_which_error():
     assert crash_lines(records) == [f"- Crashes: 3 in 2 of 3 trials, each restarted from its last checkpoint "
                                     f"(k3lab.crashes); last errors: `{launch}` (2 trials)."]
     assert crash_lines(records[2:]) == []
+
+
+def test_a_sweep_that_ran_to_its_end_says_budget_though_its_parent_is_still_open(paired_store):
+    """The driver builds the end-of-run report before it closes the parent run (still RUNNING in
+    the store): it passes `unfinished="budget"`; the store alone would say running."""
+    from k3lab.report.sequential import Design
+
+    uri, parent, _ = paired_store
+    design = Design(comparisons=3, max_pairs=8, start=3, halfwidth=0.0001)
+    stopping = lambda **kw: {c.stopping for c in build_report(  # noqa: E731
+        uri, parent, "val_loss", "min", baseline="attnres_off", design=design,
+        baselines={v: "attnres_off" for v in ("attnres_bs2", "attnres_bs4", "attnres_bs8")}, **kw)["comparisons"]}
+    assert stopping(unfinished="budget") == {"budget"}
+    assert stopping() == {"running"}  # the store alone: a parent still open whose trials ended just now

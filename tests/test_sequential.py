@@ -68,9 +68,11 @@ def test_verdicts_and_stopping_reasons_of_a_family():
     assert (short.verdict, short.reason, short.half_width) == (NOT_RESOLVED, "unbounded at 2 pairs", None)
 
 
-@pytest.mark.parametrize("state, reason", [("FINISHED", "budget"), ("FAILED", "budget"), ("KILLED", "stopped"),
-                                           ("interrupted", "stopped"), ("RUNNING", "running")])
-def test_an_imprecise_comparison_says_whether_the_budget_or_a_stop_ended_it(state, reason):
+@pytest.mark.parametrize("state, ended, reason", [
+    ("FINISHED", True, "budget"), ("FAILED", True, "budget"),  # FAILED at its end: some trials failed
+    ("FAILED", False, "stopped"),  # the driver itself failed before the end
+    ("KILLED", False, "stopped"), ("interrupted", False, "stopped"), ("RUNNING", False, "running")])
+def test_an_imprecise_comparison_says_whether_the_budget_or_a_stop_ended_it(state, ended, reason):
     """A sweep stopped after two of its three 10-minute parts has spent 20 of its 30 minutes: its
     imprecise comparisons were stopped, not ended by the budget, and `--resume` would add seeds."""
     from k3lab.report.family import unfinished_reason
@@ -78,7 +80,7 @@ def test_an_imprecise_comparison_says_whether_the_budget_or_a_stop_ended_it(stat
     design = Design(comparisons=1, max_pairs=8, start=3, halfwidth=0.001)
     base = {s: 2.0 + 0.1 * s for s in range(4)}
     noisy = {s: base[s] + (0.3 if s % 2 else -0.2) for s in range(4)}
-    row = compare_sequential("w", noisy, "b", base, "min", design, unfinished_reason(state))
+    row = compare_sequential("w", noisy, "b", base, "min", design, unfinished_reason(state, ended))
     assert row.verdict == NOT_RESOLVED and row.stopping == reason
 
 
@@ -360,6 +362,7 @@ def test_an_imprecise_comparison_says_about_how_many_pairs_the_asked_precision_w
     precision = lambda n: mixture_precision(-(-(3 + n) // 2), design.alpha)  # noqa: E731
     assert cs_half_width(needed, (needed - 1) * 1e-4, design.alpha, precision(needed)) <= 0.005
     assert cs_half_width(needed - 1, (needed - 2) * 1e-4, design.alpha, precision(needed - 1)) > 0.005
+    assert pairs_needed(0.001, 1.0, design, have=40) == 41  # never the pairs it has: those were not enough
     assert 20 < needed < 200 and pairs_needed(1.0, 1.0, design, have=5) is None  # hopeless: over the cap
     base = {s: 1.0 + 0.01 * s for s in range(5)}
     noisy = compare_sequential("w", {s: v + (0.01 if s % 2 else -0.01) for s, v in base.items()}, "b", base, "min",

@@ -304,16 +304,18 @@ def run_sweep_command(args) -> int:
     try:
         summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
     except KeyboardInterrupt:
-        on_time = timer is not None and timer.finished.is_set()
+        on_time = timer is not None and timer.fired.is_set()
         stopped = f"sweep stopped after {args.stop_after} (--stop-after)" if on_time else "sweep stopped"
-        if run.state_file.exists() and run.tune_dir.exists():  # what --resume needs to go on
+        resumable = run.state_file.exists() and run.tune_dir.exists()  # what --resume needs to go on
+        if resumable:
             print(f"{stopped}, its state saved: continue it with `{resume_command(args.command_line)}`",
                   file=sys.stderr)
-        elif on_time:
+        if not on_time:
+            raise
+        if not resumable:  # not exit 3: a job script that resumes on 3 would find nothing to resume
             print(f"{stopped} before its trials started: nothing to resume; give it more time", file=sys.stderr)
-        if on_time:
-            return STOPPED_ON_TIME
-        raise
+            return 1
+        return STOPPED_ON_TIME
     finally:
         if timer is not None:
             timer.cancel()
@@ -334,13 +336,26 @@ def stop_after_seconds(value: str | None) -> float | None:
     return seconds
 
 
-def stop_timer(seconds: float | None) -> threading.Timer | None:
-    """A timer that stops the sweep as Ctrl-C does (SIGINT to this process: Tune saves its state,
-    running trials are checkpointed and end KILLED, `--resume` goes on) once `seconds` have passed."""
+class StopTimer(threading.Timer):
+    """Stops the sweep as Ctrl-C does (SIGINT to this process: Tune saves its state, running trials
+    are checkpointed and end KILLED, `--resume` goes on) once `seconds` have passed; `fired` is set
+    before the signal, so the handler that sees it knows it was the timer."""
+
+    def __init__(self, seconds: float):
+        self.fired = threading.Event()
+        super().__init__(seconds, self.stop)
+        self.daemon = True
+
+    def stop(self) -> None:
+        self.fired.set()
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def stop_timer(seconds: float | None) -> StopTimer | None:
+    """A started StopTimer for --stop-after, or None without one."""
     if seconds is None:
         return None
-    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
-    timer.daemon = True
+    timer = StopTimer(seconds)
     timer.start()
     return timer
 

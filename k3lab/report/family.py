@@ -65,13 +65,14 @@ def comparisons_for(records: list[TrialRecord], baselines: dict[str, str], metri
     return rows
 
 
-def unfinished_reason(sweep_state: str) -> str:
-    """Why a stored sweep's imprecise comparisons (short of max seeds) have no more seeds, from its
-    state (`k3lab.store.runs.sweep_state`): the budget when it finished, running while it runs,
-    else stopped (killed or interrupted: a preemptible node's part, or Ctrl-C) before its budget."""
-    if sweep_state in ("FINISHED", "FAILED"):  # it ran to its end (FAILED: some trials failed)
-        return BUDGET
-    return RUNNING if sweep_state == "RUNNING" else STOPPED
+def unfinished_reason(sweep_state: str, ended: bool) -> str:
+    """Why a stored sweep's imprecise comparisons (short of max seeds) have no more seeds: running
+    while it runs (`k3lab.store.runs.sweep_state` RUNNING), the budget when its driver reached the
+    sweep's end (`ended`: the parent logged `trials_failed`, as it does only there), else stopped
+    (Ctrl-C, a part of a preemptible run, a driver that died or failed) before its budget ended."""
+    if sweep_state == "RUNNING":
+        return RUNNING
+    return BUDGET if ended else STOPPED
 
 
 def seed_difference_lines(records: list[TrialRecord], pairs: dict[str, str], metric: str,

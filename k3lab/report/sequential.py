@@ -162,11 +162,12 @@ NEEDED_CAP = 200  # beyond this many pairs the answer is a different design (lon
 
 def pairs_needed(sd: float, reference: float, design: Design, have: int) -> int | None:
     """About how many pairs the asked relative half-width would take if the paired differences
-    kept the spread `sd` seen so far: the smallest n >= have whose confidence sequence (its
-    precision planned as for `max: n`) is that narrow; None above NEEDED_CAP. A planning figure
+    kept the spread `sd` seen so far: the smallest n > have (the `have` pairs were not enough)
+    whose confidence sequence (its precision planned as for `max: n`) is that narrow; None above
+    NEEDED_CAP. A planning figure
     for the next sweep (the spread is itself uncertain at few pairs), never part of a verdict."""
     target = design.halfwidth * abs(reference)
-    for n in range(max(have, 2), NEEDED_CAP + 1):
+    for n in range(max(have + 1, 2), NEEDED_CAP + 1):
         precision = mixture_precision(math.ceil((design.start + n) / 2), design.alpha)
         if cs_half_width(n, (n - 1) * sd ** 2, design.alpha, precision) <= target:
             return n

@@ -135,14 +135,15 @@ def variant_colours(variants: Sequence[str], variant_order: Sequence[str] = ()) 
 def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss", mode: str = "min",
                  out_dir: Path | None = None, baseline: str | None = None,
                  variant_order: Sequence[str] = (), baselines: dict[str, str] | None = None, design=None,
-                 last: int = 1) -> dict:
+                 last: int = 1, unfinished: str | None = None) -> dict:
     """Summary rows, paired comparisons against `baseline` (when given), and plot and JSON files in
     out_dir; returns {"rows", "records", "files", "metric", "baseline", "comparisons", "design", "curves",
     "pairs" (variant -> the baseline it is compared with), "last"}.
 
     variant_order: the variant names as the sweep file lists them; rows, legends and colours follow it.
     baselines (variant -> its group's baseline), design (a seeds policy's `k3lab.report.sequential.Design`)
-    and last (verdicts on the mean of the last N evaluations): see `k3lab.report.family`."""
+    and last (verdicts on the mean of the last N evaluations): see `k3lab.report.family`; unfinished:
+    the stopping reason of a comparison short of its precision (default: read from the store)."""
     from k3lab.report import family
 
     records = load_trials(tracking_uri, parent_run_id, curves=("train_loss", metric))
@@ -150,8 +151,8 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     records.sort(key=lambda r: (order.index(r.variant), r.seed))
     rows = sorted(summarize(records, metric), key=lambda row: order.index(row["variant"]))
     if design is not None or last != 1 or (baselines and len(set(baselines.values())) > 1):
-        comparisons = family.comparisons_for(records, baselines or {}, metric, mode, design, last,
-                                             family.unfinished_reason(stored_sweep_state(tracking_uri, parent_run_id)))
+        unfinished = unfinished or stored_unfinished_reason(tracking_uri, parent_run_id)
+        comparisons = family.comparisons_for(records, baselines or {}, metric, mode, design, last, unfinished)
     else:
         comparisons = paired_comparisons(records, rows, baseline, metric, mode) if baseline else []
     add_paired_columns(rows, comparisons, baseline)
@@ -180,9 +181,13 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
             "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last}
 
 
-def stored_sweep_state(tracking_uri: str, parent_run_id: str) -> str:
-    """FINISHED, FAILED, KILLED, RUNNING or interrupted (`runs.sweep_state`)."""
-    return runs.sweep_state(runs.client(tracking_uri).get_run(parent_run_id), runs.trial_runs(tracking_uri, parent_run_id))
+def stored_unfinished_reason(tracking_uri: str, parent_run_id: str) -> str:
+    """`family.unfinished_reason` for a sweep in the store."""
+    from k3lab.report import family
+
+    parent = runs.client(tracking_uri).get_run(parent_run_id)
+    state = runs.sweep_state(parent, runs.trial_runs(tracking_uri, parent_run_id))
+    return family.unfinished_reason(state, ended="trials_failed" in parent.data.metrics)
 
 
 def experiment_title(tracking_uri: str, parent_run_id: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from k3lab.errors import UserError
 from k3lab.registry import ResourceSpec, Sweep
 from k3lab.report.efficiency import sweep_efficiency, trial_figures
+from k3lab.report.sequential import BUDGET
 from k3lab.store.colours import variant_colours
 from k3lab.tune.kernels import cache_env, kernel_shapes, shipped_line, use_kernel_cache, warm_kernels
 from k3lab.tune.logs import library_logs
@@ -239,7 +240,8 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
             errors, hardware = run_trials(run, parent.run_id, live, say)
             summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
                                    out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline,
-                                   variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep))
+                                   variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep),
+                                   unfinished=BUDGET)  # the trials ran to the sweep's end
             for path in summary["files"]:
                 parent.log_artifact(path, "report")
             wall_s, parts = parent.parts_wall_s()  # a resumed sweep: over every part, summed
