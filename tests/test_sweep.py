@@ -46,6 +46,8 @@ def test_sweep_logs_one_run_per_trial_and_recovers_from_a_crash(tmp_path, sweep_
     client, parent, runs = trial_runs(tmp_path)
     assert_one_clean_run_per_trial(client, runs)
     assert [r.data.tags["k3lab.crashes"] for r in runs] == ["1", "1"]  # each crash counted on its trial's run
+    log = tmp_path / "runs" / "mini.log"  # the driver told its watchdog it shut Ray down itself
+    assert "ended without shutting Ray down" not in (log.read_text() if log.exists() else "")
     assert all("K3LAB_FAIL_AT_STEP" in r.data.tags["k3lab.last_crash"] for r in runs)
     assert parent.info.status == "FINISHED"
     assert parent.data.params["resources.max_concurrent_trials"] == "2"  # the flag, not the file's null

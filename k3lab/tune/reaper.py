@@ -35,6 +35,7 @@ from pathlib import Path
 
 POLL_S = 0.5  # how often the watchdog reads the driver's process tree
 GRACE_S = 3.0  # between SIGTERM and SIGKILL
+DONE = b"done"  # the driver's last line to its watchdog: it shut Ray down itself
 
 PROC = Path("/proc")
 
@@ -217,6 +218,7 @@ class Watchdog:
         if self.process is None:
             return
         try:
+            self.process.stdin.write(DONE + b"\n")  # a clean end: an EOF without it is a driver that died
             self.process.stdin.close()
         except OSError:
             pass
@@ -244,6 +246,7 @@ def watch(driver: int, driver_start: int, record_path: Path, ray_dir: str, log_f
     _write_record(record_path, record)
     fd, buffered, written = sys.stdin.fileno(), b"", json.loads(json.dumps(record))
     ours: set[int] = set()
+    said_done = False  # the driver's close() says so; a killed driver's pipe only closes
     while is_alive(driver, driver_start):
         ready, _, _ = select.select([fd], [], [], poll_s)
         if ready:
@@ -255,6 +258,7 @@ def watch(driver: int, driver_start: int, record_path: Path, ray_dir: str, log_f
             for line in lines:
                 if line.startswith(b"session "):
                     record["session_dir"] = line[len(b"session "):].decode(errors="replace")
+                said_done = said_done or line == DONE
         for pid, parent, started in process_tree(driver):
             if (pid, started) in before or pid == me:
                 continue
@@ -266,7 +270,7 @@ def watch(driver: int, driver_start: int, record_path: Path, ray_dir: str, log_f
         if record != written:
             _write_record(record_path, record)
             written = json.loads(json.dumps(record))
-    died = not is_alive(driver, driver_start)
+    died = not said_done  # not is_alive(): a killed driver's pipe closes before the process is gone
     for pid, started in list(_processes(record).items()):  # started since the last look: under one we know
         if is_alive(pid, started):
             for child, child_start in descendants(pid).items():
