@@ -21,7 +21,6 @@ step any trial finished).
 from __future__ import annotations
 
 import collections
-
 import math
 import shutil
 import statistics

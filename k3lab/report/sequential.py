@@ -164,8 +164,8 @@ def pairs_needed(sd: float, reference: float, design: Design, have: int) -> int 
     """About how many pairs the asked relative half-width would take if the paired differences
     kept the spread `sd` seen so far: the smallest n > have (the `have` pairs were not enough)
     whose confidence sequence (its precision planned as for `max: n`) is that narrow; None above
-    NEEDED_CAP. A planning figure
-    for the next sweep (the spread is itself uncertain at few pairs), never part of a verdict."""
+    NEEDED_CAP. A planning figure for the next sweep (the spread is itself uncertain at few
+    pairs), never part of a verdict."""
     target = design.halfwidth * abs(reference)
     for n in range(max(have + 1, 2), NEEDED_CAP + 1):
         precision = mixture_precision(math.ceil((design.start + n) / 2), design.alpha)
@@ -255,7 +255,8 @@ def comparison_cells(c: Comparison) -> dict[str, str]:
 
 
 def needed_cell(c: Comparison) -> str:
-    """"-" once precise (or when no precision is asked), n/a under two pairs, else ~N or >cap."""
+    """"-" once precise, n/a under two pairs, else ~N or >cap (tables without an asked precision
+    leave the column out: `family.design_columns`)."""
     if getattr(c, "stopping", "") == PRECISE or c.pairs < 2:
         return "-" if c.pairs >= 2 else "n/a"
     needed = getattr(c, "pairs_needed", None)
