@@ -29,8 +29,8 @@ def test_column_sums_of_the_dv_kernels_buffers_give_autograds_gradients(sources)
 
     dvs, dqw, dow_partial = dv_twin(q.detach(), w.detach(), ow.detach(), [r.detach() for r in residuals], do)
     dq, dw, dow = column_sums(dqw, dow_partial, q.detach(), w.detach(), ow.detach())
-    for got, want in zip([dq, dw, dow, *dvs], expected):
-        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6)
+    for got, want in zip([dq, dw, dow, *dvs], expected):  # both in fp32 math, summed in other orders:
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)  # 3e-6 apart on the H200 host
 
 
 def test_the_bench_runs_its_cpu_rows_and_prints_their_table():

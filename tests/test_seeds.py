@@ -244,3 +244,33 @@ def test_the_searcher_speaks_ray_tunes_interface_and_its_saved_state_restores(tm
     assert second.suggest("last") == Searcher.FINISHED and not second.unfinished()
     second.on_trial_complete("unknown", None, error=True)  # a trial it never handed out: ignored
 
+
+
+def test_a_sweep_run_in_parts_spends_its_wall_budget_as_the_sum_of_the_parts(tmp_path):
+    from ray.tune.search import Searcher
+
+    from k3lab.tune.seeds import SeedSearcher
+
+    now = [0.0]
+
+    def searcher():
+        plan = SeedPlanner(["b", "v"], {"v": "b"}, list(range(8)), 2, Design(1, 8, 2, halfwidth=1e-6),
+                           budget_wall_s=500.0, clock=lambda: now[0])
+        keys = {(name, seed): f"{name}_s{seed}" for name in ("b", "v") for seed in range(8)}
+        return SeedSearcher(plan, keys, "val_loss", "min")
+
+    done = {"val_loss": 2.0, "done_steps": 8, "total_steps": 8, "trial_status": "finished"}
+    first = searcher()
+    assert first.suggest("t0") == {"trial": "b_s0"}  # part 1 starts at t = 0
+    now[0] = 100.0
+    first.on_trial_complete("t0", done)  # a 100 s trial; then nothing asks the searcher for 300 s
+    now[0] = 400.0
+    first.save(str(tmp_path / "searcher.json"))  # Tune's last save, as --stop-after stops part 1
+    assert json.loads((tmp_path / "searcher.json").read_text())["planner"]["spent_s"] == 400.0
+
+    now[0] = 10_000.0  # part 2, on another machine hours later
+    second = searcher()
+    second.restore(str(tmp_path / "searcher.json"))
+    now[0] = 10_050.0
+    assert second.suggest("t1") == Searcher.FINISHED  # 400 + 50 s spent and a 100 s median trial: over 500 s
+    assert second.planner.spent_s == 450.0 and second.planner.budget_hit

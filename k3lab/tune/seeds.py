@@ -18,7 +18,8 @@ decided once its first k seeds and the baseline's first k have ended (finished, 
 diverged), from those trials' values. So the trials a sweep runs do not depend on how many run
 at once, in what order they end, or on a `kill -9` of the driver and `--resume`: the restored
 searcher (Tune saves it with the experiment state, `save`/`restore`) and the trials Tune
-restores end in the same decisions; the only thing that depends on timing is the wall budget.
+restores end in the same decisions; the only thing that depends on timing is the wall budget,
+which a sweep run in parts spends as the sum of its parts (`SeedSearcher.save`/`restore`).
 Looking after every seed pair is what the confidence sequence allows (a t-interval would not).
 
 `SeedPlanner` is the policy on plain data (no Ray: the tests drive it directly and simulate
@@ -173,7 +174,8 @@ class SeedPlanner:
     # -- the budget and the calls from Tune -----------------------------------------------
 
     def tick(self) -> None:
-        """Count the wall time since the last call (a restored planner starts counting anew)."""
+        """Count the wall time since the last call (the first call after a restore only starts
+        the clock)."""
         now = self.clock()
         if self._last_tick is not None:
             self.spent_s += max(0.0, now - self._last_tick)
@@ -303,12 +305,18 @@ class SeedSearcher(Searcher):
         self.trials = {t: (v, int(s)) for t, (v, s) in state["trials"].items()}
 
     def save(self, checkpoint_path: str) -> None:
+        """Tune's checkpoint of the searcher (periodic, and the last one as the sweep stops). The
+        planner's clock is counted up to now first: it is otherwise counted only when a trial is
+        asked for or ends, and the wall budget of a sweep run in parts is the sum of its parts."""
+        self.planner.tick()
         with open(checkpoint_path, "w") as handle:
             json.dump(self.get_state(), handle)
 
     def restore(self, checkpoint_path: str) -> None:
+        """Tune's restore on `--resume`: the saved state, and the wall clock counted from now."""
         with open(checkpoint_path) as handle:
             self.set_state(json.load(handle))
+        self.planner.tick()
 
 
 def trained_to_the_end(result: dict | None) -> bool:
