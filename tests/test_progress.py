@@ -138,3 +138,23 @@ def test_a_crashed_trial_says_its_error_as_it_restarts(sweep, tmp_path):
         progress.on_trial_recover(0, [], crashed)
     assert said[0].split("s  ", 1)[1] == ("attnres_off-s0 crashed (torch.AcceleratorError: CUDA error: unspecified "
                                           "launch failure): restarting from its last checkpoint")
+
+
+def test_a_crash_before_a_trials_first_report_is_counted_on_the_run_its_first_report_names(tmp_path):
+    """A reused actor can die as it sets up its next trial, before that trial has a run: the
+    crash is counted once the restarted trial reports, so the report's crash count is whole."""
+    from k3lab.tune.status import MLflowStatusCallback
+
+    uri, run_id = finished_run(tmp_path)
+    error_file = tmp_path / "error.txt"
+    error_file.write_text("ray.exceptions.ActorDiedError: The actor died unexpectedly\n")
+    callback = MLflowStatusCallback(uri)
+    started = SimpleNamespace(trial_id="t1", last_result={}, error_file=str(error_file))
+    callback.on_trial_recover(0, [], started)  # no report yet: nothing to count it on
+    callback.on_trial_result(0, [], started, {"done_steps": 1})  # a report without a run id: still waits
+    assert "k3lab.crashes" not in MlflowClient(uri).get_run(run_id).data.tags
+    callback.on_trial_result(0, [], started, {"done_steps": 2, "mlflow_run_id": run_id})
+    callback.on_trial_result(0, [], started, {"done_steps": 3, "mlflow_run_id": run_id})  # counted once
+    tags = MlflowClient(uri).get_run(run_id).data.tags
+    assert tags["k3lab.crashes"] == "1"
+    assert tags["k3lab.last_crash"] == "ray.exceptions.ActorDiedError: The actor died unexpectedly"

@@ -24,6 +24,7 @@ def final_status(result: dict, errored: bool) -> str:
 class MLflowStatusCallback(tune.Callback):
     def __init__(self, tracking_uri: str):
         self.tracking_uri = tracking_uri
+        self.uncounted: dict[str, list[str]] = {}  # Tune's trial id -> errors of crashes before its run was known
 
     def _close(self, trial, errored: bool) -> None:
         result = trial.last_result or {}
@@ -44,10 +45,20 @@ class MLflowStatusCallback(tune.Callback):
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         """A crash Tune retries from the trial's last checkpoint: counted on the trial's run, so
-        the report can say how much of a sweep went into restarts (the progress log says it too)."""
+        the report can say how much of a sweep went into restarts (the progress log says it too).
+        A trial that crashed before its first report (a reused actor, as it set the trial up) has
+        no run yet: its crash is counted on the run its first report names."""
         run_id = (trial.last_result or {}).get(RUN_ID_KEY)
         if run_id:
             runs.count_crash(self.tracking_uri, run_id, first_error_line(trial))
+        else:
+            self.uncounted.setdefault(trial.trial_id, []).append(first_error_line(trial))
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        run_id = result.get(RUN_ID_KEY)
+        if run_id and trial.trial_id in self.uncounted:
+            for error in self.uncounted.pop(trial.trial_id):
+                runs.count_crash(self.tracking_uri, run_id, error)
 
 
 def first_error_line(trial) -> str:
