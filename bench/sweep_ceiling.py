@@ -1,8 +1,8 @@
 """A GPU sweep against its own ceiling: a fresh machine, the same machine warm, one trial alone.
 
     python bench/sweep_ceiling.py experiments/attnres_block.yaml --phase fresh --work /tmp/ceiling
-    python bench/sweep_ceiling.py experiments/attnres_block.yaml --phase warm --phase alone \
-        --work /tmp/ceiling --write
+    python bench/sweep_ceiling.py experiments/attnres_block.yaml --phase warm --phase slots --phase alone \
+        --work /tmp/ceiling --seeds 0,1 --write
 
 Phases (each adds its figures to WORK/results.json; --write puts every phase measured so far
 into docs/benchmarks.md, so a run split over two calls of a lent machine is one table):
@@ -11,6 +11,9 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
   training step is the earliest trial's `startup_s` metric (logged as its first step ends),
   counted from the command's start.
 - warm: the same sweep again on the caches the fresh phase left (a second sweep on one machine).
+- slots: the warm sweep with `resources.training_slots: N` added to its profile (`--training-slots`,
+  default 2; a copy of the file in WORK): as many trials at once, but only N of them train while
+  the others start up (`k3lab.tune.slots`). Against warm, it says what hiding start-ups gives.
 - alone: the sweep's first trial (first variant, first seed) alone on the GPU, through the same
   trial code (`run_trial`, no tracking): its tokens/s over the last log window is the ceiling a
   sweep of that shape can approach; the sweep's tokens/s (all tokens / wall time) against it is
@@ -36,10 +39,13 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("file", help="sweep file")
     parser.add_argument("--profile", default="gpu")
-    parser.add_argument("--phase", action="append", choices=["fresh", "warm", "alone"], default=[],
+    parser.add_argument("--phase", action="append", choices=["fresh", "warm", "slots", "alone"], default=[],
                         help="what to measure (repeatable, in order)")
     parser.add_argument("--work", required=True, help="folder for the caches, stores and results.json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--training-slots", type=int, default=2, help="N for the slots phase")
+    parser.add_argument("--seeds", help="run every phase with these seeds (e.g. 0,1) instead of the profile's "
+                                        "seeds policy, so that each phase is the same fixed set of trials")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     return parser.parse_args()
 
@@ -48,11 +54,32 @@ def caches(work: Path) -> dict[str, str]:
     return {"K3LAB_KERNEL_CACHE": str(work / "kernels"), "K3LAB_DATA_DIR": str(work / "data")}
 
 
+def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
+    """The sweep file a phase runs: the file itself, or a copy in `work` whose profile has the
+    `--seeds` (every phase, so that they run the same trials) and, for the slots phase,
+    resources.training_slots."""
+    if phase != "slots" and args.seeds is None:
+        return args.file
+    import yaml
+
+    data = yaml.safe_load(Path(args.file).read_text())
+    profile = data.setdefault("profiles", {}).setdefault(args.profile, {})
+    if args.seeds is not None:
+        profile["seeds"] = [int(seed) for seed in args.seeds.split(",")]
+        profile["budget"] = None  # a fixed list of seeds has no policy to budget
+    if phase == "slots":
+        profile.setdefault("resources", dict(data.get("resources") or {}))["training_slots"] = args.training_slots
+    path = work / f"{Path(args.file).stem}-{phase}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
 def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
     """One `k3lab sweep` in a fresh storage and store; its wall time, first step and parent metrics."""
     folder = work / phase
     store = folder / "mlflow.db"
-    command = [sys.executable, "-m", "k3lab.cli", "sweep", args.file, "--profile", args.profile, "--no-live",
+    file = sweep_file_for(args, work, phase)
+    command = [sys.executable, "-m", "k3lab.cli", "sweep", file, "--profile", args.profile, "--no-live",
                "--storage", str(folder / "k3lab_runs"), "--tracking-uri", f"sqlite:///{store}", "--overwrite"]
     started = time.time()
     code = subprocess.call(command, env=os.environ | caches(work), cwd=ROOT)
@@ -60,6 +87,7 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
     figures = sweep_figures(store)
     first_step = min(figures.pop("first_step_at"), default=None)
     return {"phase": phase, "exit": code, "command_wall_s": wall,
+            "training_slots": args.training_slots if phase == "slots" else None,
             "first_step_s": None if first_step is None else first_step - started, **figures}
 
 
@@ -113,10 +141,11 @@ def table(results: dict) -> str:
     lines = ["| phase | exit | trials finished | command wall (s) | first training step (s) | kernel warm-up (s) "
              "| trial start-up mean / max (s) | sweep tokens/s | sweep MFU |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for name in ("fresh", "warm"):
+    for name in ("fresh", "warm", "slots"):
         r = results.get(name)
         if r:
-            lines.append(f"| {name} | {r['exit']} | {r['finished']}/{r['trials']} | {r['command_wall_s']:.0f} "
+            label = f"warm, training_slots {r.get('training_slots')}" if name == "slots" else name
+            lines.append(f"| {label} | {r['exit']} | {r['finished']}/{r['trials']} | {r['command_wall_s']:.0f} "
                          f"| {number(r['first_step_s'], '{:.1f}')} | {number(r['kernel_warmup_s'], '{:.1f}')} "
                          f"| {number(r['trial_startup_s_mean'], '{:.1f}')} / {number(r['trial_startup_s_max'], '{:.1f}')} "
                          f"| {number(r['sweep_tokens_per_s'])} | {number(r['sweep_mfu'], '{:.1%}')} |")
@@ -128,7 +157,7 @@ def table(results: dict) -> str:
     if alone:
         notes.append(f"One trial alone ({alone['trial']}, {alone['status']}): {number(alone['tokens_per_s_last_window'])} "
                      f"tokens/s over its last log window, {number(alone['tokens_per_s_run_average'])} over its run.")
-        for name in ("fresh", "warm"):
+        for name in ("fresh", "warm", "slots"):
             r = results.get(name)
             if r and r.get("sweep_tokens_per_s") and alone.get("tokens_per_s_last_window"):
                 notes.append(f"The {name} sweep's tokens/s against one trial alone: "
@@ -158,8 +187,9 @@ def main() -> None:
     if args.write:
         from bench.report import write_section
 
+        seeds = f" --seeds {args.seeds}" if args.seeds else ""
         write_section(SECTION, body, command=f"python bench/sweep_ceiling.py {args.file} --profile {args.profile} "
-                      + " ".join(f"--phase {p}" for p in results) + " --work WORK --write")
+                      + " ".join(f"--phase {p}" for p in results) + f" --work WORK{seeds} --write")
 
 
 if __name__ == "__main__":

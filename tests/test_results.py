@@ -374,6 +374,19 @@ def test_the_report_says_how_often_trials_crashed_and_with_which_error():
     assert crash_lines(records[2:]) == []
 
 
+def test_the_report_says_how_long_started_trials_waited_for_a_training_slot():
+    from types import SimpleNamespace as NS
+
+    from k3lab.report.results import slot_wait_lines
+
+    def record(wait):
+        return NS(value=lambda key: wait if key == "slot_wait_s" else None)
+
+    assert slot_wait_lines([record(2.0), record(10.0), record(None)]) == [
+        "- Waiting for a training slot after start-up (resources.training_slots): mean 6.0 s, max 10.0 s over 2 trials."]
+    assert slot_wait_lines([record(None)]) == []
+
+
 def test_a_sweep_that_ran_to_its_end_says_budget_though_its_parent_is_still_open(paired_store):
     """The driver builds the end-of-run report before it closes the parent run (still RUNNING in
     the store): it passes `unfinished="budget"`; the store alone would say running."""

@@ -319,6 +319,28 @@ def test_reused_trial_processes_run_the_next_trial_cleanly_and_to_the_same_resul
     assert final == {r.data.tags["k3lab.variant_name"]: r.data.metrics["final_val_loss"] for r in fresh}
 
 
+def test_with_one_training_slot_two_trials_at_once_start_together_but_train_one_after_the_other(
+        tmp_path, sweep_file):
+    """resources.training_slots: both trials start (Ray runs two at once), but only one trains
+    at a time: the other waits after its first step, and the wait is logged."""
+    steps = 160  # long enough that the second trial is ready before the first ends
+    sweep_file.write_text(mini_sweep("mini", "x", steps=steps, eval_interval=80, log_interval=20).replace(
+        "resources: {cpu: 1, gpu: 0}", "resources: {cpu: 1, gpu: 0, max_concurrent_trials: 2, training_slots: 1}"))
+    assert main(sweep_args(tmp_path, sweep_file)) == 0
+    client, parent, runs = trial_runs(tmp_path)
+    assert parent.data.params["resources.training_slots"] == "1"
+    spans = []  # each trial's time in its slot: from its step-2 metrics (logged at step 20) to its last
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        times = {m.step: m.timestamp for m in client.get_metric_history(run.info.run_id, "train_loss")}
+        spans.append((run.info.start_time, times[2], times[steps]))
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "slot_wait_s")] == [1]
+    (_, first_trains, first_ends), (second_starts, second_trains, _) = sorted(spans, key=lambda span: span[1])
+    assert second_starts < first_ends  # the two trials were up at once ...
+    assert first_ends <= second_trains  # ... but trained one after the other
+    assert max(run.data.metrics["slot_wait_s"] for run in runs) > 0.5
+
+
 def ray_processes_of(driver: int) -> dict[int, int]:
     """{pid: start time} of every process under a driver: its Ray instance (and the watchdog)."""
     from k3lab.tune import reaper

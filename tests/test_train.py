@@ -53,6 +53,26 @@ def test_every_step_is_logged_once_with_window_metrics():
     assert all(sum(row[3:]) == pytest.approx(1, abs=1e-4) for row in loads["data"])
 
 
+def test_a_trial_waits_for_its_training_slot_once_warmed_up_and_the_wait_is_not_training_time():
+    """`wait_to_train` (a training slot): called once, after the step that compiled the model
+    (on a CPU, with no CUDA graph, the first); its seconds are logged, and left out of the first
+    window's throughput."""
+    import time
+
+    tracker, calls = MemoryTracker(), []
+
+    def wait_to_train():
+        calls.append(trainer.step)
+        time.sleep(3.0)
+        return 3.0
+
+    trainer = Trainer(load_preset("tiny"), tiny_spec(steps=6, log_interval=2))
+    train(None, tiny_spec(steps=6, log_interval=2), tracker=tracker, trainer=trainer, wait_to_train=wait_to_train)
+    assert calls == [1] and tracker.metrics["slot_wait_s"] == [(1, 3.0)]
+    first_window_ms = tracker.metrics["step_time_ms"][0][1]
+    assert first_window_ms < 1500  # with the wait counted it would be above (3 s over two steps)
+
+
 def test_nan_loss_stops_the_trial_with_a_clear_status():
     config, spec = load_preset("tiny"), tiny_spec()
     trainer = Trainer(config, spec)

@@ -295,7 +295,8 @@ def run_sweep_command(args) -> int:
     if args.dry_run:
         console.print(variant_table(sweep))
         console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
-                      f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}")
+                      f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}"
+                      + slots_clause(sweep.resources))
         return 0
     def say(line: str) -> None:  # one line as it is: no markup, never wrapped
         console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -324,6 +325,13 @@ def run_sweep_command(args) -> int:
     for error in summary["errors"]:
         console.print(f"[red]trial error: {error}")
     return 1 if summary["errors"] else 0
+
+
+def slots_clause(resources) -> str:
+    if resources.training_slots is None:
+        return ""
+    return (f"; at most {resources.training_slots} trials per GPU train at once, the others start up "
+            "and wait (resources.training_slots)")
 
 
 def stop_after_seconds(value: str | None) -> float | None:

@@ -125,7 +125,9 @@ class ResourceSpec:
     `strategy: ddp`, which then replaces `gpu`. `max_concurrent_trials` null
     lets Ray Tune run as many trials as resources allow. `reuse_actors` runs the next
     trial in the process of one that ended (Ray Tune's option): imports, the CUDA context
-    and in-memory kernel caches are kept, so start-up is shorter."""
+    and in-memory kernel caches are kept, so start-up is shorter. `training_slots` lets at
+    most that many of the trials on one GPU (or one CPU host) train at once; the others do
+    their start-up and wait for a slot (`k3lab.tune.slots`)."""
 
     cpu: float = attrs.field(default=1.0, validator=positive)
     gpu: float = attrs.field(default=0.0, validator=non_negative)
@@ -133,6 +135,7 @@ class ResourceSpec:
     gpus_per_trial: int | None = attrs.field(default=None, validator=positive)
     strategy: str | None = attrs.field(default=None, validator=one_of(None, *STRATEGIES))
     reuse_actors: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    training_slots: int | None = attrs.field(default=None, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if self.gpu > 1 and self.gpu != int(self.gpu):
@@ -143,6 +146,12 @@ class ResourceSpec:
             raise FieldError("strategy", "must be set (ddp) with gpus_per_trial")
         if self.reuse_actors and self.strategy is not None:  # Ray cannot hand a running Train job to the next trial
             raise FieldError("reuse_actors", f"must be false with strategy: {self.strategy}")
+        if self.training_slots is not None and self.strategy is not None:  # a DDP trial holds whole GPUs
+            raise FieldError("training_slots", f"must be unset with strategy: {self.strategy}")
+        if None not in (self.training_slots, self.max_concurrent_trials) and \
+                self.training_slots >= self.max_concurrent_trials:
+            raise FieldError("training_slots", f"must be fewer than max_concurrent_trials "
+                                               f"({self.max_concurrent_trials}), or no trial waits; got {self.training_slots}")
 
     def tune_resources(self) -> dict[str, float]:
         """The `tune.with_resources` mapping for one trial."""

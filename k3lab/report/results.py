@@ -252,6 +252,15 @@ def crash_lines(records: list[TrialRecord]) -> list[str]:
             f"(k3lab.crashes); last errors: {listed}."]
 
 
+def slot_wait_lines(records: list[TrialRecord]) -> list[str]:
+    """How long trials that had started up waited for a training slot (resources.training_slots)."""
+    waits = [r.value("slot_wait_s") for r in records if r.value("slot_wait_s") is not None]
+    if not waits:
+        return []
+    return [f"- Waiting for a training slot after start-up (resources.training_slots): mean "
+            f"{statistics.fmean(waits):.1f} s, max {max(waits):.1f} s over {len(waits)} trials."]
+
+
 def sweep_timing_lines(records: list[TrialRecord], gpu_log: str | Path | None) -> list[str]:
     starts = [r.start_ms / 1000 for r in records if r.start_ms]
     ends = [r.end_ms / 1000 for r in records if r.end_ms]
@@ -269,6 +278,7 @@ def sweep_timing_lines(records: list[TrialRecord], gpu_log: str | Path | None) -
         lines.append(f"- Trial start-up (process start to the end of the first optimizer step): mean "
                      f"{statistics.fmean(startups):.1f} s, max {max(startups):.1f} s, "
                      f"{sum(startups):.0f} trial-seconds in all.{split}")
+    lines += slot_wait_lines(records)
     lines += crash_lines(records)
     if overheads:
         mean, _ = mean_std(overheads)

@@ -168,6 +168,14 @@ class Trainer:
         enabled = self.autocast is not None
         return torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=enabled)
 
+    @property
+    def warmed_up(self) -> bool:
+        """Whether this process has compiled the step and captured its CUDA graph (where it has
+        one): all that is left is training."""
+        if self.graphed is not None:
+            return self.graphed.graph is not None
+        return self.eager_steps >= 1
+
     # -- one step -------------------------------------------------------------------
 
     def train_step(self) -> dict[str, torch.Tensor]:
@@ -317,18 +325,20 @@ class Window:
 def train(config: KimiK3Config, train_spec: TrainSpec, tracker=None, checkpoint: str | Path | dict | None = None,
           *, seed: int = 0, device=None, dataset=None, on_eval: Callable | None = None,
           progress: Callable[[int, dict], None] | None = None, rank: int = 0, world_size: int = 1,
-          trainer: Trainer | None = None, started_at: float | None = None) -> TrainResult:
+          trainer: Trainer | None = None, started_at: float | None = None,
+          wait_to_train: Callable[[], float] | None = None) -> TrainResult:
     """Train one variant for train_spec.steps optimizer steps: `fit` of a Trainer built from the
     arguments, or of `trainer` when given (train_spec then sets only the loop's steps and intervals)."""
     trainer = trainer or Trainer(config, train_spec, seed=seed, device=device, dataset=dataset,
                                  rank=rank, world_size=world_size)
     return fit(trainer, tracker, checkpoint, spec=train_spec, on_eval=on_eval, progress=progress,
-               started_at=started_at)
+               started_at=started_at, wait_to_train=wait_to_train)
 
 
 def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = None, *,
         spec: TrainSpec | None = None, on_eval: Callable | None = None,
-        progress: Callable[[int, dict], None] | None = None, started_at: float | None = None) -> TrainResult:
+        progress: Callable[[int, dict], None] | None = None, started_at: float | None = None,
+        wait_to_train: Callable[[], float] | None = None) -> TrainResult:
     """Train `trainer` up to spec.steps (spec: the loop's steps, evaluation and logging intervals;
     default the trainer's own).
 
@@ -338,6 +348,9 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
     checkpoints there); progress(step, metrics) after every logging window.
     started_at (time.time() when the trial process began) adds `startup_s`: the time from
     then until the first optimizer step had finished (imports, data, model, kernels).
+    wait_to_train() is called once, when the trainer has `warmed_up`, and returns the seconds
+    it waited (a training slot, `k3lab.tune.slots`): logged as `slot_wait_s`, and not counted
+    as training time.
     """
     if checkpoint is not None:
         state = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
@@ -355,6 +368,12 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
             if tracker is not None:
                 tracker.log_metrics({"startup_s": result.startup_s}, trainer.step)
             started_at = None
+        if wait_to_train is not None and trainer.warmed_up:
+            waited = wait_to_train()
+            window.start += waited  # the wait is not training time
+            if tracker is not None:
+                tracker.log_metrics({"slot_wait_s": waited}, trainer.step)
+            wait_to_train = None
         at_eval = trainer.step % spec.eval_interval == 0 or trainer.step == spec.steps
         if len(window.steps) >= spec.log_interval or at_eval:
             per_step, window_metrics = window.collect()

@@ -34,7 +34,7 @@ def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
                             tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id,
                             overrides={k: str(v) for k, v in trial.variant.overrides.items()},
                             metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
-                            colour=colours[trial.variant.name])
+                            colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots)
         for trial in run.sweep.trials
     }
 

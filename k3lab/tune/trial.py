@@ -26,6 +26,7 @@ from k3lab.train.metrics import device_name
 from k3lab.train.spec import TrainSpec
 from k3lab.train.trainer import FINISHED, TrainResult, Trainer, fit
 from k3lab.tune.reporter import TrialReporter
+from k3lab.tune.slots import TrainingSlot, slot_folder
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class TrialSpec:
     metric: str = "val_loss"  # the sweep's metric and mode: a diverged trial reports its worst value
     mode: str = "min"
     colour: str | None = None  # the variant's, in k3lab's plots and the MLflow UI (k3lab.store.colours)
+    training_slots: int | None = None  # at most this many trials on one GPU train at once (k3lab.tune.slots)
 
     @property
     def name(self) -> str:
@@ -118,10 +120,12 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
             tracker.log_metrics({"startup_build_s": time.time() - started_at}, trainer.step)
     if reporter is not None:
         reporter.tracker = tracker
+    slot = TrainingSlot(spec.training_slots, slot_folder(trainer.device)) \
+        if spec.training_slots and world_size == 1 else None
     train_start = time.perf_counter()
     try:
         result = fit(trainer, tracker=tracker, checkpoint=state, on_eval=reporter and reporter.on_eval,
-                     progress=progress, started_at=started_at)
+                     progress=progress, started_at=started_at, wait_to_train=slot and slot.acquire)
     except SystemExit:  # Tune stopped the trial after taking a report (an ASHA cut, or SIGTERM):
         if tracker is not None:  # metrics went before the report; closing is best effort (Ray may end us first)
             tracker.set_tags(runs.stopped_tags(trainer.step))
@@ -134,6 +138,9 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
             tracker.set_tags(runs.error_tags(f"{type(error).__name__}: {error}"))
             tracker.finish("FAILED" if not isinstance(error, KeyboardInterrupt) else "KILLED")
         raise
+    finally:
+        if slot is not None:
+            slot.release()
     if tracker is not None:
         train_wall = time.perf_counter() - train_start
         tracker.log_metrics({"final_val_loss": result.val_loss or float("nan"),

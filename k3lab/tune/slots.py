@@ -1,0 +1,73 @@
+"""Training slots: of the trials sharing one GPU, at most N train at once; the others start up.
+
+On one H200 a `small` trial alone trains at about 614k tokens/s (its last log window,
+docs/benchmarks.md, "Sweep ceiling"), and four at once at 110-180k each (the attnres_kkkm
+run's logs): trials time-share the GPU, so four training at once do not train faster than one.
+What concurrency buys is overlap: a trial's start-up (process, imports, data, model,
+torch.compile, CUDA-graph capture: 6-80 s) is mostly CPU work, which can run while other
+trials train. With
+
+    resources: {gpu: 0.25, max_concurrent_trials: 4, training_slots: 2}
+
+Ray Tune still keeps four trials on the GPU, but only two train; a third and a fourth do their
+start-up (up to the CUDA-graph capture) and then wait for a slot, so that a finished trial's
+slot goes to a trial that is ready to train at once.
+
+A slot is an exclusive `flock` on one of N files in a folder of this host's temp directory,
+one folder per GPU (`CUDA_VISIBLE_DEVICES` as Ray sets it for the trial, and the device
+index): trials of every sweep on the same GPU share the slots. The kernel drops a lock when
+its process ends, so a trial that crashes or is killed frees its slot without clean-up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import time
+from pathlib import Path
+
+POLL_S = 0.2
+
+
+def slot_folder(device) -> Path:
+    """The folder of the slots of `device` (a torch.device) on this host, for this user."""
+    if device.type == "cuda":
+        key = f"cuda-{os.environ.get('CUDA_VISIBLE_DEVICES', 'all').replace(',', '_')}-{device.index or 0}"
+    else:
+        key = device.type
+    return Path(tempfile.gettempdir()) / f"k3lab-slots-{os.getuid()}" / key
+
+
+class TrainingSlot:
+    """One of `slots` training slots of a folder: `acquire` waits for a free one, `release`
+    (or the end of the process) frees it."""
+
+    def __init__(self, slots: int, folder: Path, poll_s: float = POLL_S):
+        self.slots, self.folder, self.poll_s = slots, Path(folder), poll_s
+        self.held: int | None = None  # the file descriptor of the slot held
+
+    def acquire(self) -> float:
+        """Wait until one of the slots is free and take it; the seconds waited."""
+        started = time.perf_counter()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        while self.held is None:
+            self.held = self._try_each_slot()
+            if self.held is None:
+                time.sleep(self.poll_s)
+        return time.perf_counter() - started
+
+    def _try_each_slot(self) -> int | None:
+        for i in range(self.slots):
+            fd = os.open(self.folder / f"slot-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                os.close(fd)
+        return None
+
+    def release(self) -> None:
+        if self.held is not None:
+            os.close(self.held)  # closing the descriptor drops its lock
+            self.held = None
