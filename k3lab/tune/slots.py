@@ -13,14 +13,17 @@ Ray Tune still keeps four trials on the GPU, but only two train; a third and a f
 start-up (up to the CUDA-graph capture) and then wait for a slot, so that a finished trial's
 slot goes to a trial that is ready to train at once.
 
-A slot is an exclusive `flock` on one of N files in a folder of this host's temp directory,
-one folder per GPU (`CUDA_VISIBLE_DEVICES` as Ray sets it for the trial, and the device
-index): trials of every sweep on the same GPU share the slots. The kernel drops a lock when
-its process ends, so a trial that crashes or is killed frees its slot without clean-up.
+A slot is an exclusive POSIX record lock (`fcntl.lockf`) on one of N files in a folder of this
+host's temp directory, one folder per GPU (`CUDA_VISIBLE_DEVICES` as Ray sets it for the trial,
+and the device index): trials of every sweep on the same GPU share the slots. The kernel drops
+the lock when its process ends, so a trial that crashes or is killed frees its slot without
+clean-up; and processes the trial forks (compile workers) do not inherit it, as they would a
+`flock`. Record locks belong to a process: one process holds at most one slot.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import tempfile
@@ -61,10 +64,12 @@ class TrainingSlot:
         for i in range(self.slots):
             fd = os.open(self.folder / f"slot-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return fd
-            except BlockingIOError:
+            except OSError as error:  # EACCES or EAGAIN: another process holds it
                 os.close(fd)
+                if error.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
         return None
 
     def release(self) -> None:
