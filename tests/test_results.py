@@ -387,6 +387,29 @@ def test_the_report_says_how_long_started_trials_waited_for_a_training_slot():
     assert slot_wait_lines([record(None)]) == []
 
 
+def test_a_dry_run_says_how_many_pairs_the_asked_precision_takes_at_an_earlier_runs_spreads(paired_store, capsys):
+    """`k3lab sweep --dry-run` on a store that holds a run of the same sweep: the planning figure
+    of that run's report, per comparison with two pairs or more, before any GPU time is spent."""
+    import statistics
+
+    from k3lab.registry.commands import load_sweep_for
+    from k3lab.report.sequential import pairs_needed
+    from k3lab.tune.seeds import design_of
+
+    uri, _, tmp_path = paired_store
+    file = str(Path(__file__).resolve().parents[1] / "experiments/attnres_block.yaml")
+    assert main(["sweep", file, "--profile", "gpu", "--dry-run", "--tracking-uri", uri,
+                 "--storage", str(tmp_path / "runs")]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("earlier run"))
+    design = design_of(load_sweep_for(file, "gpu"))
+    bs4 = pairs_needed(statistics.stdev([-0.03, -0.02, -0.04]), statistics.fmean([2.00, 2.10, 2.20]), design, 3)
+    bs2 = pairs_needed(statistics.stdev([-0.01, 0.02]), statistics.fmean([2.00, 2.20]), design, 2)
+    needed = [f"~{n}" if n else ">200" for n in (bs2, bs4)]
+    assert f"attnres_bs2 {needed[0]} (ran 2), attnres_bs4 {needed[1]} (ran 3);" in line  # bs8 (one pair): left out
+    assert line.endswith("this file allows up to 16 seeds")
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+
+
 def test_a_sweep_that_ran_to_its_end_says_budget_though_its_parent_is_still_open(paired_store):
     """The driver builds the end-of-run report before it closes the parent run (still RUNNING in
     the store): it passes `unfinished="budget"`; the store alone would say running."""

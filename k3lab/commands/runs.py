@@ -297,6 +297,9 @@ def run_sweep_command(args) -> int:
         console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
                       f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}"
                       + slots_clause(sweep.resources))
+        earlier = earlier_run_line(run)
+        if earlier:
+            console.print(earlier, markup=False, highlight=False, soft_wrap=True)
         return 0
     def say(line: str) -> None:  # one line as it is: no markup, never wrapped
         console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -325,6 +328,28 @@ def run_sweep_command(args) -> int:
     for error in summary["errors"]:
         console.print(f"[red]trial error: {error}")
     return 1 if summary["errors"] else 0
+
+
+def earlier_run_line(run) -> str | None:
+    """For a dry run of a sweep whose seeds policy asks a precision: what the latest run of its
+    experiment in this SQLite store says that precision takes per comparison, at the spreads that
+    run saw (a server store is not contacted: a dry run starts nothing and asks nobody)."""
+    from k3lab.store.tracking import sqlite_path
+
+    sweep, path = run.sweep, sqlite_path(run.tracking_uri)
+    if not (sweep.adaptive and sweep.seed_policy.until) or path is None or not path.is_file():
+        return None
+    from k3lab.report.sequential import pairs_needed_line
+    from k3lab.report.summary import build_report
+    from k3lab.store.runs import latest_sweep_run
+    from k3lab.tune.seeds import report_options
+
+    parent = latest_sweep_run(run.tracking_uri, run.experiment)
+    if parent is None:
+        return None
+    summary = build_report(run.tracking_uri, parent, sweep.metric.name, sweep.metric.mode, baseline=sweep.baseline,
+                           variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep))
+    return pairs_needed_line(summary["comparisons"], sweep.seed_policy.max, parent)
 
 
 def slots_clause(resources) -> str:

@@ -263,6 +263,18 @@ def needed_cell(c: Comparison) -> str:
     return f"~{needed}" if needed is not None else f">{NEEDED_CAP}"
 
 
+def pairs_needed_line(comparisons: list[Comparison], max_seeds: int, parent_run_id: str) -> str | None:
+    """A dry run's planning line from an earlier run's comparisons (`SequentialComparison`s built
+    with the file's present design): the pairs its asked half-width takes at that run's spreads,
+    against the file's `max`. None when no comparison had two pairs."""
+    rows = [c for c in comparisons if c.pairs >= 2]
+    if not rows:
+        return None
+    listed = ", ".join(f"{c.variant} {needed_cell(c)} (ran {c.pairs})" for c in rows)
+    return (f"earlier run in this store ({parent_run_id[:8]}): at the spread of its pairs, the asked half-width "
+            f"takes about this many pairs: {listed}; this file allows up to {max_seeds} seeds")
+
+
 SEQUENTIAL_COLUMNS = ("variant", "baseline", "pairs", "difference", "interval", "relative", "halfwidth", "verdict",
                       "stopping", "needed")
 
