@@ -187,9 +187,10 @@ def main() -> None:
     if args.write:
         from bench.report import write_section
 
-        seeds = f" --seeds {args.seeds}" if args.seeds else ""
+        options = (f" --seeds {args.seeds}" if args.seeds else "") + \
+            (f" --training-slots {args.training_slots}" if "slots" in results else "")
         write_section(SECTION, body, command=f"python bench/sweep_ceiling.py {args.file} --profile {args.profile} "
-                      + " ".join(f"--phase {p}" for p in results) + f" --work WORK{seeds} --write")
+                      + " ".join(f"--phase {p}" for p in results) + f" --work WORK{options} --write")
 
 
 if __name__ == "__main__":

@@ -422,3 +422,14 @@ def test_a_sweep_that_ran_to_its_end_says_budget_though_its_parent_is_still_open
         baselines={v: "attnres_off" for v in ("attnres_bs2", "attnres_bs4", "attnres_bs8")}, **kw)["comparisons"]}
     assert stopping(unfinished="budget") == {"budget"}
     assert stopping() == {"running"}  # the store alone: a parent still open whose trials ended just now
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database at all"])
+def test_a_dry_run_leaves_an_empty_or_foreign_store_file_untouched(tmp_path, content, capsys):
+    store = tmp_path / "mlflow.db"
+    store.write_bytes(content)
+    file = str(Path(__file__).resolve().parents[1] / "experiments/attnres_block.yaml")
+    assert main(["sweep", file, "--profile", "gpu", "--dry-run", "--tracking-uri", f"sqlite:///{store}",
+                 "--storage", str(tmp_path / "runs")]) == 0
+    assert store.read_bytes() == content  # MLflow was not let at it: it would have created its tables
+    assert "earlier run" not in capsys.readouterr().out

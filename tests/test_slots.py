@@ -91,8 +91,14 @@ def test_a_process_a_trial_forks_does_not_keep_its_slot(tmp_path):
 
 
 @pytest.mark.parametrize("resources, message", [
-    ({"max_concurrent_trials": 4, "training_slots": 4}, "resources.training_slots: must be fewer than "
-                                                        "max_concurrent_trials (4), or no trial waits; got 4"),
+    ({"max_concurrent_trials": 4, "training_slots": 4}, "resources.training_slots: must be fewer than the 4 trials "
+                                                        "that can share a GPU (max_concurrent_trials), or no trial "
+                                                        "waits; got 4"),
+    ({"gpu": 0.25, "max_concurrent_trials": 8, "training_slots": 4},  # two GPUs, four trials on each
+     "resources.training_slots: must be fewer than the 4 trials that can share a GPU (gpu: 0.25), or no trial "
+     "waits; got 4"),
+    ({"gpu": 1, "training_slots": 1}, "resources.training_slots: needs trials that share a GPU (gpu below 1), "
+                                      "got gpu: 1"),
     ({"gpus_per_trial": 2, "strategy": "ddp", "training_slots": 1},
      "resources.training_slots: must be unset with strategy: ddp"),
     ({"training_slots": 0}, "resources.training_slots: must be positive, got 0"),
@@ -103,9 +109,20 @@ def test_training_slots_that_cannot_work_are_refused_with_the_field(tmp_path, re
     from k3lab.errors import UserError
     from k3lab.registry import load_sweep
 
-    fields = ", ".join(f"{k}: {v}" for k, v in resources.items())
+    fields = ", ".join(f"{k}: {v}" for k, v in ({"gpu": 0} | resources).items())
     path = tmp_path / "slots.yaml"
     path.write_text(mini_sweep("slots", "x").replace("resources: {cpu: 1, gpu: 0}", f"resources: {{cpu: 1, {fields}}}"))
     with pytest.raises(UserError, match="training_slots") as error:
         load_sweep(path)
     assert message in str(error.value)
+
+
+def test_slots_per_gpu_may_be_fewer_than_the_trials_one_gpu_holds_across_several_gpus(tmp_path):
+    from conftest import mini_sweep
+
+    from k3lab.registry import load_sweep
+
+    path = tmp_path / "slots.yaml"
+    path.write_text(mini_sweep("slots", "x").replace(
+        "resources: {cpu: 1, gpu: 0}", "resources: {cpu: 1, gpu: 0.25, max_concurrent_trials: 8, training_slots: 2}"))
+    assert load_sweep(path).resources.training_slots == 2

@@ -320,9 +320,10 @@ def test_reused_trial_processes_run_the_next_trial_cleanly_and_to_the_same_resul
 
 
 def test_with_one_training_slot_two_trials_at_once_start_together_but_train_one_after_the_other(
-        tmp_path, sweep_file):
+        tmp_path, sweep_file, monkeypatch):
     """resources.training_slots: both trials start (Ray runs two at once), but only one trains
     at a time: the other waits after its first step, and the wait is logged."""
+    monkeypatch.setenv("K3LAB_SLOT_DIR", str(tmp_path / "slots"))  # not the host's: another CPU sweep's
     steps = 160  # long enough that the second trial is ready before the first ends
     sweep_file.write_text(mini_sweep("mini", "x", steps=steps, eval_interval=80, log_interval=20).replace(
         "resources: {cpu: 1, gpu: 0}", "resources: {cpu: 1, gpu: 0, max_concurrent_trials: 2, training_slots: 1}"))
@@ -339,6 +340,7 @@ def test_with_one_training_slot_two_trials_at_once_start_together_but_train_one_
     assert second_starts < first_ends  # the two trials were up at once ...
     assert first_ends <= second_trains  # ... but trained one after the other
     assert max(run.data.metrics["slot_wait_s"] for run in runs) > 0.5
+    assert [p.name for p in (tmp_path / "slots" / "cpu").iterdir()] == ["slot-0.lock"]
 
 
 def ray_processes_of(driver: int) -> dict[int, int]:

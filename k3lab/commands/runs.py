@@ -337,19 +337,37 @@ def earlier_run_line(run) -> str | None:
     from k3lab.store.tracking import sqlite_path
 
     sweep, path = run.sweep, sqlite_path(run.tracking_uri)
-    if not (sweep.adaptive and sweep.seed_policy.until) or path is None or not path.is_file():
+    if not (sweep.adaptive and sweep.seed_policy.until) or path is None or not holds_mlflow_runs(path):
         return None
     from k3lab.report.sequential import pairs_needed_line
     from k3lab.report.summary import build_report
     from k3lab.store.runs import latest_sweep_run
     from k3lab.tune.seeds import report_options
 
-    parent = latest_sweep_run(run.tracking_uri, run.experiment)
-    if parent is None:
-        return None
-    summary = build_report(run.tracking_uri, parent, sweep.metric.name, sweep.metric.mode, baseline=sweep.baseline,
-                           variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep))
+    try:
+        parent = latest_sweep_run(run.tracking_uri, run.experiment)
+        if parent is None:
+            return None
+        summary = build_report(run.tracking_uri, parent, sweep.metric.name, sweep.metric.mode, baseline=sweep.baseline,
+                               variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep))
+    except Exception as error:  # an estimate only: a store it cannot read does not fail the dry run
+        return f"earlier run in this store: not read ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
     return pairs_needed_line(summary["comparisons"], sweep.seed_policy.max, parent)
+
+
+def holds_mlflow_runs(path: Path) -> bool:
+    """Whether a file is a SQLite database with MLflow's tables, looked at read-only (MLflow itself
+    would create its tables in an empty or foreign file, and a dry run writes nothing)."""
+    import sqlite3
+
+    if not path.is_file():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return False
+    return {"experiments", "runs", "metrics"} <= tables
 
 
 def slots_clause(resources) -> str:

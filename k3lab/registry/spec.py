@@ -11,6 +11,7 @@ before the base model and the axes are resolved; see `k3lab.registry.sweep`).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -146,12 +147,23 @@ class ResourceSpec:
             raise FieldError("strategy", "must be set (ddp) with gpus_per_trial")
         if self.reuse_actors and self.strategy is not None:  # Ray cannot hand a running Train job to the next trial
             raise FieldError("reuse_actors", f"must be false with strategy: {self.strategy}")
-        if self.training_slots is not None and self.strategy is not None:  # a DDP trial holds whole GPUs
+        if self.training_slots is not None:
+            self._check_training_slots()
+
+    def _check_training_slots(self) -> None:
+        """Slots are per GPU (per host on CPU): they must be fewer than the trials that share one."""
+        if self.strategy is not None:  # a DDP trial holds whole GPUs
             raise FieldError("training_slots", f"must be unset with strategy: {self.strategy}")
-        if None not in (self.training_slots, self.max_concurrent_trials) and \
-                self.training_slots >= self.max_concurrent_trials:
-            raise FieldError("training_slots", f"must be fewer than max_concurrent_trials "
-                                               f"({self.max_concurrent_trials}), or no trial waits; got {self.training_slots}")
+        if self.gpu >= 1:
+            raise FieldError("training_slots", f"needs trials that share a GPU (gpu below 1), got gpu: {self.gpu:g}")
+        sharing = [("max_concurrent_trials", self.max_concurrent_trials)] if self.max_concurrent_trials else []
+        if self.gpu > 0:
+            sharing.append((f"gpu: {self.gpu:g}", math.floor(1 / self.gpu + 1e-9)))
+        if sharing:
+            why, most = min(sharing, key=lambda item: item[1])
+            if self.training_slots >= most:
+                raise FieldError("training_slots", f"must be fewer than the {most} trials that can share a GPU "
+                                                   f"({why}), or no trial waits; got {self.training_slots}")
 
     def tune_resources(self) -> dict[str, float]:
         """The `tune.with_resources` mapping for one trial."""

@@ -270,7 +270,8 @@ def pairs_needed_line(comparisons: list[Comparison], max_seeds: int, parent_run_
     rows = [c for c in comparisons if c.pairs >= 2]
     if not rows:
         return None
-    listed = ", ".join(f"{c.variant} {needed_cell(c)} (ran {c.pairs})" for c in rows)
+    listed = ", ".join(f"{c.variant} precise ({c.pairs})" if c.stopping == PRECISE
+                       else f"{c.variant} {needed_cell(c)} (ran {c.pairs})" for c in rows)
     return (f"earlier run in this store ({parent_run_id[:8]}): at the spread of its pairs, the asked half-width "
             f"takes about this many pairs: {listed}; this file allows up to {max_seeds} seeds")
 

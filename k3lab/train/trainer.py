@@ -57,6 +57,7 @@ class TrainResult:
     counts: dict = field(default_factory=dict)
     trained_tokens: int = 0  # tokens trained in this call (a resumed run counts from its checkpoint)
     train_seconds: float = 0.0  # time in training steps, evaluations excluded
+    slot_wait_s: float = 0.0  # time waiting for a training slot (`fit`'s wait_to_train)
 
     @property
     def average_tokens_per_s(self) -> float | None:
@@ -368,13 +369,14 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
             if tracker is not None:
                 tracker.log_metrics({"startup_s": result.startup_s}, trainer.step)
             started_at = None
-        if wait_to_train is not None and trainer.warmed_up:
-            waited = wait_to_train()
-            window.start += waited  # the wait is not training time
-            if tracker is not None:
-                tracker.log_metrics({"slot_wait_s": waited}, trainer.step)
-            wait_to_train = None
         at_eval = trainer.step % spec.eval_interval == 0 or trainer.step == spec.steps
+        if wait_to_train is not None and (trainer.warmed_up or at_eval):  # at_eval: a trial too short to warm up
+            values["train_loss"].item()  # the step's GPU work ends before the wait starts
+            result.slot_wait_s = wait_to_train()
+            window.start += result.slot_wait_s  # the wait is not training time
+            if tracker is not None:
+                tracker.log_metrics({"slot_wait_s": result.slot_wait_s}, trainer.step)
+            wait_to_train = None
         if len(window.steps) >= spec.log_interval or at_eval:
             per_step, window_metrics = window.collect()
             bad = next((s for s, m in per_step if not math.isfinite(m["train_loss"])), None)

@@ -18,7 +18,8 @@ host's temp directory, one folder per GPU (`CUDA_VISIBLE_DEVICES` as Ray sets it
 and the device index): trials of every sweep on the same GPU share the slots. The kernel drops
 the lock when its process ends, so a trial that crashes or is killed frees its slot without
 clean-up; and processes the trial forks (compile workers) do not inherit it, as they would a
-`flock`. Record locks belong to a process: one process holds at most one slot.
+`flock`. Record locks belong to a process: one process holds at most one slot. $K3LAB_SLOT_DIR
+moves the folders (the tests keep theirs apart from the host's).
 """
 
 from __future__ import annotations
@@ -33,13 +34,17 @@ from pathlib import Path
 POLL_S = 0.2
 
 
+ENV_VAR = "K3LAB_SLOT_DIR"  # where the slot folders are (default: the temp directory, per user)
+
+
 def slot_folder(device) -> Path:
     """The folder of the slots of `device` (a torch.device) on this host, for this user."""
     if device.type == "cuda":
         key = f"cuda-{os.environ.get('CUDA_VISIBLE_DEVICES', 'all').replace(',', '_')}-{device.index or 0}"
     else:
         key = device.type
-    return Path(tempfile.gettempdir()) / f"k3lab-slots-{os.getuid()}" / key
+    root = os.environ.get(ENV_VAR) or Path(tempfile.gettempdir()) / f"k3lab-slots-{os.getuid()}"
+    return Path(root) / key
 
 
 class TrainingSlot:

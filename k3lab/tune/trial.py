@@ -142,7 +142,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
         if slot is not None:
             slot.release()
     if tracker is not None:
-        train_wall = time.perf_counter() - train_start
+        train_wall = time.perf_counter() - train_start - result.slot_wait_s  # the loop's time, waiting excluded
         tracker.log_metrics({"final_val_loss": result.val_loss or float("nan"),
                              "final_val_bpb": result.val_bpb or float("nan"), "train_wall_s": train_wall,
                              "avg_tokens_per_s": result.average_tokens_per_s or float("nan"),
