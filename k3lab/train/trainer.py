@@ -349,9 +349,9 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
     checkpoints there); progress(step, metrics) after every logging window.
     started_at (time.time() when the trial process began) adds `startup_s`: the time from
     then until the first optimizer step had finished (imports, data, model, kernels).
-    wait_to_train() is called once, when the trainer has `warmed_up`, and returns the seconds
-    it waited (a training slot, `k3lab.tune.slots`): logged as `slot_wait_s`, and not counted
-    as training time.
+    wait_to_train() is called once, when the trainer has `warmed_up` (or before its first
+    evaluation, if that comes sooner), and returns the seconds it waited (a training slot,
+    `k3lab.tune.slots`): logged as `slot_wait_s`, and not counted as training time.
     """
     if checkpoint is not None:
         state = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
