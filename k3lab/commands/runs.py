@@ -339,20 +339,23 @@ def earlier_run_line(run) -> str | None:
     sweep, path = run.sweep, sqlite_path(run.tracking_uri)
     if not (sweep.adaptive and sweep.seed_policy.until) or path is None or not holds_mlflow_runs(path):
         return None
+    from k3lab.report.family import comparisons_for
     from k3lab.report.sequential import pairs_needed_line
-    from k3lab.report.summary import build_report
+    from k3lab.report.summary import load_trials
     from k3lab.store.runs import latest_sweep_run
-    from k3lab.tune.seeds import report_options
+    from k3lab.tune.seeds import design_of
 
+    metric = sweep.metric
     try:
         parent = latest_sweep_run(run.tracking_uri, run.experiment)
         if parent is None:
             return None
-        summary = build_report(run.tracking_uri, parent, sweep.metric.name, sweep.metric.mode, baseline=sweep.baseline,
-                               variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep))
+        records = load_trials(run.tracking_uri, parent, curves=(metric.name,))  # the comparisons only, no report
+        comparisons = comparisons_for(records, dict(sweep.baselines), metric.name, metric.mode, design_of(sweep),
+                                      metric.last)
     except Exception as error:  # an estimate only: a store it cannot read does not fail the dry run
         return f"earlier run in this store: not read ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
-    return pairs_needed_line(summary["comparisons"], sweep.seed_policy.max, parent)
+    return pairs_needed_line(comparisons, sweep.seed_policy.max, parent)
 
 
 def holds_mlflow_runs(path: Path) -> bool:
