@@ -334,7 +334,7 @@ def earlier_run_line(run) -> str | None:
     """For a dry run of a sweep whose seeds policy asks a precision: what the latest run of its
     experiment in this SQLite store says that precision takes per comparison, at the spreads that
     run saw (a server store is not contacted: a dry run starts nothing and asks nobody)."""
-    from k3lab.store.tracking import sqlite_path
+    from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
 
     sweep, path = run.sweep, sqlite_path(run.tracking_uri)
     if not (sweep.adaptive and sweep.seed_policy.until) or path is None or not holds_mlflow_runs(path):
@@ -356,21 +356,6 @@ def earlier_run_line(run) -> str | None:
     except Exception as error:  # an estimate only: a store it cannot read does not fail the dry run
         return f"earlier run in this store: not read ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
     return pairs_needed_line(comparisons, sweep.seed_policy.max, parent)
-
-
-def holds_mlflow_runs(path: Path) -> bool:
-    """Whether a file is a SQLite database with MLflow's tables, looked at read-only (MLflow itself
-    would create its tables in an empty or foreign file, and a dry run writes nothing)."""
-    import sqlite3
-
-    if not path.is_file():
-        return False
-    try:
-        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    except sqlite3.Error:
-        return False
-    return {"experiments", "runs", "metrics"} <= tables
 
 
 def slots_clause(resources) -> str:

@@ -7,6 +7,7 @@ every `flush_every` steps, so tracking never costs a network round trip per valu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
@@ -44,6 +45,19 @@ def sqlite_path(tracking_uri: str | None) -> Path | None:
     if tracking_uri and tracking_uri.startswith("sqlite:///"):
         return Path(tracking_uri[len("sqlite:///"):])
     return None
+
+
+def holds_mlflow_runs(path: Path) -> bool:
+    """Whether a file is a SQLite database with MLflow's tables, looked at read-only (MLflow itself
+    would create its tables in an empty or foreign file; a dry run must write nothing)."""
+    if not path.is_file():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return False
+    return {"experiments", "runs", "metrics"} <= tables
 
 
 def artifact_folder_for(tracking_uri: str | None) -> Path | None:
