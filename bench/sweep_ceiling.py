@@ -12,7 +12,7 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
   counted from the command's start.
 - warm: the same sweep again on the caches the fresh phase left (a second sweep on one machine).
 - slots: the warm sweep with `resources.training_slots: N` added to its profile (`--training-slots`,
-  default 2; a copy of the file in WORK): as many trials at once, but only N of them train while
+  default 2; a copy of the file in WORK; kept in results.json as `slots-N`, one row per N): as many trials at once, but only N of them train while
   the others start up (`k3lab.tune.slots`). Against warm, it says what hiding start-ups gives.
 - alone: the sweep's first trial (first variant, first seed) alone on the GPU, through the same
   trial code (`run_trial`, no tracking): its tokens/s over the last log window is the ceiling a
@@ -47,6 +47,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", help="run every phase with these seeds (e.g. 0,1) instead of the profile's "
                                         "seeds policy, so that each phase is the same fixed set of trials")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    parser.add_argument("--measured-on", help="with --write and no --phase: where and when WORK/results.json was "
+                                              "measured, for a table written on another machine")
     return parser.parse_args()
 
 
@@ -82,13 +84,33 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
     command = [sys.executable, "-m", "k3lab.cli", "sweep", file, "--profile", args.profile, "--no-live",
                "--storage", str(folder / "k3lab_runs"), "--tracking-uri", f"sqlite:///{store}", "--overwrite"]
     started = time.time()
-    code = subprocess.call(command, env=os.environ | caches(work), cwd=ROOT)
+    code, milestones = run_and_stamp(command, started, env=os.environ | caches(work))
     wall = time.time() - started
     figures = sweep_figures(store)
-    first_step = min(figures.pop("first_step_at"), default=None)
+    first = figures.pop("first_trial")
+    timeline = milestones | ({} if first is None else {
+        "first_trial_began_s": first["began_at"] - started, "first_trial_build_s": first["build_s"]})
     return {"phase": phase, "exit": code, "command_wall_s": wall,
             "training_slots": args.training_slots if phase == "slots" else None,
-            "first_step_s": None if first_step is None else first_step - started, **figures}
+            "first_step_s": None if first is None else first["first_step_at"] - started, "timeline": timeline, **figures}
+
+
+MILESTONES = {"kernels: warming": "warmup_began_s", "kernels: warm in": "warmup_ended_s"}
+
+
+def run_and_stamp(command: list[str], started: float, env: dict) -> tuple[int, dict[str, float]]:
+    """Run the sweep, echoing its output with seconds since `started` in front of each line, and
+    note when the driver's milestones (MILESTONES: the kernel warm-up's start and end) appeared."""
+    seen: dict[str, float] = {}
+    with subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, bufsize=1) as child:
+        for line in child.stdout:
+            at = time.time() - started
+            print(f"[{at:6.1f} s] {line}", end="", flush=True)
+            for start, name in MILESTONES.items():
+                if line.startswith(start):
+                    seen.setdefault(name, at)
+    return child.returncode, seen
 
 
 def sweep_figures(store: Path) -> dict:
@@ -97,13 +119,19 @@ def sweep_figures(store: Path) -> dict:
     uri = f"sqlite:///{store}"
     parent = runs.sweep_runs(uri)[0]
     trials = runs.trial_runs(uri, parent.info.run_id)
-    first_steps = [m.timestamp / 1000 for t in trials
-                   for m in runs.client(uri).get_metric_history(t.info.run_id, "startup_s")]
+    client = runs.client(uri)
+    firsts = []  # per trial with a first step: when it ended, when the trial began, its build
+    for t in trials:
+        for m in client.get_metric_history(t.info.run_id, "startup_s"):
+            build = client.get_metric_history(t.info.run_id, "startup_build_s")
+            firsts.append({"first_step_at": m.timestamp / 1000, "began_at": m.timestamp / 1000 - m.value,
+                           "build_s": build[0].value if build else None})
     keep = ("sweep_wall_s", "sweep_tokens", "sweep_tokens_per_s", "sweep_mfu", "kernel_warmup_s",
             "trial_startup_s_mean", "trial_startup_s_max")
     return {"device": next((t.data.tags[runs.DEVICE] for t in trials if runs.DEVICE in t.data.tags), None),
             "trials": len(trials), "finished": sum(t.info.status == "FINISHED" for t in trials),
-            "first_step_at": first_steps, **{key: parent.data.metrics.get(key) for key in keep}}
+            "first_trial": min(firsts, key=lambda f: f["first_step_at"], default=None),
+            **{key: parent.data.metrics.get(key) for key in keep}}
 
 
 def run_alone(args: argparse.Namespace, work: Path) -> dict:
@@ -141,10 +169,10 @@ def table(results: dict) -> str:
     lines = ["| phase | exit | trials finished | command wall (s) | first training step (s) | kernel warm-up (s) "
              "| trial start-up mean / max (s) | sweep tokens/s | sweep MFU |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for name in ("fresh", "warm", "slots"):
-        r = results.get(name)
+    for name in sweep_phases(results):
+        r = results[name]
         if r:
-            label = f"warm, training_slots {r.get('training_slots')}" if name == "slots" else name
+            label = f"warm, training_slots {r.get('training_slots')}" if name.startswith("slots") else name
             lines.append(f"| {label} | {r['exit']} | {r['finished']}/{r['trials']} | {r['command_wall_s']:.0f} "
                          f"| {number(r['first_step_s'], '{:.1f}')} | {number(r['kernel_warmup_s'], '{:.1f}')} "
                          f"| {number(r['trial_startup_s_mean'], '{:.1f}')} / {number(r['trial_startup_s_max'], '{:.1f}')} "
@@ -157,12 +185,43 @@ def table(results: dict) -> str:
     if alone:
         notes.append(f"One trial alone ({alone['trial']}, {alone['status']}): {number(alone['tokens_per_s_last_window'])} "
                      f"tokens/s over its last log window, {number(alone['tokens_per_s_run_average'])} over its run.")
-        for name in ("fresh", "warm", "slots"):
-            r = results.get(name)
+        for name in sweep_phases(results):
+            r = results[name]
             if r and r.get("sweep_tokens_per_s") and alone.get("tokens_per_s_last_window"):
                 notes.append(f"The {name} sweep's tokens/s against one trial alone: "
                              f"{r['sweep_tokens_per_s'] / alone['tokens_per_s_last_window']:.0%}.")
-    return "\n".join(lines) + ("\n\n" + " ".join(notes) if notes else "")
+    return "\n".join(lines) + ("\n\n" + " ".join(notes) if notes else "") + "\n\n" + timeline_table(results)
+
+
+def sweep_phases(results: dict) -> list[str]:
+    """The sweep phases in results, in table order: fresh, warm, then slots-N by N."""
+    slots = sorted((k for k in results if k.startswith("slots-")), key=lambda k: int(k.split("-")[1]))
+    return [k for k in ("fresh", "warm") if k in results] + slots
+
+
+def timeline_steps(r: dict) -> list[float | None]:
+    """The first training step's time split at the driver's milestones and the earliest trial's:
+    until the kernel warm-up began, the warm-up, until that trial began, its build, the rest."""
+    t = r.get("timeline") or {}
+    marks = [0.0, t.get("warmup_began_s"), t.get("warmup_ended_s"), t.get("first_trial_began_s")]
+    marks.append(None if None in (marks[-1], t.get("first_trial_build_s")) else marks[-1] + t["first_trial_build_s"])
+    marks.append(r.get("first_step_s"))
+    return [None if None in (a, b) else b - a for a, b in zip(marks, marks[1:])]
+
+
+def timeline_table(results: dict) -> str:
+    lines = ["Where the first training step's time went (s; the trial is the one whose first step ended first):", "",
+             "| phase | driver until the kernel warm-up (imports, checks, data, Ray) | kernel warm-up | "
+             "until the trial began (Tune, trial process) | trial build (data, model, MLflow run) | "
+             "compile, CUDA-graph capture, first step | first training step |",
+             "|---|---|---|---|---|---|---|"]
+    for name in sweep_phases(results):
+        r = results[name]
+        if r and r.get("timeline") is not None:
+            cells = " | ".join("-" if x is None else f"{x:.1f}" for x in timeline_steps(r))
+            first = "-" if r["first_step_s"] is None else f"{r['first_step_s']:.1f}"
+            lines.append(f"| {name} | {cells} | {first} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -175,9 +234,10 @@ def main() -> None:
     path = work / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
     for phase in args.phase:
-        results[phase] = run_alone(args, work) if phase == "alone" else run_sweep(args, work, phase)
+        key = f"slots-{args.training_slots}" if phase == "slots" else phase
+        results[key] = run_alone(args, work) if phase == "alone" else run_sweep(args, work, phase)
         path.write_text(json.dumps(results, indent=1))
-        print(f"{phase}: {json.dumps(results[phase])}", flush=True)
+        print(f"{key}: {json.dumps(results[key])}", flush=True)
     device = next((r["device"] for r in results.values() if r.get("device")), "no GPU")
     body = (f"`{args.file}` ({args.profile} profile) on {device}. Fresh: empty kernel and data caches, so the sweep "
             "starts from k3lab's shipped tunings and prepares the corpus; warm: the same sweep again on those caches; "
@@ -187,10 +247,18 @@ def main() -> None:
     if args.write:
         from bench.report import write_section
 
-        options = (f" --seeds {args.seeds}" if args.seeds else "") + \
-            (f" --training-slots {args.training_slots}" if "slots" in results else "")
-        write_section(SECTION, body, command=f"python bench/sweep_ceiling.py {args.file} --profile {args.profile} "
-                      + " ".join(f"--phase {p}" for p in results) + f" --work WORK{options} --write")
+        write_section(SECTION, body, command=commands_for(args, results), measured_on=args.measured_on)
+
+
+def commands_for(args: argparse.Namespace, results: dict) -> str:
+    """The commands that measured `results`: one for the plain phases, one per slots-N row."""
+    base = f"python bench/sweep_ceiling.py {args.file} --profile {args.profile} --work WORK" + \
+        (f" --seeds {args.seeds}" if args.seeds else "")
+    plain = [k for k in results if not k.startswith("slots-")]
+    slots = [k.split("-")[1] for k in sweep_phases(results) if k.startswith("slots-")]
+    lines = [base + "".join(f" --phase {k}" for k in plain)] if plain else []
+    lines += [f"{base} --phase slots --training-slots {n}" for n in slots]
+    return "`, then `".join(lines) + "`, then the same with `--write"
 
 
 if __name__ == "__main__":

@@ -24,3 +24,26 @@ def test_the_slots_phase_runs_the_warm_phases_trials_with_training_slots(tmp_pat
 def test_without_seeds_the_warm_phase_runs_the_file_itself(tmp_path):
     args = argparse.Namespace(file="experiments/attnres_block.yaml", profile="gpu", training_slots=2, seeds=None)
     assert sweep_file_for(args, tmp_path, "warm") == "experiments/attnres_block.yaml"
+
+
+def test_the_first_steps_time_is_split_at_the_drivers_and_the_trials_milestones():
+    from bench.sweep_ceiling import timeline_steps
+
+    phase = {"first_step_s": 76.0, "timeline": {"warmup_began_s": 28.8, "warmup_ended_s": 36.8,
+                                                 "first_trial_began_s": 45.5, "first_trial_build_s": 16.5}}
+    steps = timeline_steps(phase)
+    assert [round(x, 1) for x in steps] == [28.8, 8.0, 8.7, 16.5, 14.0] and abs(sum(steps) - 76.0) < 1e-9
+    cpu = {"first_step_s": 20.0, "timeline": {"first_trial_began_s": 12.0, "first_trial_build_s": 3.0}}
+    assert timeline_steps(cpu) == [None, None, None, 3.0, 5.0]  # no kernel warm-up without a GPU
+
+
+def test_each_number_of_training_slots_is_a_row_of_its_own_with_its_command():
+    from bench.sweep_ceiling import commands_for, sweep_phases
+
+    results = {"fresh": {}, "warm": {}, "alone": {}, "slots-2": {}, "slots-1": {}}
+    assert sweep_phases(results) == ["fresh", "warm", "slots-1", "slots-2"]
+    args = argparse.Namespace(file="f.yaml", profile="gpu", seeds="0,1")
+    base = "python bench/sweep_ceiling.py f.yaml --profile gpu --work WORK --seeds 0,1"
+    assert commands_for(args, results) == (f"{base} --phase fresh --phase warm --phase alone`, then `{base} --phase "
+                                           f"slots --training-slots 1`, then `{base} --phase slots --training-slots 2"
+                                           "`, then the same with `--write")
