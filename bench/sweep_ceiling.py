@@ -95,7 +95,7 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
             "first_step_s": None if first is None else first["first_step_at"] - started, "timeline": timeline, **figures}
 
 
-MILESTONES = {"kernels: warming": "warmup_began_s", "kernels: warm in": "warmup_ended_s"}
+MILESTONES = {"kernels:": "warmup_began_s", "kernels: warm in": "warmup_ended_s"}  # the first line that starts so
 
 
 def run_and_stamp(command: list[str], started: float, env: dict) -> tuple[int, dict[str, float]]:

@@ -242,6 +242,71 @@ def test_a_sweeps_warm_up_starts_from_the_shipped_tunings_and_skips_the_shapes_t
     assert fake_gpu == [] and result["warmed"] == 0 and result["shipped"]["added"] == 1
 
 
+def fake_nvidia_smi(folder: Path, monkeypatch, names: list[str], code: int = 0) -> None:
+    """An nvidia-smi first on PATH that lists `names` (one GPU a line) and exits with `code`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "nvidia-smi"
+    script.write_text("#!/bin/sh\n" + "".join(f"echo '{name}'\n" for name in names) + f"exit {code}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("names, code, expected", [
+    (["NVIDIA H200", "NVIDIA H200"], 0, "NVIDIA H200"),
+    (["NVIDIA H200", "NVIDIA H100 80GB HBM3"], 0, None),  # which one a task gets is not known
+    ([], 9, None),  # no driver loaded
+])
+def test_the_hosts_gpu_name_comes_from_nvidia_smi_when_its_gpus_are_of_one_kind(tmp_path, monkeypatch, names, code,
+                                                                                 expected):
+    fake_nvidia_smi(tmp_path / "bin", monkeypatch, names, code)
+    assert kernels.host_gpu_name() == expected
+
+
+def test_without_nvidia_smi_the_host_has_no_known_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert kernels.host_gpu_name() is None
+
+
+def test_a_sweep_whose_shapes_are_all_warm_needs_no_warm_up_task(fake_gpu, tmp_path, monkeypatch):
+    """The driver reads the record itself (a GPU task's process start and imports cost 7-8 s)."""
+    from types import SimpleNamespace
+
+    from k3lab.tune.sweep import warm_on_this_host
+
+    shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
+    fake_nvidia_smi(tmp_path / "bin", monkeypatch, ["NVIDIA H200"])
+    run, said = SimpleNamespace(on_cluster=False, kernel_cache=tmp_path / "kc"), []
+    warm_kernels(shapes[:-1], cache=run.kernel_cache, skip_recorded=True)
+    assert warm_on_this_host(run, shapes, said.append) == {} and said == []  # one shape to warm: the task runs
+    warm_kernels(shapes, cache=run.kernel_cache, skip_recorded=True)
+    result = warm_on_this_host(run, shapes, said.append)
+    assert (result["device_name"], result["warmed"], result["shapes"]) == ("NVIDIA H200", 0, len(shapes))
+    assert said == [f"kernels: warm in 0.0 s ({len(shapes)} kernel shapes already warm for NVIDIA H200 in "
+                    f"{run.kernel_cache}: no warm-up task)"]
+    fake_nvidia_smi(tmp_path / "bin", monkeypatch, ["NVIDIA H100 80GB HBM3"])  # another GPU: its own warm-up
+    assert warm_on_this_host(run, shapes, said.append) == {}
+    assert warm_on_this_host(SimpleNamespace(on_cluster=True, kernel_cache=run.kernel_cache), shapes, said.append) == {}
+
+
+def test_on_a_fresh_cache_the_driver_imports_the_shipped_tunings_and_then_needs_no_warm_up_task(fake_gpu, tmp_path,
+                                                                                                 monkeypatch):
+    from types import SimpleNamespace
+
+    from k3lab.tune.sweep import warm_on_this_host
+
+    shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
+    warm_kernels(shapes, cache=tmp_path / "measured", skip_recorded=True)  # "on the H200 that made the archive"
+    (tmp_path / "measured" / "triton" / "X1").mkdir()
+    (tmp_path / "measured" / "triton" / "X1" / "k.autotune.json").write_text("{}")
+    monkeypatch.setattr(tunings, "SHIPPED_DIR", tmp_path / "shipped")
+    tunings.export_tunings(tmp_path / "measured", tmp_path / "shipped" / "h200.tar.gz", "NVIDIA H200")
+    fake_nvidia_smi(tmp_path / "bin", monkeypatch, ["NVIDIA H200"])
+    said = []
+    result = warm_on_this_host(SimpleNamespace(on_cluster=False, kernel_cache=tmp_path / "fresh"), shapes, said.append)
+    assert result["shipped"]["added"] == 1 and said[0].startswith("kernels: started from k3lab's tunings for NVIDIA H200")
+    assert (tmp_path / "fresh" / "triton" / "X1" / "k.autotune.json").is_file()
+
+
 def test_kernels_export_and_import_commands_say_what_they_did_and_refuse_in_one_line(tmp_path, capsys):
     tuned_cache(tmp_path / "a")
     assert main(["kernels", "export", str(tmp_path / "t.tar.gz"), "--kernel-cache", str(tmp_path / "a"),

@@ -20,7 +20,9 @@ tuning happens once, on a quiet GPU, instead of in every concurrent trial at onc
 
 A sweep skips the shapes the record names (a second sweep of the same file starts its
 trials without a warm-up); `k3lab kernels warm` always runs them all. The record lives
-inside Triton's folder, so clearing that folder clears it too.
+inside Triton's folder, so clearing that folder clears it too. When the record names every
+shape, a sweep on one host knows it without a GPU process (`all_recorded`, with the GPU's name
+from nvidia-smi), and starts its trials at once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import os
+import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -178,6 +181,19 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name()
 
 
+def host_gpu_name() -> str | None:
+    """This host's GPU name from nvidia-smi (NVML), without CUDA in this process: a sweep's
+    driver must not hold a context on a GPU its trials share. None without nvidia-smi or when
+    the host has GPUs of more than one kind (which one a task gets is then not known)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = {line.strip() for line in out.stdout.splitlines() if line.strip()}
+    return names.pop() if out.returncode == 0 and len(names) == 1 else None
+
+
 # -- the record of warmed shapes ------------------------------------------------------------------
 
 WARM_RECORD = Path("triton") / "k3lab-warm.json"
@@ -210,6 +226,13 @@ def package_version(name: str) -> str | None:
 def read_warm_record(cache: Path) -> dict:
     """{fingerprint: {"shape", "device", "warmed_at"}}; empty when there is none (or it is unreadable)."""
     return read_json(cache / WARM_RECORD)
+
+
+def all_recorded(shapes: list[KernelShape], cache: Path, device: str) -> bool:
+    """Whether the cache's record names every shape for this GPU and toolchain: a warm-up
+    would then skip them all."""
+    record, toolchain = read_warm_record(cache), toolchain_fingerprint()
+    return all(shape_fingerprint(shape, device, toolchain) in record for shape in shapes)
 
 
 def add_to_warm_record(cache: Path, entries: dict) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 from k3lab.errors import UserError
@@ -17,13 +18,15 @@ from k3lab.registry import ResourceSpec, Sweep
 from k3lab.report.efficiency import sweep_efficiency, trial_figures
 from k3lab.report.sequential import BUDGET
 from k3lab.store.colours import variant_colours
-from k3lab.tune.kernels import cache_env, kernel_shapes, shipped_line, use_kernel_cache, warm_kernels
+from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_shapes, shipped_line,
+                                use_kernel_cache, warm_kernels)
 from k3lab.tune.logs import library_logs
 from k3lab.tune.parent import ParentRun, record_sweep
 from k3lab.tune.preflight import Preflight, run_preflight
 from k3lab.tune.reaper import Watchdog, end_leftovers
 from k3lab.tune.run import SweepRun, check_experiment_dir, discard_earlier_run
 from k3lab.tune.trial import TrialSpec, tune_trainable
+from k3lab.tune.tunings import start_from_shipped
 
 
 def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
@@ -91,6 +94,9 @@ def warm_kernels_on_a_gpu(run: SweepRun, say=print) -> dict:
     if not run.uses_gpus or ray.cluster_resources().get("GPU", 0) < 1:
         return {}
     shapes = kernel_shapes(run.sweep)
+    known = warm_on_this_host(run, shapes, say)
+    if known:
+        return known
     say(f"kernels: warming {len(shapes)} kernel shape{'s' if len(shapes) != 1 else ''} on one GPU "
         f"(cache {run.kernel_cache}; those it has recorded are skipped) before the trials start ...")
     try:
@@ -104,6 +110,26 @@ def warm_kernels_on_a_gpu(run: SweepRun, say=print) -> dict:
     already = f", {recorded} already warm from an earlier warm-up" if recorded else ""
     say(f"kernels: warm in {result['seconds']:.1f} s ({result['new_autotune_results']} new autotune results{already})")
     return result
+
+
+def warm_on_this_host(run: SweepRun, shapes: list, say=print) -> dict:
+    """On one host: the shipped tunings imported and the record read in the driver, so that a
+    cache that is warm for every shape costs no GPU task (its process start and imports were
+    7-8 s before each sweep's trials on an H200). The warm-up's result, or {} to run the task."""
+    device = None if run.on_cluster else host_gpu_name()
+    if device is None:
+        return {}
+    started = time.perf_counter()
+    shipped = start_from_shipped(run.kernel_cache, device)
+    if shipped:
+        say(shipped_line(shipped))
+    if not all_recorded(shapes, run.kernel_cache, device):
+        return {}
+    seconds = time.perf_counter() - started
+    say(f"kernels: warm in {seconds:.1f} s ({len(shapes)} kernel shape{'s' if len(shapes) != 1 else ''} already "
+        f"warm for {device} in {run.kernel_cache}: no warm-up task)")
+    return {"shapes": len(shapes), "warmed": 0, "seconds": seconds, "new_autotune_results": 0,
+            "device_name": device, "shipped": shipped}
 
 
 def _warm_task(shapes, cache: Path) -> dict:
