@@ -89,7 +89,8 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
     figures = sweep_figures(store)
     first = figures.pop("first_trial")
     timeline = milestones | ({} if first is None else {
-        "first_trial_began_s": first["began_at"] - started, "first_trial_build_s": first["build_s"]})
+        "first_trial_began_s": first["began_at"] - started, "first_trial_build_s": first["build_s"],
+        "first_trial_build_parts": first["build_parts"]})
     return {"phase": phase, "exit": code, "command_wall_s": wall,
             "training_slots": args.training_slots if phase == "slots" else None,
             "first_step_s": None if first is None else first["first_step_at"] - started, "timeline": timeline, **figures}
@@ -113,6 +114,9 @@ def run_and_stamp(command: list[str], started: float, env: dict) -> tuple[int, d
     return child.returncode, seen
 
 
+BUILD_KEYS = ("startup_build_s", "startup_data_s", "startup_model_s", "startup_tracking_s")  # k3lab.tune.trial
+
+
 def sweep_figures(store: Path) -> dict:
     from k3lab.store import runs
 
@@ -123,9 +127,10 @@ def sweep_figures(store: Path) -> dict:
     firsts = []  # per trial with a first step: when it ended, when the trial began, its build
     for t in trials:
         for m in client.get_metric_history(t.info.run_id, "startup_s"):
-            build = client.get_metric_history(t.info.run_id, "startup_build_s")
+            build = {key: client.get_metric_history(t.info.run_id, key) for key in BUILD_KEYS}
+            build = {key: history[0].value for key, history in build.items() if history}
             firsts.append({"first_step_at": m.timestamp / 1000, "began_at": m.timestamp / 1000 - m.value,
-                           "build_s": build[0].value if build else None})
+                           "build_s": build.pop("startup_build_s", None), "build_parts": build})
     keep = ("sweep_wall_s", "sweep_tokens", "sweep_tokens_per_s", "sweep_mfu", "kernel_warmup_s",
             "trial_startup_s_mean", "trial_startup_s_max")
     return {"device": next((t.data.tags[runs.DEVICE] for t in trials if runs.DEVICE in t.data.tags), None),
@@ -209,6 +214,9 @@ def timeline_steps(r: dict) -> list[float | None]:
     return [None if None in (a, b) else b - a for a, b in zip(marks, marks[1:])]
 
 
+BUILD_LABELS = (("startup_data_s", "corpus"), ("startup_model_s", "model"), ("startup_tracking_s", "MLflow"))
+
+
 def timeline_table(results: dict) -> str:
     lines = ["Where the first training step's time went (s; the trial is the one whose first step ended first):", "",
              "| phase | driver until the kernel warm-up (imports, checks, data, Ray) | kernel warm-up | "
@@ -218,7 +226,12 @@ def timeline_table(results: dict) -> str:
     for name in sweep_phases(results):
         r = results[name]
         if r and r.get("timeline") is not None:
-            cells = " | ".join("-" if x is None else f"{x:.1f}" for x in timeline_steps(r))
+            cells = ["-" if x is None else f"{x:.1f}" for x in timeline_steps(r)]
+            parts = r["timeline"].get("first_trial_build_parts") or {}
+            if parts:  # the build's parts (k3lab.tune.trial.build_parts), where the trial logged them
+                cells[3] += " (" + ", ".join(f"{label} {parts[key]:.1f}" for key, label in BUILD_LABELS
+                                             if key in parts) + ")"
+            cells = " | ".join(cells)
             first = "-" if r["first_step_s"] is None else f"{r['first_step_s']:.1f}"
             lines.append(f"| {name} | {cells} | {first} |")
     return "\n".join(lines)

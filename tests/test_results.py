@@ -433,3 +433,17 @@ def test_a_dry_run_leaves_an_empty_or_foreign_store_file_untouched(tmp_path, con
                  "--storage", str(tmp_path / "runs")]) == 0
     assert store.read_bytes() == content  # MLflow was not let at it: it would have created its tables
     assert "earlier run" not in capsys.readouterr().out
+
+
+def test_the_report_splits_the_trial_build_into_corpus_model_and_mlflow_where_trials_logged_them():
+    from types import SimpleNamespace as NS
+
+    from k3lab.report.results import build_parts_clause
+
+    def record(data, model, tracking):
+        values = {"startup_data_s": data, "startup_model_s": model, "startup_tracking_s": tracking}
+        return NS(value=values.get)
+
+    assert build_parts_clause([record(1.0, 6.0, 3.0), record(2.0, 8.0, 5.0)]) == \
+        " (corpus 1.5 s, model and optimizers 7.0 s, MLflow run 4.0 s)"
+    assert build_parts_clause([record(None, None, None)]) == ""  # runs from before the parts were logged

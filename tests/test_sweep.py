@@ -37,7 +37,10 @@ def assert_one_clean_run_per_trial(client, runs):
         assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [4, 8]
         assert int(run.data.params["params.total"]) > 0
         assert run.data.params["model.use_attn_res"] in ("True", "False")
-        assert 0 < run.data.metrics["startup_build_s"] < run.data.metrics["startup_s"]  # start-up, split
+        metrics = run.data.metrics
+        assert 0 < metrics["startup_build_s"] < metrics["startup_s"]  # start-up, split
+        parts = [metrics[f"startup_{part}_s"] for part in ("data", "model", "tracking")]  # and the build's parts
+        assert min(parts) > 0 and sum(parts) <= metrics["startup_build_s"]
 
 
 def test_sweep_logs_one_run_per_trial_and_recovers_from_a_crash(tmp_path, sweep_file, monkeypatch, capsys):

@@ -47,3 +47,16 @@ def test_each_number_of_training_slots_is_a_row_of_its_own_with_its_command():
     assert commands_for(args, results) == (f"{base} --phase fresh --phase warm --phase alone`, then `{base} --phase "
                                            f"slots --training-slots 1`, then `{base} --phase slots --training-slots 2"
                                            "`, then the same with `--write")
+
+
+def test_the_trial_build_cell_names_its_parts_where_the_trial_logged_them():
+    from bench.sweep_ceiling import timeline_table
+
+    timeline = {"warmup_began_s": 28.8, "warmup_ended_s": 36.8, "first_trial_began_s": 45.5,
+                "first_trial_build_s": 16.5}
+    parts = {"startup_data_s": 1.2, "startup_model_s": 9.0, "startup_tracking_s": 4.1}
+    results = {"warm": {"first_step_s": 76.0, "timeline": timeline},
+               "slots-2": {"first_step_s": 76.0, "timeline": timeline | {"first_trial_build_parts": parts}}}
+    rows = timeline_table(results).splitlines()[-2:]
+    assert rows == ["| warm | 28.8 | 8.0 | 8.7 | 16.5 | 14.0 | 76.0 |",
+                    "| slots-2 | 28.8 | 8.0 | 8.7 | 16.5 (corpus 1.2, model 9.0, MLflow 4.1) | 14.0 | 76.0 |"]

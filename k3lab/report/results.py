@@ -252,6 +252,21 @@ def crash_lines(records: list[TrialRecord]) -> list[str]:
             f"(k3lab.crashes); last errors: {listed}."]
 
 
+BUILD_PARTS = (("startup_data_s", "corpus"), ("startup_model_s", "model and optimizers"),
+               ("startup_tracking_s", "MLflow run"))
+
+
+def build_parts_clause(records: list[TrialRecord]) -> str:
+    """' (corpus 1.2 s, model and optimizers 6.0 s, MLflow run 3.1 s)': the build's parts, mean
+    over the trials that logged them; '' for runs from before they were logged."""
+    parts = []
+    for key, label in BUILD_PARTS:
+        values = [r.value(key) for r in records if r.value(key) is not None]
+        if values:
+            parts.append(f"{label} {statistics.fmean(values):.1f} s")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def slot_wait_lines(records: list[TrialRecord]) -> list[str]:
     """How long trials that had started up waited for a training slot (resources.training_slots)."""
     waits = [r.value("slot_wait_s") for r in records if r.value("slot_wait_s") is not None]
@@ -273,8 +288,8 @@ def sweep_timing_lines(records: list[TrialRecord], gpu_log: str | Path | None) -
     builds = [r.value("startup_build_s") for r in records if r.value("startup_build_s") is not None]
     if startups:
         split = (f" Of it, building the trainer (imports, data, model, MLflow run): mean "
-                 f"{statistics.fmean(builds):.1f} s; the rest is the first step (compilation, CUDA graph "
-                 "capture).") if builds else ""
+                 f"{statistics.fmean(builds):.1f} s{build_parts_clause(records)}; the rest is the first step "
+                 "(compilation, CUDA graph capture).") if builds else ""
         lines.append(f"- Trial start-up (process start to the end of the first optimizer step): mean "
                      f"{statistics.fmean(startups):.1f} s, max {max(startups):.1f} s, "
                      f"{sum(startups):.0f} trial-seconds in all.{split}")

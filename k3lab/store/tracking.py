@@ -135,7 +135,8 @@ def get_or_create_experiment(client, name: str, tracking_uri: str) -> str:
         return experiment.experiment_id
 
 
-PER_ATTEMPT = ("startup_s", "startup_build_s", "slot_wait_s")  # logged by every attempt of a trial, restored ones too
+PER_ATTEMPT = ("startup_s", "startup_build_s", "startup_data_s", "startup_model_s", "startup_tracking_s",
+               "slot_wait_s")  # logged by every attempt of a trial, restored ones too
 
 
 class MLflowTracker:

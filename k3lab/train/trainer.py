@@ -108,7 +108,9 @@ class Trainer:
         self.spec, self.seed = spec, seed
         self.device = resolve_device(device)
         config = self.config = config.resolve_kda(cuda=self.device.type == "cuda")
+        started = time.perf_counter()
         self.dataset = dataset or prepare_dataset(spec.dataset, spec.tokenizer, progress=progress)
+        self.data_s = time.perf_counter() - started  # opening the prepared corpus: part of a trial's start-up
         check_shapes(config, spec, self.dataset.vocab_size)
         torch.manual_seed(seed)
         dtype = getattr(torch, spec.dtype)

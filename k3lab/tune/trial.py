@@ -107,17 +107,18 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
     checkpoint then logs the steps its run does not have yet: no step is logged twice.
     """
     state = load_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
+    trainer_started = time.time()
     trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device, rank=rank,
                       world_size=world_size)
-    tracker = None
+    tracker, trainer_s = None, time.time() - trainer_started
     if spec.tracking_uri:
         run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
         tracker = open_trial_run(spec, trainer.counts, run_id, None if flush_with_checkpoints else 50,
                                  execution=trainer.execution())
         tracker.set_tags({runs.DEVICE: device_name(trainer.device)})
         tracker.log_params(data_params(trainer))
-        if started_at is not None:  # the part of startup_s before the first step: imports, data, model
-            tracker.log_metrics({"startup_build_s": time.time() - started_at}, trainer.step)
+        if started_at is not None:  # the part of startup_s before the first step, and its parts
+            tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, trainer.data_s), trainer.step)
     if reporter is not None:
         reporter.tracker = tracker
     slot = TrainingSlot(spec.training_slots, slot_folder(trainer.device)) \
@@ -199,6 +200,15 @@ def load_ray_checkpoint(checkpoint) -> dict | None:
         return None
     with checkpoint.as_directory() as directory:
         return load_checkpoint(directory)
+
+
+def build_parts(started_at: float, trainer_started: float, trainer_s: float, data_s: float) -> dict[str, float]:
+    """startup_build_s (from the trial function's start to its run's parameters logged) and its
+    parts: the corpus opened, the rest of the Trainer (model on the device, optimizers, samplers),
+    and MLflow (the run opened, tags and parameters logged); the rest is Ray's and the checkpoint's."""
+    now = time.time()
+    return {"startup_build_s": now - started_at, "startup_data_s": data_s, "startup_model_s": trainer_s - data_s,
+            "startup_tracking_s": now - trainer_started - trainer_s}
 
 
 def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
