@@ -12,8 +12,9 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
   counted from the command's start.
 - warm: the same sweep again on the caches the fresh phase left (a second sweep on one machine).
 - slots: the warm sweep with `resources.training_slots: N` added to its profile (`--training-slots`,
-  default 2; a copy of the file in WORK; kept in results.json as `slots-N`, one row per N): as many trials at once, but only N of them train while
+  default 2; a copy of the file in WORK): as many trials at once, but only N of them train while
   the others start up (`k3lab.tune.slots`). Against warm, it says what hiding start-ups gives.
+  Kept in results.json as `slots-N`: one row per N measured.
 - alone: the sweep's first trial (first variant, first seed) alone on the GPU, through the same
   trial code (`run_trial`, no tracking): its tokens/s over the last log window is the ceiling a
   sweep of that shape can approach; the sweep's tokens/s (all tokens / wall time) against it is
@@ -214,9 +215,6 @@ def timeline_steps(r: dict) -> list[float | None]:
     return [None if None in (a, b) else b - a for a, b in zip(marks, marks[1:])]
 
 
-BUILD_LABELS = (("startup_data_s", "corpus"), ("startup_model_s", "model"), ("startup_tracking_s", "MLflow"))
-
-
 def timeline_table(results: dict) -> str:
     lines = ["Where the first training step's time went (s; the trial is the one whose first step ended first):", "",
              "| phase | driver until the kernel warm-up (imports, checks, data, Ray) | kernel warm-up | "
@@ -229,7 +227,9 @@ def timeline_table(results: dict) -> str:
             cells = ["-" if x is None else f"{x:.1f}" for x in timeline_steps(r)]
             parts = r["timeline"].get("first_trial_build_parts") or {}
             if parts:  # the build's parts (k3lab.tune.trial.build_parts), where the trial logged them
-                cells[3] += " (" + ", ".join(f"{label} {parts[key]:.1f}" for key, label in BUILD_LABELS
+                from k3lab.report.results import BUILD_PARTS
+
+                cells[3] += " (" + ", ".join(f"{label} {parts[key]:.1f}" for key, label in BUILD_PARTS
                                              if key in parts) + ")"
             cells = " | ".join(cells)
             first = "-" if r["first_step_s"] is None else f"{r['first_step_s']:.1f}"

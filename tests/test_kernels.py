@@ -229,14 +229,20 @@ def test_a_gpu_process_starts_from_the_shipped_tunings_of_its_gpu_once(tmp_path,
     assert tunings.start_from_shipped(tmp_path / "kc", "NVIDIA H200") is None  # once per cache
 
 
-def test_a_sweeps_warm_up_starts_from_the_shipped_tunings_and_skips_the_shapes_they_recorded(fake_gpu, tmp_path,
-                                                                                            monkeypatch):
-    shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
-    warm_kernels(shapes, cache=tmp_path / "measured", skip_recorded=True)  # "on the H200 that made the archive"
+def ship_tunings_of(shapes, tmp_path: Path, monkeypatch) -> None:
+    """Shipped tunings (in tmp_path/shipped) measured "on an H200" for every one of `shapes`:
+    one autotune result and their warm record."""
+    warm_kernels(shapes, cache=tmp_path / "measured", skip_recorded=True)
     (tmp_path / "measured" / "triton" / "X1").mkdir()
     (tmp_path / "measured" / "triton" / "X1" / "k.autotune.json").write_text("{}")
     monkeypatch.setattr(tunings, "SHIPPED_DIR", tmp_path / "shipped")
     tunings.export_tunings(tmp_path / "measured", tmp_path / "shipped" / "h200.tar.gz", "NVIDIA H200")
+
+
+def test_a_sweeps_warm_up_starts_from_the_shipped_tunings_and_skips_the_shapes_they_recorded(fake_gpu, tmp_path,
+                                                                                            monkeypatch):
+    shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
+    ship_tunings_of(shapes, tmp_path, monkeypatch)
     fake_gpu.clear()
     result = warm_kernels(shapes, cache=tmp_path / "fresh", skip_recorded=True)
     assert fake_gpu == [] and result["warmed"] == 0 and result["shipped"]["added"] == 1
@@ -295,11 +301,7 @@ def test_on_a_fresh_cache_the_driver_imports_the_shipped_tunings_and_then_needs_
     from k3lab.tune.sweep import warm_on_this_host
 
     shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
-    warm_kernels(shapes, cache=tmp_path / "measured", skip_recorded=True)  # "on the H200 that made the archive"
-    (tmp_path / "measured" / "triton" / "X1").mkdir()
-    (tmp_path / "measured" / "triton" / "X1" / "k.autotune.json").write_text("{}")
-    monkeypatch.setattr(tunings, "SHIPPED_DIR", tmp_path / "shipped")
-    tunings.export_tunings(tmp_path / "measured", tmp_path / "shipped" / "h200.tar.gz", "NVIDIA H200")
+    ship_tunings_of(shapes, tmp_path, monkeypatch)
     fake_nvidia_smi(tmp_path / "bin", monkeypatch, ["NVIDIA H200"])
     said = []
     result = warm_on_this_host(SimpleNamespace(on_cluster=False, kernel_cache=tmp_path / "fresh"), shapes, said.append)

@@ -59,4 +59,4 @@ def test_the_trial_build_cell_names_its_parts_where_the_trial_logged_them():
                "slots-2": {"first_step_s": 76.0, "timeline": timeline | {"first_trial_build_parts": parts}}}
     rows = timeline_table(results).splitlines()[-2:]
     assert rows == ["| warm | 28.8 | 8.0 | 8.7 | 16.5 | 14.0 | 76.0 |",
-                    "| slots-2 | 28.8 | 8.0 | 8.7 | 16.5 (corpus 1.2, model 9.0, MLflow 4.1) | 14.0 | 76.0 |"]
+                    "| slots-2 | 28.8 | 8.0 | 8.7 | 16.5 (corpus 1.2, model and optimizers 9.0, MLflow run 4.1) | 14.0 | 76.0 |"]
