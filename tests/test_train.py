@@ -217,6 +217,31 @@ def test_trial_run_records_how_it_ran(tmp_path):
     assert run.data.tags["k3lab.cuda_graph"].startswith("off: CUDA graphs need a CUDA device")
 
 
+def test_a_sweeps_trials_train_on_the_corpus_its_driver_prepared_without_finding_it_again(monkeypatch):
+    import k3lab.train.trainer as trainer_module
+    from k3lab.data import prepare_dataset
+    from k3lab.tune.trial import TrialSpec, run_trial
+
+    prepared = prepare_dataset(tiny_spec().dataset, tiny_spec().tokenizer, progress=False)  # as the driver does
+
+    def no_second_search(*args, **kwargs):
+        raise AssertionError("the trial looked for the corpus again")
+
+    monkeypatch.setattr(trainer_module, "prepare_dataset", no_second_search)
+    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny").to_dict(),
+                     train=tiny_spec(steps=2, eval_interval=2), tracking_uri=None, experiment="data",
+                     dataset_dir=str(prepared.path))
+    result, _ = run_trial(spec, device="cpu")
+    assert result.status == "finished" and result.tokens > 0
+
+
+def test_a_trial_that_cannot_see_the_drivers_corpus_prepares_its_own(tmp_path):
+    from k3lab.tune.trial import prepared_by_driver
+
+    assert prepared_by_driver(None) is None
+    assert prepared_by_driver(str(tmp_path / "on-the-head-node-only")) is None  # a worker without the volume
+
+
 def test_moved_sqlite_store_writes_artifacts_beside_itself(tmp_path):
     from k3lab.store.tracking import relocate_artifacts
 

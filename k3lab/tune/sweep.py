@@ -29,7 +29,8 @@ from k3lab.tune.trial import TrialSpec, tune_trainable
 from k3lab.tune.tunings import start_from_shipped
 
 
-def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
+def trial_specs(run: SweepRun, parent_run_id: str, dataset_dir: str | None = None) -> dict[str, TrialSpec]:
+    """One TrialSpec per trial; dataset_dir: the corpus the driver prepared, for every trial."""
     colours = variant_colours([v.name for v in run.sweep.valid_variants])
     return {
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
@@ -37,7 +38,8 @@ def trial_specs(run: SweepRun, parent_run_id: str) -> dict[str, TrialSpec]:
                             tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id,
                             overrides={k: str(v) for k, v in trial.variant.overrides.items()},
                             metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
-                            colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots)
+                            colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots,
+                            dataset_dir=dataset_dir)
         for trial in run.sweep.trials
     }
 
@@ -250,7 +252,7 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
 
     end_leftovers(run.ray_record, say=say)
     check_experiment_dir(run)
-    run_preflight(sweep_preflight(run, progress=live))
+    dataset = run_preflight(sweep_preflight(run, progress=live))
     if run.uses_gpus:
         use_kernel_cache(run.kernel_cache)  # created, writable, and this process points at it
     if run.overwrite:
@@ -263,7 +265,7 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
         with ray_session(run), ParentRun(run) as parent:
             if not run.resume:
                 record_sweep(run, parent)
-            errors, hardware = run_trials(run, parent.run_id, live, say)
+            errors, hardware = run_trials(run, parent.run_id, live, say, dataset_dir=str(dataset.path.resolve()))
             summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
                                    out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline,
                                    variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep),
@@ -314,7 +316,8 @@ def ray_session_dir() -> str | None:
         return None
 
 
-def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print) -> tuple[list[str], dict]:
+def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
+               dataset_dir: str | None = None) -> tuple[list[str], dict]:
     """Every trial through Ray Tune, with the live table, after the kernel warm-up on GPU sweeps.
     Returns the first line of each trial's error, and the GPUs used ({"gpus", "device_name",
     "seconds" of warm-up}). Raises KeyboardInterrupt when Tune stopped on Ctrl-C with trials left."""
@@ -323,7 +326,7 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print) -> tupl
     from k3lab.tune.progress import SweepProgress, earlier_trials, progress_mode
     from k3lab.tune.status import MLflowStatusCallback
 
-    specs = trial_specs(run, parent_run_id)
+    specs = trial_specs(run, parent_run_id, dataset_dir)
     progress = SweepProgress(run.sweep, specs, mode=progress_mode(live), tracking_uri=run.tracking_uri, say=say)
     searcher = None
     if run.sweep.adaptive:  # seeds until resolved: a Searcher picks the trials (k3lab.tune.seeds)
