@@ -47,16 +47,6 @@ def sqlite_path(tracking_uri: str | None) -> Path | None:
     return None
 
 
-def open_store(tracking_uri: str | None) -> None:
-    """Have MLflow create (or migrate) a local SQLite store's tables now: ~2.8 s for a new file,
-    which a sweep spends while Ray starts (`k3lab.tune.sweep.ray_session`). Other stores: nothing."""
-    if sqlite_path(tracking_uri) is None:
-        return
-    from mlflow.tracking import MlflowClient
-
-    MlflowClient(tracking_uri).search_experiments(max_results=1)
-
-
 def holds_mlflow_runs(path: Path) -> bool:
     """Whether a file is a SQLite database with MLflow's tables, looked at read-only (MLflow itself
     would create its tables in an empty or foreign file; a dry run must write nothing)."""

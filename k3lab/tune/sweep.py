@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from pathlib import Path
-from typing import Callable
 
 from k3lab.errors import UserError
 from k3lab.registry import ResourceSpec, Sweep
 from k3lab.report.efficiency import sweep_efficiency, trial_figures
 from k3lab.report.sequential import BUDGET
 from k3lab.store.colours import variant_colours
-from k3lab.store.tracking import open_store
 from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_shapes, shipped_line,
                                 use_kernel_cache, warm_kernels)
 from k3lab.tune.logs import library_logs
@@ -265,7 +262,7 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
         say(f"MLflow {run.tracking_uri} (experiment {run.experiment}); Tune state in {run.tune_dir}")
         if not run.verbose:  # named here, once the checks have passed and the file exists
             say(f"Ray and MLflow notices: {run.log_file}")
-        with ray_session(run, meanwhile=lambda: open_store(run.tracking_uri)), ParentRun(run) as parent:
+        with ray_session(run), ParentRun(run) as parent:
             if not run.resume:
                 record_sweep(run, parent)
             errors, hardware = run_trials(run, parent.run_id, live, say, dataset_dir=str(dataset.path.resolve()))
@@ -289,38 +286,24 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
 
 
 @contextlib.contextmanager
-def ray_session(run: SweepRun, meanwhile: Callable[[], None] | None = None):
+def ray_session(run: SweepRun):
     """Ray, started or joined for the sweep, and checked to fit one trial before any run is
-    opened; shut down on the way out, whatever happens. `meanwhile` runs in a thread while Ray
-    starts (seconds of waiting on its processes) and has ended when the block begins; what it
-    raises is dropped (it only does early what the block would do anyway)."""
+    opened; shut down on the way out, whatever happens."""
     import ray
 
-    watchdog, helper = None, None
+    watchdog = None
     try:
-        if meanwhile is not None:
-            helper = threading.Thread(target=quietly, args=(meanwhile,), name="k3lab-meanwhile", daemon=True)
-            helper.start()
         if not run.on_cluster:  # a Ray instance of the sweep's own: it ends with this process (k3lab.tune.reaper)
             watchdog = Watchdog.start(run.ray_record, run.log_file)
         start_ray(run)
         if watchdog is not None:
             watchdog.session(ray_session_dir())
         check_cluster_fits(run.sweep, ray.cluster_resources())
-        if helper is not None:
-            helper.join()
         yield
     finally:
-        if helper is not None:
-            helper.join()
         ray.shutdown()
         if watchdog is not None:
             watchdog.close()
-
-
-def quietly(work: Callable[[], None]) -> None:
-    with contextlib.suppress(Exception):
-        work()
 
 
 def ray_session_dir() -> str | None:
