@@ -125,13 +125,17 @@ def sweep_figures(store: Path) -> dict:
     parent = runs.sweep_runs(uri)[0]
     trials = runs.trial_runs(uri, parent.info.run_id)
     client = runs.client(uri)
-    firsts = []  # per trial with a first step: when it ended, when the trial began, its build
+    firsts = []  # per trial with a first step, its first attempt's: when it ended, when it began, its build
     for t in trials:
-        for m in client.get_metric_history(t.info.run_id, "startup_s"):
-            build = {key: client.get_metric_history(t.info.run_id, key) for key in BUILD_KEYS}
-            build = {key: history[0].value for key, history in build.items() if history}
-            firsts.append({"first_step_at": m.timestamp / 1000, "began_at": m.timestamp / 1000 - m.value,
-                           "build_s": build.pop("startup_build_s", None), "build_parts": build})
+        startups = client.get_metric_history(t.info.run_id, "startup_s")
+        if not startups:
+            continue
+        m = min(startups, key=lambda metric: metric.timestamp)
+        build = {key: client.get_metric_history(t.info.run_id, key) for key in BUILD_KEYS}
+        build = {key: min(history, key=lambda metric: metric.timestamp).value for key, history in build.items()
+                 if history}
+        firsts.append({"first_step_at": m.timestamp / 1000, "began_at": m.timestamp / 1000 - m.value,
+                       "build_s": build.pop("startup_build_s", None), "build_parts": build})
     keep = ("sweep_wall_s", "sweep_tokens", "sweep_tokens_per_s", "sweep_mfu", "kernel_warmup_s",
             "trial_startup_s_mean", "trial_startup_s_max")
     return {"device": next((t.data.tags[runs.DEVICE] for t in trials if runs.DEVICE in t.data.tags), None),
