@@ -17,11 +17,22 @@ Rows:
                    the output norm's weight gradient by torch.sum over the N rows (which spreads
                    the N axis over the whole GPU), instead of FLA's attnres_bwd_kernel_dqdw,
                    whose grid is D / BD programs (8-32 for D = 512) that each walk all N rows
+    k3lab          what the model runs (`k3lab.model.attn_res_fused.AttnResMixture`): FLA's
+                   forward, k3lab's backward kernel (`attn_res_kernel`) and the column sums
+                   by torch.sum; here every source is a leaf, so each gradient gets its own
+                   buffer, as in the rows above
     naive_compiled `reference_attnres` (plain PyTorch, fp32 math, as fla.ops.attnres.naive_attnres)
                    under torch.compile (eager on CPU)
     dqdw_fla, dqdw_split
                    the reduction stage alone on the same (N, D) fp32 buffers: FLA's kernel
                    against torch.sum
+    dv_store, dv_sum, add
+                   a source's gradient, at the largest K: k3lab's backward kernel alone
+                   writing every source's gradient to its own buffer (dv_store), the same
+                   kernel adding the K - 1 endpoints' gradients into buffers that already hold
+                   an earlier reader's (dv_sum: one more read each), and one eager add of two
+                   N x D bf16 buffers (add), which autograd runs per reader of an endpoint
+                   instead; GB/s over the bytes each moves
     copy           a device-to-device copy of 2 GiB: the bandwidth the rows are measured against
 
 Bytes counted (what the algorithm must move, s = 2 bytes for bf16):
@@ -30,6 +41,9 @@ Bytes counted (what the algorithm must move, s = 2 bytes for bf16):
               + N*D*s (do) read + K*N*D*s (dv) written + 2 x N*D*4 (dqw, dow_partial) written
               and read back + the stats
     dqdw      2 x N*D*4 read
+    dv_store  the backward's bytes without the column sums (K*N*D*s + N*D*s + K*N*D*s read,
+              K*N*D*s + 2 x N*D*4 written, + the stats); dv_sum adds (K-1)*N*D*s read
+    add       3 x N*D*s (two read, one written)
 GB/s = bytes / mean time; "of copy" = that against the copy row's GB/s (bytes read + written).
 Times: CUDA events around `--reps` calls after `--warmup` calls, mean per call.
 """
@@ -45,6 +59,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from k3lab.model.attn_res_fused import column_sums, reference_attnres  # noqa: E402
+
 SECTION = "AttnRes alone: FLA's kernels against alternatives"
 
 
@@ -53,62 +69,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=64 * 1024, help="N: rows (batch x sequence)")
     parser.add_argument("--dim", type=int, default=512, help="D: hidden size")
     parser.add_argument("--sources", default="2,4,7,13", help="K values, comma-separated")
-    parser.add_argument("--rows", default="fla,fla_split,naive_compiled,dqdw", help="which rows, comma-separated")
+    parser.add_argument("--rows", default="fla,fla_split,k3lab,naive_compiled,dqdw,dv",
+                        help="which rows, comma-separated (dqdw: the reduction rows, dv: dv_store, dv_sum, add)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     return parser.parse_args()
-
-
-def column_sums(dqw: torch.Tensor, dow_partial: torch.Tensor | None, q: torch.Tensor, w: torch.Tensor,
-                ow: torch.Tensor | None):
-    """dq, dw, dow from the dv kernel's per-row buffers (N, D) fp32, as FLA's dqdw kernel gives
-    them: the logit uses q * w, so dq = (sum_n dqw) * w and dw = (sum_n dqw) * q."""
-    total = dqw.sum(dim=0)  # (D,) fp32
-    dq, dw = (total * w.float()).to(q.dtype), (total * q.float()).to(w.dtype)
-    dow = dow_partial.sum(dim=0).to(ow.dtype) if ow is not None else None
-    return dq, dw, dow
-
-
-def reference_attnres(query, residuals, rms_weight, output_rms_weight=None, rms_eps: float = 1e-6):
-    """AttnRes in plain PyTorch, fp32 math, as FLA's `naive_attnres` (which imports Triton, so CPU
-    machines without it cannot use FLA's): residuals K x (N, D) -> (N, D) in their dtype."""
-    D = residuals[0].shape[-1]
-    v = torch.stack([r.float() for r in residuals])  # (K, N, D)
-    k = torch.nn.functional.rms_norm(v, (D,), rms_weight.float(), rms_eps)
-    p = (k @ query.float()).softmax(dim=0)  # (K, N)
-    o = (p[..., None] * v).sum(0)
-    if output_rms_weight is not None:
-        o = torch.nn.functional.rms_norm(o, (D,), output_rms_weight.float(), rms_eps)
-    return o.to(residuals[0].dtype)
-
-
-def dv_twin(q, w, ow, residuals, do, eps: float = 1e-6, scale: float = 1.0):
-    """The plain-PyTorch twin of FLA's attnres_bwd_kernel_dv: (dvs, dqw, dow_partial) for
-    residuals K x (N, D), q, w, ow (D,), do (N, D). The reference the split reduction is tested on."""
-    v = torch.stack([r.float() for r in residuals])  # (K, N, D)
-    D = v.shape[-1]
-    rstd = torch.rsqrt(v.pow(2).mean(-1) + eps)  # (K, N)
-    k = v * rstd[..., None]
-    qw = q.float() * w.float()
-    logit = k @ qw  # (K, N)
-    p = torch.softmax(logit * scale, dim=0)
-    o_pre = (p[..., None] * v).sum(0)  # (N, D)
-    do = do.float()
-    dow_partial = None
-    if ow is not None:
-        o_rstd = torch.rsqrt(o_pre.pow(2).mean(-1, keepdim=True) + eps)
-        xhat = o_pre * o_rstd
-        dow_partial = xhat * do
-        c1 = (xhat * ow.float() * do).sum(-1, keepdim=True) / D
-        do = (ow.float() * do - xhat * c1) * o_rstd
-    delta = (do * o_pre).sum(-1)  # (N,)
-    dp = (v * do).sum(-1)  # (K, N)
-    ds = p * (dp - delta) * scale
-    dv = p[..., None] * do + (ds * rstd)[..., None] * (qw - k * (logit / D)[..., None])
-    dqw = (ds[..., None] * k).sum(0)  # (N, D)
-    return list(dv), dqw, dow_partial
 
 
 def split_attnres():
@@ -202,6 +169,10 @@ def implementations(names: list[str], device: torch.device) -> dict:
         found["fla"] = lambda q, r, w, ow, eps: fused_attnres(q, r, w, ow, eps)
     if device.type == "cuda" and "fla_split" in names:
         found["fla_split"] = split_attnres()
+    if "k3lab" in names:  # on CPU: the same function with its plain-PyTorch twins
+        from k3lab.model.attn_res_fused import AttnResMixture
+
+        found["k3lab"] = lambda q, r, w, ow, eps: AttnResMixture.apply(q, w, ow, eps, *r)[0]
     if "naive_compiled" in names:
         found["naive_compiled"] = torch.compile(reference_attnres) if device.type == "cuda" else reference_attnres
     return found
@@ -241,6 +212,32 @@ def measure_dqdw(N: int, D: int, args, device: torch.device) -> dict:
     return {name: nbytes / timed(fn, args.reps, args.warmup, device) / 1e9 for name, fn in rows.items()}
 
 
+def measure_dv(K: int, N: int, D: int, args, device: torch.device) -> dict:
+    """k3lab's backward kernel alone, storing and summing, and one eager add: {row: GB/s}."""
+    from k3lab.model.attn_res_fused import dv_reference, fla_forward, reference_forward
+
+    residuals, q, w, ow, do = inputs(K, N, D, device)
+    residuals = [r.detach() for r in residuals]
+    q, w, ow = q.detach(), w.detach(), ow.detach()
+    if device.type == "cuda":
+        from k3lab.model.attn_res_kernel import dv_backward
+        _, rstd, logit, lse = fla_forward(q, w, ow, residuals, 1e-6)
+    else:
+        dv_backward = dv_reference
+        _, rstd, logit, lse = reference_forward(q, w, ow, residuals, 1e-6)
+    targets = [torch.zeros_like(r) for r in residuals]
+    endpoints = (1 << (K - 1)) - 1  # every source but the live prefix (the last)
+    stats = K * N * 8 + N * 4
+    s = residuals[0].element_size()
+    store_bytes = 3 * K * N * D * s + N * D * s + 2 * N * D * 4 + stats
+    rows = {"dv_store": (lambda acc=0: dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc, 1e-6),
+                         store_bytes),
+            "dv_sum": (lambda acc=endpoints: dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc,
+                                                         1e-6), store_bytes + (K - 1) * N * D * s),
+            "add": (lambda: residuals[0] + residuals[1], 3 * N * D * s)}
+    return {name: nbytes / timed(fn, args.reps, args.warmup, device) / 1e9 for name, (fn, nbytes) in rows.items()}
+
+
 def table(results: list[dict], copy: float) -> str:
     lines = [f"Copy (device to device, read + written): {copy:,.0f} GB/s.", "",
              "| row | K | N x D | forward (ms) | forward GB/s | of copy | backward (ms) | backward GB/s | of copy |",
@@ -251,7 +248,7 @@ def table(results: list[dict], copy: float) -> str:
         lines.append(f"| {r['row']} | {r['K']} | {r['N']:,} x {r['D']} | {forward} | {backward} |")
     reductions = [r for r in results if "gbps" in r]
     if reductions:
-        lines += ["", "| reduction stage | N x D | GB/s | of copy |", "|---|---|---|---|"]
+        lines += ["", "| stage | N x D | GB/s | of copy |", "|---|---|---|---|"]
         lines += [f"| {r['row']} | {r['N']:,} x {r['D']} | {r['gbps']:,.0f} | {r['gbps'] / copy:.0%} |"
                   for r in reductions]
     return "\n".join(lines)
@@ -275,10 +272,12 @@ def main() -> None:
             row = {"row": name, "K": K, "N": N, "D": D, **measure_call(fn, K, N, D, args, device)}
             print(row, flush=True)
             results.append(row)
-    if "dqdw" in names:
-        for name, gbps in measure_dqdw(N, D, args, device).items():
-            results.append({"row": name, "N": N, "D": D, "gbps": gbps})
-            print(results[-1], flush=True)
+    stages = measure_dqdw(N, D, args, device) if "dqdw" in names else {}
+    if "dv" in names:
+        stages |= measure_dv(max(int(k) for k in args.sources.split(",")), N, D, args, device)
+    for name, gbps in stages.items():
+        results.append({"row": name, "N": N, "D": D, "gbps": gbps})
+        print(results[-1], flush=True)
     body = table(results, copy)
     print(body)
     if args.write:

@@ -14,7 +14,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_attnres import column_sums, dv_twin, reference_attnres  # noqa: E402
+from k3lab.model.attn_res_fused import column_sums, dv_twin, reference_attnres  # noqa: E402
 
 
 @pytest.mark.parametrize("sources", [1, 3, 7])
@@ -40,6 +40,8 @@ def test_the_bench_runs_its_cpu_rows_and_prints_their_table():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| naive_compiled | 3 | 256 x 64 |" in done.stdout
     assert "| dqdw_split | 256 x 64 |" in done.stdout
+    assert "| k3lab | 3 | 256 x 64 |" in done.stdout
+    assert "| dv_sum | 256 x 64 |" in done.stdout
     assert "Copy (device to device, read + written): " in done.stdout
 
 

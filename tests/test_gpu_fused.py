@@ -182,6 +182,60 @@ def test_fused_attn_res_state_machine_matches_the_reference(monkeypatch, block_s
             torch.testing.assert_close(layer.attn_res_weights[site], weights[site], atol=1e-6, rtol=1e-5)
 
 
+def mixture_chain(q, w, ow, leaves, fused: bool):
+    """Three mixtures reading two endpoints, as three layers would: each output, plus one more
+    of the leaves, is the next live prefix. Returns the sum of the outputs (a scalar to backprop)."""
+    if fused:
+        e0, e1 = attn_res_fused.as_endpoint(leaves[0] * 1.0), attn_res_fused.as_endpoint(leaves[1] * 1.0)
+        mix = lambda cands: attn_res_fused.AttnResMixture.apply(q, w, ow, 1e-6, *cands)[0]  # noqa: E731
+    else:
+        e0, e1 = leaves[0] * 1.0, leaves[1] * 1.0
+        mix = lambda cands: attn_res_fused.reference_attnres(q, cands, w, ow, 1e-6)  # noqa: E731
+    h = mix([e0, leaves[2]])
+    h2 = mix([e0, e1, h + leaves[3]])
+    h3 = mix([e0, e1, h2 + leaves[4]])
+    return (h * 0.5 + h2 * torch.linspace(-1, 1, h2.shape[-1]) + h3.square()).sum(), (e0, e1)
+
+
+def test_endpoints_readers_sum_their_gradient_in_one_buffer_as_autograd_would():
+    torch.manual_seed(0)
+    N, D = 12, 16
+    leaves = [torch.randn(N, D, dtype=torch.float64, requires_grad=True) for _ in range(5)]
+    q, w, ow = (torch.randn(D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    grads = {}
+    for fused in (False, True):
+        loss, endpoints = mixture_chain(q, w, ow, leaves, fused)
+        handed = []  # what autograd hands each endpoint from its readers
+        for e in endpoints:
+            e.register_hook(lambda g: handed.append(g))
+        grads[fused] = torch.autograd.grad(loss, [*leaves, q, w, ow])
+        # fused: the readers add into Endpoint.summed and hand autograd nothing to add up
+        assert [g is None for g in handed] == [fused, fused]
+    for got, want in zip(grads[True], grads[False]):  # both in fp32 math, summed in other orders
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("checkpoint_layers", [False, True], ids=["stored", "checkpointed"])
+@pytest.mark.parametrize("block_size", [1, 2, 3])
+def test_fused_attn_res_path_with_its_twin_kernels_gives_the_references_gradients(monkeypatch, block_size,
+                                                                                 checkpoint_layers):
+    model = KimiK3(tiny_config(num_layers=5, layer_types=("kda", "kda", "mla", "kda", "mla"),
+                               attn_res_block_size=block_size)).double()
+    randomize_scorers(model, std=0.3)
+    model.checkpoint_layers = checkpoint_layers
+    idx = torch.randint(0, 320, (2, 16))
+    results = {}
+    for fused in (False, True):
+        monkeypatch.setattr(model, "uses_fused_attn_res", lambda idx, fused=fused: fused)
+        model.zero_grad()
+        h = model.final_hidden_states(idx)
+        (h * torch.linspace(-1, 1, h.numel(), dtype=h.dtype).view_as(h)).sum().backward()
+        results[fused] = [h.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    assert len(results[True]) == len(results[False]) > 10
+    for got, want in zip(results[True], results[False]):  # the mixtures' fp32 math, summed in other orders
+        assert err_ratio(got, want) < 1e-4  # a reader's gradient left out would be ~1e-1
+
+
 # -- CPU: grouped MoE dispatch ------------------------------------------------------------
 
 def init_moe(moe, std: float | None = 0.2):
@@ -403,6 +457,34 @@ def test_fused_attn_res_matches_apply_attn_res(dtype, fp32_truth):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("K", [2, 13])
+def test_attn_res_backward_kernel_matches_its_twin_and_sums_in_place(dtype, K):
+    """k3lab's backward kernel against `dv_twin`: stored where a bit of ACC is clear, added to
+    what the buffer holds where it is set."""
+    needs_fla()
+    from k3lab.model.attn_res_kernel import dv_backward
+
+    N, D = 4096, 512
+    g = torch.Generator(device="cpu").manual_seed(K)
+    residuals = [(torch.randn(N, D, generator=g) * (1 + i % 3)).cuda().to(dtype) for i in range(K)]
+    q, w, ow = (0.05 * torch.randn(D, generator=g)).cuda(), *(1 + 0.1 * torch.randn(2, D, generator=g)).cuda()
+    do = torch.randn(N, D, generator=g).cuda().to(dtype)
+    _, rstd, logit, lse = attn_res_fused.fla_forward(q, w, ow, residuals, 1e-6)
+    held = [torch.randn(N, D, generator=g).cuda().to(dtype) for _ in range(K)]
+    acc = 0b0101010101010 & ((1 << K) - 1)
+    targets = [h.clone() for h in held]
+    dqw, dow_partial = dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc, 1e-6)
+    dvs, want_dqw, want_dow = attn_res_fused.dv_twin(q, w, ow, residuals, do, 1e-6)
+    floor = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: one rounding of the stored sum
+    for i, (target, dv) in enumerate(zip(targets, dvs)):
+        want = dv + held[i].float() if acc >> i & 1 else dv
+        print(f"{f'd_source{i}':>28}: {err_ratio(target, want):.2e}")
+        assert err_ratio(target, want) < floor, i
+    assert err_ratio(dqw, want_dqw) < 1e-4 and err_ratio(dow_partial, want_dow) < 1e-4
+
+
+@gpu
 def test_torch_grouped_mm_on_cuda_matches_the_reference_loop():
     sizes = [0, 48, 16, 0, 96, 32, 0, 64]  # multiples of GROUP_ALIGN, empty groups included
     offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
@@ -528,12 +610,21 @@ def test_compiled_fused_model_matches_eager():
     randomize_scorers(model)
     shared_routing(model)
     idx = torch.randint(0, 1024, (2, 256), device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        _, expected = model(idx, torch.roll(idx, -1, 1), return_logits=False)
-        compiled = compile_blocks(model)
-        _, loss = compiled(idx, torch.roll(idx, -1, 1), return_logits=False)
+    grads = {}
+    for compiled in (False, True):
+        if compiled:
+            compile_blocks(model)
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = model(idx, torch.roll(idx, -1, 1), return_logits=False)
+        loss.backward()  # the compiled blocks' endpoints are summed by their readers too
+        grads[compiled] = (loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()
+                                                     if p.grad is not None]))
+    (expected, eager_grads), (loss, compiled_grads) = grads[False], grads[True]
     print(f"{'compiled vs eager loss':>28}: {abs(loss.item() - expected.item()):.2e}")
+    print(f"{'compiled vs eager gradients':>28}: {err_ratio(compiled_grads, eager_grads):.2e}")
     assert abs(loss.item() - expected.item()) <= 1e-3 * expected.item()
+    assert err_ratio(compiled_grads, eager_grads) < 2e-2
 
 
 @gpu

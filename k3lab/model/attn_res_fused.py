@@ -1,42 +1,206 @@
-"""The GPU path of Attention Residuals: the mixture and the pre-norm after it in one FLA kernel.
+"""The GPU path of Attention Residuals: the mixture and the pre-norm after it in one kernel each way.
+
+Forward: FLA's fused AttnRes kernel. Backward: k3lab's (`attn_res_kernel`), which sums every
+stored endpoint's gradient in one buffer. An endpoint is read by every mixture after it (up to
+2 x layers of them), and autograd would give each reader's gradient its own buffer and add them
+one eager add at a time (114 adds a step in a full-AttnRes `small` trial, docs/runs/
+bench_trial-2026-12-01-top.log). Here an endpoint is made by `as_endpoint`, whose autograd node
+holds the sum (`Endpoint.summed`); each reader's backward adds its share there and hands
+autograd nothing for it; the endpoint's own backward returns the sum. The scorers' and
+norms' weight gradients are the per-row buffers summed over rows by torch.sum (`column_sums`),
+which spreads the rows over the whole GPU (FLA's reduction kernel walks them on D / BD programs).
+
+On CPU tensors the same autograd functions run the plain-PyTorch twins (`reference_forward`,
+`dv_twin`), so CPU tests check the bookkeeping; the GPU tests hold the kernels to the twins.
 
 Imported only when the fused path runs (`KimiK3.uses_fused_attn_res`): its
 `torch.compiler.disable` imports torch._dynamo, and with it Triton on CUDA builds of torch.
 
 FLA API facts this module relies on (checked against fla-core 0.6.0):
-- `fla.ops.attnres.fused_attnres(query (D,), residuals [..., D] list, rms_weight,
-  output_rms_weight=None, rms_eps=1e-6, scale=1.0, return_weights=False)`: softmax
-  over sources of <RMSNorm(v_l) , query>, sum of raw v_l in fp32, output in the
-  sources' dtype; `output_rms_weight` applies the following RMSNorm in the same
-  kernel (one eps for both norms). Sources must share a dtype and be 16-byte aligned.
+- `fla.ops.attnres.fused.fused_attnres_fwd(q (D,), residuals K x (N, D), res (residuals padded to
+  a power of two >= 8), w, ow, eps, scale, checkpoint_level)` returns (o (N, D) in the sources'
+  dtype, o_pre (None at checkpoint level 1), rstd (K, N), logit (K, N), lse (N,)), fp32 stats:
+  softmax over sources of <RMSNorm(v_l), q>, sum of raw v_l, then the RMSNorm of weight `ow`
+  (one eps for both norms). Sources must share a dtype and be 16-byte aligned.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
 @torch.compiler.disable
 def fused_attn_res(candidates, norm: nn.RMSNorm, proj: nn.Linear, out_norm: nn.RMSNorm):
-    """out_norm(apply_attn_res(...)) in one FLA kernel; returns (h, mean weights (K,)).
+    """out_norm(apply_attn_res(...)); returns (h, mean weights (K,)).
 
-    candidates: K tensors (B, T, M) -- the stored endpoints then the live prefix. They
-    are brought to the first candidate's dtype (the residual stream's), as FLA needs
-    one dtype; h (B, T, M) comes back in that dtype, already normalised by out_norm.
+    candidates: K tensors (B, T, M) -- the stored endpoints (from `as_endpoint`) then the live
+    prefix. They are brought to the first candidate's dtype (the residual stream's), as FLA
+    needs one dtype; h (B, T, M) comes back in that dtype, already normalised by out_norm.
     """
-    from fla.ops.attnres import fused_attnres
-
     dtype = candidates[0].dtype
-    residuals = [aligned(c.to(dtype)) for c in candidates]
-    h, p = fused_attnres(
-        query=proj.weight.view(-1), residuals=residuals, rms_weight=norm.weight,
-        output_rms_weight=out_norm.weight, rms_eps=norm.eps, return_weights=True,
-    )  # p: (K, B, T)
-    return h, p.detach().flatten(1).mean(dim=1)
+    sources = [aligned(c.to(dtype)) for c in candidates]
+    h, weights = AttnResMixture.apply(proj.weight.view(-1), norm.weight, out_norm.weight, norm.eps, *sources)
+    return h, weights
+
+
+@torch.compiler.disable
+def as_endpoint(x: torch.Tensor) -> torch.Tensor:
+    """x as a stored endpoint: the mixtures that read it sum its gradient in one buffer."""
+    return Endpoint.apply(x) if torch.is_grad_enabled() and x.requires_grad else x
+
+
+class Endpoint(torch.autograd.Function):
+    """Identity whose node (`ctx`, which is also the output's grad_fn) keeps `summed`: the sum
+    of the gradients its readers' backwards added in place. Readers give autograd nothing for
+    it, so its backward gets no gradient (None) and returns the sum."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.summed = None
+        ctx.set_materialize_grads(False)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed, ctx.summed = ctx.summed, None
+        if grad is None:
+            return summed
+        return grad if summed is None else grad + summed
+
+
+def endpoint_node(x: torch.Tensor) -> Endpoint | None:
+    """The Endpoint node that made x, if it was made by `as_endpoint` (else None)."""
+    node = x.grad_fn
+    return node if node is not None and hasattr(node, "summed") else None
+
+
+class AttnResMixture(torch.autograd.Function):
+    """(q (D,), w (D,), ow (D,), eps, *sources K x (B, T, D)) -> (h (B, T, D), mean weights (K,))."""
+
+    @staticmethod
+    def forward(ctx, q, w, ow, eps, *sources):
+        shape, D = sources[0].shape, sources[0].shape[-1]
+        flat = [s.view(-1, D) for s in sources]
+        forward = fla_forward if flat[0].is_cuda else reference_forward
+        o, rstd, logit, lse = forward(q, w, ow, flat, eps)
+        ctx.save_for_backward(q, w, ow, rstd, logit, lse, *sources)
+        ctx.eps = eps
+        # stored endpoints only (the last source is the live prefix), as many as ACC has bits
+        readers = [endpoint_node(s) for s in sources[:-1]] if len(sources) <= MAX_SOURCES else []
+        ctx.nodes = readers + [None] * (len(sources) - len(readers))
+        weights = (logit - lse).exp().mean(dim=1)  # (K,)
+        ctx.mark_non_differentiable(weights)
+        return o.view(shape), weights
+
+    @staticmethod
+    def backward(ctx, do, _):
+        q, w, ow, rstd, logit, lse, *sources = ctx.saved_tensors
+        D = do.shape[-1]
+        targets, acc = [], 0
+        for i, (source, node) in enumerate(zip(sources, ctx.nodes)):
+            if node is not None and node.summed is not None:
+                targets.append(node.summed)
+                acc |= 1 << i
+            else:
+                targets.append(torch.empty_like(source))
+                if node is not None:
+                    node.summed = targets[-1]
+        flat = lambda tensors: [t.view(-1, D) for t in tensors]  # noqa: E731
+        backward = dv_kernel if do.is_cuda else dv_reference
+        dqw, dow_partial = backward(q, w, ow, flat(sources), rstd, logit, lse, do.contiguous().view(-1, D),
+                                    flat(targets), acc, ctx.eps)
+        dq, dw, dow = column_sums(dqw, dow_partial, q, w, ow)
+        grads = [None if node is not None else target for node, target in zip(ctx.nodes, targets)]
+        return (dq, dw, dow, None, *grads)
+
+
+MAX_SOURCES = 31  # k3lab.model.attn_res_kernel.MAX_SOURCES, kept here so CPU runs never import Triton
+
+
+def fla_forward(q, w, ow, flat, eps):
+    from fla.ops.attnres import fused as fla
+
+    o, _, rstd, logit, lse = fla.fused_attnres_fwd(q=q, residuals=flat, res=fla._build_ptr_table(flat), w=w, ow=ow,
+                                                   eps=eps, scale=1.0, checkpoint_level=1)
+    return o, rstd, logit, lse
+
+
+def dv_kernel(*args):
+    from k3lab.model.attn_res_kernel import dv_backward
+
+    return dv_backward(*args)
+
+
+def column_sums(dqw: torch.Tensor, dow_partial: torch.Tensor | None, q: torch.Tensor, w: torch.Tensor,
+                ow: torch.Tensor | None):
+    """dq, dw, dow from the backward's per-row buffers (N, D) fp32: the logit uses q * w, so
+    dq = (sum_n dqw) * w and dw = (sum_n dqw) * q."""
+    total = dqw.sum(dim=0)  # (D,) fp32
+    dq, dw = (total * w.float()).to(q.dtype), (total * q.float()).to(w.dtype)
+    dow = dow_partial.sum(dim=0).to(ow.dtype) if ow is not None else None
+    return dq, dw, dow
 
 
 def aligned(x: torch.Tensor) -> torch.Tensor:
     """x contiguous with a 16-byte aligned start, as FLA's attnres kernel asserts."""
     x = x.contiguous()
     return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+# -- the plain-PyTorch twins (fp32 math): the CPU path of the functions above, and the kernels' reference
+
+def reference_forward(q, w, ow, residuals, eps: float = 1e-6):
+    """residuals K x (N, D) -> (o (N, D) in their dtype, rstd (K, N), logit (K, N), lse (N,)),
+    as FLA's forward kernel returns them."""
+    D = residuals[0].shape[-1]
+    v = torch.stack([r.float() for r in residuals])  # (K, N, D)
+    rstd = torch.rsqrt(v.pow(2).mean(-1) + eps)
+    logit = (v * rstd[..., None] * (q.float() * w.float())).sum(-1)  # (K, N); no matmul, which autocast would cast
+    lse = logit.logsumexp(dim=0)
+    o = ((logit - lse).exp()[..., None] * v).sum(0)
+    if ow is not None:
+        o = F.rms_norm(o, (D,), ow.float(), eps)
+    return o.to(residuals[0].dtype), rstd, logit, lse
+
+
+def reference_attnres(query, residuals, rms_weight, output_rms_weight=None, rms_eps: float = 1e-6):
+    """AttnRes in plain PyTorch, fp32 math, as FLA's `naive_attnres` (which imports Triton, so CPU
+    machines without it cannot use FLA's): residuals K x (N, D) -> (N, D) in their dtype."""
+    return reference_forward(query, rms_weight, output_rms_weight, residuals, rms_eps)[0]
+
+
+def dv_twin(q, w, ow, residuals, do, eps: float = 1e-6):
+    """The backward's per-row terms in plain PyTorch: (dvs K x (N, D) fp32, dqw (N, D),
+    dow_partial (N, D) or None) for residuals K x (N, D), q, w, ow (D,), do (N, D)."""
+    v = torch.stack([r.float() for r in residuals])  # (K, N, D)
+    D = v.shape[-1]
+    rstd = torch.rsqrt(v.pow(2).mean(-1) + eps)  # (K, N)
+    k = v * rstd[..., None]
+    qw = q.float() * w.float()
+    logit = (k * qw).sum(-1)  # (K, N)
+    p = torch.softmax(logit, dim=0)
+    o_pre = (p[..., None] * v).sum(0)  # (N, D)
+    do = do.float()
+    dow_partial = None
+    if ow is not None:
+        o_rstd = torch.rsqrt(o_pre.pow(2).mean(-1, keepdim=True) + eps)
+        xhat = o_pre * o_rstd
+        dow_partial = xhat * do
+        c1 = (xhat * ow.float() * do).sum(-1, keepdim=True) / D
+        do = (ow.float() * do - xhat * c1) * o_rstd
+    delta = (do * o_pre).sum(-1)  # (N,)
+    dp = (v * do).sum(-1)  # (K, N)
+    ds = p * (dp - delta)
+    dv = p[..., None] * do + (ds * rstd)[..., None] * (qw - k * (logit / D)[..., None])
+    dqw = (ds[..., None] * k).sum(0)  # (N, D)
+    return list(dv), dqw, dow_partial
+
+
+def dv_reference(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, eps: float):
+    """`attn_res_kernel.dv_backward` in plain PyTorch (the statistics are recomputed)."""
+    dvs, dqw, dow_partial = dv_twin(q, w, ow, residuals, do, eps)
+    for i, (target, dv) in enumerate(zip(targets, dvs)):
+        target.copy_(target.float() + dv if acc >> i & 1 else dv)
+    return dqw, dow_partial

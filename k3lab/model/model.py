@@ -11,8 +11,9 @@ State carried between blocks (never between forward calls):
 
 GPU path: with kda_implementation="fused" on CUDA the same state machine runs with the
 endpoints as a tuple of P (B, T, M) tensors and every mixture (with the pre-norm that
-follows it) in FLA's fused AttnRes kernel (`attn_res_fused.fused_attn_res`). The tuple
+follows it) in one fused kernel each way (`attn_res_fused.fused_attn_res`). The tuple
 avoids re-concatenating the endpoints; the candidates and their order are identical.
+Endpoints are made by `as_endpoint`, so that their readers sum their gradient in one buffer.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def build_kda(config: KimiK3Config) -> nn.Module:
 
 
 def fused_attn_res(candidates, norm, proj, out_norm):
-    """out_norm(AttnRes mixture of candidates) with FLA's kernel: see `attn_res_fused.fused_attn_res`
+    """out_norm(AttnRes mixture of candidates) in the fused kernels: see `attn_res_fused.fused_attn_res`
     (which is the compiler-disabled one).
 
     Imported here, at call time, so the plain model never imports the fused module; and no
@@ -55,6 +56,13 @@ def fused_attn_res(candidates, norm, proj, out_norm):
     from k3lab.model import attn_res_fused
 
     return attn_res_fused.fused_attn_res(candidates, norm, proj, out_norm)
+
+
+def as_endpoint(x):
+    """x kept as a block endpoint on the fused path: see `attn_res_fused.as_endpoint`."""
+    from k3lab.model import attn_res_fused
+
+    return attn_res_fused.as_endpoint(x)
 
 
 def attn_res_mixture(block_residual, prefix_sum, norm, proj):
@@ -147,7 +155,7 @@ class KimiK3DecoderBlock(nn.Module):
             h = self.attn_norm(prefix_sum)
         if self.starts_block:
             stream_dtype = endpoints[0].dtype if endpoints else prefix_sum.dtype
-            endpoints = (*endpoints, prefix_sum.to(stream_dtype))
+            endpoints = (*endpoints, as_endpoint(prefix_sum.to(stream_dtype)))
             prefix_sum = None
 
         stream = hidden_states.dtype  # as in `forward`: the stream stays in the embedding's dtype
