@@ -115,11 +115,11 @@ def run_and_stamp(command: list[str], started: float, env: dict) -> tuple[int, d
     return child.returncode, seen
 
 
-BUILD_KEYS = ("startup_build_s", "startup_data_s", "startup_model_s", "startup_tracking_s")  # k3lab.tune.trial
 
 
 def sweep_figures(store: Path) -> dict:
     from k3lab.store import runs
+    from k3lab.store.tracking import BUILD_PARTS
 
     uri = f"sqlite:///{store}"
     parent = runs.sweep_runs(uri)[0]
@@ -131,7 +131,7 @@ def sweep_figures(store: Path) -> dict:
         if not startups:
             continue
         m = min(startups, key=lambda metric: metric.timestamp)
-        build = {key: client.get_metric_history(t.info.run_id, key) for key in BUILD_KEYS}
+        build = {key: client.get_metric_history(t.info.run_id, key) for key in ("startup_build_s", *BUILD_PARTS)}
         build = {key: min(history, key=lambda metric: metric.timestamp).value for key, history in build.items()
                  if history}
         firsts.append({"first_step_at": m.timestamp / 1000, "began_at": m.timestamp / 1000 - m.value,
@@ -231,9 +231,9 @@ def timeline_table(results: dict) -> str:
             cells = ["-" if x is None else f"{x:.1f}" for x in timeline_steps(r)]
             parts = r["timeline"].get("first_trial_build_parts") or {}
             if parts:  # the build's parts (k3lab.tune.trial.build_parts), where the trial logged them
-                from k3lab.report.results import BUILD_PARTS
+                from k3lab.report.results import BUILD_PART_LABELS
 
-                cells[3] += " (" + ", ".join(f"{label} {parts[key]:.1f}" for key, label in BUILD_PARTS
+                cells[3] += " (" + ", ".join(f"{label} {parts[key]:.1f}" for key, label in BUILD_PART_LABELS.items()
                                              if key in parts) + ")"
             cells = " | ".join(cells)
             first = "-" if r["first_step_s"] is None else f"{r['first_step_s']:.1f}"

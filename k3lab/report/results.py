@@ -32,6 +32,7 @@ from k3lab.report import stats
 from k3lab.report.efficiency import sweep_efficiency, wall_to_the_end
 from k3lab.report.summary import TrialRecord, mean_std
 from k3lab.store import runs
+from k3lab.store.tracking import BUILD_PARTS
 
 
 def read_gpu_log(path: str | Path) -> list[tuple[float, float]]:
@@ -252,15 +253,14 @@ def crash_lines(records: list[TrialRecord]) -> list[str]:
             f"(k3lab.crashes); last errors: {listed}."]
 
 
-BUILD_PARTS = (("startup_data_s", "corpus"), ("startup_model_s", "model and optimizers"),
-               ("startup_tracking_s", "MLflow run"))
+BUILD_PART_LABELS = dict(zip(BUILD_PARTS, ("corpus", "model and optimizers", "MLflow run")))
 
 
 def build_parts_clause(records: list[TrialRecord]) -> str:
     """' (corpus 1.2 s, model and optimizers 6.0 s, MLflow run 3.1 s)': the build's parts, mean
     over the trials that logged them; '' for runs from before they were logged."""
     parts = []
-    for key, label in BUILD_PARTS:
+    for key, label in BUILD_PART_LABELS.items():
         values = [r.value(key) for r in records if r.value(key) is not None]
         if values:
             parts.append(f"{label} {statistics.fmean(values):.1f} s")

@@ -135,8 +135,8 @@ def get_or_create_experiment(client, name: str, tracking_uri: str) -> str:
         return experiment.experiment_id
 
 
-PER_ATTEMPT = ("startup_s", "startup_build_s", "startup_data_s", "startup_model_s", "startup_tracking_s",
-               "slot_wait_s")  # logged by every attempt of a trial, restored ones too
+BUILD_PARTS = ("startup_data_s", "startup_model_s", "startup_tracking_s")  # startup_build_s's parts
+PER_ATTEMPT = ("startup_s", "startup_build_s", *BUILD_PARTS, "slot_wait_s")  # every attempt logs them, restored ones too
 
 
 class MLflowTracker:

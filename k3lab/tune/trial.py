@@ -21,7 +21,7 @@ from k3lab.model.config import KimiK3Config
 from k3lab.registry.variants import inactive_fields
 from k3lab.store import runs
 from k3lab.store.runs import RUN_ID_KEY, execution_tags, node_tags  # noqa: F401  (RUN_ID_KEY: for callers)
-from k3lab.store.tracking import MLflowTracker, flatten
+from k3lab.store.tracking import BUILD_PARTS, MLflowTracker, flatten
 from k3lab.train.checkpoint import load_checkpoint
 from k3lab.train.metrics import device_name
 from k3lab.train.spec import TrainSpec
@@ -219,8 +219,8 @@ def build_parts(started_at: float, trainer_started: float, trainer_s: float, dat
     parts: the corpus opened, the rest of the Trainer (model on the device, optimizers, samplers),
     and MLflow (the run opened, tags and parameters logged); the rest is Ray's and the checkpoint's."""
     now = time.time()
-    return {"startup_build_s": now - started_at, "startup_data_s": data_s, "startup_model_s": trainer_s - data_s,
-            "startup_tracking_s": now - trainer_started - trainer_s}
+    parts = (data_s, trainer_s - data_s, now - trainer_started - trainer_s)
+    return {"startup_build_s": now - started_at, **dict(zip(BUILD_PARTS, parts))}
 
 
 def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
