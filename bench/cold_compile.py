@@ -140,8 +140,8 @@ def tar_gz_bytes(cache: Path, subs: tuple[str, ...]) -> int:
 def run_phase(args: argparse.Namespace, phase: str) -> dict:
     command = [sys.executable, __file__, "--child", phase, "--row", args.row, "--work", args.work,
                "--device", args.device]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=path))
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         return {"error": (lines[-1] if lines else f"exit {done.returncode}")[:160]}
@@ -153,7 +153,8 @@ def table(row: str, results: list[tuple[str, int, dict]]) -> str:
              "besides k3lab's shipped tunings.", "",
              "| phase | the cache also holds | first step (s) | bytes shipped (.tar.gz) |", "|---|---|---|---|"]
     held = {"fresh": "nothing", "triton": "Triton's compiled kernels", "inductor": "torch.compile's caches",
-            "mega": "torch.compile's portable artifacts (loaded)", "both": "Triton's kernels and torch.compile's caches"}
+            "mega": "torch.compile's portable artifacts (loaded)",
+            "both": "Triton's kernels and torch.compile's caches"}
     for phase, nbytes, r in results:
         seconds = f"failed: {r['error']}" if "error" in r else f"{r['first_step_s']:.1f}"
         lines.append(f"| {phase} | {held[phase]} | {seconds} | {nbytes / 2**20:,.1f} MiB |")

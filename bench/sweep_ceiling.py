@@ -115,8 +115,6 @@ def run_and_stamp(command: list[str], started: float, env: dict) -> tuple[int, d
     return child.returncode, seen
 
 
-
-
 def sweep_figures(store: Path) -> dict:
     from k3lab.store import runs
     from k3lab.store.tracking import BUILD_PARTS

@@ -136,7 +136,7 @@ def get_or_create_experiment(client, name: str, tracking_uri: str) -> str:
 
 
 BUILD_PARTS = ("startup_data_s", "startup_model_s", "startup_tracking_s")  # startup_build_s's parts
-PER_ATTEMPT = ("startup_s", "startup_build_s", *BUILD_PARTS, "slot_wait_s")  # every attempt logs them, restored ones too
+PER_ATTEMPT = ("startup_s", "startup_build_s", *BUILD_PARTS, "slot_wait_s")  # by every attempt, restored ones too
 
 
 class MLflowTracker:
