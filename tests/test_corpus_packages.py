@@ -1,6 +1,9 @@
 """The `packages` corpus (every installed package's source and docs, k3lab.data.packages), the
 epochs a trial trains (data.epochs) and the plan's note on sweeps whose trials repeat data."""
 
+import os
+from pathlib import Path
+
 import pytest
 from conftest import mini_sweep
 
@@ -39,6 +42,23 @@ def site(tmp_path, monkeypatch):
     monkeypatch.setattr(packages, "site_packages", lambda: [root.resolve()])
     monkeypatch.setattr(packages, "MAX_DOCUMENT_BYTES", 4000)
     return root
+
+
+def test_the_walk_lists_what_os_walk_finds_with_its_stats_sorted_by_path(site):
+    (site / "linked.py").symlink_to(site / "beta" / "beta.py")  # a link to a file counts
+    (site / "linked_dir").symlink_to(site / "alpha", target_is_directory=True)  # a link to a folder is not followed
+    (site / "broken.py").symlink_to(site / "nowhere.py")
+    expected = []
+    for folder, dirnames, filenames in os.walk(site):  # the rule the walk keeps, os.walk's way
+        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.endswith(packages.METADATA_SUFFIXES)]
+        for name in filenames:
+            path = Path(folder, name)
+            if name.endswith(packages.PACKAGE_SUFFIXES) and path.is_file():
+                info = path.stat()
+                expected.append((path.relative_to(site).as_posix(), info.st_size, info.st_mtime_ns))
+    listed = packages.candidate_files(site)
+    assert listed == sorted(expected)
+    assert "linked.py" in [path for path, _, _ in listed] and not any(p.startswith("linked_dir/") for p, _, _ in listed)
 
 
 def test_one_document_per_file_deduplicated_without_metadata_caches_or_binaries(site):
