@@ -99,7 +99,7 @@ def warm_kernels_on_a_gpu(run: SweepRun, say=print) -> dict:
     known = warm_on_this_host(run, shapes, say)
     if known:
         return known
-    say(f"kernels: warming {len(shapes)} kernel shape{'s' if len(shapes) != 1 else ''} on one GPU "
+    say(f"kernels: warming {shapes_phrase(shapes)} on one GPU "
         f"(cache {run.kernel_cache}; those it has recorded are skipped) before the trials start ...")
     try:
         result = ray.get(ray.remote(num_gpus=1, num_cpus=1)(_warm_task).remote(shapes, run.kernel_cache))
@@ -128,10 +128,14 @@ def warm_on_this_host(run: SweepRun, shapes: list, say=print) -> dict:
     if not all_recorded(shapes, run.kernel_cache, device):
         return {}
     seconds = time.perf_counter() - started
-    say(f"kernels: warm in {seconds:.1f} s ({len(shapes)} kernel shape{'s' if len(shapes) != 1 else ''} already "
+    say(f"kernels: warm in {seconds:.1f} s ({shapes_phrase(shapes)} already "
         f"warm for {device} in {run.kernel_cache}: no warm-up task)")
     return {"shapes": len(shapes), "warmed": 0, "seconds": seconds, "new_autotune_results": 0,
             "device_name": device, "shipped": shipped}
+
+
+def shapes_phrase(shapes: list) -> str:
+    return f"{len(shapes)} kernel shape{'s' if len(shapes) != 1 else ''}"
 
 
 def _warm_task(shapes, cache: Path) -> dict:

@@ -110,8 +110,10 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
     """
     state = load_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
     trainer_started = time.time()
+    dataset = prepared_by_driver(spec.dataset_dir)
+    opened_s = time.time() - trainer_started
     trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device, rank=rank,
-                      world_size=world_size, dataset=prepared_by_driver(spec.dataset_dir))
+                      world_size=world_size, dataset=dataset)
     tracker, trainer_s = None, time.time() - trainer_started
     if spec.tracking_uri:
         run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
@@ -120,7 +122,8 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
         tracker.set_tags({runs.DEVICE: device_name(trainer.device)})
         tracker.log_params(data_params(trainer))
         if started_at is not None:  # the part of startup_s before the first step, and its parts
-            tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, trainer.data_s), trainer.step)
+            tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, opened_s + trainer.data_s),
+                                trainer.step)
     if reporter is not None:
         reporter.tracker = tracker
     slot = TrainingSlot(spec.training_slots, slot_folder(trainer.device)) \
