@@ -21,6 +21,9 @@ cache that starts from k3lab's shipped tunings (as on any fresh machine) and hol
     both       triton and inductor: a warm machine's cache, in a new process
 
 Bytes: the folders the phase copies, as a .tar.gz would ship them (mega: its artifacts, gzipped).
+Triton's copied kernels name their files by absolute path; the copies are pointed at themselves,
+as `k3lab kernels import` does (until 2026-12-02 they pointed into WORK/full, which still held
+the files: the same effect on this machine, not on another).
 The CUDA-graph capture and the later steps are not timed: they take as long on a warm machine.
 """
 
@@ -40,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from k3lab.tune.tunings import relocated_group  # noqa: E402
 SECTION = "Cold compile: a trial's first step by what its kernel cache holds"
 PHASES = ("fresh", "triton", "inductor", "mega", "both")
 COPIED = {"fresh": (), "triton": ("triton",), "inductor": ("inductor",), "mega": (), "both": ("triton", "inductor")}
@@ -122,6 +126,8 @@ def prepare_cache(work: Path, phase: str) -> int:
     for sub in COPIED[phase]:
         if (work / "full" / sub).is_dir():
             shutil.copytree(work / "full" / sub, cache / sub)
+    for group in (cache / "triton").glob("*/__grp__*.json"):  # as `k3lab kernels import` moves them
+        group.write_bytes(relocated_group(group.read_bytes(), group.parent))
     if phase == "mega":
         mega = work / "mega.bin"
         return len(gzip.compress(mega.read_bytes())) if mega.is_file() else 0

@@ -1,5 +1,6 @@
 """The per-machine kernel cache, the sweep's kernel warm-up plan, and sweep efficiency."""
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -140,6 +141,19 @@ def test_a_new_batch_gpu_or_library_version_warms_again(fake_gpu, tmp_path, monk
     assert len(fake_gpu) == 4 and cache_info(tmp_path)["warm_shapes"] == 4
 
 
+def test_a_compiled_sweeps_shapes_warm_compiled_and_an_eager_shape_keeps_its_fingerprint():
+    from dataclasses import replace
+
+    from k3lab.registry.variants import short_hash
+
+    shape = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))[0]
+    assert shape.compile  # the gpu profile compiles its blocks: the warm-up compiles them too
+    eager = replace(shape, compile=False)
+    before = short_hash([shape.config.to_dict(), shape.batch_size, shape.seq_len, shape.autocast, "G", "T"])
+    assert kernels.shape_fingerprint(eager, "G", "T") == before  # records of eager shapes stay valid
+    assert kernels.shape_fingerprint(shape, "G", "T") != before
+
+
 def test_kernels_warm_command_always_warms_every_shape(fake_gpu, tmp_path, monkeypatch):
     for key in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLA_CACHE_RESULTS"):
         monkeypatch.setenv(key, "")  # the command points them at its cache; restored afterwards
@@ -218,6 +232,60 @@ def test_an_archive_cannot_write_outside_the_cache(tmp_path):
             tunings.add_member(tar, name, data)
     assert tunings.import_tunings(tmp_path / "evil.tar.gz", tmp_path / "b", "NVIDIA H200")["added"] == 2
     assert not (tmp_path / "escaped.autotune.json").exists() and not (tmp_path / "b" / "notes.txt").exists()
+
+
+def compiled_cache(root: Path) -> Path:
+    """tuned_cache plus what compiling leaves: a Triton kernel's group file naming its files by
+    absolute path, torch.compile's FX-graph cache, and a lock."""
+    tuned_cache(root)
+    kernel = root / "triton" / "AB12"
+    (kernel / "chunk_kda_fwd_kernel.json").write_text('{"name": "chunk_kda_fwd_kernel"}')
+    group = {"child_paths": {name: str(kernel / name) for name in ("chunk_kda_fwd_kernel.cubin",
+                                                                    "chunk_kda_fwd_kernel.json")}}
+    (kernel / "__grp__chunk_kda_fwd_kernel.json").write_text(json.dumps(group))
+    (root / "inductor" / "fxgraph" / "ab" / "fkey").mkdir(parents=True)
+    (root / "inductor" / "fxgraph" / "ab" / "fkey" / "entry").write_bytes(b"graph")
+    (root / "inductor" / "locks").mkdir()
+    (root / "inductor" / "locks" / "x.lock").write_text("")
+    return root
+
+
+def test_compiled_kernels_travel_only_when_asked_and_their_files_are_found_in_the_new_cache(tmp_path):
+    compiled_cache(tmp_path / "a")
+    small = tunings.export_tunings(tmp_path / "a", tmp_path / "small.tar.gz", "NVIDIA H200")
+    assert "compiled" not in small
+    manifest = tunings.export_tunings(tmp_path / "a", tmp_path / "t.tar.gz", "NVIDIA H200", compiled=True)
+    assert manifest["compiled"]["files"] == 4 and manifest["compiled"]["torch_build"] == tunings.torch_build()
+    result = tunings.import_tunings(tmp_path / "t.tar.gz", tmp_path / "b", "NVIDIA H200")
+    assert (result["added"], result["compiled"]) == (2, 4)
+    moved = tmp_path / "b" / "triton" / "AB12"
+    group = json.loads((moved / "__grp__chunk_kda_fwd_kernel.json").read_text())
+    assert group["child_paths"] == {"chunk_kda_fwd_kernel.cubin": str(moved / "chunk_kda_fwd_kernel.cubin"),
+                                    "chunk_kda_fwd_kernel.json": str(moved / "chunk_kda_fwd_kernel.json")}
+    assert all(Path(path).is_file() for path in group["child_paths"].values())
+    assert (tmp_path / "b" / "inductor" / "fxgraph" / "ab" / "fkey" / "entry").read_bytes() == b"graph"
+    assert not (tmp_path / "b" / "inductor" / "locks").exists()
+
+
+def test_compiled_kernels_of_another_torch_build_stay_behind_and_the_autotune_results_come(tmp_path, monkeypatch):
+    tunings.export_tunings(compiled_cache(tmp_path / "a"), tmp_path / "t.tar.gz", "NVIDIA H200", compiled=True)
+    monkeypatch.setattr(tunings, "torch_build", lambda: "2.11.0+cu126")
+    result = tunings.import_tunings(tmp_path / "t.tar.gz", tmp_path / "b", "NVIDIA H200")
+    assert (result["added"], result["compiled"]) == (2, 0)
+    assert not list((tmp_path / "b").rglob("*.cubin")) and not (tmp_path / "b" / "inductor").exists()
+
+
+def test_a_gpu_process_imports_every_shipped_archive_of_its_gpu_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(tunings, "SHIPPED_DIR", tmp_path / "shipped")
+    tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "shipped" / "h200.tar.gz", "NVIDIA H200")
+    tunings.export_tunings(compiled_cache(tmp_path / "c"), tmp_path / "shipped" / "h200-attnres.tar.gz",
+                           "NVIDIA H200", compiled=True)
+    first = tunings.start_from_shipped(tmp_path / "kc", "NVIDIA H200")
+    assert first["archive"] == "h200-attnres.tar.gz, h200.tar.gz"
+    assert (first["added"], first["kept"], first["compiled"], first["warm_shapes"]) == (2, 2, 4, 2)
+    assert kernels.shipped_line(first) == ("kernels: started from k3lab's tunings for NVIDIA H200 (h200-attnres.tar.gz, "
+                                           "h200.tar.gz: 2 autotune results, 4 compiled kernel files, 2 warmed shapes)")
+    assert tunings.start_from_shipped(tmp_path / "kc", "NVIDIA H200") is None
 
 
 def test_a_gpu_process_starts_from_the_shipped_tunings_of_its_gpu_once(tmp_path, monkeypatch):

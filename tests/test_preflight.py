@@ -178,3 +178,50 @@ def test_sweep_whose_trial_needs_more_than_the_ray_cluster_has_stops_before_any_
     err = one_line_error(capsys)
     assert f"{sweep_file}: resources.cpu: one trial needs 4096 CPUs and the Ray cluster has" in err
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_sweep_tokenizes_its_corpus_on_a_thread_after_every_check_has_passed(monkeypatch, tmp_path):
+    import threading
+
+    import k3lab.data
+    from k3lab.errors import UserError
+    from k3lab.registry.presets import load_preset
+    from k3lab.train.spec import TrainSpec
+    from k3lab.tune.preflight import Preflight, run_preflight_overlapped
+
+    release, started = threading.Event(), []
+
+    def slow_prepare(source, tokenizer, progress):
+        started.append(threading.current_thread().name)
+        release.wait(10)
+        return f"prepared {source}"
+
+    monkeypatch.setenv("K3LAB_DATA_DIR", str(tmp_path / "empty"))  # the corpus is not prepared yet
+    monkeypatch.setattr(k3lab.data, "prepare_dataset", slow_prepare)
+    tiny, spec = load_preset("tiny"), TrainSpec(seq_len=64)
+    too_small = tiny.replace(vocab_size=200)  # the byte tokenizer has 257 ids
+    with pytest.raises(UserError, match=r"variant v: vocab_size: the tokenizer has 257 ids"):
+        run_preflight_overlapped(Preflight(tracking_uri=None, train=spec, models={"variant v": too_small}))
+    assert started == []  # a model that cannot train stops it before any tokenizing
+    pending = run_preflight_overlapped(Preflight(tracking_uri=None, train=spec, models={"": tiny}, progress=False))
+    assert not pending.ready()  # returned while the corpus is being tokenized
+    release.set()
+    assert pending.result() == "prepared stdlib" and started == ["k3lab-data"]
+
+
+def test_an_error_while_tokenizing_on_the_thread_reaches_the_sweep(monkeypatch, tmp_path):
+    import k3lab.data
+    from k3lab.errors import UserError
+    from k3lab.registry.presets import load_preset
+    from k3lab.train.spec import TrainSpec
+    from k3lab.tune.preflight import Preflight, run_preflight_overlapped
+
+    def failing_prepare(source, tokenizer, progress):
+        raise UserError("source 'stdlib': 1 non-empty document(s)")
+
+    monkeypatch.setenv("K3LAB_DATA_DIR", str(tmp_path / "empty"))
+    monkeypatch.setattr(k3lab.data, "prepare_dataset", failing_prepare)
+    pending = run_preflight_overlapped(Preflight(tracking_uri=None, train=TrainSpec(seq_len=64),
+                                                 models={"": load_preset("tiny")}, progress=False))
+    with pytest.raises(UserError, match="1 non-empty document"):
+        pending.result()

@@ -30,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("file", help="archive to write")
     add_cache_argument(export)
     export.add_argument("--gpu", default=None, help="the GPU they were tuned on (default: this machine's GPU)")
+    export.add_argument("--compiled", action="store_true",
+                        help="the compiled kernels too (Triton's and torch.compile's; megabytes, for this torch build)")
     export.set_defaults(func=run_export)
     imported = commands.add_parser("import", help="merge an exported archive into the cache, if it fits this GPU "
                                                   "and libraries")
@@ -87,9 +89,12 @@ def gpu_of(args: argparse.Namespace) -> str:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    manifest = export_tunings(kernels.resolve_kernel_cache(args.kernel_cache), Path(args.file), gpu_of(args))
+    manifest = export_tunings(kernels.resolve_kernel_cache(args.kernel_cache), Path(args.file), gpu_of(args),
+                              compiled=args.compiled)
     versions = ", ".join(f"{name} {version}" for name, version in manifest["versions"].items())
-    print(f"exported {manifest['autotune_results']} autotune results of {len(manifest['kernels'])} kernels "
+    compiled = manifest.get("compiled")
+    kernel_files = f" and {compiled['files']} compiled kernel files (torch {compiled['torch_build']})" if compiled else ""
+    print(f"exported {manifest['autotune_results']} autotune results of {len(manifest['kernels'])} kernels{kernel_files} "
           f"(tuned on {manifest['gpu']}; {versions}) to {args.file}, {Path(args.file).stat().st_size / 1024:.0f} KiB")
     return 0
 
@@ -97,6 +102,7 @@ def run_export(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     cache = kernels.resolve_kernel_cache(args.kernel_cache)
     result = import_tunings(Path(args.file), cache, gpu_of(args))
+    compiled = f", {result['compiled']} compiled kernel files added" if result["compiled"] else ""
     print(f"imported {args.file} into {cache}: {result['added']} autotune results added, {result['kept']} already "
-          f"there, {result['warm_shapes']} warmed shapes recorded")
+          f"there{compiled}, {result['warm_shapes']} warmed shapes recorded")
     return 0

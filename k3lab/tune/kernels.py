@@ -98,8 +98,9 @@ def open_kernel_cache(flag: str | None = None, say: Callable[[str], None] = prin
 
 
 def shipped_line(shipped: dict) -> str:
+    compiled = f", {shipped['compiled']} compiled kernel files" if shipped.get("compiled") else ""
     return (f"kernels: started from k3lab's tunings for {shipped['gpu']} ({shipped['archive']}: "
-            f"{shipped['added']} autotune results, {shipped['warm_shapes']} warmed shapes)")
+            f"{shipped['added']} autotune results{compiled}, {shipped['warm_shapes']} warmed shapes)")
 
 
 # -- what a sweep will run ------------------------------------------------------------------------
@@ -113,6 +114,7 @@ class KernelShape:
     batch_size: int
     seq_len: int
     autocast: str | None
+    compile: bool = False  # blocks torch.compile'd, as the trials' `train.compile`
 
 
 def kernel_shapes(sweep) -> list[KernelShape]:
@@ -120,7 +122,7 @@ def kernel_shapes(sweep) -> list[KernelShape]:
     shapes: dict[tuple, KernelShape] = {}
     train = sweep.train
     for variant in sweep.valid_variants:  # a KimiK3Config is frozen, so it can be a key
-        key = (variant.config, train.batch_size, train.seq_len, train.autocast)
+        key = (variant.config, train.batch_size, train.seq_len, train.autocast, bool(train.compile))
         shapes.setdefault(key, KernelShape(variant.name, *key))
     return list(shapes.values())
 
@@ -158,13 +160,18 @@ def warm_kernels(shapes: list[KernelShape], progress: Callable[[int, int, str, f
 
 
 def run_forward_backward(shape: KernelShape) -> None:
-    """One training forward+backward of the shape's model on the GPU: tunes and compiles its kernels."""
+    """One training forward+backward of the shape's model on the GPU: tunes FLA's kernels and
+    compiles them, and with `compile` torch.compile's blocks too (the graphs a trial compiles,
+    so that its first step finds them in the cache)."""
     import torch
 
-    from k3lab.model.model import KimiK3
+    from k3lab.model.model import KimiK3, compile_blocks
 
     config = shape.config.resolve_kda(cuda=True)
     model = KimiK3(config).cuda().train()
+    if shape.compile:
+        torch._dynamo.reset()  # a fresh compiler state, as a trial's process has
+        compile_blocks(model)
     idx = torch.randint(0, config.vocab_size, (shape.batch_size, shape.seq_len), device="cuda")
     dtype = getattr(torch, shape.autocast or "bfloat16")
     with torch.autocast("cuda", dtype=dtype):
@@ -201,9 +208,11 @@ MODEL_CODE = Path(__file__).resolve().parents[1] / "model"
 
 
 def shape_fingerprint(shape: KernelShape, device: str, toolchain: str) -> str:
-    """What decides which kernels a shape tunes: its model, input, autocast, the GPU, and the
-    toolchain (`toolchain_fingerprint`)."""
-    return short_hash([shape.config.to_dict(), shape.batch_size, shape.seq_len, shape.autocast, device, toolchain])
+    """What decides which kernels a shape tunes and compiles: its model, input, autocast, whether
+    its blocks are compiled, the GPU, and the toolchain (`toolchain_fingerprint`). An eager
+    shape's fingerprint is the one it had before shapes were compiled."""
+    key = [shape.config.to_dict(), shape.batch_size, shape.seq_len, shape.autocast, device, toolchain]
+    return short_hash(key + (["compiled blocks"] if shape.compile else []))
 
 
 def toolchain_fingerprint() -> str:

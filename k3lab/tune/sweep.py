@@ -22,7 +22,7 @@ from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_s
                                 use_kernel_cache, warm_kernels)
 from k3lab.tune.logs import library_logs
 from k3lab.tune.parent import ParentRun, record_sweep
-from k3lab.tune.preflight import Preflight, run_preflight
+from k3lab.tune.preflight import Preflight, run_preflight_overlapped
 from k3lab.tune.reaper import Watchdog, end_leftovers
 from k3lab.tune.run import SweepRun, check_experiment_dir, discard_earlier_run
 from k3lab.tune.trial import TrialSpec, tune_trainable
@@ -250,42 +250,52 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
 
     Everything that can be checked is checked first (`check_experiment_dir`, the preflight);
     only then is the parent MLflow run opened, and whatever happens after, it is closed.
-    Before that, what an earlier run's killed driver left of its Ray instance is ended."""
-    from k3lab.report.summary import build_report
-    from k3lab.tune.seeds import report_options
-
+    Before that, what an earlier run's killed driver left of its Ray instance is ended. A
+    corpus still to be tokenized is tokenized while Ray starts."""
     end_leftovers(run.ray_record, say=say)
     check_experiment_dir(run)
-    dataset = run_preflight(sweep_preflight(run, progress=live))
+    dataset = run_preflight_overlapped(sweep_preflight(run, progress=live))  # tokenizing while Ray starts
     if run.uses_gpus:
         use_kernel_cache(run.kernel_cache)  # created, writable, and this process points at it
     if run.overwrite:
         discard_earlier_run(run)
-    sweep = run.sweep
     with library_logs(None if run.verbose else run.log_file, ray=True):
         say(f"MLflow {run.tracking_uri} (experiment {run.experiment}); Tune state in {run.tune_dir}")
         if not run.verbose:  # named here, once the checks have passed and the file exists
             say(f"Ray and MLflow notices: {run.log_file}")
-        with ray_session(run), ParentRun(run) as parent:
-            if not run.resume:
-                record_sweep(run, parent)
-            errors, hardware = run_trials(run, parent.run_id, live, say, dataset_dir=str(dataset.path.resolve()))
-            summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
-                                   out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline,
-                                   variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep),
-                                   unfinished=BUDGET)  # the trials ran to the sweep's end
-            for path in summary["files"]:
-                parent.log_artifact(path, "report")
-            wall_s, parts = parent.parts_wall_s()  # a resumed sweep: over every part, summed
-            summary["efficiency"] = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id), wall_s,
-                                                     hardware["gpus"], hardware.get("device_name"),
-                                                     hardware.get("seconds", 0.0)) | {"sweep_parts": parts}
-            logged_by_end = {"sweep_wall_s", "sweep_parts"} | ({"kernel_warmup_s"} if run.resume else set())
-            parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k not in logged_by_end})
-            parent.log_metrics({"trials_failed": len(errors)})
-            parent.status = "FINISHED" if not errors else "FAILED"
+        with ray_session(run):
+            dataset_dir = str(dataset.result().path.resolve())
+            with ParentRun(run) as parent:
+                if not run.resume:
+                    record_sweep(run, parent)
+                errors, hardware = run_trials(run, parent.run_id, live, say, dataset_dir=dataset_dir)
+                summary = report_sweep(run, parent, hardware)
+                parent.log_metrics({"trials_failed": len(errors)})
+                parent.status = "FINISHED" if not errors else "FAILED"
     summary["errors"] = errors
     summary["parent_run_id"] = parent.run_id
+    return summary
+
+
+def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:
+    """The sweep's report (`k3lab.report.summary`), its files logged to the parent run, and the
+    sweep's efficiency (tokens/s, MFU, warm-up and start-up) logged and added to it."""
+    from k3lab.report.summary import build_report
+    from k3lab.tune.seeds import report_options
+
+    sweep = run.sweep
+    summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
+                           out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline,
+                           variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep),
+                           unfinished=BUDGET)  # the trials ran to the sweep's end
+    for path in summary["files"]:
+        parent.log_artifact(path, "report")
+    wall_s, parts = parent.parts_wall_s()  # a resumed sweep: over every part, summed
+    summary["efficiency"] = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id), wall_s,
+                                             hardware["gpus"], hardware.get("device_name"),
+                                             hardware.get("seconds", 0.0)) | {"sweep_parts": parts}
+    logged_by_end = {"sweep_wall_s", "sweep_parts"} | ({"kernel_warmup_s"} if run.resume else set())
+    parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k not in logged_by_end})
     return summary
 
 

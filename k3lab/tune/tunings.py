@@ -9,10 +9,19 @@ of the same kind with the same libraries. An archive of them is therefore data:
     triton/<hash>/*.autotune.json
     triton/k3lab-warm.json the warm-up record (shapes a sweep need not warm again)
 
+With `--compiled`, an archive also holds the compiled kernels: everything else in the cache's
+`triton/` (FLA's and inductor's kernels: cubins and their metadata) and `inductor/`
+(torch.compile's FX-graph and AOTAutograd caches). On an H200 they cut a `small` trial's first
+forward+backward from 71 s to 20 s (`bench/cold_compile.py`, docs/benchmarks.md). They fit
+only the torch build they were compiled with (`2.11.0+cu130`, local tag included), so they are
+imported only there; the autotune results fit any build of the same version. Triton names each
+kernel's files by absolute path (`triton/<hash>/__grp__*.json`); those paths are rewritten to
+the importing cache.
+
 `k3lab kernels export FILE` writes one from the machine's cache; `k3lab kernels import FILE`
 merges one in after checking that it was measured on this GPU with these versions. k3lab ships
 archives for the GPUs it was tuned on (`k3lab/tunings/*.tar.gz`); a GPU process that opens
-the cache (`start_from_shipped`) imports the one that matches, once.
+the cache (`start_from_shipped`) imports those that match, each once.
 """
 
 from __future__ import annotations
@@ -34,6 +43,9 @@ SHIPPED_DIR = Path(__file__).resolve().parents[1] / "tunings"
 SHIPPED_RECORD = Path("triton") / "k3lab-shipped.json"  # digests of the shipped archives imported
 WARM_RECORD_NAME = "k3lab-warm.json"
 AUTOTUNE_MEMBER = re.compile(r"^triton/[0-9A-Za-z_-]+/[0-9A-Za-z_.-]+\.autotune\.json$")
+COMPILED_MEMBER = re.compile(r"^(triton/[0-9A-Za-z_-]+|inductor(/[0-9A-Za-z_-][0-9A-Za-z_.-]*)+)/[0-9A-Za-z_][0-9A-Za-z_.-]*$")
+NOT_SHIPPED = re.compile(r"(^|/)(locks?|.*\.lock|.*\.tmp|\..*)$")  # locks, partial writes
+GROUP_FILE = re.compile(r"^triton/[0-9A-Za-z_-]+/__grp__[0-9A-Za-z_.-]+\.json$")
 
 
 def toolchain_versions() -> dict[str, str | None]:
@@ -62,8 +74,9 @@ def mismatch(manifest: dict, gpu: str, versions: dict) -> str | None:
 
 # -- export ---------------------------------------------------------------------------------
 
-def export_tunings(cache: Path, file: Path, gpu: str) -> dict:
-    """Write `cache`'s autotune results and warm record to `file` (a .tar.gz); the manifest."""
+def export_tunings(cache: Path, file: Path, gpu: str, compiled: bool = False) -> dict:
+    """Write `cache`'s autotune results and warm record to `file` (a .tar.gz), and with
+    `compiled` its compiled kernels too (see the module docstring); the manifest."""
     triton = cache / "triton"
     results = sorted(triton.rglob("*.autotune.json")) if triton.is_dir() else []
     if not results:
@@ -75,6 +88,11 @@ def export_tunings(cache: Path, file: Path, gpu: str) -> dict:
     manifest = {"format": 1, "gpu": gpu, "versions": toolchain_versions(), "autotune_results": len(results),
                 "kernels": sorted({path.name.removesuffix(".autotune.json") for path in results}),
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if compiled:
+        kernels = compiled_files(cache)
+        members |= kernels
+        manifest["compiled"] = {"torch_build": torch_build(), "files": len(kernels),
+                                "bytes": sum(len(data) for data in kernels.values())}
     file.parent.mkdir(parents=True, exist_ok=True)
     partial = file.with_name(f".{file.name}.partial")
     with tarfile.open(partial, "w:gz") as tar:
@@ -83,6 +101,28 @@ def export_tunings(cache: Path, file: Path, gpu: str) -> dict:
             add_member(tar, name, data)
     partial.replace(file)
     return manifest
+
+
+def compiled_files(cache: Path) -> dict[str, bytes]:
+    """{member name: bytes} of the cache's compiled kernels: every file of `triton/` and
+    `inductor/` but the autotune results, k3lab's records, locks and partial writes."""
+    files = {}
+    for part in ("triton", "inductor"):
+        root = cache / part
+        for path in sorted(root.rglob("*")) if root.is_dir() else []:
+            name = f"{part}/{path.relative_to(root).as_posix()}"
+            if (path.is_file() and COMPILED_MEMBER.match(name) and not NOT_SHIPPED.search(name)
+                    and not AUTOTUNE_MEMBER.match(name) and not path.name.startswith("k3lab-")):
+                files[name] = path.read_bytes()
+    return files
+
+
+def torch_build() -> str | None:
+    """torch's full version, CUDA tag included: what compiled kernels need to match."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -94,7 +134,8 @@ def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 # -- import ---------------------------------------------------------------------------------
 
 def read_archive(file: Path) -> tuple[dict, dict[str, bytes]]:
-    """(manifest, {member: bytes}) of the archive's files k3lab reads; a broken archive is one line."""
+    """(manifest, {member: bytes}) of the archive's files k3lab reads (its compiled kernels only
+    where this is the torch build they were compiled with); a broken archive is one line."""
     try:
         with tarfile.open(file, "r:gz") as tar:
             files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
@@ -103,8 +144,11 @@ def read_archive(file: Path) -> tuple[dict, dict[str, bytes]]:
         raise UserError(f"{file}: no such file") from None
     except (OSError, tarfile.TarError, KeyError, ValueError) as error:
         raise UserError(f"{file}: not a k3lab kernel tunings archive ({error})") from None
+    compiled = manifest.get("compiled") or {}
+    with_kernels = bool(compiled) and compiled.get("torch_build") == torch_build()
     members = {name: data for name, data in files.items()
-               if AUTOTUNE_MEMBER.match(name) or name == f"triton/{WARM_RECORD_NAME}"}
+               if AUTOTUNE_MEMBER.match(name) or name == f"triton/{WARM_RECORD_NAME}"
+               or (with_kernels and COMPILED_MEMBER.match(name))}
     return manifest, members
 
 
@@ -122,24 +166,39 @@ def import_tunings(file: Path, cache: Path, gpu: str) -> dict:
 def merge_into(cache: Path, manifest: dict, members: dict[str, bytes]) -> dict:
     """Write an archive's members into `cache` (see import_tunings); each file whole, by rename,
     so that a process reading the cache (on a shared volume) never sees half a file."""
-    added = kept = 0
-    for name, data in members.items():
-        target = cache / name
+    added = kept = compiled = 0
+    for name, data in sorted(members.items(), key=lambda item: bool(GROUP_FILE.match(item[0]))):
+        target = cache / name  # a kernel's group file last: Triton reads its files once it exists
         if name.endswith(WARM_RECORD_NAME):
             continue
+        autotune = bool(AUTOTUNE_MEMBER.match(name))
         if target.exists():
-            kept += 1
+            kept += autotune
             continue
+        if GROUP_FILE.match(name):
+            data = relocated_group(data, target.parent)
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
         partial.write_bytes(data)
         partial.replace(target)
-        added += 1
+        added += autotune
+        compiled += not autotune
     try:
         warm = json.loads(members.get(f"triton/{WARM_RECORD_NAME}", b"{}"))
     except ValueError:  # a damaged record only costs a warm-up
         warm = {}
-    return {"gpu": manifest.get("gpu"), "added": added, "kept": kept, "warm_shapes": merge_warm_record(cache, warm)}
+    return {"gpu": manifest.get("gpu"), "added": added, "kept": kept, "compiled": compiled,
+            "warm_shapes": merge_warm_record(cache, warm)}
+
+
+def relocated_group(data: bytes, folder: Path) -> bytes:
+    """A Triton kernel's group file with its files' absolute paths moved into `folder`."""
+    try:
+        group = json.loads(data)
+        group["child_paths"] = {name: str(folder / Path(path).name) for name, path in group["child_paths"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return data  # not one Triton wrote: Triton then compiles that kernel again
+    return json.dumps(group).encode()
 
 
 def merge_warm_record(cache: Path, entries: dict) -> int:
@@ -158,10 +217,12 @@ def shipped_archives() -> list[Path]:
 
 
 def start_from_shipped(cache: Path, gpu: str) -> dict | None:
-    """Import the shipped archive measured on this GPU with these versions, once per cache.
-    None when none matches or it was imported already; else what import_tunings returned."""
+    """Import the shipped archives measured on this GPU with these versions, each once per
+    cache. None when none matches or they were imported already; else what import_tunings
+    returned, summed over them, with "archive": their names."""
     done = read_json(cache / SHIPPED_RECORD)
     versions = toolchain_versions()
+    results, names = [], []
     for archive in shipped_archives():
         digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
         if digest in done:
@@ -169,10 +230,14 @@ def start_from_shipped(cache: Path, gpu: str) -> dict | None:
         manifest, members = read_archive(archive)
         if mismatch(manifest, gpu, versions):
             continue
-        result = merge_into(cache, manifest, members) | {"archive": archive.name}
-        write_json(cache / SHIPPED_RECORD, done | {digest: archive.name})
-        return result
-    return None
+        results.append(merge_into(cache, manifest, members))
+        names.append(archive.name)
+        done |= {digest: archive.name}
+        write_json(cache / SHIPPED_RECORD, done)
+    if not results:
+        return None
+    summed = {key: sum(r[key] for r in results) for key in ("added", "kept", "compiled", "warm_shapes")}
+    return summed | {"gpu": results[0]["gpu"], "archive": ", ".join(names)}
 
 
 def read_json(path: Path) -> dict:
