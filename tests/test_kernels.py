@@ -275,6 +275,16 @@ def test_compiled_kernels_of_another_torch_build_stay_behind_and_the_autotune_re
     assert not list((tmp_path / "b").rglob("*.cubin")) and not (tmp_path / "b" / "inductor").exists()
 
 
+def test_an_archive_without_its_manifest_first_is_refused_in_one_line(tmp_path):
+    import tarfile
+
+    with tarfile.open(tmp_path / "t.tar.gz", "w:gz") as tar:
+        tunings.add_member(tar, "triton/AB12/k.autotune.json", b"{}")
+    with pytest.raises(UserError, match=r"t.tar.gz: not a k3lab kernel tunings archive"):
+        tunings.import_tunings(tmp_path / "t.tar.gz", tmp_path / "b", "NVIDIA H200")
+    assert not (tmp_path / "b").exists()
+
+
 def test_a_gpu_process_imports_every_shipped_archive_of_its_gpu_once(tmp_path, monkeypatch):
     monkeypatch.setattr(tunings, "SHIPPED_DIR", tmp_path / "shipped")
     tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "shipped" / "h200.tar.gz", "NVIDIA H200")

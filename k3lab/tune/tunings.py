@@ -26,6 +26,7 @@ the cache (`start_from_shipped`) imports those that match, each once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -133,17 +134,22 @@ def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 # -- import ---------------------------------------------------------------------------------
 
+def read_manifest(file: Path) -> dict:
+    """The archive's manifest, its first member, read without unpacking the rest (a shipped
+    archive with compiled kernels is megabytes: one that does not fit is not unpacked)."""
+    with broken_archive_is_one_line(file), tarfile.open(file, "r|gz") as tar:
+        first = tar.next()
+        if first is None or first.name != MANIFEST:
+            raise KeyError(MANIFEST)
+        return json.loads(tar.extractfile(first).read())
+
+
 def read_archive(file: Path) -> tuple[dict, dict[str, bytes]]:
     """(manifest, {member: bytes}) of the archive's files k3lab reads (its compiled kernels only
     where this is the torch build they were compiled with); a broken archive is one line."""
-    try:
-        with tarfile.open(file, "r:gz") as tar:
-            files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    with broken_archive_is_one_line(file), tarfile.open(file, "r:gz") as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
         manifest = json.loads(files.pop(MANIFEST))
-    except FileNotFoundError:
-        raise UserError(f"{file}: no such file") from None
-    except (OSError, tarfile.TarError, KeyError, ValueError) as error:
-        raise UserError(f"{file}: not a k3lab kernel tunings archive ({error})") from None
     compiled = manifest.get("compiled") or {}
     with_kernels = bool(compiled) and compiled.get("torch_build") == torch_build()
     members = {name: data for name, data in files.items()
@@ -152,15 +158,24 @@ def read_archive(file: Path) -> tuple[dict, dict[str, bytes]]:
     return manifest, members
 
 
+@contextlib.contextmanager
+def broken_archive_is_one_line(file: Path):
+    try:
+        yield
+    except FileNotFoundError:
+        raise UserError(f"{file}: no such file") from None
+    except (OSError, tarfile.TarError, KeyError, ValueError) as error:
+        raise UserError(f"{file}: not a k3lab kernel tunings archive ({error})") from None
+
+
 def import_tunings(file: Path, cache: Path, gpu: str) -> dict:
     """Merge the archive's autotune results into `cache` (results already there are kept) and
     its warm record into the cache's; refused, with nothing written, when it was measured on
     another GPU or with other versions. Returns {"gpu", "added", "kept", "warm_shapes"}."""
-    manifest, members = read_archive(file)
-    why = mismatch(manifest, gpu, toolchain_versions())
+    why = mismatch(read_manifest(file), gpu, toolchain_versions())
     if why:
         raise UserError(f"{file}: measured with {why}: nothing imported")
-    return merge_into(cache, manifest, members)
+    return merge_into(cache, *read_archive(file))
 
 
 def merge_into(cache: Path, manifest: dict, members: dict[str, bytes]) -> dict:
@@ -227,10 +242,9 @@ def start_from_shipped(cache: Path, gpu: str) -> dict | None:
         digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
         if digest in done:
             continue
-        manifest, members = read_archive(archive)
-        if mismatch(manifest, gpu, versions):
+        if mismatch(read_manifest(archive), gpu, versions):
             continue
-        results.append(merge_into(cache, manifest, members))
+        results.append(merge_into(cache, *read_archive(archive)))
         names.append(archive.name)
         done |= {digest: archive.name}
         write_json(cache / SHIPPED_RECORD, done)
