@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_cache_argument(export)
     export.add_argument("--gpu", default=None, help="the GPU they were tuned on (default: this machine's GPU)")
     export.add_argument("--compiled", action="store_true",
-                        help="the compiled kernels too (Triton's and torch.compile's; megabytes, for this torch build)")
+                        help="the compiled kernels too (Triton's and torch.compile's; megabytes, for this torch version)")
     export.set_defaults(func=run_export)
     imported = commands.add_parser("import", help="merge an exported archive into the cache, if it fits this GPU "
                                                   "and libraries")

@@ -12,9 +12,11 @@ of the same kind with the same libraries. An archive of them is therefore data:
 With `--compiled`, an archive also holds the compiled kernels: everything else in the cache's
 `triton/` (FLA's and inductor's kernels: cubins and their metadata) and `inductor/`
 (torch.compile's FX-graph and AOTAutograd caches). On an H200 they cut a `small` trial's first
-forward+backward from 71 s to 20 s (`bench/cold_compile.py`, docs/benchmarks.md). They fit
-only the torch build they were compiled with (`2.11.0+cu130`, local tag included), so they are
-imported only there; the autotune results fit any build of the same version. Triton names each
+forward+backward from 71 s to 20 s (`bench/cold_compile.py`, docs/benchmarks.md). They are
+imported only where torch's installed version is the one they were compiled with (as its
+package metadata says: `2.11.0` for the H200 image's `2.11.0+cu130`). Another build of that
+version (another CUDA) misses them harmlessly: torch.compile's cache keys include the CUDA
+version and the GPU, Triton's its own version and the GPU's architecture. Triton names each
 kernel's files by absolute path (`triton/<hash>/__grp__*.json`); those paths are rewritten to
 the importing cache.
 
@@ -119,7 +121,8 @@ def compiled_files(cache: Path) -> dict[str, bytes]:
 
 
 def torch_build() -> str | None:
-    """torch's full version, CUDA tag included: what compiled kernels need to match."""
+    """torch's installed version (its package metadata; a local tag such as +cu130 where the
+    wheel carries one): what compiled kernels need to match."""
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -146,7 +149,7 @@ def read_manifest(file: Path) -> dict:
 
 def read_archive(file: Path) -> tuple[dict, dict[str, bytes]]:
     """(manifest, {member: bytes}) of the archive's files k3lab reads (its compiled kernels only
-    where this is the torch build they were compiled with); a broken archive is one line."""
+    where torch is the version they were compiled with); a broken archive is one line."""
     with broken_archive_is_one_line(file), tarfile.open(file, "r:gz") as tar:
         files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
         manifest = json.loads(files.pop(MANIFEST))
@@ -171,7 +174,7 @@ def broken_archive_is_one_line(file: Path):
 def import_tunings(file: Path, cache: Path, gpu: str) -> dict:
     """Merge the archive's autotune results into `cache` (results already there are kept) and
     its warm record into the cache's; refused, with nothing written, when it was measured on
-    another GPU or with other versions. Returns {"gpu", "added", "kept", "warm_shapes"}."""
+    another GPU or with other versions. Returns {"gpu", "added", "kept", "compiled", "warm_shapes"}."""
     why = mismatch(read_manifest(file), gpu, toolchain_versions())
     if why:
         raise UserError(f"{file}: measured with {why}: nothing imported")
