@@ -43,7 +43,7 @@ from k3lab.errors import UserError
 
 MANIFEST = "k3lab-tunings.json"
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "tunings"
-SHIPPED_RECORD = Path("triton") / "k3lab-shipped.json"  # digests of the shipped archives imported
+SHIPPED_RECORD = Path("triton") / "k3lab-shipped.json"  # digests of the shipped archives' manifests imported
 WARM_RECORD_NAME = "k3lab-warm.json"
 AUTOTUNE_MEMBER = re.compile(r"^triton/[0-9A-Za-z_-]+/[0-9A-Za-z_.-]+\.autotune\.json$")
 COMPILED_MEMBER = re.compile(r"^(triton/[0-9A-Za-z_-]+|inductor(/[0-9A-Za-z_-][0-9A-Za-z_.-]*)+)/[0-9A-Za-z_][0-9A-Za-z_.-]*$")
@@ -242,10 +242,9 @@ def start_from_shipped(cache: Path, gpu: str) -> dict | None:
     versions = toolchain_versions()
     results, names = [], []
     for archive in shipped_archives():
-        digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
-        if digest in done:
-            continue
-        if mismatch(read_manifest(archive), gpu, versions):
+        manifest = read_manifest(archive)  # its creation time and counts name one export
+        digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+        if digest in done or mismatch(manifest, gpu, versions):
             continue
         results.append(merge_into(cache, *read_archive(archive)))
         names.append(archive.name)
