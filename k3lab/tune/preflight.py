@@ -62,11 +62,12 @@ def run_preflight_overlapped(plan: Preflight) -> "PendingDataset":
 
     train = plan.train
     dataset = load_dataset_info(train.dataset, train.tokenizer)
-    if dataset is None and not is_bpe(train.tokenizer):
+    if dataset is None:
         check_writable("data cache", cache_root())
-        check_models(plan.models, train, get_tokenizer(train.tokenizer).vocab_size)
-        return PendingDataset(prepare_dataset, train.dataset, train.tokenizer, progress=plan.progress)
-    dataset = dataset or prepared_dataset(train, plan.progress)
+        if not is_bpe(train.tokenizer):
+            check_models(plan.models, train, get_tokenizer(train.tokenizer).vocab_size)
+            return PendingDataset(prepare_dataset, train.dataset, train.tokenizer, progress=plan.progress)
+        dataset = prepare_dataset(train.dataset, train.tokenizer, progress=plan.progress)
     check_models(plan.models, train, dataset.vocab_size)
     return PendingDataset(lambda: dataset)
 

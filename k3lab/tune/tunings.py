@@ -115,7 +115,7 @@ def compiled_files(cache: Path) -> dict[str, bytes]:
         for path in sorted(root.rglob("*")) if root.is_dir() else []:
             name = f"{part}/{path.relative_to(root).as_posix()}"
             if (path.is_file() and COMPILED_MEMBER.match(name) and not NOT_SHIPPED.search(name)
-                    and not AUTOTUNE_MEMBER.match(name) and not path.name.startswith("k3lab-")):
+                    and not AUTOTUNE_MEMBER.match(name)):  # k3lab's records sit outside <hash>/ folders
                 files[name] = path.read_bytes()
     return files
 
