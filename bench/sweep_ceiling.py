@@ -15,6 +15,9 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
   default 2; a copy of the file in WORK): as many trials at once, but only N of them train while
   the others start up (`k3lab.tune.slots`). Against warm, it says what hiding start-ups gives.
   Kept in results.json as `slots-N`: one row per N measured.
+- any sweep phase with `--tree DIR --label NAME`: the same, run by the k3lab of another checkout
+  (its own folder and store; the caches are shared), kept as `PHASE-NAME`: before and after a
+  change, side by side on one machine.
 - alone: the sweep's first trial (first variant, first seed) alone on the GPU, through the same
   trial code (`run_trial`, no tracking): its tokens/s over the last log window is the ceiling a
   sweep of that shape can approach; the sweep's tokens/s (all tokens / wall time) against it is
@@ -47,6 +50,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--training-slots", type=int, default=2, help="N for the slots phase")
     parser.add_argument("--seeds", help="run every phase with these seeds (e.g. 0,1) instead of the profile's "
                                         "seeds policy, so that each phase is the same fixed set of trials")
+    parser.add_argument("--tree", help="run the sweep phases with the k3lab of this checkout (e.g. the commit before "
+                                       "a change, from `git archive`), for a before/after in one run")
+    parser.add_argument("--label", help="with --tree: the rows' name suffix, e.g. `before` (a `warm-before` row)")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     parser.add_argument("--measured-on", help="with --write and no --phase: where and when WORK/results.json was "
                                               "measured, for a table written on another machine")
@@ -79,13 +85,14 @@ def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
 
 def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
     """One `k3lab sweep` in a fresh storage and store; its wall time, first step and parent metrics."""
-    folder = work / phase
+    folder = work / phase_key(args, phase)
     store = folder / "mlflow.db"
-    file = sweep_file_for(args, work, phase)
+    file = str(Path(sweep_file_for(args, work, phase)).resolve())
     command = [sys.executable, "-m", "k3lab.cli", "sweep", file, "--profile", args.profile, "--no-live",
                "--storage", str(folder / "k3lab_runs"), "--tracking-uri", f"sqlite:///{store}", "--overwrite"]
     started = time.time()
-    code, milestones = run_and_stamp(command, started, env=os.environ | caches(work))
+    tree = Path(args.tree).resolve() if args.tree else ROOT  # `python -m` imports k3lab from its working folder
+    code, milestones = run_and_stamp(command, started, env=os.environ | caches(work), cwd=tree)
     wall = time.time() - started
     figures = sweep_figures(store)
     first = figures.pop("first_trial")
@@ -100,11 +107,11 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
 MILESTONES = {"kernels:": "warmup_began_s", "kernels: warm in": "warmup_ended_s"}  # the first line that starts so
 
 
-def run_and_stamp(command: list[str], started: float, env: dict) -> tuple[int, dict[str, float]]:
+def run_and_stamp(command: list[str], started: float, env: dict, cwd: Path = ROOT) -> tuple[int, dict[str, float]]:
     """Run the sweep, echoing its output with seconds since `started` in front of each line, and
     note when the driver's milestones (MILESTONES: the kernel warm-up's start and end) appeared."""
     seen: dict[str, float] = {}
-    with subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    with subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, bufsize=1) as child:
         for line in child.stdout:
             at = time.time() - started
@@ -180,7 +187,7 @@ def table(results: dict) -> str:
     for name in sweep_phases(results):
         r = results[name]
         if r:
-            label = f"warm, training_slots {r.get('training_slots')}" if name.startswith("slots") else name
+            label = name.replace(f"slots-{r.get('training_slots')}", f"warm, training_slots {r.get('training_slots')}")
             lines.append(f"| {label} | {r['exit']} | {r['finished']}/{r['trials']} | {r['command_wall_s']:.0f} "
                          f"| {number(r['first_step_s'], '{:.1f}')} | {number(r['kernel_warmup_s'], '{:.1f}')} "
                          f"| {number(r['trial_startup_s_mean'], '{:.1f}')} / {number(r['trial_startup_s_max'], '{:.1f}')} "
@@ -201,10 +208,24 @@ def table(results: dict) -> str:
     return "\n".join(lines) + ("\n\n" + " ".join(notes) if notes else "") + "\n\n" + timeline_table(results)
 
 
+def phase_key(args: argparse.Namespace, phase: str) -> str:
+    """results.json's key (and the phase's folder): slots-N for the slots phase, PHASE-LABEL for
+    another checkout's run (--tree, --label)."""
+    key = f"slots-{args.training_slots}" if phase == "slots" else phase
+    return f"{key}-{args.label}" if args.tree and args.label else key
+
+
 def sweep_phases(results: dict) -> list[str]:
-    """The sweep phases in results, in table order: fresh, warm, then slots-N by N."""
-    slots = sorted((k for k in results if k.startswith("slots-")), key=lambda k: int(k.split("-")[1]))
-    return [k for k in ("fresh", "warm") if k in results] + slots
+    """The sweep phases in results, in table order: fresh, warm, then slots-N by N, each before
+    its runs by other checkouts (fresh-before after fresh)."""
+    order = ("fresh", "warm", "slots")
+
+    def rank(key: str):
+        base, _, rest = key.partition("-")
+        slots = int(rest.split("-")[0]) if base == "slots" else 0
+        return order.index(base), slots, key
+
+    return sorted((k for k in results if k.partition("-")[0] in order), key=rank)
 
 
 def timeline_steps(r: dict) -> list[float | None]:
@@ -249,7 +270,7 @@ def main() -> None:
     path = work / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
     for phase in args.phase:
-        key = f"slots-{args.training_slots}" if phase == "slots" else phase
+        key = "alone" if phase == "alone" else phase_key(args, phase)
         results[key] = run_alone(args, work) if phase == "alone" else run_sweep(args, work, phase)
         path.write_text(json.dumps(results, indent=1))
         print(f"{key}: {json.dumps(results[key])}", flush=True)
@@ -266,15 +287,17 @@ def main() -> None:
 
 
 def commands_for(args: argparse.Namespace, results: dict) -> str:
-    """The commands that measured `results`: one for the plain phases, one per slots-N row."""
+    """The commands that measured `results`: one for this checkout's plain phases, one per
+    slots-N row, one per row of another checkout (PHASE-LABEL: --tree, --label)."""
     base = f"python bench/sweep_ceiling.py {args.file} --profile {args.profile} --work WORK" + \
         (f" --seeds {args.seeds}" if args.seeds else "")
-    plain = [k for k in results if not k.startswith("slots-")]
-    slots = [k.split("-")[1] for k in sweep_phases(results) if k.startswith("slots-")]
+    plain = [k for k in results if "-" not in k]
+    slots = [k.split("-")[1] for k in sweep_phases(results) if k.startswith("slots-") and k.count("-") == 1]
+    other = [k.split("-", 1) for k in sweep_phases(results) if not k.startswith("slots-") and "-" in k]
     lines = [base + "".join(f" --phase {k}" for k in plain)] if plain else []
     lines += [f"{base} --phase slots --training-slots {n}" for n in slots]
+    lines += [f"{base} --phase {phase} --tree OTHER_CHECKOUT --label {label}" for phase, label in other]
     return "`, then `".join(lines) + "`, then the same with `--write"
-
 
 if __name__ == "__main__":
     main()

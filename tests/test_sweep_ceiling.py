@@ -60,3 +60,16 @@ def test_the_trial_build_cell_names_its_parts_where_the_trial_logged_them():
     rows = timeline_table(results).splitlines()[-2:]
     assert rows == ["| warm | 28.8 | 8.0 | 8.7 | 16.5 | 14.0 | 76.0 |",
                     "| slots-2 | 28.8 | 8.0 | 8.7 | 16.5 (corpus 1.2, model and optimizers 9.0, MLflow run 4.1) | 14.0 | 76.0 |"]
+
+
+def test_another_checkouts_phase_is_a_row_beside_its_own_with_its_command():
+    from bench.sweep_ceiling import commands_for, phase_key, sweep_phases
+
+    args = argparse.Namespace(file="f.yaml", profile="gpu", seeds="0,1", tree="/tmp/before", label="before",
+                              training_slots=2)
+    assert phase_key(args, "warm") == "warm-before" and phase_key(args, "slots") == "slots-2-before"
+    results = {"warm-before": {}, "fresh": {}, "warm": {}, "alone": {}}
+    assert sweep_phases(results) == ["fresh", "warm", "warm-before"]
+    base = "python bench/sweep_ceiling.py f.yaml --profile gpu --work WORK --seeds 0,1"
+    assert commands_for(args, results) == (f"{base} --phase fresh --phase warm --phase alone`, then `{base} --phase "
+                                           "warm --tree OTHER_CHECKOUT --label before`, then the same with `--write")
