@@ -16,9 +16,6 @@ What capture needs, and how the trainer provides it:
   replay overwrites them: the caller must not set them to None afterwards;
 - inputs copied into the graph's own input tensors before each replay.
 The optimizer steps stay eager: their learning rates change every step.
-
-Evaluations are graphed too (`GraphedForward`): the no-grad forward of one eval batch,
-captured after one eager batch, in a memory pool of its own.
 """
 
 from __future__ import annotations
@@ -39,19 +36,17 @@ def cuda_graph_blocker(device: torch.device, grad_accum: int, distributed: bool)
     return None
 
 
-class GraphedForward:
-    """`loss_fn(x, y)` captured on the first call and replayed after: an evaluation's
-    no-grad forward (the trainer's `evaluate`), one launch a batch instead of thousands."""
+class GraphedForwardBackward:
+    """`loss_fn(x, y)` and its backward, captured on the first call and replayed after."""
 
-    backward = False  # GraphedForwardBackward: the backward is captured too
-
-    def __init__(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    def __init__(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], parameters):
         self.loss_fn = loss_fn
+        self.parameters = list(parameters)
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The loss of (x, y); the returned tensor is overwritten by the next call (clone it
-        to keep it)."""
+        """The loss of (x, y), with every parameter's .grad set; the returned tensor is
+        overwritten by the next call (clone it to keep it)."""
         if self.graph is None:
             self.capture(x, y)
         self.x.copy_(x)
@@ -60,26 +55,11 @@ class GraphedForward:
         return self.loss
 
     def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        for p in self.parameters:
+            p.grad = None  # the captured backward allocates them in the graph's memory pool
         self.x, self.y = x.clone(), y.clone()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self.loss = self.loss_fn(self.x, self.y)
-            if self.backward:
-                self.loss.backward()
+            self.loss.backward()
         self.graph = graph
-
-
-class GraphedForwardBackward(GraphedForward):
-    """`loss_fn(x, y)` and its backward, captured on the first call and replayed after; each
-    call leaves every parameter's .grad set."""
-
-    backward = True
-
-    def __init__(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], parameters):
-        super().__init__(loss_fn)
-        self.parameters = list(parameters)
-
-    def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        for p in self.parameters:
-            p.grad = None  # the captured backward allocates them in the graph's memory pool
-        super().capture(x, y)

@@ -32,7 +32,7 @@ from k3lab.model.optim import build_optimizers
 from k3lab.train.spec import TrainSpec
 from k3lab.train.ddp import DDPOptions, wrap_ddp
 from k3lab.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from k3lab.train.graphs import GraphedForward, GraphedForwardBackward, cuda_graph_blocker
+from k3lab.train.graphs import GraphedForwardBackward, cuda_graph_blocker
 from k3lab.train.metrics import diagnostics, log_diagnostics, peak_flops
 
 FINISHED, DIVERGED = "finished", "diverged"
@@ -137,8 +137,6 @@ class Trainer:
         self.tokens_per_step = spec.tokens_per_step * world_size  # global: all ranks together
         self.graphed, self.cuda_graph = self._graphed_step()
         self.eager_steps = 0  # in this process: the graph is captured after EAGER_STEPS_BEFORE_CAPTURE
-        self.eval_graph = GraphedForward(self.eval_forward) if self.graphed is not None else None
-        self.eval_graph_ready = False  # an eager eval batch has run: the eval graph may be captured
 
     def _graphed_step(self) -> tuple[GraphedForwardBackward | None, str]:
         """The CUDA-graphed forward+backward, or None, and what was decided ("on" / "off: why")."""
@@ -240,37 +238,17 @@ class Trainer:
         Compiled blocks run eagerly here: on an H200 (torch 2.11, FLA 0.6.0) the graphs
         torch.compile builds for a no-grad forward of the fused model gave a loss of 3.5
         where the eager and the compiled training forward gave 1.0 on the same weights.
-        Where the training step is a CUDA graph, so is this forward (`eval_loss`).
         """
         self.model.eval()
+        losses = []
         with eager_if_compiled(self.model):
-            losses = [self.eval_loss(x, y) for x, y in self.val_sampler.eval_batches(self.spec.eval_batches,
-                                                                                      self.device)]
+            for x, y in self.val_sampler.eval_batches(self.spec.eval_batches, self.device):
+                with self.autocast_context():
+                    _, loss = self.forward(x, y, return_logits=False)
+                losses.append(loss.float())
         val_loss = torch.stack(losses).mean()
         val_loss = (all_reduce_mean(val_loss) if self.distributed else val_loss).item()
         return {"val_loss": val_loss, "val_bpb": self.dataset.bits_per_byte(val_loss)}
-
-    def eval_forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One eval batch's mean loss, fp32 (device scalar)."""
-        with self.autocast_context():
-            return self.forward(x, y, return_logits=False)[1].float()
-
-    def eval_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """`eval_forward` of one batch: replayed from its CUDA graph where the training step has
-        one, once an eager batch has run in this process (kernels compiled and autotuned);
-        eager from then on if the capture fails, with the reason in a warning. An eager
-        evaluation of a `small` trial's 8 batches of 64 x 1024 took 2.2 s of its ~100 s on a
-        shared H200, as long as 4 training steps."""
-        if self.eval_graph is not None and self.eval_graph_ready:
-            try:
-                return self.eval_graph(x, y).clone()
-            except RuntimeError as error:
-                self.eval_graph = None
-                warnings.warn(f"train.cuda_graph: evaluating eagerly: capture failed: "
-                              f"{str(error).splitlines()[0][:200]}")
-        loss = self.eval_forward(x, y)
-        self.eval_graph_ready = True
-        return loss
 
     # -- state ----------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,14 +110,12 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
     """
     state = load_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
     trainer_started = time.time()
-    store = open_store_in_background(spec.tracking_uri)
     dataset = prepared_by_driver(spec.dataset_dir)
     opened_s = time.time() - trainer_started
     trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device, rank=rank,
                       world_size=world_size, dataset=dataset)
     tracker, trainer_s = None, time.time() - trainer_started
     if spec.tracking_uri:
-        store.join()
         run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
         tracker = open_trial_run(spec, trainer.counts, run_id, None if flush_with_checkpoints else 50,
                                  execution=trainer.execution())
@@ -162,26 +159,6 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
             tracker.set_tags({runs.ERROR: result.error or result.status})
         tracker.finish("FINISHED" if result.status == FINISHED else "FAILED")
     return result, tracker.run_id if tracker else None
-
-
-def open_store_in_background(tracking_uri: str | None) -> threading.Thread:
-    """MLflow imported and the trial's store opened on a thread while the trainer is built:
-    in a new trial process that took 4.2 s after the build on an H200, and the build's own
-    work (the GPU's context, the model's weights) mostly runs outside Python's lock. The run
-    itself is opened after the build, as before; an error here is met again there."""
-
-    def open_store() -> None:
-        try:
-            from mlflow.tracking import MlflowClient
-
-            MlflowClient(tracking_uri).search_experiments(max_results=1)
-        except Exception:
-            pass
-
-    thread = threading.Thread(target=open_store if tracking_uri else (lambda: None), name="k3lab-store",
-                              daemon=True)
-    thread.start()
-    return thread
 
 
 def data_params(trainer) -> dict:
