@@ -9,9 +9,7 @@ GPU sweep warms every kernel shape it will use on one GPU before its trials star
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -20,7 +18,6 @@ from k3lab.registry import ResourceSpec, Sweep
 from k3lab.report.efficiency import sweep_efficiency, trial_figures
 from k3lab.report.sequential import BUDGET
 from k3lab.store.colours import variant_colours
-from k3lab.store.schema import StoreAhead
 from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_shapes, shipped_line,
                                 use_kernel_cache, warm_kernels)
 from k3lab.tune.logs import library_logs
@@ -305,16 +302,10 @@ def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:
 @contextlib.contextmanager
 def ray_session(run: SweepRun):
     """Ray, started or joined for the sweep, and checked to fit one trial before any run is
-    opened; shut down on the way out, whatever happens.
-
-    While Ray's processes start, two threads do what comes next: a new local store's tables
-    are made (`StoreAhead`, put in place only once the checks pass) and Tune is imported.
-    On an H200 host those took ~5 s each after Ray had started."""
+    opened; shut down on the way out, whatever happens."""
     import ray
 
     watchdog = None
-    store = StoreAhead(run.tracking_uri)
-    imports = import_in_background(*TUNE_MODULES)
     try:
         if not run.on_cluster:  # a Ray instance of the sweep's own: it ends with this process (k3lab.tune.reaper)
             watchdog = Watchdog.start(run.ray_record, run.log_file)
@@ -322,34 +313,11 @@ def ray_session(run: SweepRun):
         if watchdog is not None:
             watchdog.session(ray_session_dir())
         check_cluster_fits(run.sweep, ray.cluster_resources())
-        store.install()
-        store.discard()
-        imports.join()
         yield
     finally:
-        store.discard()
         ray.shutdown()
         if watchdog is not None:
             watchdog.close()
-
-
-TUNE_MODULES = ("ray.tune", "k3lab.tune.progress", "k3lab.tune.status")  # what run_trials imports
-
-
-def import_in_background(*modules: str) -> threading.Thread:
-    """Import `modules` on a daemon thread. One that fails there is left alone: its import
-    where it is used fails again, with its own message."""
-
-    def run() -> None:
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception:
-                pass
-
-    thread = threading.Thread(target=run, name="k3lab-imports", daemon=True)
-    thread.start()
-    return thread
 
 
 def ray_session_dir() -> str | None:
