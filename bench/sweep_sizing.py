@@ -10,6 +10,13 @@ the mean tokens/s of one trial, and trial start-up split into build (imports, da
 MLflow run) and the first step (compilation from the cache, CUDA-graph capture). A sweep
 stopped before its end (status KILLED) still counts what its trials trained until then.
 This is how the gpu profiles' trials per GPU were chosen: by measurement, not by guess.
+
+A second table says where the trial slots' time went (slots: trials at once x wall time):
+training steps, evaluations (with their checkpoints and reports), start-ups (each attempt's
+process start, build, compile, CUDA-graph capture and first step), and the rest (slots left
+empty, the work of attempts that crashed, a trial's close). Training and evaluation come from
+each trial's last attempt: its trained tokens over its mean training rate, and its loop's time
+(`train_wall_s`) less that.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ def sweep_row(label: str, path: str, gpus: float) -> dict:
     device = next((t.data.tags[runs.DEVICE] for t in trials if runs.DEVICE in t.data.tags), None)
     efficiency = parent.data.metrics  # what the sweep's summary printed, when it got that far
     if "sweep_tokens" not in efficiency:  # stopped before its summary: from the trials' figures
-        wall = efficiency.get("sweep_wall_s") or wall_to_the_end(
+        wall = efficiency.get("sweep_parts_wall_s") or efficiency.get("sweep_wall_s") or wall_to_the_end(
             parent.info.start_time, parent.info.end_time, [t.info.end_time for t in trials])
         if wall is None:
             sys.exit(f"{path}: the sweep has not ended (its parent run and a trial are still open)")
@@ -66,7 +73,33 @@ def sweep_row(label: str, path: str, gpus: float) -> dict:
             "mfu": efficiency.get("sweep_mfu"),
             "trial_tokens_per_s": mean_or_none([m["avg_tokens_per_s"] for m in metrics if "avg_tokens_per_s" in m]),
             "startup_mean": mean_or_none(startups), "startup_max": max(startups, default=None),
-            "build_mean": mean_or_none(builds), "device": device}
+            "build_mean": mean_or_none(builds), "device": device,
+            "slots": slot_time(uri, trials, efficiency["sweep_wall_s"], trials_at_once(parent))}
+
+
+def slot_time(uri: str, trials: list, wall_s: float, concurrent: str) -> dict | None:
+    """Seconds of the slots' time (wall x trials at once) spent training, evaluating, starting
+    up, and otherwise; None when the trials at once are unknown."""
+    from k3lab.store import runs
+
+    if not concurrent.isdigit():
+        return None
+    client = runs.client(uri)
+    training = evaluating = starting = 0.0
+    for trial in trials:
+        m = trial.data.metrics
+        startups = sorted(client.get_metric_history(trial.info.run_id, "startup_s"), key=lambda x: x.timestamp)
+        starting += sum(x.value for x in startups)
+        if not startups or not all(k in m for k in ("tokens", "avg_tokens_per_s", "train_wall_s")):
+            continue  # no finished attempt: its time is in the rest
+        final_step = max(x.step for x in client.get_metric_history(trial.info.run_id, "tokens"))
+        first_step = startups[-1].step  # the last attempt's first step: one past its checkpoint
+        trained = m["tokens"] * (final_step - first_step + 1) / final_step
+        training += trained / m["avg_tokens_per_s"]
+        evaluating += max(0.0, m["train_wall_s"] - trained / m["avg_tokens_per_s"])
+    total = wall_s * int(concurrent)
+    return {"slot_s": total, "training": training, "evaluating": evaluating, "starting": starting,
+            "rest": max(0.0, total - training - evaluating - starting)}
 
 
 def mean_or_none(values: list[float]) -> float | None:
@@ -100,6 +133,16 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def slot_table(rows: list[dict]) -> str:
+    lines = ["| run | slot time (s) | training | evaluations | start-ups | the rest |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        slots = r["slots"]
+        if slots:
+            shares = " | ".join(f"{slots[k] / slots['slot_s']:.0%}" for k in ("training", "evaluating", "starting", "rest"))
+            lines.append(f"| {r['label']} | {slots['slot_s']:,.0f} | {shares} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     args = parse_args()
     rows = [sweep_row(*store.split("=", 1), args.gpus) for store in args.stores]
@@ -110,7 +153,8 @@ def main() -> None:
              "warm-up and start-up included; a KILLED sweep was stopped before its end and counts the tokens its "
              "trials trained until then. Start-up: from a trial's start to the end of its first step; build: "
              "imports, data, model and MLflow run, before the first step.")
-    body = f"{intro}\n\n{table(rows)}\n"
+    body = (f"{intro}\n\n{table(rows)}\n\nWhere the trial slots' time went (trials at once x wall time; "
+            f"see the script's docstring):\n\n{slot_table(rows)}\n")
     print(body)
     if args.write:
         from bench.report import write_section

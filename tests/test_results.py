@@ -447,3 +447,28 @@ def test_the_report_splits_the_trial_build_into_corpus_model_and_mlflow_where_tr
     assert build_parts_clause([record(1.0, 6.0, 3.0), record(2.0, 8.0, 5.0)]) == \
         " (corpus 1.5 s, model and optimizers 7.0 s, MLflow run 4.0 s)"
     assert build_parts_clause([record(None, None, None)]) == ""  # runs from before the parts were logged
+
+
+def test_sweep_sizing_splits_the_slots_time_and_counts_a_restored_trials_last_attempt_only(tmp_path):
+    """2 trials at once for 100 s = 200 slot-seconds. Trial a: 1,000 tokens at 50 tokens/s (20 s
+    training) in a 26 s loop (6 s evaluating), started in 10 s. Trial b crashed and its second
+    attempt began at step 5: 600 of its 1,000 tokens at 60 tokens/s (10 s) in a 14 s loop, and
+    both attempts' start-ups (12 + 8 s) count."""
+    from bench.sweep_sizing import slot_time
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("x", artifact_location=(tmp_path / "art").as_uri())
+    t0 = int(time.time() * 1000)
+    histories = {"a": [("startup_s", 10.0, 1, t0), ("tokens", 1000, 10, t0), ("avg_tokens_per_s", 50.0, 10, t0),
+                       ("train_wall_s", 26.0, 10, t0)],
+                 "b": [("startup_s", 12.0, 1, t0), ("startup_s", 8.0, 5, t0 + 50_000), ("tokens", 1000, 10, t0),
+                       ("avg_tokens_per_s", 60.0, 10, t0), ("train_wall_s", 14.0, 10, t0)]}
+    for name, metrics in histories.items():
+        run = client.create_run(experiment, run_name=name).info.run_id
+        client.log_batch(run, metrics=[Metric(k, v, ts, step) for k, v, step, ts in metrics])
+    trials = [client.get_run(r.info.run_id) for r in client.search_runs([experiment])]
+    slots = slot_time(uri, trials, wall_s=100.0, concurrent="2")
+    assert slots == pytest.approx({"slot_s": 200.0, "training": 30.0, "evaluating": 10.0, "starting": 30.0,
+                                   "rest": 130.0})
+    assert slot_time(uri, trials, wall_s=100.0, concurrent="?") is None
