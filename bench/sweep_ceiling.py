@@ -299,5 +299,6 @@ def commands_for(args: argparse.Namespace, results: dict) -> str:
     lines += [f"{base} --phase {phase} --tree OTHER_CHECKOUT --label {label}" for phase, label in other]
     return "`, then `".join(lines) + "`, then the same with `--write"
 
+
 if __name__ == "__main__":
     main()

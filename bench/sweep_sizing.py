@@ -55,18 +55,19 @@ def sweep_row(label: str, path: str, gpus: float) -> dict:
     trials = runs.trial_runs(uri, parent.info.run_id)
     device = next((t.data.tags[runs.DEVICE] for t in trials if runs.DEVICE in t.data.tags), None)
     efficiency = parent.data.metrics  # what the sweep's summary printed, when it got that far
+    # a sweep run in parts (--resume): its parts' wall times summed
+    wall = efficiency.get("sweep_parts_wall_s") or efficiency.get("sweep_wall_s") or wall_to_the_end(
+        parent.info.start_time, parent.info.end_time, [t.info.end_time for t in trials])
+    if wall is None:
+        sys.exit(f"{path}: the sweep has not ended (its parent run and a trial are still open)")
     if "sweep_tokens" not in efficiency:  # stopped before its summary: from the trials' figures
-        wall = efficiency.get("sweep_parts_wall_s") or efficiency.get("sweep_wall_s") or wall_to_the_end(
-            parent.info.start_time, parent.info.end_time, [t.info.end_time for t in trials])
-        if wall is None:
-            sys.exit(f"{path}: the sweep has not ended (its parent run and a trial are still open)")
         efficiency = sweep_efficiency(figures_of(trials), wall, gpus, device)
     metrics = [t.data.metrics for t in trials]
     startups = [m["startup_s"] for m in metrics if "startup_s" in m]
     builds = [m["startup_build_s"] for m in metrics if "startup_build_s" in m]
     tags = parent.data.tags
     return {"label": label, "sweep": f"{tags.get('k3lab.sweep')} ({tags.get('k3lab.profile')} profile)",
-            "status": parent.info.status, "wall_s": efficiency["sweep_wall_s"],
+            "status": parent.info.status, "wall_s": wall,
             "finished": sum(t.info.status == "FINISHED" for t in trials), "trials": len(trials),
             "concurrent": trials_at_once(parent),
             "tokens": efficiency["sweep_tokens"], "tokens_per_s": efficiency["sweep_tokens_per_s"],
@@ -74,7 +75,7 @@ def sweep_row(label: str, path: str, gpus: float) -> dict:
             "trial_tokens_per_s": mean_or_none([m["avg_tokens_per_s"] for m in metrics if "avg_tokens_per_s" in m]),
             "startup_mean": mean_or_none(startups), "startup_max": max(startups, default=None),
             "build_mean": mean_or_none(builds), "device": device,
-            "slots": slot_time(uri, trials, efficiency["sweep_wall_s"], trials_at_once(parent))}
+            "slots": slot_time(uri, trials, wall, trials_at_once(parent))}
 
 
 def slot_time(uri: str, trials: list, wall_s: float, concurrent: str) -> dict | None:

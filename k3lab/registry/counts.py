@@ -62,6 +62,8 @@ class MetaShapesOnly(TorchFunctionMode):
     ELEMENTWISE = frozenset({"log", "exp", "expm1", "log1p", "sqrt", "rsqrt", "neg", "sigmoid", "add", "sub",
                              "mul", "div", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
                              "__truediv__", "__neg__"})
+    RESHAPING = frozenset({"resize_", "resize_as_", "set_", "as_strided_", "squeeze_", "unsqueeze_", "t_",
+                           "transpose_", "swapaxes_", "swapdims_"})  # in place, but they change the shape: run
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -69,7 +71,7 @@ class MetaShapesOnly(TorchFunctionMode):
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         if tensors and tensors[0].is_meta:
             first = tensors[0]
-            if name.endswith("_") and not name.startswith("_"):
+            if name.endswith("_") and not name.startswith("_") and name not in self.RESHAPING:
                 return first
             if name in self.ELEMENTWISE and all(t.is_meta and t.shape == first.shape for t in tensors):
                 return torch.empty_like(first)
