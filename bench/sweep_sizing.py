@@ -11,12 +11,10 @@ MLflow run) and the first step (compilation from the cache, CUDA-graph capture).
 stopped before its end (status KILLED) still counts what its trials trained until then.
 This is how the gpu profiles' trials per GPU were chosen: by measurement, not by guess.
 
-A second table says where the trial slots' time went (slots: trials at once x wall time):
-training steps, evaluations (with their checkpoints and reports), start-ups (each attempt's
-process start, build, compile, CUDA-graph capture and first step), and the rest (slots left
-empty, the work of attempts that crashed, a trial's close). Training and evaluation come from
-each trial's last attempt: its trained tokens over its mean training rate, and its loop's time
-(`train_wall_s`) less that.
+A second table says where the trials' time went (trials at once x wall time): training steps,
+evaluations (with their checkpoints and reports), start-ups (each attempt's process start,
+build, compile, CUDA-graph capture and first step), and the rest (slots left empty, the work
+of attempts that crashed, trials' closes); see `k3lab.report.efficiency.time_shares`.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from pathlib import Path
 from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from k3lab.report.efficiency import figures_of, sweep_efficiency, wall_to_the_end  # noqa: E402
+from k3lab.report.efficiency import SHARES, figures_of, sweep_efficiency, time_shares, wall_to_the_end  # noqa: E402
 
 SECTION = "Sweep sizing: trials per GPU"
 
@@ -66,41 +64,17 @@ def sweep_row(label: str, path: str, gpus: float) -> dict:
     startups = [m["startup_s"] for m in metrics if "startup_s" in m]
     builds = [m["startup_build_s"] for m in metrics if "startup_build_s" in m]
     tags = parent.data.tags
+    concurrent = trials_at_once(parent)
     return {"label": label, "sweep": f"{tags.get('k3lab.sweep')} ({tags.get('k3lab.profile')} profile)",
             "status": parent.info.status, "wall_s": wall,
             "finished": sum(t.info.status == "FINISHED" for t in trials), "trials": len(trials),
-            "concurrent": trials_at_once(parent),
+            "concurrent": concurrent,
             "tokens": efficiency["sweep_tokens"], "tokens_per_s": efficiency["sweep_tokens_per_s"],
             "mfu": efficiency.get("sweep_mfu"),
             "trial_tokens_per_s": mean_or_none([m["avg_tokens_per_s"] for m in metrics if "avg_tokens_per_s" in m]),
             "startup_mean": mean_or_none(startups), "startup_max": max(startups, default=None),
             "build_mean": mean_or_none(builds), "device": device,
-            "slots": slot_time(uri, trials, wall, trials_at_once(parent))}
-
-
-def slot_time(uri: str, trials: list, wall_s: float, concurrent: str) -> dict | None:
-    """Seconds of the slots' time (wall x trials at once) spent training, evaluating, starting
-    up, and otherwise; None when the trials at once are unknown."""
-    from k3lab.store import runs
-
-    if not concurrent.isdigit():
-        return None
-    client = runs.client(uri)
-    training = evaluating = starting = 0.0
-    for trial in trials:
-        m = trial.data.metrics
-        startups = sorted(client.get_metric_history(trial.info.run_id, "startup_s"), key=lambda x: x.timestamp)
-        starting += sum(x.value for x in startups)
-        if not startups or not all(k in m for k in ("tokens", "avg_tokens_per_s", "train_wall_s")):
-            continue  # no finished attempt: its time is in the rest
-        final_step = max(x.step for x in client.get_metric_history(trial.info.run_id, "tokens"))
-        first_step = startups[-1].step  # the last attempt's first step: one past its checkpoint
-        trained = m["tokens"] * (final_step - first_step + 1) / final_step
-        training += trained / m["avg_tokens_per_s"]
-        evaluating += max(0.0, m["train_wall_s"] - trained / m["avg_tokens_per_s"])
-    total = wall_s * int(concurrent)
-    return {"slot_s": total, "training": training, "evaluating": evaluating, "starting": starting,
-            "rest": max(0.0, total - training - evaluating - starting)}
+            "shares": time_shares(uri, trials, wall, int(concurrent) if concurrent.isdigit() else None)}
 
 
 def mean_or_none(values: list[float]) -> float | None:
@@ -134,13 +108,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def slot_table(rows: list[dict]) -> str:
-    lines = ["| run | slot time (s) | training | evaluations | start-ups | the rest |", "|---|---|---|---|---|---|"]
+def shares_table(rows: list[dict]) -> str:
+    lines = ["| run | trials' time (s) | training | evaluations | start-ups | the rest |", "|---|---|---|---|---|---|"]
     for r in rows:
-        slots = r["slots"]
-        if slots:
-            shares = " | ".join(f"{slots[k] / slots['slot_s']:.0%}" for k in ("training", "evaluating", "starting", "rest"))
-            lines.append(f"| {r['label']} | {slots['slot_s']:,.0f} | {shares} |")
+        shares = r["shares"]
+        if shares:
+            parts = [shares[f"sweep_share_{name}"] for name in SHARES]
+            cells = " | ".join(f"{x:.0%}" for x in (*parts, max(0.0, 1 - sum(parts))))
+            lines.append(f"| {r['label']} | {r['wall_s'] * shares['sweep_slots']:,.0f} | {cells} |")
     return "\n".join(lines)
 
 
@@ -154,8 +129,8 @@ def main() -> None:
              "warm-up and start-up included; a KILLED sweep was stopped before its end and counts the tokens its "
              "trials trained until then. Start-up: from a trial's start to the end of its first step; build: "
              "imports, data, model and MLflow run, before the first step.")
-    body = (f"{intro}\n\n{table(rows)}\n\nWhere the trial slots' time went (trials at once x wall time; "
-            f"see the script's docstring):\n\n{slot_table(rows)}\n")
+    body = (f"{intro}\n\n{table(rows)}\n\nWhere the trials' time went (trials at once x wall time; "
+            f"see the script's docstring):\n\n{shares_table(rows)}\n")
     print(body)
     if args.write:
         from bench.report import write_section

@@ -319,8 +319,10 @@ def test_sweep_sizing_counts_what_a_stopped_sweeps_trials_trained_and_keeps_a_fi
                            f"whole={finished / 'mlflow.db'}"], cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in done.stdout.splitlines()
-            if line.startswith(("| cut", "| whole"))}
+    rows = {}
+    for line in done.stdout.splitlines():  # the throughput table's rows (the time-shares table follows it)
+        if line.startswith(("| cut", "| whole")):
+            rows.setdefault(line.split(" | ")[0].strip("| "), line.split(" | "))
     # 4 trials x 81,920 tokens in 100 s; start-up 10/11/10/11 s, of which build 4/5/4/5 s
     assert rows["cut"][4:7] == ["100", "327,680", "3,277"]
     assert rows["cut"][9:] == ["10.5 / 11.0", "4.5 |"]
@@ -449,12 +451,12 @@ def test_the_report_splits_the_trial_build_into_corpus_model_and_mlflow_where_tr
     assert build_parts_clause([record(None, None, None)]) == ""  # runs from before the parts were logged
 
 
-def test_sweep_sizing_splits_the_slots_time_and_counts_a_restored_trials_last_attempt_only(tmp_path):
-    """2 trials at once for 100 s = 200 slot-seconds. Trial a: 1,000 tokens at 50 tokens/s (20 s
-    training) in a 26 s loop (6 s evaluating), started in 10 s. Trial b crashed and its second
-    attempt began at step 5: 600 of its 1,000 tokens at 60 tokens/s (10 s) in a 14 s loop, and
-    both attempts' start-ups (12 + 8 s) count."""
-    from bench.sweep_sizing import slot_time
+def test_time_shares_split_the_trials_time_and_count_a_restored_trials_last_attempt_only(tmp_path):
+    """Trials a and b ran at once for the sweep's 100 s: 200 s of trials' time. Trial a: 1,000
+    tokens at 50 tokens/s (20 s training) in a 26 s loop (6 s evaluating), started in 10 s.
+    Trial b crashed and its second attempt began at step 5: 600 of its 1,000 tokens at 60
+    tokens/s (10 s) in a 14 s loop, and both attempts' start-ups (12 + 8 s) count."""
+    from k3lab.report.efficiency import most_at_once, time_shares
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
@@ -465,10 +467,23 @@ def test_sweep_sizing_splits_the_slots_time_and_counts_a_restored_trials_last_at
                  "b": [("startup_s", 12.0, 1, t0), ("startup_s", 8.0, 5, t0 + 50_000), ("tokens", 1000, 10, t0),
                        ("avg_tokens_per_s", 60.0, 10, t0), ("train_wall_s", 14.0, 10, t0)]}
     for name, metrics in histories.items():
-        run = client.create_run(experiment, run_name=name).info.run_id
+        run = client.create_run(experiment, run_name=name, start_time=t0).info.run_id
         client.log_batch(run, metrics=[Metric(k, v, ts, step) for k, v, step, ts in metrics])
+        client.set_terminated(run, "FINISHED", end_time=t0 + 80_000)
     trials = [client.get_run(r.info.run_id) for r in client.search_runs([experiment])]
-    slots = slot_time(uri, trials, wall_s=100.0, concurrent="2")
-    assert slots == pytest.approx({"slot_s": 200.0, "training": 30.0, "evaluating": 10.0, "starting": 30.0,
-                                   "rest": 130.0})
-    assert slot_time(uri, trials, wall_s=100.0, concurrent="?") is None
+    shares = time_shares(uri, trials, wall_s=100.0)  # both ran at once: 2 slots, observed
+    assert shares == pytest.approx({"sweep_share_training": 30 / 200, "sweep_share_evaluating": 10 / 200,
+                                    "sweep_share_starting": 30 / 200, "sweep_slots": 2.0})
+    assert time_shares(uri, trials, wall_s=100.0, slots=4)["sweep_share_training"] == pytest.approx(30 / 400)
+    assert most_at_once([(0, 10), (5, 15), (10, 20), (12, 13)]) == 3  # one ends as another begins: not both
+
+
+def test_the_efficiency_line_says_where_the_trials_time_went_where_it_is_known():
+    from k3lab.commands.runs import efficiency_line
+
+    e = {"sweep_tokens": 1000, "sweep_wall_s": 10, "sweep_tokens_per_s": 100}
+    shares = {"sweep_slots": 4.0, "sweep_share_training": 0.55, "sweep_share_evaluating": 0.13,
+              "sweep_share_starting": 0.18}
+    assert efficiency_line(e | shares).endswith("; 4 trials at once spent 55% training, 13% evaluating, "
+                                                "18% starting up")
+    assert "trials at once" not in efficiency_line(e)

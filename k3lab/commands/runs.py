@@ -276,7 +276,16 @@ def efficiency_line(e: dict) -> str:
 
     parts = parts_note(e.get("sweep_parts", 1))
     return (f"sweep: {e['sweep_tokens']:,.0f} tokens in {e['sweep_wall_s']:.0f} s{parts} = {e['sweep_tokens_per_s']:,.0f} "
-            f"tokens/s, {mfu}" + (f"; {', '.join(times)}" if times else ""))
+            f"tokens/s, {mfu}" + (f"; {', '.join(times)}" if times else "") + shares_clause(e))
+
+
+def shares_clause(e: dict) -> str:
+    """Where the trials' time went (`k3lab.report.efficiency.time_shares`), where it is known."""
+    if "sweep_slots" not in e:
+        return ""
+    shares = ", ".join(f"{e[f'sweep_share_{name}']:.0%} {label}" for name, label in
+                       (("training", "training"), ("evaluating", "evaluating"), ("starting", "starting up")))
+    return f"; {e['sweep_slots']:.0f} trials at once spent {shares}"
 
 
 def run_sweep_command(args) -> int:

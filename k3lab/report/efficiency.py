@@ -6,11 +6,15 @@ Wall time is the sweep's own, start-up and kernel warm-up included: the figure s
 fraction of the GPUs' bf16 peak the whole sweep turned into training FLOPs. (nvidia-smi's
 "utilisation" only says some kernel was running.) GPU count and peak come from the
 cluster the sweep ran on; without GPUs the MFU is not reported.
+
+`time_shares` says where the trials' time went (wall time x trials at once): training,
+evaluating, starting up. A sweep whose tokens/s falls short of one trial alone finds its
+reasons there; on one H200 (2026-12-01), slots trained 54-55% of the time.
 """
 
 from __future__ import annotations
 
-from k3lab.store.runs import trial_runs
+from k3lab.store.runs import client
 from k3lab.train.metrics import peak_flops_of
 
 
@@ -43,11 +47,54 @@ def sweep_efficiency(trials: list[dict], wall_s: float, gpus: float, device_name
     return out
 
 
-def trial_figures(tracking_uri: str, parent_run_id: str) -> list[dict]:
-    """tokens, flops_per_token and startup_s of every trial run under the sweep's parent run."""
-    return figures_of(trial_runs(tracking_uri, parent_run_id))
-
-
 def figures_of(runs) -> list[dict]:
     """tokens, flops_per_token and startup_s of each MLflow run, as `sweep_efficiency` takes them."""
     return [{key: run.data.metrics.get(key) for key in ("tokens", "flops_per_token", "startup_s")} for run in runs]
+
+
+SHARES = ("training", "evaluating", "starting")  # sweep_share_<name>: parent metrics, fractions of the trials' time
+
+
+def time_shares(tracking_uri: str, trials: list, wall_s: float, slots: int | None = None) -> dict[str, float]:
+    """Where the trials' time went: fractions of wall_s x `slots` (default: the most trials that
+    ran at once) spent training, evaluating (with each evaluation's checkpoint and report) and
+    starting up (every attempt's process start, build, compile, CUDA-graph capture and first
+    step). The rest is slots left empty, the work of attempts that crashed, and trials' closes.
+
+    Training and evaluating come from each trial's last attempt: its trained tokens over its
+    mean training rate (`avg_tokens_per_s`), and its loop's time (`train_wall_s`) less that; a
+    restored attempt trained from the step its first step was logged at. Empty when no trial
+    logged a start-up (a sweep from before these metrics)."""
+    store = client(tracking_uri)
+    training = evaluating = starting = 0.0
+    spans = []
+    for trial in trials:
+        metrics = trial.data.metrics
+        startups = sorted(store.get_metric_history(trial.info.run_id, "startup_s"), key=lambda m: m.timestamp)
+        if not startups:
+            continue
+        starting += sum(m.value for m in startups)
+        spans.append((startups[0].timestamp / 1000 - startups[0].value, (trial.info.end_time or 0) / 1000))
+        if not all(key in metrics for key in ("tokens", "avg_tokens_per_s", "train_wall_s")):
+            continue  # no attempt finished its loop: its time is in the rest
+        final_step = max(m.step for m in store.get_metric_history(trial.info.run_id, "tokens"))
+        trained = metrics["tokens"] * (final_step - startups[-1].step + 1) / final_step
+        training += trained / metrics["avg_tokens_per_s"]
+        evaluating += max(0.0, metrics["train_wall_s"] - trained / metrics["avg_tokens_per_s"])
+    slots = slots or most_at_once(spans)
+    if not spans or not slots or wall_s <= 0:
+        return {}
+    total = wall_s * slots
+    return {f"sweep_share_{name}": value / total
+            for name, value in zip(SHARES, (training, evaluating, starting))} | {"sweep_slots": float(slots)}
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most (start, end) spans open at one moment."""
+    events = sorted([(start, 1) for start, end in spans if end > start] +
+                    [(end, -1) for start, end in spans if end > start])
+    most = open_now = 0
+    for _, change in events:
+        open_now += change
+        most = max(most, open_now)
+    return most

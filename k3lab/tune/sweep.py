@@ -15,9 +15,10 @@ from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.registry import ResourceSpec, Sweep
-from k3lab.report.efficiency import sweep_efficiency, trial_figures
+from k3lab.report.efficiency import figures_of, sweep_efficiency, time_shares
 from k3lab.report.sequential import BUDGET
 from k3lab.store.colours import variant_colours
+from k3lab.store.runs import trial_runs
 from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_shapes, shipped_line,
                                 use_kernel_cache, warm_kernels)
 from k3lab.tune.logs import library_logs
@@ -291,9 +292,10 @@ def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:
     for path in summary["files"]:
         parent.log_artifact(path, "report")
     wall_s, parts = parent.parts_wall_s()  # a resumed sweep: over every part, summed
-    summary["efficiency"] = sweep_efficiency(trial_figures(run.tracking_uri, parent.run_id), wall_s,
-                                             hardware["gpus"], hardware.get("device_name"),
+    trials = trial_runs(run.tracking_uri, parent.run_id)
+    summary["efficiency"] = sweep_efficiency(figures_of(trials), wall_s, hardware["gpus"], hardware.get("device_name"),
                                              hardware.get("seconds", 0.0)) | {"sweep_parts": parts}
+    summary["efficiency"] |= time_shares(run.tracking_uri, trials, wall_s)
     logged_by_end = {"sweep_wall_s", "sweep_parts"} | ({"kernel_warmup_s"} if run.resume else set())
     parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k not in logged_by_end})
     return summary
