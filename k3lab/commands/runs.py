@@ -281,11 +281,15 @@ def efficiency_line(e: dict) -> str:
 
 def shares_clause(e: dict) -> str:
     """Where the trials' time went (`k3lab.report.efficiency.time_shares`), where it is known."""
+    from k3lab.report.efficiency import SHARES
+
     if "sweep_slots" not in e:
         return ""
-    shares = ", ".join(f"{e[f'sweep_share_{name}']:.0%} {label}" for name, label in
-                       (("training", "training"), ("evaluating", "evaluating"), ("starting", "starting up")))
+    shares = ", ".join(f"{e[f'sweep_share_{name}']:.0%} {SHARE_LABELS.get(name, name)}" for name in SHARES)
     return f"; {e['sweep_slots']:.0f} trials at once spent {shares}"
+
+
+SHARE_LABELS = {"starting": "starting up"}
 
 
 def run_sweep_command(args) -> int:
