@@ -292,11 +292,13 @@ def commands_for(args: argparse.Namespace, results: dict) -> str:
     base = f"python bench/sweep_ceiling.py {args.file} --profile {args.profile} --work WORK" + \
         (f" --seeds {args.seeds}" if args.seeds else "")
     plain = [k for k in results if "-" not in k]
-    slots = [k.split("-")[1] for k in sweep_phases(results) if k.startswith("slots-") and k.count("-") == 1]
-    other = [k.split("-", 1) for k in sweep_phases(results) if not k.startswith("slots-") and "-" in k]
     lines = [base + "".join(f" --phase {k}" for k in plain)] if plain else []
-    lines += [f"{base} --phase slots --training-slots {n}" for n in slots]
-    lines += [f"{base} --phase {phase} --tree OTHER_CHECKOUT --label {label}" for phase, label in other]
+    for key in sweep_phases(results):  # the keys phase_key made: slots-N, PHASE-LABEL, slots-N-LABEL
+        phase, _, rest = key.partition("-")
+        slots, _, label = rest.partition("-") if phase == "slots" else ("", "", rest)
+        if rest:
+            lines.append(f"{base} --phase {phase}" + (f" --training-slots {slots}" if slots else "")
+                         + (f" --tree OTHER_CHECKOUT --label {label}" if label else ""))
     return "`, then `".join(lines) + "`, then the same with `--write"
 
 

@@ -73,3 +73,5 @@ def test_another_checkouts_phase_is_a_row_beside_its_own_with_its_command():
     base = "python bench/sweep_ceiling.py f.yaml --profile gpu --work WORK --seeds 0,1"
     assert commands_for(args, results) == (f"{base} --phase fresh --phase warm --phase alone`, then `{base} --phase "
                                            "warm --tree OTHER_CHECKOUT --label before`, then the same with `--write")
+    assert commands_for(args, {"slots-2-before": {}}) == (f"{base} --phase slots --training-slots 2 --tree "
+                                                         "OTHER_CHECKOUT --label before`, then the same with `--write")

@@ -80,8 +80,9 @@ def time_shares(tracking_uri: str, trials: list, wall_s: float, slots: int | Non
             continue  # no attempt finished its loop: its time is in the rest
         final_step = max(m.step for m in store.get_metric_history(trial.info.run_id, "tokens"))
         trained = metrics["tokens"] * (final_step - startups[-1].step + 1) / final_step
-        training += trained / metrics["avg_tokens_per_s"]
-        evaluating += max(0.0, metrics["train_wall_s"] - trained / metrics["avg_tokens_per_s"])
+        seconds = trained / metrics["avg_tokens_per_s"]
+        training += seconds
+        evaluating += max(0.0, metrics["train_wall_s"] - seconds)
     slots = slots or most_at_once(spans)
     if not spans or not slots or wall_s <= 0:
         return {}
