@@ -1,4 +1,5 @@
 import math
+import time
 import shutil
 
 import pytest
@@ -344,3 +345,19 @@ def test_a_trial_sends_its_metrics_before_each_report_a_scheduler_may_stop_it_at
     with pytest.raises(SystemExit):
         tune_trainable({"trial": "t"}, {"t": spec})
     assert seen == [(6, 6, "RUNNING", False, True), (12, 12, "FINISHED", True, True)]  # the final model kept
+
+
+def test_a_trials_first_step_logs_torch_compiles_cache_hits_and_misses():
+    import torch._dynamo.utils as dynamo_utils
+
+    from k3lab.train.metrics import compile_cache_counts
+
+    dynamo_utils.counters.clear()
+    dynamo_utils.counters["inductor"]["fxgraph_cache_hit"] += 3
+    dynamo_utils.counters["aot_autograd"]["autograd_cache_miss"] += 1
+    assert compile_cache_counts() == {"startup_aot_cache_hits": 0.0, "startup_aot_cache_misses": 1.0,
+                                      "startup_fxgraph_cache_hits": 3.0, "startup_fxgraph_cache_misses": 0.0}
+    tracker = MemoryTracker()
+    train(load_preset("tiny"), tiny_spec(steps=2, eval_interval=2), tracker=tracker, started_at=time.time())
+    assert tracker.metrics["startup_fxgraph_cache_hits"] == [(1, 3.0)]  # logged with startup_s, at step 1
+    dynamo_utils.counters.clear()

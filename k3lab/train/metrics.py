@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 
 import torch
 
@@ -35,6 +36,24 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count()} cores)"
+
+
+COMPILE_CACHE_COUNTERS = {  # torch's counter -> the metric a trial logs at its first step
+    ("aot_autograd", "autograd_cache_hit"): "startup_aot_cache_hits",
+    ("aot_autograd", "autograd_cache_miss"): "startup_aot_cache_misses",
+    ("inductor", "fxgraph_cache_hit"): "startup_fxgraph_cache_hits",
+    ("inductor", "fxgraph_cache_miss"): "startup_fxgraph_cache_misses",
+}
+
+
+def compile_cache_counts() -> dict[str, float]:
+    """torch.compile's cache hits and misses in this process so far: whether a trial's first
+    step loaded its compiled graphs (hits) or compiled them again (misses). {} when nothing
+    was compiled (torch._dynamo never imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return {}
+    return {metric: float(utils.counters[group][key]) for (group, key), metric in COMPILE_CACHE_COUNTERS.items()}
 
 
 def moe_loads(window_loads: list[dict[int, torch.Tensor]]) -> dict[int, dict]:

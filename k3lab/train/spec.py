@@ -14,6 +14,7 @@ from k3lab.errors import FieldError
 from k3lab.validators import non_empty, non_negative, one_of, positive, unit_interval
 
 SCHEDULES = ("cosine", "constant")
+INITS = ("paired", "sequential")  # k3lab.train.init
 DTYPES = ("float32", "bfloat16")
 AUTOCAST_DTYPES = ("bfloat16", "float16")
 DEFAULT_WARMUP_STEPS = 20  # clipped to `steps` when the file does not set warmup_steps
@@ -35,6 +36,9 @@ class TrainSpec:
     as one CUDA graph (null: wherever it can run -- CUDA, no gradient accumulation, one
     process); `activation_checkpointing` recomputes each decoder layer in backward
     instead of storing its activations (less memory for large batches, ~1/3 more compute).
+    `init`: `paired` draws each module's starting weights from (seed, its name), so trials
+    of one seed start alike in every module they share (`k3lab.train.init`); `sequential`
+    draws the whole model from one stream seeded by the seed.
     """
 
     steps: int = attrs.field(default=200, validator=positive)
@@ -59,6 +63,7 @@ class TrainSpec:
     dtype: str = attrs.field(default="float32", validator=one_of(*DTYPES))
     autocast: str | None = attrs.field(default=None, validator=one_of(None, *AUTOCAST_DTYPES))
     log_interval: int = attrs.field(default=10, validator=positive)
+    init: str = attrs.field(default="paired", validator=one_of(*INITS))
 
     def __attrs_post_init__(self) -> None:
         if self.warmup_steps > self.steps:

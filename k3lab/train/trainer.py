@@ -33,7 +33,8 @@ from k3lab.train.spec import TrainSpec
 from k3lab.train.ddp import DDPOptions, wrap_ddp
 from k3lab.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from k3lab.train.graphs import GraphedForwardBackward, cuda_graph_blocker
-from k3lab.train.metrics import diagnostics, log_diagnostics, peak_flops
+from k3lab.train.init import init_paired
+from k3lab.train.metrics import compile_cache_counts, diagnostics, log_diagnostics, peak_flops
 
 FINISHED, DIVERGED = "finished", "diverged"
 EAGER_STEPS_BEFORE_CAPTURE = 2  # kernels compiled and autotuned, allocator warm
@@ -114,7 +115,10 @@ class Trainer:
         check_shapes(config, spec, self.dataset.vocab_size)
         torch.manual_seed(seed)
         dtype = getattr(torch, spec.dtype)
-        self.model = KimiK3(config).to(device=self.device, dtype=dtype)
+        self.model = KimiK3(config)
+        if spec.init == "paired":  # the weights of shared modules alike across a seed's trials
+            init_paired(self.model, seed)
+        self.model.to(device=self.device, dtype=dtype)
         self.counts = count_parameters(self.model, spec.seq_len)
         self.model.checkpoint_layers = spec.activation_checkpointing
         if spec.compile:
@@ -369,7 +373,7 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
             values["train_loss"].item()  # one sync: the first step has really finished
             result.startup_s = time.time() - started_at
             if tracker is not None:
-                tracker.log_metrics({"startup_s": result.startup_s}, trainer.step)
+                tracker.log_metrics({"startup_s": result.startup_s} | compile_cache_counts(), trainer.step)
             started_at = None
         at_eval = trainer.step % spec.eval_interval == 0 or trainer.step == spec.steps
         if wait_to_train is not None and (trainer.warmed_up or at_eval):  # at_eval: a trial too short to warm up

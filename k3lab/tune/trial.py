@@ -185,7 +185,8 @@ _ran_a_trial = False  # this process ran a trial before (Ray reused it: `resourc
 def forget_earlier_trial() -> None:
     """In a process an earlier trial used (`resources.reuse_actors`): drop torch.compile's
     code caches, which would otherwise keep guarding on that trial's model and count
-    towards the recompile limit, and restart the peak-memory count this trial reports.
+    towards the recompile limit, and restart the counts this trial reports (peak memory,
+    compile-cache hits).
     A fresh process has nothing to forget and skips the work (gc alone takes ~0.2 s)."""
     global _ran_a_trial
     earlier, _ran_a_trial = _ran_a_trial, True
@@ -195,6 +196,7 @@ def forget_earlier_trial() -> None:
     gc.collect()  # the earlier trial's model and CUDA graphs, if a reference cycle still held them
     if "torch._dynamo" in sys.modules:
         torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()  # the compile-cache hits a trial logs are its own
     if torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
 
