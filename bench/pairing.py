@@ -1,0 +1,146 @@
+"""How much pairing by seed takes out of a sweep's comparisons, store by store.
+
+    python bench/pairing.py "sequential init=docs/runs/a.db" "paired init=docs/runs/b.db" --write
+
+For each store (one sweep, each variant against the baseline its parent run names) and each
+comparison, over the seeds where both trials finished: the seed-to-seed spread of the variant
+and of the baseline, their correlation across seeds, and the spread of the paired differences,
+which is what a comparison's interval is made of. `removed` is 1 - var(difference) /
+(var(variant) + var(baseline)): the share of an unpaired comparison's variance that pairing by
+seed removes (0 when the two arms vary independently). A last row per store pools the
+comparisons' variances of the differences (each weighted by its pairs - 1).
+
+Between two stores, the ratio of the pooled variances is an F statistic with the pooled
+degrees of freedom; its one-sided p-value says how surprising the smaller spread would be if
+both came from the same spread. That is the before/after of a change to the pairing, such as
+`train.init: paired` (k3lab.train.init).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SECTION = "Pairing: how much of the seed-to-seed spread pairing by seed removes"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("stores", nargs="+", help="LABEL=PATH of an MLflow SQLite store holding one sweep")
+    parser.add_argument("--metric", default="val_loss")
+    parser.add_argument("--seeds", help="only these seeds (e.g. 0,1,2,3), for stores that ran different ones")
+    parser.add_argument("--write", action="store_true", help="write the table into docs/results.md")
+    args = parser.parse_args()
+    for store in args.stores:
+        label, _, path = store.partition("=")
+        if not label or not path or not Path(path).is_file():
+            parser.error(f"{store!r}: expected LABEL=PATH with PATH an MLflow SQLite file")
+    return args
+
+
+def paired_values(path: str, metric: str, seeds: set[int] | None) -> tuple[str, dict[str, dict[int, float]]]:
+    """(baseline, {variant: {seed: final metric}}) of the one sweep in the store, finished trials only."""
+    from k3lab.report.family import values_by_seed
+    from k3lab.report.summary import load_trials
+    from k3lab.store import runs
+
+    uri = f"sqlite:///{Path(path).resolve()}"
+    parent = runs.sweep_runs(uri)[0]
+    records = [r for r in load_trials(uri, parent.info.run_id, curves=(metric,)) if seeds is None or r.seed in seeds]
+    values = {variant: {s: v for s, v in by_seed.items() if v is not None}
+              for variant, by_seed in values_by_seed(records, metric).items()}
+    return parent.data.tags["k3lab.baseline"], values
+
+
+def comparison_row(variant: dict[int, float], baseline: dict[int, float]) -> dict | None:
+    """The spreads of one comparison over its paired seeds; None below 3 pairs."""
+    seeds = sorted(set(variant) & set(baseline))
+    if len(seeds) < 3:
+        return None
+    v, b = [variant[s] for s in seeds], [baseline[s] for s in seeds]
+    d = [x - y for x, y in zip(v, b)]
+    var_v, var_b, var_d = statistics.variance(v), statistics.variance(b), statistics.variance(d)
+    rho = statistics.correlation(v, b) if var_v > 0 and var_b > 0 else float("nan")
+    return {"pairs": len(seeds), "sd_variant": math.sqrt(var_v), "sd_baseline": math.sqrt(var_b), "rho": rho,
+            "sd_difference": math.sqrt(var_d), "removed": 1 - var_d / (var_v + var_b),
+            "mean_difference": statistics.fmean(d), "baseline_mean": statistics.fmean(b)}
+
+
+def pooled(rows: list[dict]) -> tuple[float, int]:
+    """(pooled variance of the differences, its degrees of freedom)."""
+    df = sum(r["pairs"] - 1 for r in rows)
+    return sum((r["pairs"] - 1) * r["sd_difference"] ** 2 for r in rows) / df, df
+
+
+def store_rows(label: str, path: str, metric: str, seeds: set[int] | None) -> list[dict]:
+    baseline, values = paired_values(path, metric, seeds)
+    rows = []
+    for variant in sorted(v for v in values if v != baseline):
+        row = comparison_row(values[variant], values.get(baseline, {}))
+        if row is not None:
+            rows.append({"store": label, "comparison": f"{variant} - {baseline}"} | row)
+    return rows
+
+
+def table_lines(stores: list[tuple[str, list[dict]]], metric: str) -> list[str]:
+    lines = [f"| store | comparison | pairs | sd variant | sd baseline | correlation | sd of {metric} difference "
+             "| of the baseline | removed by pairing |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label, rows in stores:
+        for r in rows:
+            lines.append(f"| {label} | {r['comparison']} | {r['pairs']} | {r['sd_variant']:.4f} | "
+                         f"{r['sd_baseline']:.4f} | {r['rho']:+.2f} | {r['sd_difference']:.4f} | "
+                         f"{r['sd_difference'] / r['baseline_mean']:.2%} | {r['removed']:.0%} |")
+        if rows:
+            variance, df = pooled(rows)
+            lines.append(f"| {label} | pooled | {df} df | | | | {math.sqrt(variance):.4f} | "
+                         f"{math.sqrt(variance) / statistics.fmean(r['baseline_mean'] for r in rows):.2%} | |")
+    return lines
+
+
+def ratio_lines(stores: list[tuple[str, list[dict]]]) -> list[str]:
+    """Each store's pooled variance against the first's: F and its one-sided p-value."""
+    import scipy.stats
+
+    if len(stores) < 2 or not stores[0][1]:
+        return []
+    (first, first_rows), lines = stores[0], []
+    v1, df1 = pooled(first_rows)
+    for label, rows in stores[1:]:
+        if not rows:
+            continue
+        v2, df2 = pooled(rows)
+        big, small = (v1, v2) if v1 >= v2 else (v2, v1)
+        dfs = (df1, df2) if v1 >= v2 else (df2, df1)
+        p = float(scipy.stats.f.sf(big / small, *dfs))  # scipy comes with mlflow
+        lines.append(f"- {label} against {first}: pooled sd of the differences {math.sqrt(v2):.4f} against "
+                     f"{math.sqrt(v1):.4f}, variance ratio {v2 / v1:.2f} (F = {big / small:.2f} on {dfs[0]} and "
+                     f"{dfs[1]} df, one-sided p = {p:.3f}); at that spread a comparison needs {v2 / v1:.2f}x "
+                     f"the pairs for the same interval.")
+    return lines
+
+
+def main() -> None:
+    args = parse_args()
+    seeds = {int(s) for s in args.seeds.split(",")} if args.seeds else None
+    stores = [(label, store_rows(label, path, args.metric, seeds))
+              for label, _, path in (s.partition("=") for s in args.stores)]
+    lines = table_lines(stores, args.metric) + [""] + ratio_lines(stores)
+    print("\n".join(lines))
+    if args.write:
+        from k3lab.markdown import replace_section
+
+        command = "python bench/pairing.py " + " ".join(f'"{s}"' for s in args.stores) + \
+                  (f" --seeds {args.seeds}" if args.seeds else "") + " --write"
+        body = f"## {SECTION}\n\nCommand: `{command}`\n\n{__doc__.split(chr(10) + chr(10), 1)[1].split(chr(10) + chr(10))[0]}\n\n" \
+               + "\n".join(lines)
+        replace_section(Path(__file__).resolve().parent.parent / "docs" / "results.md", SECTION, body)
+
+
+if __name__ == "__main__":
+    main()
