@@ -25,6 +25,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.report import check_stores, write_section  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
 
 SECTION = "Pairing: how much of the seed-to-seed spread pairing by seed removes"
 
@@ -36,10 +39,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", help="only these seeds (e.g. 0,1,2,3), for stores that ran different ones")
     parser.add_argument("--write", action="store_true", help="write the table into docs/results.md")
     args = parser.parse_args()
-    for store in args.stores:
-        label, _, path = store.partition("=")
-        if not label or not path or not Path(path).is_file():
-            parser.error(f"{store!r}: expected LABEL=PATH with PATH an MLflow SQLite file")
+    args.stores = check_stores(parser, args.stores)
     return args
 
 
@@ -128,19 +128,13 @@ def ratio_lines(stores: list[tuple[str, list[dict]]]) -> list[str]:
 def main() -> None:
     args = parse_args()
     seeds = {int(s) for s in args.seeds.split(",")} if args.seeds else None
-    stores = [(label, store_rows(label, path, args.metric, seeds))
-              for label, _, path in (s.partition("=") for s in args.stores)]
+    stores = [(label, store_rows(label, path, args.metric, seeds)) for label, path in args.stores]
     lines = table_lines(stores, args.metric) + [""] + ratio_lines(stores)
     print("\n".join(lines))
     if args.write:
-        from k3lab.markdown import replace_section
-
-        command = "python bench/pairing.py " + " ".join(f'"{s}"' for s in args.stores) + \
+        command = "python bench/pairing.py " + " ".join(f'"{label}={path}"' for label, path in args.stores) + \
                   (f" --seeds {args.seeds}" if args.seeds else "") + " --write"
-        body = f"## {SECTION}\n\nCommand: `{command}`\n\n{__doc__.split(chr(10) + chr(10), 1)[1].split(chr(10) + chr(10))[0]}\n\n" \
-               + "\n".join(lines)
-        replace_section(Path(__file__).resolve().parent.parent / "docs" / "results.md", SECTION, body)
-
+        write_section(SECTION, __doc__.split("\n\n")[2] + "\n\n" + "\n".join(lines), command=command, doc=RESULTS)
 
 if __name__ == "__main__":
     main()

@@ -39,3 +39,15 @@ def write_section(name: str, body: str, command: str | None = None, doc: Path = 
              else f"Measured: {measured_on}  \nWritten: {date} on {machine()}")
     text = f"## {name}\n\nCommand: `{command}`  \n{where}\n\n{body.strip()}\n"
     replace_section(doc, name, text, header=HEADER)
+
+
+def check_stores(parser, stores: list[str]) -> list[tuple[str, str]]:
+    """The (label, path) of each LABEL=PATH argument naming an MLflow SQLite store of one sweep;
+    a parser error for any other."""
+    pairs = []
+    for store in stores:
+        label, _, path = store.partition("=")
+        if not label or not path or not Path(path).is_file():
+            parser.error(f"{store!r}: expected LABEL=PATH with PATH an MLflow SQLite file")
+        pairs.append((label, path))
+    return pairs

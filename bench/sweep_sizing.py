@@ -37,10 +37,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--measured-on", default=None, help="machine and date of the runs, when not here and now")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args()
-    for store in args.stores:
-        label, _, path = store.partition("=")
-        if not label or not path or not Path(path).is_file():
-            parser.error(f"{store!r}: expected LABEL=PATH with PATH an MLflow SQLite file")
+    from bench.report import check_stores
+
+    check_stores(parser, args.stores)
     return args
 
 
