@@ -37,6 +37,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("stores", nargs="+", help="LABEL=PATH of an MLflow SQLite store holding one sweep")
     parser.add_argument("--metric", default="val_loss")
     parser.add_argument("--seeds", help="only these seeds (e.g. 0,1,2,3), for stores that ran different ones")
+    parser.add_argument("--name", help="what the stores have in common (e.g. `gpu`): the section's title ends with it, "
+                                       "so each set of runs keeps a section of its own")
+    parser.add_argument("--measured-on", default="the machines the stores name", help="where and when the sweeps ran")
     parser.add_argument("--write", action="store_true", help="write the table into docs/results.md")
     args = parser.parse_args()
     args.stores = check_stores(parser, args.stores)
@@ -132,9 +135,13 @@ def main() -> None:
     lines = table_lines(stores, args.metric) + [""] + ratio_lines(stores)
     print("\n".join(lines))
     if args.write:
-        command = "python bench/pairing.py " + " ".join(f'"{label}={path}"' for label, path in args.stores) + \
-                  (f" --seeds {args.seeds}" if args.seeds else "") + " --write"
-        write_section(SECTION, __doc__.split("\n\n")[2] + "\n\n" + "\n".join(lines), command=command, doc=RESULTS)
+        options = (f" --seeds {args.seeds}" if args.seeds else "") + (f' --name "{args.name}"' if args.name else "")
+        stores = " ".join(f'"{label}={path}"' for label, path in args.stores)
+        command = f'python bench/pairing.py {stores}{options} --measured-on "{args.measured_on}" --write'
+        body = __doc__.split("\n\n")[2] + "\n\n" + "\n".join(lines)
+        write_section(f"{SECTION} ({args.name})" if args.name else SECTION, body, command=command, doc=RESULTS,
+                      measured_on=args.measured_on)
+
 
 if __name__ == "__main__":
     main()
