@@ -123,7 +123,7 @@ def ratio_lines(stores: list[tuple[str, list[dict]]]) -> list[str]:
         p = float(scipy.stats.f.sf(big / small, *dfs))  # scipy comes with mlflow
         lines.append(f"- {label} against {first}: pooled sd of the differences {math.sqrt(v2):.4f} against "
                      f"{math.sqrt(v1):.4f}, variance ratio {v2 / v1:.2f} (F = {big / small:.2f} on {dfs[0]} and "
-                     f"{dfs[1]} df, one-sided p = {p:.3f}); at that spread a comparison needs {v2 / v1:.2f}x "
+                     f"{dfs[1]} df, one-sided p {'< 0.001' if p < 0.001 else f'= {p:.3f}'}); at that spread a comparison needs {v2 / v1:.2f}x "
                      f"the pairs for the same interval.")
     return lines
 
