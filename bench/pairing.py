@@ -121,9 +121,10 @@ def ratio_lines(stores: list[tuple[str, list[dict]]]) -> list[str]:
         big, small = (v1, v2) if v1 >= v2 else (v2, v1)
         dfs = (df1, df2) if v1 >= v2 else (df2, df1)
         p = float(scipy.stats.f.sf(big / small, *dfs))  # scipy comes with mlflow
+        p_text = "< 0.001" if p < 0.001 else f"= {p:.3f}"
         lines.append(f"- {label} against {first}: pooled sd of the differences {math.sqrt(v2):.4f} against "
                      f"{math.sqrt(v1):.4f}, variance ratio {v2 / v1:.2f} (F = {big / small:.2f} on {dfs[0]} and "
-                     f"{dfs[1]} df, one-sided p {'< 0.001' if p < 0.001 else f'= {p:.3f}'}); at that spread a comparison needs {v2 / v1:.2f}x "
+                     f"{dfs[1]} df, one-sided p {p_text}); at that spread a comparison needs {v2 / v1:.2f}x "
                      f"the pairs for the same interval.")
     return lines
 
@@ -136,8 +137,8 @@ def main() -> None:
     print("\n".join(lines))
     if args.write:
         options = (f" --seeds {args.seeds}" if args.seeds else "") + (f' --name "{args.name}"' if args.name else "")
-        stores = " ".join(f'"{label}={path}"' for label, path in args.stores)
-        command = f'python bench/pairing.py {stores}{options} --measured-on "{args.measured_on}" --write'
+        named = " ".join(f'"{label}={path}"' for label, path in args.stores)
+        command = f'python bench/pairing.py {named}{options} --measured-on "{args.measured_on}" --write'
         body = __doc__.split("\n\n")[2] + "\n\n" + "\n".join(lines)
         write_section(f"{SECTION} ({args.name})" if args.name else SECTION, body, command=command, doc=RESULTS,
                       measured_on=args.measured_on)

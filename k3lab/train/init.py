@@ -22,6 +22,7 @@ from torch import nn
 
 from k3lab.model.model import KimiK3
 
+
 def module_seed(seed: int, name: str) -> int:
     """A 63-bit seed for one module of one trial, the same on every machine and Python."""
     digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest()
