@@ -2,8 +2,9 @@
 
     python bench/pairing.py "sequential init=docs/runs/a.db" "paired init=docs/runs/b.db" --write
 
-For each store (one sweep, each variant against the baseline its parent run names) and each
-comparison, over the seeds where both trials finished: the seed-to-seed spread of the variant
+For each store (one sweep; each variant against its group's baseline in `--file`, else against
+the one baseline its parent run names) and each comparison, over the seeds where both trials
+finished: the seed-to-seed spread of the variant
 and of the baseline, their correlation across seeds, and the spread of the paired differences,
 which is what a comparison's interval is made of. `removed` is 1 - var(difference) /
 (var(variant) + var(baseline)): the share of an unpaired comparison's variance that pairing by
@@ -26,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import check_stores, write_section  # noqa: E402
+from k3lab.registry.commands import load_sweep_for  # noqa: E402
+from k3lab.report.stats import SeedValues, paired_seeds  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
 
@@ -36,6 +39,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("stores", nargs="+", help="LABEL=PATH of an MLflow SQLite store holding one sweep")
     parser.add_argument("--metric", default="val_loss")
+    parser.add_argument("--file", help="the stores' sweep file: each variant is compared with its group's baseline "
+                                       "(`baseline: {axis: value}`); without it, with the parent run's one baseline")
+    parser.add_argument("--profile", default="gpu", help="with --file: the profile whose baselines to take")
     parser.add_argument("--seeds", help="only these seeds (e.g. 0,1,2,3), for stores that ran different ones")
     parser.add_argument("--name", help="what the stores have in common (e.g. `gpu`): the section's title ends with it, "
                                        "so each set of runs keeps a section of its own")
@@ -46,8 +52,9 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def paired_values(path: str, metric: str, seeds: set[int] | None) -> tuple[str, dict[str, dict[int, float]]]:
-    """(baseline, {variant: {seed: final metric}}) of the one sweep in the store, finished trials only."""
+def paired_values(path: str, metric: str, seeds: set[int] | None) -> tuple[str, dict[str, dict[int, float | None]]]:
+    """(the baseline its parent run names, {variant: {seed: final metric}}) of the one sweep in the
+    store; None for a trial that did not finish (`k3lab.report.family.values_by_seed`)."""
     from k3lab.report.family import values_by_seed
     from k3lab.report.summary import load_trials
     from k3lab.store import runs
@@ -55,14 +62,12 @@ def paired_values(path: str, metric: str, seeds: set[int] | None) -> tuple[str, 
     uri = f"sqlite:///{Path(path).resolve()}"
     parent = runs.sweep_runs(uri)[0]
     records = [r for r in load_trials(uri, parent.info.run_id, curves=(metric,)) if seeds is None or r.seed in seeds]
-    values = {variant: {s: v for s, v in by_seed.items() if v is not None}
-              for variant, by_seed in values_by_seed(records, metric).items()}
-    return parent.data.tags["k3lab.baseline"], values
+    return parent.data.tags["k3lab.baseline"], values_by_seed(records, metric)
 
 
-def comparison_row(variant: dict[int, float], baseline: dict[int, float]) -> dict | None:
+def comparison_row(variant: SeedValues, baseline: SeedValues) -> dict | None:
     """The spreads of one comparison over its paired seeds; None below 3 pairs."""
-    seeds = sorted(set(variant) & set(baseline))
+    seeds = paired_seeds(variant, baseline)
     if len(seeds) < 3:
         return None
     v, b = [variant[s] for s in seeds], [baseline[s] for s in seeds]
@@ -80,11 +85,15 @@ def pooled(rows: list[dict]) -> tuple[float, int]:
     return sum((r["pairs"] - 1) * r["sd_difference"] ** 2 for r in rows) / df, df
 
 
-def store_rows(label: str, path: str, metric: str, seeds: set[int] | None) -> list[dict]:
-    baseline, values = paired_values(path, metric, seeds)
+def store_rows(label: str, path: str, metric: str, seeds: set[int] | None,
+               baselines: dict[str, str] | None) -> list[dict]:
+    """One row per comparison: `baselines` (variant -> its baseline), else every variant against
+    the baseline the parent run names."""
+    named, values = paired_values(path, metric, seeds)
+    pairs = baselines or {variant: named for variant in sorted(values) if variant != named}
     rows = []
-    for variant in sorted(v for v in values if v != baseline):
-        row = comparison_row(values[variant], values.get(baseline, {}))
+    for variant, baseline in pairs.items():
+        row = comparison_row(values.get(variant, {}), values.get(baseline, {}))
         if row is not None:
             rows.append({"store": label, "comparison": f"{variant} - {baseline}"} | row)
     return rows
@@ -132,11 +141,13 @@ def ratio_lines(stores: list[tuple[str, list[dict]]]) -> list[str]:
 def main() -> None:
     args = parse_args()
     seeds = {int(s) for s in args.seeds.split(",")} if args.seeds else None
-    stores = [(label, store_rows(label, path, args.metric, seeds)) for label, path in args.stores]
+    baselines = load_sweep_for(args.file, args.profile).baselines if args.file else None
+    stores = [(label, store_rows(label, path, args.metric, seeds, baselines)) for label, path in args.stores]
     lines = table_lines(stores, args.metric) + [""] + ratio_lines(stores)
     print("\n".join(lines))
     if args.write:
-        options = (f" --seeds {args.seeds}" if args.seeds else "") + (f' --name "{args.name}"' if args.name else "")
+        options = (f" --file {args.file} --profile {args.profile}" if args.file else "") + \
+            (f" --seeds {args.seeds}" if args.seeds else "") + (f' --name "{args.name}"' if args.name else "")
         named = " ".join(f'"{label}={path}"' for label, path in args.stores)
         command = f'python bench/pairing.py {named}{options} --measured-on "{args.measured_on}" --write'
         body = __doc__.split("\n\n")[2] + "\n\n" + "\n".join(lines)

@@ -35,3 +35,20 @@ def test_the_pooled_variance_weights_each_comparison_by_its_pairs_and_the_ratio_
     line, = ratio_lines([("before", [wide]), ("after", [narrow])])
     assert "variance ratio 0.25" in line and "F = 4.00 on 4 and 2 df" in line
     assert "p = 0.210" in line  # P(F(4, 2) > 4) = 0.2099
+
+
+def test_each_variant_is_compared_with_its_groups_baseline_when_the_sweep_file_is_given(tmp_path):
+    import lzma
+
+    from bench.pairing import store_rows
+    from k3lab.registry.commands import load_sweep_for
+
+    root = Path(__file__).resolve().parents[1]
+    store = tmp_path / "kkkm.db"  # three schedules, each with its own baseline
+    store.write_bytes(lzma.decompress((root / "docs/runs/attnres_kkkm-gpu-2026-12-01.db.xz").read_bytes()))
+    baselines = load_sweep_for(str(root / "experiments/attnres_kkkm.yaml"), "gpu").baselines
+    rows = store_rows("kkkm", str(store), "val_loss", None, baselines)
+    assert [r["comparison"] for r in rows] == [f"{v} - {b}" for v, b in baselines.items()]
+    assert all(r["pairs"] >= 3 for r in rows)
+    tagged = store_rows("kkkm", str(store), "val_loss", None, None)  # the parent run names one baseline
+    assert {r["comparison"].split(" - ")[1] for r in tagged} == {"sched_KKKM_attnres_off"}
