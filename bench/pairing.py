@@ -43,6 +43,8 @@ def parse_args() -> argparse.Namespace:
                                        "(`baseline: {axis: value}`); without it, with the parent run's one baseline")
     parser.add_argument("--profile", default="gpu", help="with --file: the profile whose baselines to take")
     parser.add_argument("--seeds", help="only these seeds (e.g. 0,1,2,3), for stores that ran different ones")
+    parser.add_argument("--variants", help="only these variants' comparisons (e.g. attnres_full), for stores that "
+                                           "ran different variants")
     parser.add_argument("--name", help="what the stores have in common (e.g. `gpu`): the section's title ends with it, "
                                        "so each set of runs keeps a section of its own")
     parser.add_argument("--measured-on", default="the machines the stores name", help="where and when the sweeps ran")
@@ -86,11 +88,12 @@ def pooled(rows: list[dict]) -> tuple[float, int]:
 
 
 def store_rows(label: str, path: str, metric: str, seeds: set[int] | None,
-               baselines: dict[str, str] | None) -> list[dict]:
+               baselines: dict[str, str] | None, variants: set[str] | None = None) -> list[dict]:
     """One row per comparison: `baselines` (variant -> its baseline), else every variant against
-    the baseline the parent run names."""
+    the baseline the parent run names; with `variants`, only those variants' comparisons."""
     named, values = paired_values(path, metric, seeds)
     pairs = baselines or {variant: named for variant in sorted(values) if variant != named}
+    pairs = {v: b for v, b in pairs.items() if variants is None or v in variants}
     rows = []
     for variant, baseline in pairs.items():
         row = comparison_row(values.get(variant, {}), values.get(baseline, {}))
@@ -141,13 +144,16 @@ def ratio_lines(stores: list[tuple[str, list[dict]]]) -> list[str]:
 def main() -> None:
     args = parse_args()
     seeds = {int(s) for s in args.seeds.split(",")} if args.seeds else None
+    variants = set(args.variants.split(",")) if args.variants else None
     baselines = load_sweep_for(args.file, args.profile).baselines if args.file else None
-    stores = [(label, store_rows(label, path, args.metric, seeds, baselines)) for label, path in args.stores]
+    stores = [(label, store_rows(label, path, args.metric, seeds, baselines, variants))
+              for label, path in args.stores]
     lines = table_lines(stores, args.metric) + [""] + ratio_lines(stores)
     print("\n".join(lines))
     if args.write:
         options = (f" --file {args.file} --profile {args.profile}" if args.file else "") + \
-            (f" --seeds {args.seeds}" if args.seeds else "") + (f' --name "{args.name}"' if args.name else "")
+            (f" --seeds {args.seeds}" if args.seeds else "") + (f" --variants {args.variants}" if args.variants else "") + \
+            (f' --name "{args.name}"' if args.name else "")
         named = " ".join(f'"{label}={path}"' for label, path in args.stores)
         command = f'python bench/pairing.py {named}{options} --measured-on "{args.measured_on}" --write'
         body = __doc__.split("\n\n")[2] + "\n\n" + "\n".join(lines)

@@ -52,3 +52,17 @@ def test_each_variant_is_compared_with_its_groups_baseline_when_the_sweep_file_i
     assert all(r["pairs"] >= 3 for r in rows)
     tagged = store_rows("kkkm", str(store), "val_loss", None, None)  # the parent run names one baseline
     assert {r["comparison"].split(" - ")[1] for r in tagged} == {"sched_KKKM_attnres_off"}
+
+
+def test_only_the_named_variants_are_compared_when_variants_are_given(tmp_path):
+    import lzma
+
+    from bench.pairing import store_rows
+
+    root = Path(__file__).resolve().parents[1]
+    store = tmp_path / "paired.db"  # off, full, bs2, bs4 and bs8, seeds 0-5
+    store.write_bytes(lzma.decompress((root / "docs/runs/attnres_block-gpu-paired-2026-12-02.db.xz").read_bytes()))
+    every = store_rows("paired", str(store), "val_loss", None, None)
+    assert len(every) == 4
+    only, = store_rows("paired", str(store), "val_loss", None, None, {"attnres_full"})
+    assert only == next(r for r in every if r["comparison"] == "attnres_full - attnres_off")
