@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Measure the kernel tunings k3lab ships (k3lab/tunings/), on a GPU machine with the `gpu` extra's
 # versions, as two archives:
-#   nvidia-h200-attnres_block.tar.gz  the flagship sweep's gpu profile warmed in a cache of its own and
+#   nvidia-h200-attnres_block.tar.gz  the flagship sweep's gpu profile warmed in a cache of its own, then
+#                                     run as a short sweep (seed 0, four steps a trial) in that cache, and
 #                                     exported with its compiled kernels (megabytes: one sweep only)
 #   nvidia-h200.tar.gz                autotune results only: every experiment's gpu profiles warmed
 #                                     (`k3lab kernels warm`), the GPU tests run, each preset trained for
@@ -21,10 +22,29 @@ warm_profiles() {  # every gpu* profile of one sweep file
         $k3lab kernels warm "$1" --profile "$profile" || failed=1
     done
 }
+first_steps() {  # the sweep's own trials, seed 0, four steps each (two eager, the CUDA-graph capture, one
+    # replay): on an H200 (torch 2.11) a trial's process keys its torch.compile graphs otherwise than the
+    # plain process of `kernels warm` does (same graphs, other AOTAutograd and FX-graph cache keys;
+    # measured 2026-12-02), so a fresh machine's trials find only what trials wrote
+    local work; work=$(mktemp -d)
+    python - "$1" "$work/first_steps.yaml" <<'PY' || return 1
+import sys, yaml
+sweep = yaml.safe_load(open(sys.argv[1]))
+gpu = sweep["profiles"]["gpu"]
+gpu.pop("budget", None)
+gpu["seeds"] = [0]
+gpu["train"] = {**gpu.get("train", {}), "steps": 4, "warmup_steps": 0, "eval_interval": 4, "eval_batches": 1}
+yaml.safe_dump(sweep, open(sys.argv[2], "w"), sort_keys=False)
+PY
+    $k3lab sweep "$work/first_steps.yaml" --profile gpu --storage "$work/runs" \
+        --tracking-uri "sqlite:///$work/first_steps.db" --no-live
+}
 flagship=$(mktemp -d)
 rm -f "$tunings/nvidia-h200-attnres_block.tar.gz"  # re-measured below; its old kernels are not carried on
 echo "== k3lab kernels warm experiments/attnres_block.yaml --profile gpu (compiled, cache $flagship)"
 K3LAB_KERNEL_CACHE="$flagship" $k3lab kernels warm experiments/attnres_block.yaml --profile gpu || exit 1
+echo "== the same trials' first steps as a sweep (cache $flagship)"
+K3LAB_KERNEL_CACHE="$flagship" first_steps experiments/attnres_block.yaml || exit 1
 K3LAB_KERNEL_CACHE="$flagship" $k3lab kernels export --compiled "$tunings/nvidia-h200-attnres_block.tar.gz" || exit 1
 [ "${1:-}" = compiled ] && exit 0
 warm_profiles experiments/attnres_block.yaml   # the flagship first, then the GPU tests: what a first hour runs
