@@ -386,6 +386,21 @@ def test_install_sh_installs_into_a_target_folder_offline(tmp_path):
     assert wrong.returncode == 2 and "unknown argument --bogus" in wrong.stderr
 
 
+def test_install_sh_leaves_bytecode_where_processes_may_not_write_it(tmp_path):
+    """With PYTHONDONTWRITEBYTECODE=1 no import writes bytecode: install.sh must have written it."""
+    options, manifest = fake_bundle(tmp_path, target=Target(HERE_PY, ()), index={"cattrs": {"26.2.1": []}},
+                                    root_requires=["cattrs"])
+    site = tmp_path / "site"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(["bash", str(options.out / "install.sh"), "--target", str(site), "--python", sys.executable,
+                           "--no-check"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sources = [p for p in site.rglob("*.py") if "bin" not in p.parts]
+    assert sources
+    tag = sys.implementation.cache_tag
+    assert all((p.parent / "__pycache__" / f"{p.stem}.{tag}.pyc").is_file() for p in sources)
+
+
 def test_install_sh_refuses_another_python(tmp_path):
     other = "3.9" if HERE_PY != "3.9" else "3.10"
     options, _ = fake_bundle(tmp_path, target=Target(other, ()))

@@ -119,15 +119,20 @@ for entry in json.load(open(sys.argv[1]))["files"]:
 PY
 )
 fi
-args=(--no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --find-links "$here/wheels")
+args=(--no-index --no-deps --no-cache-dir --disable-pip-version-check --find-links "$here/wheels")
 if [ -n "$target" ]; then
   mkdir -p "$target"
   target="$(cd "$target" && pwd)"
-  args+=(--target "$target" --upgrade)
+  args+=(--target "$target" --upgrade --no-compile)  # compiled below, on every core
   export PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}"
 fi
 echo "install.sh: installing $(ls "$here"/wheels/*.whl | wc -l) wheels and ${#spares[@]} spares with $python${target:+ into $target}"
 "$python" -m pip install "${args[@]}" "$here"/wheels/*.whl ${spares[@]+"${spares[@]}"}
+if [ -n "$target" ]; then
+  # Bytecode now: where PYTHONDONTWRITEBYTECODE=1 (common in images) no process writes it, so
+  # each would compile every module it imports from source, every time it starts.
+  "$python" -m compileall -q -j 0 "$target" > /dev/null || echo "install.sh: warning: some modules did not compile to bytecode"
+fi
 if [ "$check" = 1 ]; then
   "$python" - "$here/manifest.json" <<'PY'
 import importlib, importlib.metadata as md, json, sys
