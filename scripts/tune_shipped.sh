@@ -27,15 +27,7 @@ first_steps() {  # the sweep's own trials, seed 0, four steps each (two eager, t
     # plain process of `kernels warm` does (same graphs, other AOTAutograd and FX-graph cache keys;
     # measured 2026-12-02), so a fresh machine's trials find only what trials wrote
     local work; work=$(mktemp -d)
-    python - "$1" "$work/first_steps.yaml" <<'PY' || return 1
-import sys, yaml
-sweep = yaml.safe_load(open(sys.argv[1]))
-gpu = sweep["profiles"]["gpu"]
-gpu.pop("budget", None)
-gpu["seeds"] = [0]
-gpu["train"] = {**gpu.get("train", {}), "steps": 4, "warmup_steps": 0, "eval_interval": 4, "eval_batches": 1}
-yaml.safe_dump(sweep, open(sys.argv[2], "w"), sort_keys=False)
-PY
+    python scripts/first_steps_sweep.py "$1" "$work/first_steps.yaml" || return 1
     $k3lab sweep "$work/first_steps.yaml" --profile gpu --storage "$work/runs" \
         --tracking-uri "sqlite:///$work/first_steps.db" --no-live
 }
