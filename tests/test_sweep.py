@@ -458,3 +458,18 @@ def test_a_stop_after_that_is_not_a_duration_is_one_line_and_nothing_starts(tmp_
     assert main(sweep_args(tmp_path, sweep_file, "--stop-after", "soon")) == 2
     assert capsys.readouterr().err.strip() == "error: --stop-after soon: not a duration (e.g. 10m, 1h30m, 90s)"
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_grid_starts_seed_by_seed_so_a_sweep_stopped_early_holds_whole_pairs():
+    from types import SimpleNamespace
+
+    from k3lab.registry.commands import load_sweep_for
+    from k3lab.tune.sweep import trial_specs
+
+    sweep = load_sweep_for(str(Path(__file__).resolve().parents[1] / "experiments/pairing.yaml"), "cpu")
+    run = SimpleNamespace(sweep=sweep, tracking_uri=None, experiment="pairing-cpu")
+    started = [(spec.seed, spec.variant_name) for spec in trial_specs(run, parent_run_id="p").values()]
+    variants = [v.name for v in sweep.valid_variants]
+    assert started == [(seed, name) for seed in range(8) for name in variants]
+    first_six = started[:6]  # e.g. a budget that ends after six trials: two whole seeds, a pair per comparison
+    assert {seed for seed, _ in first_six} == {0, 1} and len(set(first_six)) == 6

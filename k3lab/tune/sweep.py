@@ -30,8 +30,17 @@ from k3lab.tune.trial import TrialSpec, tune_trainable
 from k3lab.tune.tunings import start_from_shipped
 
 
+def run_order(trials) -> list:
+    """The order a grid's trials start in: seed by seed (every variant's first seed, then every
+    variant's second, ...), so that a sweep stopped early (--stop-after, a budget, a preempted
+    node) leaves whole seeds, i.e. pairs for every comparison, where variant by variant it would
+    leave all of some variants' seeds and none of the others'."""
+    return sorted(trials, key=lambda trial: trial.variant.seeds.index(trial.seed))  # stable: variants keep their order
+
+
 def trial_specs(run: SweepRun, parent_run_id: str, dataset_dir: str | None = None) -> dict[str, TrialSpec]:
-    """One TrialSpec per trial; dataset_dir: the corpus the driver prepared, for every trial."""
+    """One TrialSpec per trial, in `run_order`; dataset_dir: the corpus the driver prepared, for
+    every trial."""
     colours = variant_colours([v.name for v in run.sweep.valid_variants])
     return {
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
@@ -41,7 +50,7 @@ def trial_specs(run: SweepRun, parent_run_id: str, dataset_dir: str | None = Non
                             metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
                             colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots,
                             dataset_dir=dataset_dir)
-        for trial in run.sweep.trials
+        for trial in run_order(run.sweep.trials)
     }
 
 
