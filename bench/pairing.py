@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -151,11 +152,7 @@ def main() -> None:
     lines = table_lines(stores, args.metric) + [""] + ratio_lines(stores)
     print("\n".join(lines))
     if args.write:
-        options = (f" --file {args.file} --profile {args.profile}" if args.file else "") + \
-            (f" --seeds {args.seeds}" if args.seeds else "") + (f" --variants {args.variants}" if args.variants else "") + \
-            (f' --name "{args.name}"' if args.name else "")
-        named = " ".join(f'"{label}={path}"' for label, path in args.stores)
-        command = f'python bench/pairing.py {named}{options} --measured-on "{args.measured_on}" --write'
+        command = shlex.join(["python", "bench/pairing.py", *sys.argv[1:]])  # every option, as it was given
         body = __doc__.split("\n\n")[2] + "\n\n" + "\n".join(lines)
         write_section(f"{SECTION} ({args.name})" if args.name else SECTION, body, command=command, doc=RESULTS,
                       measured_on=args.measured_on)

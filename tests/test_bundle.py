@@ -388,8 +388,8 @@ def test_install_sh_installs_into_a_target_folder_offline(tmp_path):
 
 def test_install_sh_leaves_bytecode_where_processes_may_not_write_it(tmp_path):
     """With PYTHONDONTWRITEBYTECODE=1 no import writes bytecode: install.sh must have written it."""
-    options, manifest = fake_bundle(tmp_path, target=Target(HERE_PY, ()), index={"cattrs": {"26.2.1": []}},
-                                    root_requires=["cattrs"])
+    options, _ = fake_bundle(tmp_path, target=Target(HERE_PY, ()), index={"cattrs": {"26.2.1": []}},
+                             root_requires=["cattrs"])
     site = tmp_path / "site"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(["bash", str(options.out / "install.sh"), "--target", str(site), "--python", sys.executable,
