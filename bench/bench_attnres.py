@@ -17,9 +17,9 @@ Rows:
                    the output norm's weight gradient by torch.sum over the N rows (which spreads
                    the N axis over the whole GPU), instead of FLA's attnres_bwd_kernel_dqdw,
                    whose grid is D / BD programs (8-32 for D = 512) that each walk all N rows
-    k3lab          what the model runs (`k3lab.model.attn_res_fused.AttnResMixture`): FLA's
-                   forward, k3lab's backward kernel (`attn_res_kernel`) and the column sums
-                   by torch.sum; here every source is a leaf, so each gradient gets its own
+    k3lab          what the model runs (`k3lab.model.attn_res_fused.AttnResMixture`): k3lab's
+                   forward and backward kernels (`attn_res_kernel`) and the column sums by
+                   torch.sum; here every source is a leaf, so each gradient gets its own
                    buffer, as in the rows above
     naive_compiled `reference_attnres` (plain PyTorch, fp32 math, as fla.ops.attnres.naive_attnres)
                    under torch.compile (eager on CPU)
@@ -214,14 +214,14 @@ def measure_dqdw(N: int, D: int, args, device: torch.device) -> dict:
 
 def measure_dv(K: int, N: int, D: int, args, device: torch.device) -> dict:
     """k3lab's backward kernel alone, storing and summing, and one eager add: {row: GB/s}."""
-    from k3lab.model.attn_res_fused import dv_reference, fla_forward, reference_forward
+    from k3lab.model.attn_res_fused import dv_reference, reference_forward
 
     residuals, q, w, ow, do = inputs(K, N, D, device)
     residuals = [r.detach() for r in residuals]
     q, w, ow = q.detach(), w.detach(), ow.detach()
     if device.type == "cuda":
-        from k3lab.model.attn_res_kernel import dv_backward
-        _, rstd, logit, lse = fla_forward(q, w, ow, residuals, 1e-6)
+        from k3lab.model.attn_res_kernel import dv_backward, forward
+        _, rstd, logit, lse = forward(q, w, ow, residuals, 1e-6)
     else:
         dv_backward = dv_reference
         _, rstd, logit, lse = reference_forward(q, w, ow, residuals, 1e-6)

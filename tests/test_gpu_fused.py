@@ -459,18 +459,40 @@ def test_fused_attn_res_matches_apply_attn_res(dtype, fp32_truth):
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("K", [2, 13])
+def test_attn_res_forward_kernel_matches_its_twin_and_flas_forward(dtype, K):
+    """k3lab's forward kernel against `reference_forward` and against FLA's forward, whose
+    statistics (rstd, logit, lse) the backward reads: all four outputs, at a trial's D."""
+    needs_fla()
+    from k3lab.model.attn_res_kernel import forward
+
+    N, D = 4096, 512
+    g = torch.Generator(device="cpu").manual_seed(K)
+    residuals = [(torch.randn(N, D, generator=g) * (1 + i % 3)).cuda().to(dtype) for i in range(K)]
+    q, w, ow = (0.05 * torch.randn(D, generator=g)).cuda(), *(1 + 0.1 * torch.randn(2, D, generator=g)).cuda()
+    got = forward(q, w, ow, residuals, 1e-6)
+    twin = attn_res_fused.reference_forward(q, w, ow, residuals, 1e-6)
+    fla = attn_res_fused.fla_forward(q, w, ow, residuals, 1e-6)
+    floor = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output rounded once
+    for name, a, b, c in zip(["o", "rstd", "logit", "lse"], got, twin, fla):
+        bound = floor if name == "o" else 1e-5
+        print(f"{name:>8}: twin {err_ratio(a, b):.2e}, FLA {err_ratio(a, c):.2e}")
+        assert a.dtype == b.dtype and err_ratio(a, b) < bound and err_ratio(a, c) < bound, name
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("K", [2, 13])
 def test_attn_res_backward_kernel_matches_its_twin_and_sums_in_place(dtype, K):
     """k3lab's backward kernel against `dv_twin`: stored where a bit of ACC is clear, added to
     what the buffer holds where it is set."""
-    needs_fla()
-    from k3lab.model.attn_res_kernel import dv_backward
+    from k3lab.model.attn_res_kernel import dv_backward, forward
 
     N, D = 4096, 512
     g = torch.Generator(device="cpu").manual_seed(K)
     residuals = [(torch.randn(N, D, generator=g) * (1 + i % 3)).cuda().to(dtype) for i in range(K)]
     q, w, ow = (0.05 * torch.randn(D, generator=g)).cuda(), *(1 + 0.1 * torch.randn(2, D, generator=g)).cuda()
     do = torch.randn(N, D, generator=g).cuda().to(dtype)
-    _, rstd, logit, lse = attn_res_fused.fla_forward(q, w, ow, residuals, 1e-6)
+    _, rstd, logit, lse = forward(q, w, ow, residuals, 1e-6)
     held = [torch.randn(N, D, generator=g).cuda().to(dtype) for _ in range(K)]
     acc = 0b0101010101010 & ((1 << K) - 1)
     targets = [h.clone() for h in held]

@@ -1,7 +1,7 @@
 """The GPU path of Attention Residuals: the mixture and the pre-norm after it in one kernel each way.
 
-Forward: FLA's fused AttnRes kernel. Backward: k3lab's (`attn_res_kernel`), which sums every
-stored endpoint's gradient in one buffer. An endpoint is read by every mixture after it (up to
+Both ways k3lab's Triton kernels (`attn_res_kernel`): the forward reads each source once, the
+backward sums every stored endpoint's gradient in one buffer. An endpoint is read by every mixture after it (up to
 2 x layers of them), and autograd would give each reader's gradient its own buffer and add them
 one eager add at a time (45 adds a step in a `small` trial: its three endpoints have 24, 16
 and 8 readers). Here an endpoint is made by `as_endpoint`, whose autograd node
@@ -11,12 +11,13 @@ norms' weight gradients are the per-row buffers summed over rows by torch.sum (`
 which spreads the rows over the whole GPU (FLA's reduction kernel walks them on D / BD programs).
 
 On CPU tensors the same autograd functions run the plain-PyTorch twins (`reference_forward`,
-`dv_twin`), so CPU tests check the bookkeeping; the GPU tests hold the kernels to the twins.
+`dv_twin`), so CPU tests check the bookkeeping; the GPU tests hold the kernels to the twins
+and to FLA's forward (`fla_forward`).
 
 Imported only when the fused path runs (`KimiK3.uses_fused_attn_res`): its
 `torch.compiler.disable` imports torch._dynamo, and with it Triton on CUDA builds of torch.
 
-FLA API facts this module relies on (checked against fla-core 0.6.0):
+FLA API facts `fla_forward` relies on (checked against fla-core 0.6.0):
 - `fla.ops.attnres.fused.fused_attnres_fwd(q (D,), residuals K x (N, D), res (residuals padded to
   a power of two >= 8), w, ow, eps, scale, checkpoint_level)` returns (o (N, D) in the sources'
   dtype, o_pre (None at checkpoint level 1), rstd (K, N), logit (K, N), lse (N,)), fp32 stats:
@@ -83,7 +84,7 @@ class AttnResMixture(torch.autograd.Function):
     def forward(ctx, q, w, ow, eps, *sources):
         shape, D = sources[0].shape, sources[0].shape[-1]
         flat = [s.view(-1, D) for s in sources]
-        forward = fla_forward if flat[0].is_cuda else reference_forward
+        forward = forward_kernel if flat[0].is_cuda else reference_forward
         o, rstd, logit, lse = forward(q, w, ow, flat, eps)
         ctx.save_for_backward(q, w, ow, rstd, logit, lse, *sources)
         ctx.eps = eps
@@ -125,6 +126,12 @@ def fla_forward(q, w, ow, flat, eps):
     o, _, rstd, logit, lse = fla.fused_attnres_fwd(q=q, residuals=flat, res=fla._build_ptr_table(flat), w=w, ow=ow,
                                                    eps=eps, scale=1.0, checkpoint_level=1)
     return o, rstd, logit, lse
+
+
+def forward_kernel(*args):
+    from k3lab.model.attn_res_kernel import forward
+
+    return forward(*args)
 
 
 def dv_kernel(*args):

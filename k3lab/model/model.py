@@ -142,7 +142,7 @@ class KimiK3DecoderBlock(nn.Module):
         return prefix_sum, block_residual
 
     def forward_fused(self, hidden_states: torch.Tensor, endpoints: tuple):
-        """`forward` with FLA's fused AttnRes: endpoints is a tuple of P (B, T, M) tensors.
+        """`forward` with the fused AttnRes kernels (`attn_res_fused`): endpoints is a tuple of P (B, T, M) tensors.
 
         Each mixture comes back already through the pre-norm that follows it
         (attn_norm / ffn_norm), which the kernel fuses.
@@ -279,7 +279,7 @@ class KimiK3(nn.Module):
         return layer(hidden_states, state)
 
     def uses_fused_attn_res(self, idx: torch.Tensor) -> bool:
-        """FLA's AttnRes kernel: where the config says so (`KimiK3Config.uses_fused_attn_res`), on CUDA."""
+        """The fused AttnRes kernels: where the config says so (`KimiK3Config.uses_fused_attn_res`), on CUDA."""
         return self.config.uses_fused_attn_res and idx.is_cuda
 
     def moe_layers(self) -> list[tuple[int, StableLatentMoE]]:
