@@ -308,6 +308,26 @@ def test_a_gpu_process_starts_from_the_shipped_tunings_of_its_gpu_once(tmp_path,
     assert tunings.start_from_shipped(tmp_path / "kc", "NVIDIA H200") is None  # once per cache
 
 
+def test_the_shipped_flagship_tunings_record_every_gpu_shape_for_this_model_code(monkeypatch):
+    """The warm record in k3lab/tunings/nvidia-h200-attnres_block.tar.gz is keyed by the model
+    code (`toolchain_fingerprint` hashes k3lab/model/*.py), so any change there leaves a fresh
+    H200 warming the flagship's five shapes again: 80.8 s before its first trial on 2026-12-02,
+    against 0.9 s with a matching archive. Recomputed here with the versions the archive was
+    measured with; when this fails, re-make the archive on an H200: scripts/tune_shipped.sh compiled."""
+    import tarfile
+
+    with tarfile.open(tunings.SHIPPED_DIR / "nvidia-h200-attnres_block.tar.gz", "r:gz") as tar:
+        manifest = json.loads(tar.extractfile("k3lab-tunings.json").read())
+        record = json.loads(tar.extractfile("triton/k3lab-warm.json").read())
+    measured = manifest["versions"] | {"fla-core": manifest["versions"]["fla"],
+                                       "flash-linear-attention": manifest["versions"]["fla"]}
+    monkeypatch.setattr(kernels, "package_version", measured.get)
+    toolchain = kernels.toolchain_fingerprint()
+    shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
+    missing = [shape.name for shape in shapes if kernels.shape_fingerprint(shape, manifest["gpu"], toolchain) not in record]
+    assert not missing, f"the shipped flagship tunings predate k3lab/model/*.py for {missing}"
+
+
 def ship_tunings_of(shapes, tmp_path: Path, monkeypatch) -> None:
     """Shipped tunings (in tmp_path/shipped) measured "on an H200" for every one of `shapes`:
     one autotune result and their warm record."""
