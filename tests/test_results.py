@@ -451,20 +451,24 @@ def test_the_report_splits_the_trial_build_into_corpus_model_and_mlflow_where_tr
     assert build_parts_clause([record(None, None, None)]) == ""  # runs from before the parts were logged
 
 
-def test_time_shares_split_the_trials_time_and_count_a_restored_trials_last_attempt_only(tmp_path):
+def test_time_shares_split_the_trials_time_once_and_count_a_restored_trials_last_attempt_only(tmp_path):
     """Trials a and b ran at once for the sweep's 100 s: 200 s of trials' time. Trial a: 1,000
-    tokens at 50 tokens/s (20 s training) in a 26 s loop (6 s evaluating), started in 10 s.
+    tokens at 50 tokens/s (20 s in training steps) in a 26 s loop (6 s evaluating), started in
+    10 s, of which 7 s building and 3 s its first step, inside the loop: 17 s training.
     Trial b crashed and its second attempt began at step 5: 600 of its 1,000 tokens at 60
-    tokens/s (10 s) in a 14 s loop, and both attempts' start-ups (12 + 8 s) count."""
+    tokens/s (10 s, less its first step's 2 s) in a 14 s loop, and both attempts' start-ups
+    (12 + 8 s) count. Trial c logged no build (a store from before it was logged): its whole
+    rate's time is training."""
     from k3lab.report.efficiency import most_at_once, time_shares
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment = client.create_experiment("x", artifact_location=(tmp_path / "art").as_uri())
     t0 = int(time.time() * 1000)
-    histories = {"a": [("startup_s", 10.0, 1, t0), ("tokens", 1000, 10, t0), ("avg_tokens_per_s", 50.0, 10, t0),
-                       ("train_wall_s", 26.0, 10, t0)],
-                 "b": [("startup_s", 12.0, 1, t0), ("startup_s", 8.0, 5, t0 + 50_000), ("tokens", 1000, 10, t0),
+    histories = {"a": [("startup_s", 10.0, 1, t0), ("startup_build_s", 7.0, 0, t0), ("tokens", 1000, 10, t0),
+                       ("avg_tokens_per_s", 50.0, 10, t0), ("train_wall_s", 26.0, 10, t0)],
+                 "b": [("startup_s", 12.0, 1, t0), ("startup_build_s", 9.0, 0, t0), ("startup_s", 8.0, 5, t0 + 50_000),
+                       ("startup_build_s", 6.0, 4, t0 + 50_000), ("tokens", 1000, 10, t0),
                        ("avg_tokens_per_s", 60.0, 10, t0), ("train_wall_s", 14.0, 10, t0)]}
     for name, metrics in histories.items():
         run = client.create_run(experiment, run_name=name, start_time=t0).info.run_id
@@ -472,9 +476,15 @@ def test_time_shares_split_the_trials_time_and_count_a_restored_trials_last_atte
         client.set_terminated(run, "FINISHED", end_time=t0 + 80_000)
     trials = [client.get_run(r.info.run_id) for r in client.search_runs([experiment])]
     shares = time_shares(uri, trials, wall_s=100.0)  # both ran at once: 2 slots, observed
-    assert shares == pytest.approx({"sweep_share_training": 30 / 200, "sweep_share_evaluating": 10 / 200,
+    assert shares == pytest.approx({"sweep_share_training": 25 / 200, "sweep_share_evaluating": 10 / 200,
                                     "sweep_share_starting": 30 / 200, "sweep_slots": 2.0})
-    assert time_shares(uri, trials, wall_s=100.0, slots=4)["sweep_share_training"] == pytest.approx(30 / 400)
+    assert time_shares(uri, trials, wall_s=100.0, slots=4)["sweep_share_training"] == pytest.approx(25 / 400)
+    a = [t for t in trials if t.info.run_name == "a"]
+    run = client.create_run(experiment, run_name="c", start_time=t0).info.run_id
+    client.log_batch(run, metrics=[Metric(k, v, ts, step) for k, v, step, ts in histories["a"] if k != "startup_build_s"])
+    client.set_terminated(run, "FINISHED", end_time=t0 + 80_000)
+    assert time_shares(uri, a + [client.get_run(run)], wall_s=100.0)["sweep_share_training"] == \
+        pytest.approx((17 + 20) / 200)
     assert most_at_once([(0, 10), (5, 15), (10, 20), (12, 13)]) == 3  # one ends as another begins: not both
 
 

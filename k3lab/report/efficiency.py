@@ -64,8 +64,11 @@ def time_shares(tracking_uri: str, trials: list, wall_s: float, slots: int | Non
 
     Training and evaluating come from each trial's last attempt: its trained tokens over its
     mean training rate (`avg_tokens_per_s`), and its loop's time (`train_wall_s`) less that; a
-    restored attempt trained from the step its first step was logged at. Empty when no trial
-    logged a start-up (a sweep from before these metrics)."""
+    restored attempt trained from the step its first step was logged at. The loop's first step
+    (compile and all) is in that rate's time and in `startup_s` too; it counts as starting up,
+    so training is less its part of `startup_s` after the build (`startup_build_s`), and the
+    three shares never overlap. Empty when no trial logged a start-up (a sweep from before
+    these metrics)."""
     store = client(tracking_uri)
     training = evaluating = starting = 0.0
     spans = []
@@ -81,7 +84,7 @@ def time_shares(tracking_uri: str, trials: list, wall_s: float, slots: int | Non
         final_step = max(m.step for m in store.get_metric_history(trial.info.run_id, "tokens"))
         trained = metrics["tokens"] * (final_step - startups[-1].step + 1) / final_step
         seconds = trained / metrics["avg_tokens_per_s"]
-        training += seconds
+        training += max(0.0, seconds - first_step_in_loop(store, trial.info.run_id, startups[-1].value))
         evaluating += max(0.0, metrics["train_wall_s"] - seconds)
     slots = slots or most_at_once(spans)
     if not spans or not slots or wall_s <= 0:
@@ -89,6 +92,13 @@ def time_shares(tracking_uri: str, trials: list, wall_s: float, slots: int | Non
     total = wall_s * slots
     return {f"sweep_share_{name}": value / total
             for name, value in zip(SHARES, (training, evaluating, starting))} | {"sweep_slots": float(slots)}
+
+
+def first_step_in_loop(store, run_id: str, startup_s: float) -> float:
+    """The part of the last attempt's startup_s that ran inside its training loop (its first
+    step): startup_s less that attempt's build (`startup_build_s`); 0 for runs that did not log it."""
+    builds = sorted(store.get_metric_history(run_id, "startup_build_s"), key=lambda m: m.timestamp)
+    return max(0.0, startup_s - builds[-1].value) if builds else 0.0
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:
