@@ -25,7 +25,7 @@ from rich.live import Live
 from rich.table import Table
 
 from k3lab.registry.plan import profile_label
-from k3lab.tune.status import first_error_line
+from k3lab.tune.status import crash_line
 
 DONE_STATUSES = ("done", "stopped early", "diverged", "error")
 LAST_WINDOW_TPS = "tokens/s (last window)"  # the trial's latest log window (the summary: its run average)
@@ -86,7 +86,7 @@ class SweepProgress(tune.Callback):
         self._refresh()
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self._line(trial, f"crashed ({first_error_line(trial)[:200]}): restarting from its last checkpoint")
+        self._line(trial, f"crashed ({crash_line(trial)[:200]}): restarting from its last checkpoint")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         row = self._row(trial)
@@ -99,7 +99,7 @@ class SweepProgress(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         row = self._row(trial)
         row["status"] = "error"
-        self._line(trial, f"error at step {self._steps(row)}: {first_error_line(trial)[:300]}")
+        self._line(trial, f"error at step {self._steps(row)}: {crash_line(trial)[:300]}")
         self._refresh()
 
     def show_earlier(self, trials) -> None:

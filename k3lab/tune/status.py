@@ -11,6 +11,7 @@ from ray import tune
 
 from k3lab.store import runs
 from k3lab.store.runs import RUN_ID_KEY
+from k3lab.tune.crashes import dead_worker_log, fault_line
 
 
 def final_status(result: dict, errored: bool) -> str:
@@ -24,7 +25,7 @@ def final_status(result: dict, errored: bool) -> str:
 class MLflowStatusCallback(tune.Callback):
     def __init__(self, tracking_uri: str):
         self.tracking_uri = tracking_uri
-        self.uncounted: dict[str, list[str]] = {}  # Tune's trial id -> errors of crashes before its run was known
+        self.uncounted: dict[str, list] = {}  # Tune's trial id -> crashes before its run was known
 
     def _close(self, trial, errored: bool) -> None:
         result = trial.last_result or {}
@@ -32,7 +33,11 @@ class MLflowStatusCallback(tune.Callback):
         if not run_id:
             return
         status = final_status(result, errored)
-        tags = runs.error_tags(first_error_line(trial)) if errored and trial.error_file else {}
+        tags = {}
+        if errored and trial.error_file:
+            line, worker_log = crash_report(trial)
+            tags = runs.error_tags(line)
+            keep_worker_log(self.tracking_uri, run_id, "final", worker_log)
         if status == "KILLED":
             tags |= runs.stopped_tags(result.get("done_steps"))
         runs.close_run(self.tracking_uri, run_id, status, tags)
@@ -49,22 +54,55 @@ class MLflowStatusCallback(tune.Callback):
         A trial that crashed before its first report (a reused actor, as it set the trial up) has
         no run yet: its crash is counted on the run its first report names."""
         run_id = (trial.last_result or {}).get(RUN_ID_KEY)
+        crash = crash_report(trial)
         if run_id:
-            runs.count_crash(self.tracking_uri, run_id, first_error_line(trial))
+            count_crash(self.tracking_uri, run_id, *crash)
         else:
-            self.uncounted.setdefault(trial.trial_id, []).append(first_error_line(trial))
+            self.uncounted.setdefault(trial.trial_id, []).append(crash)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = result.get(RUN_ID_KEY)
         if run_id and trial.trial_id in self.uncounted:
-            for error in self.uncounted.pop(trial.trial_id):
-                runs.count_crash(self.tracking_uri, run_id, error)
+            for crash in self.uncounted.pop(trial.trial_id):
+                count_crash(self.tracking_uri, run_id, *crash)
+
+
+def count_crash(tracking_uri: str, run_id: str, line: str, worker_log: tuple[int, str] | None) -> None:
+    """One more crash on the run (`runs.count_crash`), with the dead worker's log kept."""
+    keep_worker_log(tracking_uri, run_id, str(runs.count_crash(tracking_uri, run_id, line)), worker_log)
+
+
+def keep_worker_log(tracking_uri: str, run_id: str, which: str, worker_log: tuple[int, str] | None) -> None:
+    """The dead worker's log tail as the run's artifact `crashes/<which>-worker-<pid>.err`
+    (which: the crash's number, or `final` for the error that ended the trial)."""
+    if worker_log is not None:
+        pid, text = worker_log
+        runs.client(tracking_uri).log_text(run_id, text, f"crashes/{which}-worker-{pid}.err")
+
+
+def crash_report(trial) -> tuple[str, tuple[int, str] | None]:
+    """What went wrong, in one line, and (pid, log tail) of the dead worker when its log is on
+    this node: where the worker died of a signal, the line is the fault its own log shows
+    (`k3lab.tune.crashes`); else the error's last line."""
+    found = dead_worker_log(error_text(trial))
+    return (found and fault_line(found[1])) or first_error_line(trial), found
+
+
+def crash_line(trial) -> str:
+    return crash_report(trial)[0]
+
+
+def error_text(trial) -> str:
+    """The whole of Tune's error file for the trial ("" without one)."""
+    try:
+        with open(trial.error_file, errors="replace") as handle:
+            return handle.read()
+    except (OSError, TypeError):  # TypeError: no error file named
+        return ""
 
 
 def first_error_line(trial) -> str:
-    try:
-        with open(trial.error_file) as handle:
-            lines = [line.strip() for line in handle if line.strip()]
-        return (lines[-1] if lines else "error")[:5000]
-    except (OSError, TypeError):  # TypeError: no error file named
-        return "error (no error file)"
+    lines = [line.strip() for line in error_text(trial).splitlines() if line.strip()]
+    if not lines:
+        return "error (no error file)" if not trial.error_file else "error"
+    return lines[-1][:5000]
