@@ -26,6 +26,11 @@ Rows:
     dqdw_fla, dqdw_split
                    the reduction stage alone on the same (N, D) fp32 buffers: FLA's kernel
                    against torch.sum
+    fwd, fwd_rows4, fwd_rows8
+                   the forward kernel alone, at the largest K: the model's
+                   (`attn_res_kernel.forward`, one token row a program) and the candidate of
+                   bench/attnres_variants.py with 4 or 8 rows a program (one per warp);
+                   GB/s over the forward's bytes (below)
     dv_store, dv_sum, add
                    a source's gradient, at the largest K: k3lab's backward kernel alone
                    writing every source's gradient to its own buffer (dv_store), the same
@@ -69,8 +74,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=64 * 1024, help="N: rows (batch x sequence)")
     parser.add_argument("--dim", type=int, default=512, help="D: hidden size")
     parser.add_argument("--sources", default="2,4,7,13", help="K values, comma-separated")
-    parser.add_argument("--rows", default="fla,fla_split,k3lab,naive_compiled,dqdw,dv",
-                        help="which rows, comma-separated (dqdw: the reduction rows, dv: dv_store, dv_sum, add)")
+    parser.add_argument("--rows", default="fla,fla_split,k3lab,naive_compiled,dqdw,fwd,dv",
+                        help="which rows, comma-separated (dqdw: the reduction rows, fwd: fwd, fwd_rows4, fwd_rows8, "
+                             "dv: dv_store, dv_sum, add)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", default="cuda")
@@ -212,6 +218,25 @@ def measure_dqdw(N: int, D: int, args, device: torch.device) -> dict:
     return {name: nbytes / timed(fn, args.reps, args.warmup, device) / 1e9 for name, fn in rows.items()}
 
 
+def measure_fwd(K: int, N: int, D: int, args, device: torch.device) -> dict:
+    """The forward kernel alone: the model's and the candidates with several rows a program
+    (on a GPU; the plain-PyTorch twin on CPU): {row: GB/s}."""
+    from k3lab.model.attn_res_fused import reference_forward
+
+    residuals, q, w, ow, _ = inputs(K, N, D, device)
+    residuals, q, w, ow = [r.detach() for r in residuals], q.detach(), w.detach(), ow.detach()
+    kernels = {"fwd": reference_forward}
+    if device.type == "cuda":
+        from bench.attnres_variants import forward_rows
+        from k3lab.model.attn_res_kernel import forward
+
+        kernels = {"fwd": forward, "fwd_rows4": lambda *a: forward_rows(*a, rows=4),
+                   "fwd_rows8": lambda *a: forward_rows(*a, rows=8)}
+    nbytes = attnres_bytes(K, N, D)[0]
+    return {name: nbytes / timed(lambda fn=fn: fn(q, w, ow, residuals, 1e-6), args.reps, args.warmup, device) / 1e9
+            for name, fn in kernels.items()}
+
+
 def measure_dv(K: int, N: int, D: int, args, device: torch.device) -> dict:
     """k3lab's backward kernel alone, storing and summing, and one eager add: {row: GB/s}."""
     from k3lab.model.attn_res_fused import dv_reference, reference_forward
@@ -273,6 +298,8 @@ def main() -> None:
             print(row, flush=True)
             results.append(row)
     stages = measure_dqdw(N, D, args, device) if "dqdw" in names else {}
+    if "fwd" in names:
+        stages |= measure_fwd(max(int(k) for k in args.sources.split(",")), N, D, args, device)
     if "dv" in names:
         stages |= measure_dv(max(int(k) for k in args.sources.split(",")), N, D, args, device)
     for name, gbps in stages.items():

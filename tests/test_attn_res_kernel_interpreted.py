@@ -1,9 +1,11 @@
-"""k3lab's AttnRes Triton kernels (`k3lab.model.attn_res_kernel`) on CPU, through Triton's
-interpreter, against their plain-PyTorch twins in `attn_res_fused`.
+"""k3lab's AttnRes Triton kernels (`k3lab.model.attn_res_kernel`, and the candidate forward of
+bench/attnres_variants.py) on CPU, through Triton's interpreter, against their plain-PyTorch
+twins in `attn_res_fused`.
 
 The GPU tests (tests/test_gpu_fused.py) hold the compiled kernels to the same twins at the trial
 shapes; these run the kernels' own code on any machine with Triton installed, at small shapes,
-including a D that is not a power of two (masked lanes) and K past 8 (the padded source tuple).
+including a D that is not a power of two (masked lanes), K past 8 (the padded source tuple) and
+a number of rows that is not a multiple of a program's rows.
 Triton reads TRITON_INTERPRET when it is imported, so the kernels run in a child process that
 sets it first (this file run as a script), and the tests check the errors it reports.
 """
@@ -30,6 +32,7 @@ def case_errors(K: int, D: int, dtype_name: str, with_out_norm: bool) -> dict[st
     """In the child: each kernel output's max error relative to its twin's largest value."""
     import torch
 
+    from bench.attnres_variants import forward_rows
     from k3lab.model import attn_res_fused, attn_res_kernel
 
     g = torch.Generator().manual_seed(K)
@@ -43,6 +46,9 @@ def case_errors(K: int, D: int, dtype_name: str, with_out_norm: bool) -> dict[st
     errors["o_dtype_matches"] = float(got[0].dtype == dtype)
     for name, a, b in zip(["o", "rstd", "logit", "lse"], got, want):
         errors[name] = relative(a, b)
+    for rows in (4, 8):
+        candidate = forward_rows(q, w, ow, residuals, 1e-6, rows=rows)
+        errors[f"rows{rows}"] = max(relative(a, b) for a, b in zip(candidate, got))  # the model's kernel, exactly
     do = torch.randn(N, D, generator=g).to(dtype)
     held = [torch.randn(N, D, generator=g).to(dtype) for _ in range(K)]
     acc = 0b0101010101010 & ((1 << K) - 1)  # every other source already holds a reader's share
@@ -75,6 +81,12 @@ def test_forward_kernel_returns_the_twins_output_and_statistics(errors, case):
     assert found["o"] < (1e-5 if case[2] == "float32" else 1e-2)  # one rounding to bf16
     for name in ("rstd", "logit", "lse"):  # fp32 whatever the sources' dtype
         assert found[name] < 1e-5, name
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_the_candidate_forward_with_several_rows_a_program_gives_the_models_outputs(errors, case):
+    found = errors[str(case)]
+    assert found["rows4"] < 1e-6 and found["rows8"] < 1e-6
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

@@ -42,6 +42,7 @@ def test_the_bench_runs_its_cpu_rows_and_prints_their_table():
     assert "| dqdw_split | 256 x 64 |" in done.stdout
     assert "| k3lab | 3 | 256 x 64 |" in done.stdout
     assert "| dv_sum | 256 x 64 |" in done.stdout
+    assert "| fwd | 256 x 64 |" in done.stdout  # the forward alone (its candidates need a GPU)
     assert "Copy (device to device, read + written): " in done.stdout
 
 
