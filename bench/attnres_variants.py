@@ -3,12 +3,15 @@ any of them goes into `k3lab.model` (where a change also means re-making the shi
 
 forward_rows: `k3lab.model.attn_res_kernel.forward` with ROWS token rows per program instead of
 one. The model's kernel reads its bytes at 37-42% of the H200's copy rate (2026-12-02), where
-its backward reaches 81-83%. Each source there costs two block-wide reductions (the RMS and the
-score) over one row of D values on 4 warps, through shared memory. With ROWS = num_warps rows a
-program, Triton lays one row on each warp, so the reductions become warp shuffles, and each
-program keeps ROWS loads in flight per source. Same math, same outputs; the plain-PyTorch twin
-is `k3lab.model.attn_res_fused.reference_forward`, as for the model's kernel
-(tests/test_attn_res_kernel_interpreted.py runs both through Triton's interpreter).
+its backward reaches 81-83%. Each source there costs two reductions (the RMS and the score)
+over one row of D values spread over all 4 warps: shared memory and a barrier each. With ROWS
+rows a program on ROWS warps, fewer warps share a row and each program keeps ROWS rows' loads in
+flight per source. At D = 512 in bf16 Triton 3.6 lays a row on 2 warps (warpsPerCTA [2, 2] for
+4 rows, [4, 2] for 8; compiled for sm_90 on CPU), so the reductions still cross warps, only
+fewer of them; at D <= 256 a row fits one warp. Same math; the plain-PyTorch twin is
+`k3lab.model.attn_res_fused.reference_forward`, as for the model's kernel
+(tests/test_attn_res_kernel_interpreted.py runs both through Triton's interpreter, which sums in
+the same order as the model's kernel, so there they agree exactly; a GPU may round otherwise).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ Rows:
     fwd, fwd_rows4, fwd_rows8
                    the forward kernel alone, at the largest K: the model's
                    (`attn_res_kernel.forward`, one token row a program) and the candidate of
-                   bench/attnres_variants.py with 4 or 8 rows a program (one per warp);
+                   bench/attnres_variants.py with 4 or 8 rows a program (on as many warps);
                    GB/s over the forward's bytes (below)
     dv_store, dv_sum, add
                    a source's gradient, at the largest K: k3lab's backward kernel alone

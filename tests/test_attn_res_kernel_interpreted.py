@@ -48,7 +48,7 @@ def case_errors(K: int, D: int, dtype_name: str, with_out_norm: bool) -> dict[st
         errors[name] = relative(a, b)
     for rows in (4, 8):
         candidate = forward_rows(q, w, ow, residuals, 1e-6, rows=rows)
-        errors[f"rows{rows}"] = max(relative(a, b) for a, b in zip(candidate, got))  # the model's kernel, exactly
+        errors[f"rows{rows}"] = max(relative(a, b) for a, b in zip(candidate, got))  # the model kernel's sums, same order
     do = torch.randn(N, D, generator=g).to(dtype)
     held = [torch.randn(N, D, generator=g).to(dtype) for _ in range(K)]
     acc = 0b0101010101010 & ((1 << K) - 1)  # every other source already holds a reader's share

@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from mlflow import MlflowClient
 
 from k3lab.tune.crashes import dead_worker_log, dead_worker_pid, fault_line, short_path
-from k3lab.tune.status import MLflowStatusCallback, crash_line
+from k3lab.tune.status import MLflowStatusCallback, crash_line, keep_worker_log
 
 # Tune's error.txt for a trial whose worker died (Ray 2.x ActorDiedError), pid 9868
 ACTOR_DIED = """Failure # 1 (occurred at 2026-12-01_14-39-56)
@@ -106,3 +107,24 @@ def test_without_the_workers_log_the_crash_line_is_tunes_last_error_line(tmp_pat
     (tmp_path / "error.txt").write_text(ACTOR_DIED)
     trial = SimpleNamespace(error_file=str(tmp_path / "error.txt"))
     assert crash_line(trial).startswith("The actor is dead because its worker process has died.")
+
+
+def test_only_the_last_of_a_trials_failures_is_read(tmp_path, monkeypatch):
+    """Tune appends every failure of a trial to one error file: a later failure that is not a
+    dead worker's must not be reported with an earlier crash's worker log, and the other way round."""
+    import k3lab.tune.crashes as crashes
+
+    monkeypatch.setattr(crashes, "ray_logs_dir", lambda: ray_logs(tmp_path, 9868, worker_stderr()))
+    out_of_memory = "Failure # 2 (occurred at 2026-12-01_14-45-02)\ntorch.OutOfMemoryError: CUDA out of memory\n"
+    (tmp_path / "after.txt").write_text(ACTOR_DIED + out_of_memory)
+    (tmp_path / "before.txt").write_text(out_of_memory.replace("# 2", "# 1") + ACTOR_DIED.replace("# 1", "# 2"))
+    assert crash_line(SimpleNamespace(error_file=str(tmp_path / "after.txt"))) == \
+        "torch.OutOfMemoryError: CUDA out of memory"
+    assert crash_line(SimpleNamespace(error_file=str(tmp_path / "before.txt"))).startswith("Segmentation fault")
+
+
+def test_a_worker_log_the_store_cannot_take_costs_a_warning_not_the_sweep(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri).create_experiment("x", artifact_location=(tmp_path / "art").as_uri())
+    with pytest.warns(UserWarning, match="pid 9868.*was not kept with run no-such-run"):
+        keep_worker_log(uri, "no-such-run", "1", (9868, "Fatal Python error: Segmentation fault\n"))

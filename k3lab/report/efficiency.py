@@ -67,7 +67,8 @@ def time_shares(tracking_uri: str, trials: list, wall_s: float, slots: int | Non
     restored attempt trained from the step its first step was logged at. The loop's first step
     (compile and all) is in that rate's time and in `startup_s` too; it counts as starting up,
     so training is less its part of `startup_s` after the build (`startup_build_s`), and the
-    three shares never overlap. Empty when no trial logged a start-up (a sweep from before
+    three shares never overlap. (For a restored attempt that part also holds the checkpoint's
+    loading, which was never training time: its training comes out short by that much.) Empty when no trial logged a start-up (a sweep from before
     these metrics)."""
     store = client(tracking_uri)
     training = evaluating = starting = 0.0

@@ -4,7 +4,8 @@ When a trial's process dies of a signal (a SIGSEGV in a CUDA-graph launch, an ab
 CUDA fault), Tune's error says only that the actor's worker died, and its pid. The cause is in
 that worker's stderr, which Ray keeps on its node as `<session>/logs/worker-<id>-<job>-<pid>.err`
 (moved to `logs/old/` once the process is gone): the signal, the native frames, and the
-Python stack that faulthandler prints. `dead_worker_log` finds that file on the driver's
+Python stack that faulthandler prints. Tune's error file holds every failure of the trial, so
+only the last one is read. `dead_worker_log` finds that file on the driver's
 node and `fault_line` turns it into one line, e.g.
 
     Segmentation fault in replay (torch/cuda/graphs.py:139), from k3lab/train/graphs.py:54 in __call__
@@ -26,9 +27,16 @@ FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>
 STACK_HEADER = re.compile(r"^(Current thread .*|Stack) \(most recent call first\):$", re.MULTILINE)
 
 
+def last_failure(error: str) -> str:
+    """The last failure in Tune's error file, which holds one section per failure of the trial
+    (each under a `Failure # n` header, appended)."""
+    return error[error.rfind("Failure # "):] if "Failure # " in error else error
+
+
 def dead_worker_pid(error: str) -> int | None:
-    """The pid of the worker an actor died with, from the text of Tune's error (None when the
-    error is not a dead worker's)."""
+    """The pid of the worker an actor died with, from the text of Tune's last failure (None
+    when that failure is not a dead worker's)."""
+    error = last_failure(error)
     if "worker process has died" not in error:
         return None
     found = PID.search(error)
@@ -46,16 +54,12 @@ def ray_logs_dir() -> Path | None:
         return None
 
 
-def worker_log_file(pid: int, logs_dir: Path | None) -> Path | None:
-    """The stderr file of worker `pid` in logs_dir (or in its old/, where Ray moves the logs
-    of processes that ended)."""
+def worker_log_files(pid: int, logs_dir: Path | None) -> list[Path]:
+    """The stderr files of worker `pid` in logs_dir, then in its old/ (where Ray moves the logs
+    of processes that ended, perhaps between finding a file and reading it)."""
     if logs_dir is None:
-        return None
-    for folder in (logs_dir, logs_dir / "old"):
-        found = sorted(folder.glob(f"worker-*-{pid}.err"))
-        if found:
-            return found[-1]
-    return None
+        return []
+    return [path for folder in (logs_dir, logs_dir / "old") for path in sorted(folder.glob(f"worker-*-{pid}.err"))]
 
 
 def short_path(path: str) -> str:
@@ -107,11 +111,10 @@ def dead_worker_log(error: str, logs_dir: Path | None = None) -> tuple[int, str]
     pid = dead_worker_pid(error)
     if pid is None:
         return None
-    path = worker_log_file(pid, logs_dir if logs_dir is not None else ray_logs_dir())
-    if path is None:
-        return None
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    return pid, "\n".join(lines[-LOG_TAIL_LINES:]) + "\n"
+    for path in worker_log_files(pid, logs_dir if logs_dir is not None else ray_logs_dir()):
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:  # moved to old/ as it was read: the next path
+            continue
+        return pid, "\n".join(lines[-LOG_TAIL_LINES:]) + "\n"
+    return None

@@ -3,9 +3,14 @@
 A trial that ASHA stops early never gets to close its own run (its actor is stopped),
 and a trial that crashed past its retries ends in Tune, not in the trial; so the driver
 sets the final status: FINISHED, FAILED (with the error) or KILLED (early-stopped).
+Crashes Tune restarts are counted on the run. Where the trial's process died of a signal,
+the error is the fault its worker's own log shows, and that log is kept with the run
+(`k3lab.tune.crashes`).
 """
 
 from __future__ import annotations
+
+import warnings
 
 from ray import tune
 
@@ -74,17 +79,22 @@ def count_crash(tracking_uri: str, run_id: str, line: str, worker_log: tuple[int
 
 def keep_worker_log(tracking_uri: str, run_id: str, which: str, worker_log: tuple[int, str] | None) -> None:
     """The dead worker's log tail as the run's artifact `crashes/<which>-worker-<pid>.err`
-    (which: the crash's number, or `final` for the error that ended the trial)."""
-    if worker_log is not None:
-        pid, text = worker_log
+    (which: the crash's number, or `final` for the error that ended the trial). A diagnostic:
+    an artifact store that cannot take it costs a warning, not the sweep or the run's status."""
+    if worker_log is None:
+        return
+    pid, text = worker_log
+    try:
         runs.client(tracking_uri).log_text(run_id, text, f"crashes/{which}-worker-{pid}.err")
+    except Exception as error:
+        warnings.warn(f"k3lab: the crashed worker's log (pid {pid}) was not kept with run {run_id}: {error}")
 
 
 def crash_report(trial) -> tuple[str, tuple[int, str] | None]:
     """What went wrong, in one line, and (pid, log tail) of the dead worker when its log is on
     this node: where the worker died of a signal, the line is the fault its own log shows
     (`k3lab.tune.crashes`); else the error's last line."""
-    found = dead_worker_log(error_text(trial))
+    found = dead_worker_log(error_text(trial) or "")
     return (found and fault_line(found[1])) or first_error_line(trial), found
 
 
@@ -92,17 +102,18 @@ def crash_line(trial) -> str:
     return crash_report(trial)[0]
 
 
-def error_text(trial) -> str:
-    """The whole of Tune's error file for the trial ("" without one)."""
+def error_text(trial) -> str | None:
+    """The whole of Tune's error file for the trial (None without one)."""
     try:
         with open(trial.error_file, errors="replace") as handle:
             return handle.read()
     except (OSError, TypeError):  # TypeError: no error file named
-        return ""
+        return None
 
 
 def first_error_line(trial) -> str:
-    lines = [line.strip() for line in error_text(trial).splitlines() if line.strip()]
-    if not lines:
-        return "error (no error file)" if not trial.error_file else "error"
-    return lines[-1][:5000]
+    text = error_text(trial)
+    if text is None:
+        return "error (no error file)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[-1] if lines else "error")[:5000]
