@@ -157,12 +157,14 @@ def attnres_bytes(K: int, N: int, D: int, s: int = 2) -> tuple[int, int]:
     return forward, backward
 
 
-def inputs(K: int, N: int, D: int, device: torch.device, dtype=torch.bfloat16):
+def inputs(K: int, N: int, D: int, device: torch.device, dtype=torch.bfloat16, requires_grad: bool = True):
+    """(residuals K x (N, D), query, rms_weight, out_weight (D,), do (N, D)); requires_grad=False
+    for the stages that call a kernel directly, outside autograd."""
     g = torch.Generator(device="cpu").manual_seed(K)
-    residuals = [torch.randn(N, D, generator=g).to(device, dtype).requires_grad_() for _ in range(K)]
-    query = (0.02 * torch.randn(D, generator=g)).to(device).requires_grad_()
-    rms_weight = (1 + 0.1 * torch.randn(D, generator=g)).to(device).requires_grad_()
-    out_weight = (1 + 0.1 * torch.randn(D, generator=g)).to(device).requires_grad_()
+    residuals = [torch.randn(N, D, generator=g).to(device, dtype).requires_grad_(requires_grad) for _ in range(K)]
+    query = (0.02 * torch.randn(D, generator=g)).to(device).requires_grad_(requires_grad)
+    rms_weight = (1 + 0.1 * torch.randn(D, generator=g)).to(device).requires_grad_(requires_grad)
+    out_weight = (1 + 0.1 * torch.randn(D, generator=g)).to(device).requires_grad_(requires_grad)
     do = torch.randn(N, D, generator=g).to(device, dtype)
     return residuals, query, rms_weight, out_weight, do
 
@@ -223,8 +225,7 @@ def measure_fwd(K: int, N: int, D: int, args, device: torch.device) -> dict:
     (on a GPU; the plain-PyTorch twin on CPU): {row: GB/s}."""
     from k3lab.model.attn_res_fused import reference_forward
 
-    residuals, q, w, ow, _ = inputs(K, N, D, device)
-    residuals, q, w, ow = [r.detach() for r in residuals], q.detach(), w.detach(), ow.detach()
+    residuals, q, w, ow, _ = inputs(K, N, D, device, requires_grad=False)
     kernels = {"fwd": reference_forward}
     if device.type == "cuda":
         from bench.attnres_variants import forward_rows
@@ -241,9 +242,7 @@ def measure_dv(K: int, N: int, D: int, args, device: torch.device) -> dict:
     """k3lab's backward kernel alone, storing and summing, and one eager add: {row: GB/s}."""
     from k3lab.model.attn_res_fused import dv_reference, reference_forward
 
-    residuals, q, w, ow, do = inputs(K, N, D, device)
-    residuals = [r.detach() for r in residuals]
-    q, w, ow = q.detach(), w.detach(), ow.detach()
+    residuals, q, w, ow, do = inputs(K, N, D, device, requires_grad=False)
     if device.type == "cuda":
         from k3lab.model.attn_res_kernel import dv_backward, forward
         _, rstd, logit, lse = forward(q, w, ow, residuals, 1e-6)
