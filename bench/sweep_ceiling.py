@@ -18,10 +18,13 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
 - any sweep phase with `--tree DIR --label NAME`: the same, run by the k3lab of another checkout
   (its own folder and store; the caches are shared), kept as `PHASE-NAME`: before and after a
   change, side by side on one machine.
-- alone: the sweep's first trial (first variant, first seed) alone on the GPU, through the same
-  trial code (`run_trial`, no tracking): its tokens/s over the last log window is the ceiling a
-  sweep of that shape can approach; the sweep's tokens/s (all tokens / wall time) against it is
-  how much of the GPU the sweep uses.
+- alone: each variant's first trial (its first seed) alone on the GPU, one after another in one
+  process, through the same trial code (`run_trial`, no tracking; `--alone-steps` shortens them).
+  A trial's tokens/s over its last log window is what it trains with the GPU to itself. The
+  sweep's ceiling is its own trials run so, one at a time: all its tokens over the sum of each
+  variant's tokens divided by that variant's rate alone. Variants differ in cost (full-depth
+  AttnRes reads every earlier layer), so the baseline's trial alone, the fastest, is no ceiling
+  for a sweep of them all; both ratios are reported.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--work", required=True, help="folder for the caches, stores and results.json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--training-slots", type=int, default=2, help="N for the slots phase")
+    parser.add_argument("--alone-steps", type=int, help="steps of each trial in the alone phase (default: the "
+                                                        "profile's); its rate is the last log window's")
     parser.add_argument("--seeds", help="run every phase with these seeds (e.g. 0,1) instead of the profile's "
                                         "seeds policy, so that each phase is the same fixed set of trials")
     parser.add_argument("--tree", help="run the sweep phases with the k3lab of this checkout (e.g. the commit before "
@@ -143,38 +148,68 @@ def sweep_figures(store: Path) -> dict:
                        "build_s": build.pop("startup_build_s", None), "build_parts": build})
     keep = ("sweep_wall_s", "sweep_tokens", "sweep_tokens_per_s", "sweep_mfu", "kernel_warmup_s",
             "trial_startup_s_mean", "trial_startup_s_max")
+    tokens_by_variant = {}  # variant id: the tokens its trials trained (for the ceiling of the same trials alone)
+    for t in trials:
+        variant = t.data.tags.get(runs.VARIANT_ID)
+        tokens_by_variant[variant] = tokens_by_variant.get(variant, 0) + (t.data.metrics.get("tokens") or 0)
     return {"device": next((t.data.tags[runs.DEVICE] for t in trials if runs.DEVICE in t.data.tags), None),
             "trials": len(trials), "finished": sum(t.info.status == "FINISHED" for t in trials),
+            "tokens_by_variant": tokens_by_variant,
             "first_trial": min(firsts, key=lambda f: f["first_step_at"], default=None),
             **{key: parent.data.metrics.get(key) for key in keep}}
 
 
 def run_alone(args: argparse.Namespace, work: Path) -> dict:
-    """The first trial of the sweep alone, in a child process (this one never touches the GPU)."""
-    out = subprocess.run([sys.executable, __file__, args.file, "--profile", args.profile, "--work", str(work),
-                          "--child"], env=os.environ | caches(work), cwd=ROOT, capture_output=True, text=True)
+    """Each variant's first trial alone, in a child process (this one never touches the GPU)."""
+    command = [sys.executable, __file__, args.file, "--profile", args.profile, "--work", str(work), "--child"]
+    if args.alone_steps:
+        command += ["--alone-steps", str(args.alone_steps)]
+    out = subprocess.run(command, env=os.environ | caches(work), cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if out.returncode != 0:
-        sys.exit(f"alone: exit {out.returncode}\n{out.stderr[-3000:]}")
+        sys.exit(f"alone: exit {out.returncode} (its output is above)")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def alone_child(args: argparse.Namespace) -> dict:
+    """One trial of each variant, one after another in this process (so imports are paid once)."""
+    import attrs
     import torch
 
     from k3lab.registry.commands import load_sweep_for
     from k3lab.tune.kernels import open_kernel_cache
-    from k3lab.tune.trial import TrialSpec, run_trial
+    from k3lab.tune.trial import TrialSpec, forget_earlier_trial, run_trial
 
     open_kernel_cache(say=lambda line: print(line, file=sys.stderr))
     sweep = load_sweep_for(args.file, args.profile)
-    variant = sweep.valid_variants[0]
-    spec = TrialSpec(variant_id=variant.id, variant_name=variant.name, seed=variant.seeds[0],
-                     config=variant.config.to_dict(), train=sweep.train, tracking_uri=None, experiment="alone")
+    train = attrs.evolve(sweep.train, steps=args.alone_steps) if args.alone_steps else sweep.train
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    result, _ = run_trial(spec, device=device)
-    return {"phase": "alone", "trial": spec.name, "status": result.status, "tokens": result.tokens,
-            "tokens_per_s_last_window": result.tokens_per_s, "tokens_per_s_run_average": result.average_tokens_per_s,
-            "startup_s": result.startup_s, "device": torch.cuda.get_device_name() if device.type == "cuda" else None}
+    rows = []
+    for variant in sweep.valid_variants:
+        forget_earlier_trial()
+        spec = TrialSpec(variant_id=variant.id, variant_name=variant.name, seed=variant.seeds[0],
+                         config=variant.config.to_dict(), train=train, tracking_uri=None, experiment="alone")
+        result, _ = run_trial(spec, device=device)
+        rows.append({"trial": spec.name, "variant": variant.id, "status": result.status, "tokens": result.tokens,
+                     "tokens_per_s_last_window": result.tokens_per_s,
+                     "tokens_per_s_run_average": result.average_tokens_per_s, "startup_s": result.startup_s})
+        print(f"alone: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+    return {"phase": "alone", "steps": train.steps, "trials": rows,
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else None}
+
+
+def alone_trials(alone: dict) -> list[dict]:
+    """The alone phase's trials; a results.json from before 2026-12-02 kept one, at the top level."""
+    return alone.get("trials") or ([alone] if alone.get("trial") else [])
+
+
+def ceiling_tokens_per_s(sweep: dict, alone: dict) -> float | None:
+    """The sweep's tokens/s were its trials run alone one at a time: its tokens over the sum of
+    each variant's tokens / that variant's rate alone. None where a variant has no rate."""
+    rates = {t.get("variant"): t.get("tokens_per_s_last_window") for t in alone_trials(alone)}
+    tokens = sweep.get("tokens_by_variant") or {}
+    if not tokens or not all(rates.get(v) for v in tokens):
+        return None
+    return sum(tokens.values()) / sum(n / rates[v] for v, n in tokens.items())
 
 
 def table(results: dict) -> str:
@@ -196,15 +231,24 @@ def table(results: dict) -> str:
     if results.get("fresh") and results.get("warm"):
         ratio = results["fresh"]["command_wall_s"] / results["warm"]["command_wall_s"]
         notes.append(f"Fresh against warm, command wall time: {ratio:.2f}x.")
-    alone = results.get("alone")
-    if alone:
-        notes.append(f"One trial alone ({alone['trial']}, {alone['status']}): {number(alone['tokens_per_s_last_window'])} "
-                     f"tokens/s over its last log window, {number(alone['tokens_per_s_run_average'])} over its run.")
+    alone = results.get("alone") or {}
+    trials = alone_trials(alone)
+    if trials:
+        steps = f", {alone['steps']} steps each" if alone.get("steps") else ""
+        notes.append(f"Alone, one after another ({len(trials)} trial{'s' if len(trials) > 1 else ''}{steps}; tokens/s over the "
+                     "last log window, then over the run): " + "; ".join(
+                         f"{t['trial']} ({t['status']}) {number(t['tokens_per_s_last_window'])}, "
+                         f"{number(t['tokens_per_s_run_average'])}" for t in trials) + ".")
+        first = trials[0]
         for name in sweep_phases(results):
             r = results[name]
-            if r and r.get("sweep_tokens_per_s") and alone.get("tokens_per_s_last_window"):
-                notes.append(f"The {name} sweep's tokens/s against one trial alone: "
-                             f"{r['sweep_tokens_per_s'] / alone['tokens_per_s_last_window']:.0%}.")
+            if r and r.get("sweep_tokens_per_s") and first.get("tokens_per_s_last_window"):
+                notes.append(f"The {name} sweep's tokens/s against {first['trial']} alone: "
+                             f"{r['sweep_tokens_per_s'] / first['tokens_per_s_last_window']:.0%}.")
+            ceiling = r and r.get("sweep_tokens_per_s") and ceiling_tokens_per_s(r, alone)
+            if ceiling:
+                notes.append(f"Against its own trials run alone one at a time ({number(ceiling)} tokens/s): "
+                             f"{r['sweep_tokens_per_s'] / ceiling:.0%}.")
     return "\n".join(lines) + ("\n\n" + " ".join(notes) if notes else "") + "\n\n" + timeline_table(results)
 
 

@@ -75,3 +75,36 @@ def test_another_checkouts_phase_is_a_row_beside_its_own_with_its_command():
                                            "warm --tree OTHER_CHECKOUT --label before`, then the same with `--write")
     assert commands_for(args, {"slots-2-before": {}}) == (f"{base} --phase slots --training-slots 2 --tree "
                                                          "OTHER_CHECKOUT --label before`, then the same with `--write")
+
+
+def test_the_ceiling_is_the_sweeps_own_trials_run_alone_one_at_a_time():
+    from bench.sweep_ceiling import ceiling_tokens_per_s
+
+    alone = {"trials": [{"variant": "off", "tokens_per_s_last_window": 600_000.0},
+                        {"variant": "full", "tokens_per_s_last_window": 300_000.0}]}
+    sweep = {"tokens_by_variant": {"off": 6e6, "full": 6e6}}
+    # 6M tokens at 600k/s (10 s) and 6M at 300k/s (20 s): 12M tokens in 30 s, not the fastest trial's 600k
+    assert ceiling_tokens_per_s(sweep, alone) == 400_000.0
+    assert ceiling_tokens_per_s({"tokens_by_variant": {"off": 6e6, "bs4": 6e6}}, alone) is None  # bs4 never ran alone
+    assert ceiling_tokens_per_s({}, alone) is None  # a results.json from before tokens_by_variant
+
+
+def test_the_table_sets_each_sweep_against_the_first_trial_alone_and_against_its_own_trials_alone():
+    from bench.sweep_ceiling import table
+
+    sweep = {"exit": 0, "finished": 2, "trials": 2, "command_wall_s": 40.0, "first_step_s": 9.0,
+             "kernel_warmup_s": 0.0, "trial_startup_s_mean": 5.0, "trial_startup_s_max": 6.0,
+             "sweep_tokens_per_s": 320_000.0, "sweep_mfu": None, "tokens_by_variant": {"off": 6e6, "full": 6e6}}
+    alone = {"steps": 60, "trials": [
+        {"trial": "off-s0", "variant": "off", "status": "FINISHED", "tokens_per_s_last_window": 600_000.0,
+         "tokens_per_s_run_average": 500_000.0},
+        {"trial": "full-s0", "variant": "full", "status": "FINISHED", "tokens_per_s_last_window": 300_000.0,
+         "tokens_per_s_run_average": 250_000.0}]}
+    text = table({"warm": sweep, "alone": alone})
+    assert "off-s0 (FINISHED) 600,000, 500,000; full-s0 (FINISHED) 300,000, 250,000" in text
+    assert "The warm sweep's tokens/s against off-s0 alone: 53%." in text
+    assert "Against its own trials run alone one at a time (400,000 tokens/s): 80%." in text
+    old = {"trial": "off-s0", "status": "FINISHED", "tokens_per_s_last_window": 640_000.0,
+           "tokens_per_s_run_average": 500_000.0}  # results.json before 2026-12-02: one trial, no variant
+    text = table({"warm": sweep, "alone": old})
+    assert "against off-s0 alone: 50%." in text and "one at a time" not in text
