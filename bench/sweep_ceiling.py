@@ -336,7 +336,9 @@ def commands_for(args: argparse.Namespace, results: dict) -> str:
     base = f"python bench/sweep_ceiling.py {args.file} --profile {args.profile} --work WORK" + \
         (f" --seeds {args.seeds}" if args.seeds else "")
     plain = [k for k in results if "-" not in k]
-    lines = [base + "".join(f" --phase {k}" for k in plain)] if plain else []
+    steps = (results.get("alone") or {}).get("steps")
+    lines = [base + "".join(f" --phase {k}" for k in plain)
+             + (f" --alone-steps {steps}" if "alone" in plain and steps else "")] if plain else []
     for key in sweep_phases(results):  # the keys phase_key made: slots-N, PHASE-LABEL, slots-N-LABEL
         phase, _, rest = key.partition("-")
         slots, _, label = rest.partition("-") if phase == "slots" else ("", "", rest)

@@ -108,3 +108,12 @@ def test_the_table_sets_each_sweep_against_the_first_trial_alone_and_against_its
            "tokens_per_s_run_average": 500_000.0}  # results.json before 2026-12-02: one trial, no variant
     text = table({"warm": sweep, "alone": old})
     assert "against off-s0 alone: 50%." in text and "one at a time" not in text
+
+
+def test_the_command_names_the_alone_phases_steps():
+    from bench.sweep_ceiling import commands_for
+
+    args = argparse.Namespace(file="f.yaml", profile="gpu", seeds="0,1")
+    assert commands_for(args, {"warm": {}, "alone": {"steps": 60, "trials": []}}).startswith(
+        "python bench/sweep_ceiling.py f.yaml --profile gpu --work WORK --seeds 0,1 --phase warm --phase alone "
+        "--alone-steps 60`")
