@@ -361,3 +361,27 @@ def test_a_trials_first_step_logs_torch_compiles_cache_hits_and_misses():
     train(load_preset("tiny"), tiny_spec(steps=2, eval_interval=2), tracker=tracker, started_at=time.time())
     assert tracker.metrics["startup_fxgraph_cache_hits"] == [(1, 3.0)]  # logged with startup_s, at step 1
     dynamo_utils.counters.clear()
+
+
+def test_the_last_evaluation_uses_final_eval_batches_and_the_others_eval_batches(monkeypatch):
+    """final_eval_batches: the verdict's val_loss from more validation batches than the curve's
+    points; its value is the mean loss over that many fixed windows."""
+    trainer = Trainer(load_preset("tiny"), tiny_spec(final_eval_batches=5), seed=0)
+    drawn = []
+    original = type(trainer.val_sampler).eval_batches
+    monkeypatch.setattr(type(trainer.val_sampler), "eval_batches",
+                        lambda self, n, device=None: (drawn.append(n), original(self, n, device))[1])
+    trainer.step = 6
+    midway = trainer.evaluate()["val_loss"]
+    trainer.step = 12
+    final = trainer.evaluate()["val_loss"]
+    assert drawn == [2, 5]
+    with torch.no_grad():
+        losses = [trainer.model(x, y, return_logits=False)[1] for x, y in original(trainer.val_sampler, 5)]
+    assert final == pytest.approx(torch.stack(losses).mean().item(), rel=1e-5) and final != midway
+    assert tiny_spec().eval_batches_at(12) == 2  # unset: every evaluation has eval_batches
+
+
+def test_final_eval_batches_must_be_positive():
+    with pytest.raises(Exception, match="final_eval_batches must be positive, got 0"):
+        tiny_spec(final_eval_batches=0)

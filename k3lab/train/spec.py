@@ -31,7 +31,9 @@ class TrainSpec:
     when that is fewer), then `cosine` decay to `min_lr_ratio * lr` at `steps`,
     or `constant`. `dtype` is the parameter dtype; `autocast` (null, bfloat16,
     float16) the autocast dtype of the forward pass. `eval_interval` steps between evaluations of `eval_batches`
-    validation batches; each evaluation is one Ray Tune report.
+    validation batches; each evaluation is one Ray Tune report. `final_eval_batches` (null:
+    `eval_batches`): the batches of the last evaluation, whose val_loss the verdicts compare,
+    so that the curve's points can cost less GPU time than the answer's.
     `compile` torch.compiles the decoder blocks; `cuda_graph` captures forward+backward
     as one CUDA graph (null: wherever it can run -- CUDA, no gradient accumulation, one
     process); `activation_checkpointing` recomputes each decoder layer in backward
@@ -55,6 +57,7 @@ class TrainSpec:
     grad_clip: float | None = attrs.field(default=1.0, validator=positive)
     eval_interval: int = attrs.field(default=50, validator=positive)
     eval_batches: int = attrs.field(default=8, validator=positive)
+    final_eval_batches: int | None = attrs.field(default=None, validator=positive)
     dataset: str = attrs.field(default="stdlib", validator=non_empty)
     tokenizer: str = attrs.field(default="byte", validator=non_empty)
     compile: bool = False
@@ -82,6 +85,10 @@ class TrainSpec:
     @property
     def total_tokens(self) -> int:
         return self.steps * self.tokens_per_step
+
+    def eval_batches_at(self, step: int) -> int:
+        """Validation batches of the evaluation at `step`: final_eval_batches at the last step."""
+        return self.final_eval_batches if step >= self.steps and self.final_eval_batches else self.eval_batches
 
     @property
     def num_evals(self) -> int:

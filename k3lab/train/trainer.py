@@ -237,7 +237,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean validation loss (nats/token) over the fixed eval windows, and bits per byte.
+        """Mean validation loss (nats/token) over the fixed eval windows, and bits per byte;
+        as many batches as the spec gives this step (`TrainSpec.eval_batches_at`).
 
         Compiled blocks run eagerly here: on an H200 (torch 2.11, FLA 0.6.0) the graphs
         torch.compile builds for a no-grad forward of the fused model gave a loss of 3.5
@@ -246,7 +247,7 @@ class Trainer:
         self.model.eval()
         losses = []
         with eager_if_compiled(self.model):
-            for x, y in self.val_sampler.eval_batches(self.spec.eval_batches, self.device):
+            for x, y in self.val_sampler.eval_batches(self.spec.eval_batches_at(self.step), self.device):
                 with self.autocast_context():
                     _, loss = self.forward(x, y, return_logits=False)
                 losses.append(loss.float())
