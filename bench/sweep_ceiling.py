@@ -203,7 +203,7 @@ def alone_trials(alone: dict) -> list[dict]:
 
 
 def ceiling_tokens_per_s(sweep: dict, alone: dict) -> float | None:
-    """The sweep's tokens/s were its trials run alone one at a time: its tokens over the sum of
+    """The sweep's tokens/s if its trials ran alone, one at a time: its tokens over the sum of
     each variant's tokens / that variant's rate alone. None where a variant has no rate."""
     rates = {t.get("variant"): t.get("tokens_per_s_last_window") for t in alone_trials(alone)}
     tokens = sweep.get("tokens_by_variant") or {}

@@ -38,7 +38,8 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 @attrs.frozen
 class MetricSpec:
     """The metric the sweep optimises and compares, e.g. val_loss (min). `last`: the verdicts
-    compare the mean of a trial's last N evaluations of it (1: the final value)."""
+    compare the mean of a trial's last N evaluations of it (1: the final value; with
+    `train.final_eval_batches`, the N - 1 before the final one are over `eval_batches`)."""
 
     name: str = attrs.field(default="val_loss", validator=one_of(*METRICS))
     mode: str = attrs.field(default="min", validator=one_of(*METRIC_MODES))
