@@ -115,3 +115,14 @@ def test_a_long_list_of_dropped_variants_is_cut_with_where_to_see_them_all(tmp_p
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("not run:")]
     assert len(lines) == 11 and lines[0].startswith("not run: k100 (rejected: num_experts_per_token must be")
     assert lines[-1] == f"not run: 2 more (k3lab variants {path} lists every variant)"
+
+
+def test_the_plan_says_when_the_last_evaluation_is_larger_than_the_others(tmp_path, capsys):
+    path = short_sweep(tmp_path, "{steps: 12, seq_len: 32, warmup_steps: 1, eval_interval: 4, eval_batches: 2, "
+                                 "final_eval_batches: 8}")
+    assert main(["variants", str(path)]) == 0
+    assert ("evaluations: 3 per trial (every 4 steps) on 2 validation batches, the last on 8 (the val_loss the "
+            "verdicts compare)") in capsys.readouterr().out
+    same = short_sweep(tmp_path, "{steps: 12, seq_len: 32, warmup_steps: 1, eval_interval: 4, eval_batches: 2}")
+    assert main(["variants", str(same)]) == 0
+    assert "evaluations:" not in capsys.readouterr().out

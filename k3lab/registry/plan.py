@@ -30,10 +30,21 @@ def plan_header(sweep: Sweep) -> str:
 
 def plan_lines(sweep: Sweep) -> list[str]:
     """The header, every variant the plan drops and why, the seeds policy and its worst case (a
-    sweep with `seeds: {start, max, ...}`), the baselines by group, data that trials would repeat,
+    sweep with `seeds: {start, max, ...}`), a final evaluation larger than the others, the
+    baselines by group, data that trials would repeat,
     then a note for every default adapted to the file's settings."""
-    lines = [plan_header(sweep)] + dropped_lines(sweep) + policy_lines(sweep) + group_lines(sweep)
+    lines = [plan_header(sweep)] + dropped_lines(sweep) + policy_lines(sweep) + evaluation_lines(sweep)
+    lines += group_lines(sweep)
     return lines + [f"note: {note}" for note in (*sweep.notes, *data_notes(sweep))]
+
+
+def evaluation_lines(sweep: Sweep) -> list[str]:
+    """Where the last evaluation is larger than the others (`train.final_eval_batches`): what each costs."""
+    train = sweep.train
+    if train.final_eval_batches in (None, train.eval_batches):
+        return []
+    return [f"evaluations: {train.num_evals} per trial (every {train.eval_interval} steps) on {train.eval_batches} "
+            f"validation batches, the last on {train.final_eval_batches} (the val_loss the verdicts compare)"]
 
 
 MAX_DROPPED_LINES = 10
