@@ -24,7 +24,11 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
   sweep's ceiling is its own trials run so, one at a time: all its tokens over the sum of each
   variant's tokens divided by that variant's rate alone. Variants differ in cost (full-depth
   AttnRes reads every earlier layer), so the baseline's trial alone, the fastest, is no ceiling
-  for a sweep of them all; both ratios are reported.
+  for a sweep of them all; both ratios are reported. So is the sweep's rate from its first
+  training step to its end: the rate a sweep of more trials approaches when its start stays
+  the same length (a ten-trial sweep spends a sixth of its wall time before any trial trains).
+- `--figures-from PHASE=STORE`: read a phase's store figures again from a copy of its store
+  (e.g. one brought back from a lent machine), keeping the phase's command wall and timeline.
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ def parse_args() -> argparse.Namespace:
                                        "a change, from `git archive`), for a before/after in one run")
     parser.add_argument("--label", help="with --tree: the rows' name suffix, e.g. `before` (a `warm-before` row)")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    parser.add_argument("--figures-from", action="append", default=[], metavar="PHASE=STORE",
+                        help="read PHASE's figures from this copy of its MLflow store (sqlite file) into results.json")
     parser.add_argument("--measured-on", help="with --write and no --phase: where and when WORK/results.json was "
                                               "measured, for a table written on another machine")
     return parser.parse_args()
@@ -152,11 +158,36 @@ def sweep_figures(store: Path) -> dict:
     for t in trials:
         variant = t.data.tags.get(runs.VARIANT_ID)
         tokens_by_variant[variant] = tokens_by_variant.get(variant, 0) + (t.data.metrics.get("tokens") or 0)
+    first = min(firsts, key=lambda f: f["first_step_at"], default=None)
+    metrics = {key: parent.data.metrics.get(key) for key in keep}
+    first_in_sweep = None if first is None else first["first_step_at"] - parent.info.start_time / 1000
     return {"device": next((t.data.tags[runs.DEVICE] for t in trials if runs.DEVICE in t.data.tags), None),
             "trials": len(trials), "finished": sum(t.info.status == "FINISHED" for t in trials),
-            "tokens_by_variant": tokens_by_variant,
-            "first_trial": min(firsts, key=lambda f: f["first_step_at"], default=None),
-            **{key: parent.data.metrics.get(key) for key in keep}}
+            "tokens_by_variant": tokens_by_variant, "first_trial": first, **metrics,
+            "first_step_in_sweep_s": first_in_sweep,
+            "tokens_per_s_after_first_step": after_first_step(metrics["sweep_tokens"], metrics["sweep_wall_s"],
+                                                              first_in_sweep)}
+
+
+def after_first_step(tokens: float | None, sweep_wall_s: float | None, first_step_s: float | None) -> float | None:
+    """The sweep's tokens/s from its first training step's end (first_step_s into the parent run)
+    to its end: what is left once the start no trial trains through is taken out. The first
+    step's own tokens (one batch) stay in, a rounding at a sweep's size."""
+    if None in (tokens, sweep_wall_s, first_step_s) or sweep_wall_s <= first_step_s:
+        return None
+    return tokens / (sweep_wall_s - first_step_s)
+
+
+def refresh_figures(results: dict, phase: str, store: Path) -> None:
+    """Read `phase`'s store figures again from `store` (a copy of its store), keeping what the
+    run itself measured (its command wall, exit, first step and timeline)."""
+    if phase not in results:
+        sys.exit(f"--figures-from: results.json has no phase {phase!r} (it has {', '.join(results) or 'none'})")
+    if not store.is_file():
+        sys.exit(f"--figures-from: {store}: no such file")
+    figures = sweep_figures(store)
+    figures.pop("first_trial")
+    results[phase].update(figures)
 
 
 def run_alone(args: argparse.Namespace, work: Path) -> dict:
@@ -249,6 +280,10 @@ def table(results: dict) -> str:
             if ceiling:
                 notes.append(f"Against its own trials run alone one at a time ({number(ceiling)} tokens/s): "
                              f"{r['sweep_tokens_per_s'] / ceiling:.0%}.")
+                steady = r.get("tokens_per_s_after_first_step")
+                if steady:
+                    notes.append(f"From its first training step ({r['first_step_in_sweep_s']:.1f} s into the sweep) "
+                                 f"to its end: {number(steady)} tokens/s, {steady / ceiling:.0%} of that.")
     return "\n".join(lines) + ("\n\n" + " ".join(notes) if notes else "") + "\n\n" + timeline_table(results)
 
 
@@ -313,6 +348,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     path = work / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
+    for item in args.figures_from:
+        phase, _, store = item.partition("=")
+        refresh_figures(results, phase, Path(store))
+        path.write_text(json.dumps(results, indent=1))
     for phase in args.phase:
         key = "alone" if phase == "alone" else phase_key(args, phase)
         results[key] = run_alone(args, work) if phase == "alone" else run_sweep(args, work, phase)

@@ -117,3 +117,43 @@ def test_the_command_names_the_alone_phases_steps():
     assert commands_for(args, {"warm": {}, "alone": {"steps": 60, "trials": []}}).startswith(
         "python bench/sweep_ceiling.py f.yaml --profile gpu --work WORK --seeds 0,1 --phase warm --phase alone "
         "--alone-steps 60`")
+
+
+def test_the_rate_after_the_first_step_leaves_out_the_start_no_trial_trains_through():
+    from bench.sweep_ceiling import after_first_step
+
+    # 12M tokens in a 40 s sweep whose first step ended 10 s in: 400k/s after it, 300k/s over the sweep
+    assert after_first_step(12e6, 40.0, 10.0) == 400_000.0
+    assert after_first_step(12e6, 40.0, None) is None  # no trial reached its first step
+    assert after_first_step(12e6, 10.0, 10.0) is None
+    assert after_first_step(None, 40.0, 10.0) is None  # a parent run without sweep metrics
+
+
+def test_the_table_sets_the_rate_after_the_first_step_against_the_ceiling():
+    from bench.sweep_ceiling import table
+
+    sweep = {"exit": 0, "finished": 2, "trials": 2, "command_wall_s": 40.0, "first_step_s": 12.0,
+             "kernel_warmup_s": 0.0, "trial_startup_s_mean": 5.0, "trial_startup_s_max": 6.0,
+             "sweep_tokens_per_s": 300_000.0, "sweep_mfu": None, "tokens_by_variant": {"off": 6e6, "full": 6e6},
+             "first_step_in_sweep_s": 10.0, "tokens_per_s_after_first_step": 360_000.0}
+    alone = {"steps": 60, "trials": [
+        {"trial": "off-s0", "variant": "off", "status": "FINISHED", "tokens_per_s_last_window": 600_000.0,
+         "tokens_per_s_run_average": 500_000.0},
+        {"trial": "full-s0", "variant": "full", "status": "FINISHED", "tokens_per_s_last_window": 300_000.0,
+         "tokens_per_s_run_average": 250_000.0}]}
+    text = table({"fresh": sweep, "alone": alone})
+    assert "Against its own trials run alone one at a time (400,000 tokens/s): 75%." in text
+    assert "From its first training step (10.0 s into the sweep) to its end: 360,000 tokens/s, 90% of that." in text
+    del sweep["tokens_per_s_after_first_step"]  # a results.json from before the figure
+    assert "From its first training step" not in table({"fresh": sweep, "alone": alone})
+
+
+def test_figures_from_a_copied_store_need_the_phase_and_the_file(tmp_path):
+    import pytest
+
+    from bench.sweep_ceiling import refresh_figures
+
+    with pytest.raises(SystemExit, match="results.json has no phase 'warm'"):
+        refresh_figures({"fresh": {}}, "warm", tmp_path / "mlflow.db")
+    with pytest.raises(SystemExit, match="no such file"):
+        refresh_figures({"fresh": {}}, "fresh", tmp_path / "mlflow.db")
