@@ -15,6 +15,8 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
   default 2; a copy of the file in WORK): as many trials at once, but only N of them train while
   the others start up (`k3lab.tune.slots`). Against warm, it says what hiding start-ups gives.
   Kept in results.json as `slots-N`: one row per N measured.
+- any sweep phase with `--trials-at-once N`: the same trials, N at a time on the GPU
+  (resources.max_concurrent_trials N, gpu 1/N), kept as `PHASE-N-at-once`.
 - any sweep phase with `--tree DIR --label NAME`: the same, run by the k3lab of another checkout
   (its own folder and store; the caches are shared), kept as `PHASE-NAME`: before and after a
   change, side by side on one machine.
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -59,6 +62,10 @@ def parse_args() -> argparse.Namespace:
                                                         "profile's); its rate is the last log window's")
     parser.add_argument("--seeds", help="run every phase with these seeds (e.g. 0,1) instead of the profile's "
                                         "seeds policy, so that each phase is the same fixed set of trials")
+    parser.add_argument("--trials-at-once", type=int, help="run the sweep phases with this many trials at once on "
+                                                              "the GPU (a copy of the file; rows PHASE-N-at-once)")
+    parser.add_argument("--merge", action="append", default=[], metavar="RESULTS_JSON",
+                        help="add the phases of another WORK's results.json (e.g. a fresh phase with caches of its own)")
     parser.add_argument("--tree", help="run the sweep phases with the k3lab of this checkout (e.g. the commit before "
                                        "a change, from `git archive`), for a before/after in one run")
     parser.add_argument("--label", help="with --tree: the rows' name suffix, e.g. `before` (a `warm-before` row)")
@@ -78,7 +85,8 @@ def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
     """The sweep file a phase runs: the file itself, or a copy in `work` whose profile has the
     `--seeds` (every phase, so that they run the same trials) and, for the slots phase,
     resources.training_slots."""
-    if phase != "slots" and args.seeds is None:
+    at_once = getattr(args, "trials_at_once", None)
+    if phase != "slots" and args.seeds is None and not at_once:
         return args.file
     import yaml
 
@@ -87,8 +95,11 @@ def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
     if args.seeds is not None:
         profile["seeds"] = [int(seed) for seed in args.seeds.split(",")]
         profile["budget"] = None  # a fixed list of seeds has no policy to budget
+    resources = profile.setdefault("resources", dict(data.get("resources") or {}))
     if phase == "slots":
-        profile.setdefault("resources", dict(data.get("resources") or {}))["training_slots"] = args.training_slots
+        resources["training_slots"] = args.training_slots
+    if at_once:
+        resources.update(max_concurrent_trials=at_once, gpu=round(1 / at_once, 4))
     path = work / f"{Path(args.file).stem}-{phase}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)
@@ -112,6 +123,7 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
         "first_trial_build_parts": first["build_parts"]})
     return {"phase": phase, "exit": code, "command_wall_s": wall,
             "training_slots": args.training_slots if phase == "slots" else None,
+            "trials_at_once": getattr(args, "trials_at_once", None),
             "first_step_s": None if first is None else first["first_step_at"] - started, "timeline": timeline, **figures}
 
 
@@ -254,6 +266,7 @@ def table(results: dict) -> str:
         r = results[name]
         if r:
             label = name.replace(f"slots-{r.get('training_slots')}", f"warm, training_slots {r.get('training_slots')}")
+            label = re.sub(r"-(\d+)-at-once", r", \1 trials at once", label)
             lines.append(f"| {label} | {r['exit']} | {r['finished']}/{r['trials']} | {r['command_wall_s']:.0f} "
                          f"| {number(r['first_step_s'], '{:.1f}')} | {number(r['kernel_warmup_s'], '{:.1f}')} "
                          f"| {number(r['trial_startup_s_mean'], '{:.1f}')} / {number(r['trial_startup_s_max'], '{:.1f}')} "
@@ -291,6 +304,8 @@ def phase_key(args: argparse.Namespace, phase: str) -> str:
     """results.json's key (and the phase's folder): slots-N for the slots phase, PHASE-LABEL for
     another checkout's run (--tree, --label)."""
     key = f"slots-{args.training_slots}" if phase == "slots" else phase
+    if getattr(args, "trials_at_once", None):
+        key += f"-{args.trials_at_once}-at-once"
     return f"{key}-{args.label}" if args.tree and args.label else key
 
 
@@ -348,6 +363,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     path = work / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
+    for other in args.merge:
+        results.update(json.loads(Path(other).read_text()))
+        path.write_text(json.dumps(results, indent=1))
     for item in args.figures_from:
         phase, _, store = item.partition("=")
         refresh_figures(results, phase, Path(store))
@@ -378,11 +396,15 @@ def commands_for(args: argparse.Namespace, results: dict) -> str:
     steps = (results.get("alone") or {}).get("steps")
     lines = [base + "".join(f" --phase {k}" for k in plain)
              + (f" --alone-steps {steps}" if "alone" in plain and steps else "")] if plain else []
-    for key in sweep_phases(results):  # the keys phase_key made: slots-N, PHASE-LABEL, slots-N-LABEL
+    for key in sweep_phases(results):  # the keys phase_key made: PHASE[-N-at-once][-LABEL], slots-N[...]
         phase, _, rest = key.partition("-")
         slots, _, label = rest.partition("-") if phase == "slots" else ("", "", rest)
+        at_once = re.match(r"(\d+)-at-once-?(.*)", label)
+        if at_once:
+            at_once, label = at_once.groups()
         if rest:
             lines.append(f"{base} --phase {phase}" + (f" --training-slots {slots}" if slots else "")
+                         + (f" --trials-at-once {at_once}" if at_once else "")
                          + (f" --tree OTHER_CHECKOUT --label {label}" if label else ""))
     return "`, then `".join(lines) + "`, then the same with `--write"
 

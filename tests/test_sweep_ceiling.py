@@ -157,3 +157,26 @@ def test_figures_from_a_copied_store_need_the_phase_and_the_file(tmp_path):
         refresh_figures({"fresh": {}}, "warm", tmp_path / "mlflow.db")
     with pytest.raises(SystemExit, match="no such file"):
         refresh_figures({"fresh": {}}, "fresh", tmp_path / "mlflow.db")
+
+
+def test_trials_at_once_runs_the_same_trials_with_that_many_sharing_the_gpu(tmp_path):
+    from bench.sweep_ceiling import commands_for, phase_key, sweep_phases, table
+
+    args = argparse.Namespace(file=str(ROOT / "experiments/attnres_block.yaml"), profile="gpu", training_slots=2,
+                              seeds="0,1", trials_at_once=5, tree=None, label=None)
+    plain = argparse.Namespace(**{**vars(args), "trials_at_once": None})
+    five, four = (load_sweep_for(sweep_file_for(a, tmp_path, "fresh"), "gpu") for a in (args, plain))
+    assert [t.id for t in five.trials] == [t.id for t in four.trials] and len(five.trials) == 10
+    assert (five.resources.max_concurrent_trials, five.resources.gpu) == (5, 0.2)
+    assert (four.resources.max_concurrent_trials, four.resources.gpu) == (4, 0.25)
+    assert five.resources.reuse_actors and five.resources.cpu == four.resources.cpu  # nothing else changes
+    assert phase_key(args, "fresh") == "fresh-5-at-once"
+    results = {"fresh-5-at-once": {}, "fresh": {}}
+    assert sweep_phases(results) == ["fresh", "fresh-5-at-once"]
+    base = "python bench/sweep_ceiling.py f.yaml --profile gpu --work WORK --seeds 0,1"
+    assert commands_for(argparse.Namespace(file="f.yaml", profile="gpu", seeds="0,1"), results) == (
+        f"{base} --phase fresh`, then `{base} --phase fresh --trials-at-once 5`, then the same with `--write")
+    row = {"exit": 0, "finished": 10, "trials": 10, "command_wall_s": 300.0, "first_step_s": 45.0,
+           "kernel_warmup_s": 1.0, "trial_startup_s_mean": 18.0, "trial_startup_s_max": 40.0,
+           "sweep_tokens_per_s": 400_000.0, "sweep_mfu": 0.08}
+    assert "| fresh, 5 trials at once | 0 | 10/10 |" in table({"fresh-5-at-once": row})
