@@ -172,13 +172,48 @@ def sweep_figures(store: Path) -> dict:
         tokens_by_variant[variant] = tokens_by_variant.get(variant, 0) + (t.data.metrics.get("tokens") or 0)
     first = min(firsts, key=lambda f: f["first_step_at"], default=None)
     metrics = {key: parent.data.metrics.get(key) for key in keep}
+    overlap = training_overlap([trial_windows(client, t.info.run_id) for t in trials])
     first_in_sweep = None if first is None else first["first_step_at"] - parent.info.start_time / 1000
     return {"device": next((t.data.tags[runs.DEVICE] for t in trials if runs.DEVICE in t.data.tags), None),
             "trials": len(trials), "finished": sum(t.info.status == "FINISHED" for t in trials),
             "tokens_by_variant": tokens_by_variant, "first_trial": first, **metrics,
             "first_step_in_sweep_s": first_in_sweep,
             "tokens_per_s_after_first_step": after_first_step(metrics["sweep_tokens"], metrics["sweep_wall_s"],
-                                                              first_in_sweep)}
+                                                              first_in_sweep),
+            "training_overlap": {str(n): figures for n, figures in overlap.items()}}
+
+
+def trial_windows(client, run_id: str) -> list[tuple[float, float, float]]:
+    """A trial's training windows from its step-time logs: (start s, end s, tokens/s) for each
+    log window but the first (its compile and capture), its steps placed at the window's end
+    (what comes before them in the window is its evaluations, checkpoints and logging)."""
+    tokens = client.get_metric_history(run_id, "tokens")
+    logs = {}
+    for m in client.get_metric_history(run_id, "step_time_ms"):  # a restarted trial logs no step twice
+        logs.setdefault(m.step, (m.timestamp / 1000, m.value / 1000))
+    if not tokens or not logs:
+        return []
+    per_step = tokens[0].value / tokens[0].step
+    steps = sorted(logs)
+    windows = []
+    for before, step in zip(steps, steps[1:]):
+        end, seconds_per_step = logs[step]
+        windows.append((end - (step - before) * seconds_per_step, end, per_step / seconds_per_step))
+    return windows
+
+
+def training_overlap(trials: list[list[tuple[float, float, float]]]) -> dict[int, list[float]]:
+    """{trials training at once: [seconds of the sweep, their tokens/s together]} over the span
+    from the first window's start to the last one's end; trials: each trial's windows
+    (start s, end s, tokens/s), as `trial_windows` gives them."""
+    windows = [w for trial in trials for w in trial]
+    edges = sorted({t for start, end, _ in windows for t in (start, end)})
+    totals: dict[int, list[float]] = {}
+    for a, b in zip(edges, edges[1:]):
+        training = [rate for start, end, rate in windows if start <= a and b <= end]
+        seconds, tokens = totals.setdefault(len(training), [0.0, 0.0])
+        totals[len(training)] = [seconds + (b - a), tokens + sum(training) * (b - a)]
+    return {n: [seconds, tokens / seconds] for n, (seconds, tokens) in sorted(totals.items()) if seconds > 0}
 
 
 def after_first_step(tokens: float | None, sweep_wall_s: float | None, first_step_s: float | None) -> float | None:
@@ -297,7 +332,30 @@ def table(results: dict) -> str:
                 if steady:
                     notes.append(f"From its first training step ({r['first_step_in_sweep_s']:.1f} s into the sweep) "
                                  f"to its end: {number(steady)} tokens/s, {steady / ceiling:.0%} of that.")
-    return "\n".join(lines) + ("\n\n" + " ".join(notes) if notes else "") + "\n\n" + timeline_table(results)
+    return ("\n".join(lines) + ("\n\n" + " ".join(notes) if notes else "") + "\n\n" + timeline_table(results)
+            + overlap_table(results))
+
+
+def overlap_table(results: dict) -> str:
+    """Per phase: how long 0, 1, 2, ... trials trained at once, and the tokens/s they trained
+    together then (from the trials' step-time logs, `training_overlap`)."""
+    phases = [name for name in sweep_phases(results) if (results[name] or {}).get("training_overlap")]
+    if not phases:
+        return ""
+    columns = 1 + max(int(n) for name in phases for n in results[name]["training_overlap"])
+    lines = ["", "", "Trials training at once (from the trials' step-time logs: each log window's steps placed at "
+             "its end, a trial's first window left out; share of the time from the first window to the last, and the "
+             "tokens/s of the trials training then, together):", "",
+             "| phase | " + " | ".join(f"{n} training" for n in range(columns)) + " |", "|---" * (columns + 1) + "|"]
+    for name in phases:
+        overlap = results[name]["training_overlap"]
+        span = sum(seconds for seconds, _ in overlap.values())
+        cells = []
+        for n in range(columns):
+            seconds, rate = overlap.get(str(n), (0.0, 0.0))
+            cells.append("-" if not seconds else f"{seconds / span:.0%}" + (f", {rate:,.0f}" if n else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def phase_key(args: argparse.Namespace, phase: str) -> str:

@@ -180,3 +180,19 @@ def test_trials_at_once_runs_the_same_trials_with_that_many_sharing_the_gpu(tmp_
            "kernel_warmup_s": 1.0, "trial_startup_s_mean": 18.0, "trial_startup_s_max": 40.0,
            "sweep_tokens_per_s": 400_000.0, "sweep_mfu": 0.08}
     assert "| fresh, 5 trials at once | 0 | 10/10 |" in table({"fresh-5-at-once": row})
+
+
+def test_the_overlap_counts_how_long_each_number_of_trials_trained_at_once_and_at_what_rate():
+    from bench.sweep_ceiling import overlap_table, training_overlap
+
+    one = [(0.0, 10.0, 300_000.0)]  # trains alone for 10 s, then evaluates, then trains with the other
+    two = [(5.0, 15.0, 200_000.0)]
+    one.append((12.0, 15.0, 250_000.0))
+    overlap = training_overlap([one, two])
+    # 0-5 s one trial; 5-10 s both; 10-12 s only the second; 12-15 s both
+    assert overlap == {1: [7.0, (5 * 300_000 + 2 * 200_000) / 7], 2: [8.0, (5 * 500_000 + 3 * 450_000) / 8]}
+    assert training_overlap([[(0.0, 2.0, 1.0)], [(4.0, 5.0, 1.0)]])[0] == [2.0, 0.0]  # a gap: none trained
+    text = overlap_table({"fresh": {"training_overlap": {str(n): v for n, v in overlap.items()}}, "alone": {}})
+    assert text.splitlines()[-3:] == ["| phase | 0 training | 1 training | 2 training |", "|---|---|---|---|",
+                                      "| fresh | - | 47%, 271,429 | 53%, 481,250 |"]
+    assert overlap_table({"fresh": {"exit": 0}}) == ""  # a results.json from before the figure
