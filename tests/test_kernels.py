@@ -310,10 +310,11 @@ def test_a_gpu_process_starts_from_the_shipped_tunings_of_its_gpu_once(tmp_path,
 
 def test_the_shipped_flagship_tunings_record_every_gpu_shape_for_this_model_code(monkeypatch):
     """The warm record in k3lab/tunings/nvidia-h200-attnres_block.tar.gz is keyed by the model
-    code (`toolchain_fingerprint` hashes k3lab/model/*.py), so any change there leaves a fresh
-    H200 warming the flagship's five shapes again: 80.8 s before its first trial on 2026-12-02,
-    against 0.9 s with a matching archive. Recomputed here with the versions the archive was
-    measured with; when this fails, re-make the archive on an H200: scripts/tune_shipped.sh compiled."""
+    code (`toolchain_fingerprint` hashes the code text of k3lab/model/*.py), so a change of its
+    code (not of its comments or docstrings) leaves a fresh H200 warming the flagship's five
+    shapes again: 80.8 s before its first trial on 2026-12-02, against 0.9 s with a matching
+    archive. Recomputed here with the versions the archive was measured with; when this fails,
+    re-make the archive on an H200: scripts/tune_shipped.sh compiled."""
     import tarfile
 
     with tarfile.open(tunings.SHIPPED_DIR / "nvidia-h200-attnres_block.tar.gz", "r:gz") as tar:
@@ -437,3 +438,29 @@ def test_the_shipped_tunings_name_the_versions_the_gpu_extra_pins():
         assert manifest["gpu"].startswith("NVIDIA") and members
         assert pins.get("triton") == manifest["versions"]["triton"]
         assert pins.get("flash-linear-attention") == manifest["versions"]["fla"]
+
+
+def test_an_edit_of_the_model_codes_prose_keeps_the_warm_records_key_and_an_edit_of_its_code_does_not(
+        tmp_path, monkeypatch):
+    for path in (ROOT / "k3lab" / "model").glob("*.py"):
+        (tmp_path / path.name).write_text(path.read_text())
+    monkeypatch.setattr(kernels, "MODEL_CODE", tmp_path)
+    before = kernels.toolchain_fingerprint()
+    model = tmp_path / "model.py"
+    source = model.read_text()
+    prose = source.replace('"""', '"""A new first line.\n\n', 1)  # the module docstring, lines shifted
+    first_def = prose.index("\ndef ")
+    prose = prose[:first_def] + "\n\n# a comment on its own line\n" + prose[first_def:]
+    assert "\nimport torch\n" in prose
+    model.write_text(prose.replace("\nimport torch\n", "\nimport torch  # and one after the code\n", 1))
+    assert kernels.toolchain_fingerprint() == before
+    model.write_text(source.replace("def ", "def _", 1))  # a function renamed
+    assert kernels.toolchain_fingerprint() != before
+
+
+def test_the_code_text_keeps_code_and_drops_comments_docstrings_and_blank_lines():
+    from k3lab.tune.model_code import code_text
+
+    source = ('"""Module."""\n\nimport torch  # why\n\n\nclass A:\n    """Class,\n    two lines."""\n\n'
+              '    def f(self):\n        """F."""\n        return "#not a comment"  # a comment\n')
+    assert code_text(source) == ('import torch\nclass A:\n    def f(self):\n        return "#not a comment"')

@@ -16,7 +16,7 @@ distinct (model, batch, sequence length) of the sweep, in one process on one GPU
 tuning happens once, on a quiet GPU, instead of in every concurrent trial at once.
 
     <cache>/triton/k3lab-warm.json  the shapes warmed so far, keyed by a fingerprint of the
-                       shape, the GPU, the torch, Triton and FLA versions and k3lab's model code
+                       shape, the GPU, the torch, Triton and FLA versions and what k3lab's model code does
 
 A sweep skips the shapes the record names (a second sweep of the same file starts its
 trials without a warm-up); `k3lab kernels warm` always runs them all. The record lives
@@ -42,6 +42,7 @@ from typing import Callable
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.variants import short_hash
+from k3lab.tune.model_code import code_text
 from k3lab.tune.tunings import read_json, start_from_shipped, write_json
 
 ENV_VAR = "K3LAB_KERNEL_CACHE"
@@ -218,12 +219,13 @@ def shape_fingerprint(shape: KernelShape, device: str, toolchain: str) -> str:
 
 
 def toolchain_fingerprint() -> str:
-    """The versions of the libraries that tune and compile, and k3lab/model/*.py, the code
-    that calls them (a change there may call other kernels or shapes)."""
+    """The versions of the libraries that tune and compile, and what k3lab/model/*.py, the code
+    that calls them, does (a change there may call other kernels or shapes; an edit of its
+    comments or docstrings does not: `model_code.code_text`)."""
     versions = {name: package_version(name) for name in ("torch", "triton", "fla-core", "flash-linear-attention")}
     digest = hashlib.sha256(json.dumps(versions, sort_keys=True).encode())
     for path in sorted(MODEL_CODE.glob("*.py")):
-        digest.update(path.name.encode() + path.read_bytes())
+        digest.update(path.name.encode() + code_text(path.read_text()).encode())
     return digest.hexdigest()[:16]
 
 
