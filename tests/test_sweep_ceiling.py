@@ -89,17 +89,25 @@ def test_the_ceiling_is_the_sweeps_own_trials_run_alone_one_at_a_time():
     assert ceiling_tokens_per_s({}, alone) is None  # a results.json from before tokens_by_variant
 
 
+ALONE_OFF_AND_FULL = {"steps": 60, "trials": [  # an alone phase: the baseline twice as fast as full AttnRes
+    {"trial": "off-s0", "variant": "off", "status": "FINISHED", "tokens_per_s_last_window": 600_000.0,
+     "tokens_per_s_run_average": 500_000.0},
+    {"trial": "full-s0", "variant": "full", "status": "FINISHED", "tokens_per_s_last_window": 300_000.0,
+     "tokens_per_s_run_average": 250_000.0}]}
+
+
+def two_variant_sweep(**figures) -> dict:
+    """A sweep phase's figures: 6M tokens of each of the two variants, and `figures`."""
+    return {"exit": 0, "finished": 2, "trials": 2, "command_wall_s": 40.0, "first_step_s": 9.0,
+            "kernel_warmup_s": 0.0, "trial_startup_s_mean": 5.0, "trial_startup_s_max": 6.0,
+            "sweep_mfu": None, "tokens_by_variant": {"off": 6e6, "full": 6e6}} | figures
+
+
 def test_the_table_sets_each_sweep_against_the_first_trial_alone_and_against_its_own_trials_alone():
     from bench.sweep_ceiling import table
 
-    sweep = {"exit": 0, "finished": 2, "trials": 2, "command_wall_s": 40.0, "first_step_s": 9.0,
-             "kernel_warmup_s": 0.0, "trial_startup_s_mean": 5.0, "trial_startup_s_max": 6.0,
-             "sweep_tokens_per_s": 320_000.0, "sweep_mfu": None, "tokens_by_variant": {"off": 6e6, "full": 6e6}}
-    alone = {"steps": 60, "trials": [
-        {"trial": "off-s0", "variant": "off", "status": "FINISHED", "tokens_per_s_last_window": 600_000.0,
-         "tokens_per_s_run_average": 500_000.0},
-        {"trial": "full-s0", "variant": "full", "status": "FINISHED", "tokens_per_s_last_window": 300_000.0,
-         "tokens_per_s_run_average": 250_000.0}]}
+    sweep = two_variant_sweep(sweep_tokens_per_s=320_000.0)
+    alone = ALONE_OFF_AND_FULL
     text = table({"warm": sweep, "alone": alone})
     assert "off-s0 (FINISHED) 600,000, 500,000; full-s0 (FINISHED) 300,000, 250,000" in text
     assert "The warm sweep's tokens/s against off-s0 alone: 53%." in text
@@ -132,15 +140,9 @@ def test_the_rate_after_the_first_step_leaves_out_the_start_no_trial_trains_thro
 def test_the_table_sets_the_rate_after_the_first_step_against_the_ceiling():
     from bench.sweep_ceiling import table
 
-    sweep = {"exit": 0, "finished": 2, "trials": 2, "command_wall_s": 40.0, "first_step_s": 12.0,
-             "kernel_warmup_s": 0.0, "trial_startup_s_mean": 5.0, "trial_startup_s_max": 6.0,
-             "sweep_tokens_per_s": 300_000.0, "sweep_mfu": None, "tokens_by_variant": {"off": 6e6, "full": 6e6},
-             "first_step_in_sweep_s": 10.0, "tokens_per_s_after_first_step": 360_000.0}
-    alone = {"steps": 60, "trials": [
-        {"trial": "off-s0", "variant": "off", "status": "FINISHED", "tokens_per_s_last_window": 600_000.0,
-         "tokens_per_s_run_average": 500_000.0},
-        {"trial": "full-s0", "variant": "full", "status": "FINISHED", "tokens_per_s_last_window": 300_000.0,
-         "tokens_per_s_run_average": 250_000.0}]}
+    sweep = two_variant_sweep(sweep_tokens_per_s=300_000.0, first_step_in_sweep_s=10.0,
+                              tokens_per_s_after_first_step=360_000.0)
+    alone = ALONE_OFF_AND_FULL
     text = table({"fresh": sweep, "alone": alone})
     assert "Against its own trials run alone one at a time (400,000 tokens/s): 75%." in text
     assert "From its first training step (10.0 s into the sweep) to its end: 360,000 tokens/s, 90% of that." in text
