@@ -28,9 +28,14 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
   AttnRes reads every earlier layer), so the baseline's trial alone, the fastest, is no ceiling
   for a sweep of them all; both ratios are reported. So is the sweep's rate from its first
   training step to its end: the rate a sweep of more trials approaches when its start stays
-  the same length (a ten-trial sweep spends a sixth of its wall time before any trial trains).
+  the same length (ten trials on one H200: no trial trains in the first 30-36 s of a 276-286 s sweep).
+- Every sweep phase also gets an overlap table, from its trials' step-time logs: how long 0, 1,
+  2, ... trials trained at once, and their tokens/s together then. It says whether the GPU is
+  lost to time-sharing (four training together near their rate alone: not much) or to trials
+  that evaluate or start up while the others train.
 - `--figures-from PHASE=STORE`: read a phase's store figures again from a copy of its store
-  (e.g. one brought back from a lent machine), keeping the phase's command wall and timeline.
+  (e.g. one brought back from a lent machine), keeping the phase's command wall and timeline;
+  `--merge RESULTS_JSON` adds the phases of another WORK (a fresh phase with caches of its own).
 """
 
 from __future__ import annotations
@@ -359,8 +364,8 @@ def overlap_table(results: dict) -> str:
 
 
 def phase_key(args: argparse.Namespace, phase: str) -> str:
-    """results.json's key (and the phase's folder): slots-N for the slots phase, PHASE-LABEL for
-    another checkout's run (--tree, --label)."""
+    """results.json's key (and the phase's folder): slots-N for the slots phase, then -N-at-once
+    with --trials-at-once, then -LABEL for another checkout's run (--tree, --label)."""
     key = f"slots-{args.training_slots}" if phase == "slots" else phase
     if getattr(args, "trials_at_once", None):
         key += f"-{args.trials_at_once}-at-once"
