@@ -90,7 +90,7 @@ def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
     """The sweep file a phase runs: the file itself, or a copy in `work` whose profile has the
     `--seeds` (every phase, so that they run the same trials) and, for the slots phase,
     resources.training_slots."""
-    at_once = getattr(args, "trials_at_once", None)
+    at_once = args.trials_at_once
     if phase != "slots" and args.seeds is None and not at_once:
         return args.file
     import yaml
@@ -128,7 +128,7 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
         "first_trial_build_parts": first["build_parts"]})
     return {"phase": phase, "exit": code, "command_wall_s": wall,
             "training_slots": args.training_slots if phase == "slots" else None,
-            "trials_at_once": getattr(args, "trials_at_once", None),
+            "trials_at_once": args.trials_at_once,
             "first_step_s": None if first is None else first["first_step_at"] - started, "timeline": timeline, **figures}
 
 
@@ -367,7 +367,7 @@ def phase_key(args: argparse.Namespace, phase: str) -> str:
     """results.json's key (and the phase's folder): slots-N for the slots phase, then -N-at-once
     with --trials-at-once, then -LABEL for another checkout's run (--tree, --label)."""
     key = f"slots-{args.training_slots}" if phase == "slots" else phase
-    if getattr(args, "trials_at_once", None):
+    if args.trials_at_once:
         key += f"-{args.trials_at_once}-at-once"
     return f"{key}-{args.label}" if args.tree and args.label else key
 

@@ -13,7 +13,7 @@ from k3lab.registry.commands import load_sweep_for  # noqa: E402
 
 def test_the_slots_phase_runs_the_warm_phases_trials_with_training_slots(tmp_path):
     args = argparse.Namespace(file=str(ROOT / "experiments/attnres_block.yaml"), profile="gpu", training_slots=2,
-                              seeds="0,1")
+                              seeds="0,1", trials_at_once=None)
     warm, slots = (load_sweep_for(sweep_file_for(args, tmp_path, phase), "gpu") for phase in ("warm", "slots"))
     assert [t.id for t in warm.trials] == [t.id for t in slots.trials] and len(warm.trials) == 10  # 5 variants x 2
     assert not warm.adaptive and warm.budget is None
@@ -22,7 +22,8 @@ def test_the_slots_phase_runs_the_warm_phases_trials_with_training_slots(tmp_pat
 
 
 def test_without_seeds_the_warm_phase_runs_the_file_itself(tmp_path):
-    args = argparse.Namespace(file="experiments/attnres_block.yaml", profile="gpu", training_slots=2, seeds=None)
+    args = argparse.Namespace(file="experiments/attnres_block.yaml", profile="gpu", training_slots=2, seeds=None,
+                              trials_at_once=None)
     assert sweep_file_for(args, tmp_path, "warm") == "experiments/attnres_block.yaml"
 
 
@@ -66,7 +67,7 @@ def test_another_checkouts_phase_is_a_row_beside_its_own_with_its_command():
     from bench.sweep_ceiling import commands_for, phase_key, sweep_phases
 
     args = argparse.Namespace(file="f.yaml", profile="gpu", seeds="0,1", tree="/tmp/before", label="before",
-                              training_slots=2)
+                              training_slots=2, trials_at_once=None)
     assert phase_key(args, "warm") == "warm-before" and phase_key(args, "slots") == "slots-2-before"
     results = {"warm-before": {}, "fresh": {}, "warm": {}, "alone": {}}
     assert sweep_phases(results) == ["fresh", "warm", "warm-before"]
