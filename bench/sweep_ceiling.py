@@ -67,6 +67,8 @@ def parse_args() -> argparse.Namespace:
                                                         "profile's); its rate is the last log window's")
     parser.add_argument("--seeds", help="run every phase with these seeds (e.g. 0,1) instead of the profile's "
                                         "seeds policy, so that each phase is the same fixed set of trials")
+    parser.add_argument("--trials", type=int, help="run the profile's own seeds policy, stopped after this many "
+                                                   "trials (budget.trials; the first stage is start x variants)")
     parser.add_argument("--trials-at-once", type=int, help="run the sweep phases with this many trials at once on "
                                                               "the GPU (a copy of the file; rows PHASE-N-at-once)")
     parser.add_argument("--merge", action="append", default=[], metavar="RESULTS_JSON",
@@ -88,10 +90,10 @@ def caches(work: Path) -> dict[str, str]:
 
 def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
     """The sweep file a phase runs: the file itself, or a copy in `work` whose profile has the
-    `--seeds` (every phase, so that they run the same trials) and, for the slots phase,
-    resources.training_slots."""
+    `--seeds` (every phase, so that they run the same trials) or the `--trials` budget and, for
+    the slots phase, resources.training_slots."""
     at_once = args.trials_at_once
-    if phase != "slots" and args.seeds is None and not at_once:
+    if phase != "slots" and args.seeds is None and not at_once and not args.trials:
         return args.file
     import yaml
 
@@ -100,6 +102,8 @@ def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
     if args.seeds is not None:
         profile["seeds"] = [int(seed) for seed in args.seeds.split(",")]
         profile["budget"] = None  # a fixed list of seeds has no policy to budget
+    if args.trials:
+        profile["budget"] = {"trials": args.trials}  # the policy's own order and decisions, no wall budget
     resources = profile.setdefault("resources", dict(data.get("resources") or {}))
     if phase == "slots":
         resources["training_slots"] = args.training_slots
@@ -119,7 +123,7 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
                "--storage", str(folder / "k3lab_runs"), "--tracking-uri", f"sqlite:///{store}", "--overwrite"]
     started = time.time()
     tree = Path(args.tree).resolve() if args.tree else ROOT  # `python -m` imports k3lab from its working folder
-    code, milestones = run_and_stamp(command, started, env=os.environ | caches(work), cwd=tree)
+    code, milestones = run_and_stamp(command, started, env=os.environ | caches(work) | tree_first(tree), cwd=tree)
     wall = time.time() - started
     figures = sweep_figures(store)
     first = figures.pop("first_trial")
@@ -130,6 +134,12 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
             "training_slots": args.training_slots if phase == "slots" else None,
             "trials_at_once": args.trials_at_once,
             "first_step_s": None if first is None else first["first_step_at"] - started, "timeline": timeline, **figures}
+
+
+def tree_first(tree: Path) -> dict[str, str]:
+    """PYTHONPATH with `tree` first: the sweep's Ray workers, which do not start in its working
+    folder, import k3lab from the same checkout as its driver."""
+    return {"PYTHONPATH": os.pathsep.join([str(tree)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
 
 
 MILESTONES = {"kernels:": "warmup_began_s", "kernels: warm in": "warmup_ended_s"}  # the first line that starts so
@@ -454,7 +464,7 @@ def commands_for(args: argparse.Namespace, results: dict) -> str:
     """The commands that measured `results`: one for this checkout's plain phases, one per
     slots-N row, one per row of another checkout (PHASE-LABEL: --tree, --label)."""
     base = f"python bench/sweep_ceiling.py {args.file} --profile {args.profile} --work WORK" + \
-        (f" --seeds {args.seeds}" if args.seeds else "")
+        (f" --seeds {args.seeds}" if args.seeds else "") + (f" --trials {args.trials}" if args.trials else "")
     plain = [k for k in results if "-" not in k]
     steps = (results.get("alone") or {}).get("steps")
     lines = [base + "".join(f" --phase {k}" for k in plain)

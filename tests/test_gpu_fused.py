@@ -672,6 +672,31 @@ def test_cuda_graph_training_steps_match_eager_steps(isolated_data):
 
 
 @gpu
+def test_a_restarted_trainer_replays_its_graph_and_trains_as_a_new_trainer_of_its_seed(isolated_data):
+    """Trainer.restart (a variant's next seed in a reused sweep process) keeps the compiled
+    blocks and the captured CUDA graph, and trains and evaluates the new seed as a Trainer
+    built for it does (its first steps eager, then its own capture)."""
+    needs_fla()
+    from k3lab.registry import TrainSpec
+    from k3lab.train.trainer import Trainer
+
+    config = gpu_config(kda_implementation="fused", vocab_size=320)
+    spec = TrainSpec(steps=8, batch_size=2, seq_len=256, warmup_steps=2, compile=True, eval_batches=2)
+    reused = Trainer(config, spec, seed=0)
+    for _ in range(4):
+        reused.train_step()
+    graph = reused.graphed.graph
+    assert graph is not None
+    reused.restart(1)
+    fresh = Trainer(config, spec, seed=1)
+    runs = {name: [trainer.train_step()["train_loss"].item() for _ in range(6)] + [trainer.evaluate()["val_loss"]]
+            for name, trainer in (("fresh", fresh), ("reused", reused))}
+    print(f"{'restarted vs new losses':>28}: {runs['reused']} vs {runs['fresh']}")
+    assert reused.graphed.graph is graph and reused.eager_steps == 2  # no step of the new seed ran eagerly
+    torch.testing.assert_close(torch.tensor(runs["reused"]), torch.tensor(runs["fresh"]), rtol=2e-3, atol=2e-3)
+
+
+@gpu
 def test_evaluation_of_a_compiled_trainer_equals_eager_evaluation(isolated_data):
     """Compiled no-grad forwards of the fused model were wrong on an H200 (val 3.5 vs 1.0):
     evaluation runs the compiled blocks eagerly, and must give the eager trainer's value."""

@@ -116,7 +116,8 @@ def trial_table(folder: Path, experiment: str = "adapt") -> dict[tuple[str, int]
         key = (run.data.tags["k3lab.variant_name"], int(run.data.tags["k3lab.seed"]))
         assert key not in table, f"two runs of {key}"
         table[key] = {"status": run.info.status, "value": run.data.metrics.get("final_val_loss"),
-                      "run_id": run.info.run_id, "epochs": run.data.params.get("data.epochs")}
+                      "run_id": run.info.run_id, "epochs": run.data.params.get("data.epochs"),
+                      "trainer": run.data.params.get("run.trainer"), "process": run.data.tags.get("k3lab.process")}
     return table
 
 
@@ -193,6 +194,23 @@ def test_a_driver_killed_with_sigkill_resumes_to_the_same_decisions(tmp_path, ad
     assert {k: row["value"] for k, row in resumed.items()} == {k: row["value"] for k, row in reference.items()}
 
 
+@pytest.mark.slow
+def test_reused_processes_restart_the_variants_trainer_for_its_next_seed_to_the_same_values(tmp_path,
+                                                                                           adaptive_sweep):
+    """resources.reuse_actors with the seeds policy: a process that ran a variant's seed runs its
+    next one (the searcher prefers it) on the same trainer, restarted; every trial ends with the
+    value it has when each trial builds its own (the fixture's sweep)."""
+    path = write(tmp_path, SWEEP.replace("resources: {cpu: 1, gpu: 0}", "resources: {cpu: 1, gpu: 0, reuse_actors: true}"))
+    assert main(sweep_args(tmp_path, path, "--max-concurrent", "1")) == 0
+    reused, reference = trial_table(tmp_path), trial_table(adaptive_sweep[0])
+    assert sorted(reused) == sorted(reference)
+    assert {k: row["value"] for k, row in reused.items()} == {k: row["value"] for k, row in reference.items()}
+    assert len({row["process"] for row in reused.values()}) == 1
+    built = sorted(k for k, row in reused.items() if row["trainer"] == "built")
+    assert built == [("attnres_bs1", 0), ("attnres_off", 0), ("attnres_off", 2)]  # the rest took their variant's
+    assert {row["trainer"] for row in reference.values()} == {"built"}
+
+
 def test_an_adaptive_resume_refuses_a_changed_policy(tmp_path, capsys):
     path = write(tmp_path, SWEEP)
     (tmp_path / "runs" / "adapt").mkdir(parents=True)
@@ -244,6 +262,35 @@ def test_the_searcher_speaks_ray_tunes_interface_and_its_saved_state_restores(tm
     assert second.suggest("last") == Searcher.FINISHED and not second.unfinished()
     second.on_trial_complete("unknown", None, error=True)  # a trial it never handed out: ignored
 
+
+
+def test_a_freed_process_gets_its_variants_next_seed_but_no_trial_of_a_later_stage():
+    """next_trial(prefer=...) hands out the ended variant's next wanted seed before the others of
+    the same stage (its process restarts that variant's trainer), and never an added seed ahead
+    of a start seed; the searcher prefers the variants whose trials ended, first ended first."""
+    from k3lab.tune.seeds import SeedSearcher
+
+    def planner():
+        return SeedPlanner(["b", "v", "w"], {"v": "b", "w": "b"}, [0, 1, 2, 3], 2, Design(2, 4, 2, halfwidth=1e-6))
+
+    plan = planner()
+    assert [plan.next_trial(), plan.next_trial()] == [("b", 0), ("v", 0)]  # two at once: seed by seed
+    plan.complete("v", 0, 2.0)
+    assert plan.next_trial(prefer=["v"]) == ("v", 1)  # not ("w", 0), first in line
+    assert plan.next_trial(prefer=["x"]) == ("w", 0)  # a variant with nothing wanted: the line's order
+    for variant, seed in [("b", 0), ("v", 1), ("w", 0)]:
+        plan.complete(variant, seed, 2.0 + 0.01 * seed)
+    assert plan.next_trial(prefer=["b"]) == ("b", 1)
+    plan.complete("b", 1, 2.01)  # b and v have their start seeds; v's third is wanted, w's second is not out
+    assert plan.decision("v", 2) and ("v", 2) in plan.wanted() and plan.wanted()[0] == ("w", 1)
+    assert plan.next_trial(prefer=["v"]) == ("w", 1)  # a start seed before any added one
+
+    searcher = SeedSearcher(planner(), {(v, s): f"{v}_s{s}" for v in "bvw" for s in range(4)}, "val_loss", "min")
+    last = {"val_loss": 2.0, "done_steps": 8, "total_steps": 8, "trial_status": "finished"}
+    assert [searcher.suggest(t)["trial"] for t in ("t0", "t1", "t2")] == ["b_s0", "v_s0", "w_s0"]
+    searcher.on_trial_complete("t2", last)
+    searcher.on_trial_complete("t0", last)
+    assert [searcher.suggest(t)["trial"] for t in ("t3", "t4")] == ["w_s1", "b_s1"]  # w ended first
 
 
 def test_a_sweep_run_in_parts_spends_its_wall_budget_as_the_sum_of_the_parts(tmp_path):

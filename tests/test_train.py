@@ -116,6 +116,33 @@ def test_resumed_run_continues_bitwise_identically(tmp_path):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("init", ["paired", "sequential"])
+def test_a_restarted_trainer_trains_exactly_as_a_new_trainer_of_its_seed(init):
+    """Trainer.restart(seed) (the next seed of a variant in a reused process) gives the weights,
+    losses, evaluations and optimizer state of a Trainer built for that seed, and leaves the
+    global generator where that build leaves it."""
+    config, spec = load_preset("tiny"), tiny_spec(steps=6, eval_interval=6, init=init)
+    reused = Trainer(config, spec, seed=0)
+    train(config, spec, trainer=reused)
+    model_tensors = [id(p) for p in reused.model.parameters()]
+    reused.restart(1)
+    reused_rng = torch.get_rng_state()
+    fresh = Trainer(config, spec, seed=1)
+    assert torch.equal(reused_rng, torch.get_rng_state())
+    for (name, a), b in zip(fresh.model.state_dict().items(), reused.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    runs = {}
+    for name, trainer in (("fresh", fresh), ("reused", reused)):
+        tracker = MemoryTracker()
+        result = train(config, spec, tracker=tracker, trainer=trainer)
+        runs[name] = ([v for _, v in tracker.metrics["train_loss"]], result.val_loss)
+    assert runs["reused"] == runs["fresh"] and reused.step == 6
+    assert [id(p) for p in reused.model.parameters()] == model_tensors  # its own tensors, written over
+    for (name, a), b in zip(fresh.model.state_dict().items(), reused.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert reused.execution()["trainer"] == "restarted" and fresh.execution()["trainer"] == "built"
+
+
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
     spec = tiny_spec(steps=100, warmup_steps=10, min_lr_ratio=0.1)
     assert lr_factor(0, spec) == pytest.approx(0.1)

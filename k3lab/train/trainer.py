@@ -77,6 +77,21 @@ def lr_factor(step: int, spec: TrainSpec) -> float:
     return spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def initial_model(config: KimiK3Config, spec: TrainSpec, seed: int) -> KimiK3:
+    """The model a trial of `seed` starts from, on the CPU in the spec's dtype; seeds the global
+    generator with `seed` first (the draws of `KimiK3.__init__` come from it)."""
+    torch.manual_seed(seed)
+    model = KimiK3(config)
+    if spec.init == "paired":  # the weights of shared modules alike across a seed's trials
+        init_paired(model, seed)
+    return model.to(dtype=getattr(torch, spec.dtype))
+
+
+def model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer of `model` (MoE bias and load statistics included), in order."""
+    return [t for _, t in model.named_parameters()] + [t for _, t in model.named_buffers()]
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -106,19 +121,14 @@ class Trainer:
 
     def __init__(self, config: KimiK3Config, spec: TrainSpec, seed: int = 0, device=None, dataset=None,
                  rank: int = 0, world_size: int = 1, progress: bool = False, ddp: DDPOptions = DDPOptions()):
-        self.spec, self.seed = spec, seed
+        self.spec = spec
         self.device = resolve_device(device)
         config = self.config = config.resolve_kda(cuda=self.device.type == "cuda")
         started = time.perf_counter()
         self.dataset = dataset or prepare_dataset(spec.dataset, spec.tokenizer, progress=progress)
         self.data_s = time.perf_counter() - started  # opening the prepared corpus: part of a trial's start-up
         check_shapes(config, spec, self.dataset.vocab_size)
-        torch.manual_seed(seed)
-        dtype = getattr(torch, spec.dtype)
-        self.model = KimiK3(config)
-        if spec.init == "paired":  # the weights of shared modules alike across a seed's trials
-            init_paired(self.model, seed)
-        self.model.to(device=self.device, dtype=dtype)
+        self.model = initial_model(config, spec, seed).to(device=self.device)
         self.counts = count_parameters(self.model, spec.seq_len)
         self.model.checkpoint_layers = spec.activation_checkpointing
         if spec.compile:
@@ -128,19 +138,39 @@ class Trainer:
         if self.distributed:  # the process group is set up by the launcher (Ray Train, torchrun)
             self.forward = wrap_ddp(self.model, self.device, ddp)
         self.autocast = self._autocast_dtype()
+        self.rank, self.world_size = rank, world_size
+        self.tokens_per_step = spec.tokens_per_step * world_size  # global: all ranks together
+        self._start_run(seed)
+        self.graphed, self.cuda_graph = self._graphed_step()
+        self.eager_steps = 0  # in this process: the graph is captured after EAGER_STEPS_BEFORE_CAPTURE
+        self.restarted = False  # by `restart`: this trial took an earlier trial's model, compile and graph
+
+    def _start_run(self, seed: int) -> None:
+        """Fresh optimizers, schedules and samplers for a run of `seed` from step 0."""
+        spec = self.spec
+        self.seed = seed
         self.optimizers = build_optimizers(self.model, lr=spec.lr, muon_lr=spec.muon_lr,
                                            weight_decay=spec.weight_decay)
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
                            for opt in self.optimizers]
         self.sampler = BatchSampler(self.dataset.train_tokens, spec.batch_size, spec.seq_len, seed=seed,
-                                    rank=rank, world_size=world_size)
+                                    rank=self.rank, world_size=self.world_size)
         self.val_sampler = BatchSampler(self.dataset.val_tokens, spec.batch_size, spec.seq_len, seed=seed,
-                                        rank=rank, world_size=world_size)
+                                        rank=self.rank, world_size=self.world_size)
         self.step = 0
-        self.world_size = world_size
-        self.tokens_per_step = spec.tokens_per_step * world_size  # global: all ranks together
-        self.graphed, self.cuda_graph = self._graphed_step()
-        self.eager_steps = 0  # in this process: the graph is captured after EAGER_STEPS_BEFORE_CAPTURE
+
+    @torch.no_grad()
+    def restart(self, seed: int) -> None:
+        """Make this trainer a new trial of the same variant with `seed`, as if built anew: the
+        starting weights a new Trainer of `seed` draws, copied into the model's own tensors, and
+        fresh optimizers, schedules and batches. The compiled blocks and the captured CUDA graph
+        stay (they read the same tensors), so the new trial skips the model build, the compile
+        and the capture: in a sweep, the next seed of a variant starts in about a second."""
+        weights = initial_model(self.config, self.spec, seed)
+        for target, source in zip(model_tensors(self.model), model_tensors(weights), strict=True):
+            target.copy_(source)
+        self._start_run(seed)
+        self.restarted = True
 
     def _graphed_step(self) -> tuple[GraphedForwardBackward | None, str]:
         """The CUDA-graphed forward+backward, or None, and what was decided ("on" / "off: why")."""
@@ -156,7 +186,8 @@ class Trainer:
     def execution(self) -> dict[str, str]:
         """How this trial runs, resolved for its device: logged with every trial."""
         resolved = {"kda_implementation": self.config.kda_implementation,
-                    "cuda_graph": self.cuda_graph, "compile": str(self.spec.compile)}
+                    "cuda_graph": self.cuda_graph, "compile": str(self.spec.compile),
+                    "trainer": "restarted" if self.restarted else "built"}
         if os.environ.get("TRITON_CACHE_DIR"):  # set by GPU sweeps for every trial and DDP worker
             resolved["kernel_cache"] = str(Path(os.environ["TRITON_CACHE_DIR"]).parent)
         return resolved

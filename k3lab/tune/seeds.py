@@ -192,18 +192,36 @@ class SeedPlanner:
     def in_flight(self) -> list[tuple[str, int]]:
         return [(v, s) for v, s in self.suggested if not self.ended(v, s)]
 
-    def next_trial(self) -> tuple[str, int] | str | None:
-        """The next trial to start, FINISHED when the sweep is done, or None: wait for results."""
+    def next_trial(self, prefer: list[str] = ()) -> tuple[str, int] | str | None:
+        """The next trial to start, FINISHED when the sweep is done, or None: wait for results.
+
+        prefer: variants whose trials just ended, first ended first. Of the trials wanted next
+        in the same stage (start seeds, or seeds added), one of theirs goes first, so that the
+        process a trial leaves takes the variant's next seed and restarts its trainer instead
+        of building one (`k3lab.tune.trial.KeptTrainer`). Only the order changes: which trials
+        run is decided by the results alone."""
         self.tick()
         wanted = self.wanted()
         if wanted and self.out_of_budget():
             self.budget_hit = True
             wanted = []
         if wanted:
-            self.suggested.append(wanted[0])
-            self.started_at[_name(*wanted[0])] = self.spent_s
-            return wanted[0]
+            chosen = self._first_of(wanted, prefer)
+            self.suggested.append(chosen)
+            self.started_at[_name(*chosen)] = self.spent_s
+            return chosen
         return None if self.in_flight() else FINISHED
+
+    def _first_of(self, wanted: list[tuple[str, int]], prefer: list[str]) -> tuple[str, int]:
+        """The first wanted trial of the first `prefer` variant that has one in the stage of
+        wanted[0]; else wanted[0]."""
+        start_seeds = set(self.seeds[:self.start])
+        stage = [item for item in wanted if (item[1] in start_seeds) == (wanted[0][1] in start_seeds)]
+        for variant in prefer:
+            for item in stage:
+                if item[0] == variant:
+                    return item
+        return wanted[0]
 
     def complete(self, variant: str, seed: int, value: float | None) -> None:
         """A trial ended: its value for the comparisons (None: failed, diverged, stopped)."""
@@ -272,21 +290,31 @@ class SeedSearcher(Searcher):
         self.keys = dict(keys)
         self.trials: dict[str, tuple[str, int]] = {}  # Tune's trial id -> (variant, seed)
         self.value_of = value_of or (lambda result: final_value(result, metric))
+        self.freed: list[str] = []  # the variants of the trials that ended since, first ended first
 
     def suggest(self, trial_id: str):
-        chosen = self.planner.next_trial()
+        chosen = self.planner.next_trial(prefer=self.freed)
         if chosen == FINISHED:
             return Searcher.FINISHED
         if chosen is None:
             return None
         self.trials[trial_id] = chosen
+        if chosen[0] in self.freed:  # the process that variant left takes it
+            self.freed.remove(chosen[0])
+        elif self.freed:  # the longest-free process takes a trial of another variant
+            self.freed.pop(0)
         return {"trial": self.keys[chosen]}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        """Feed the planner the trial's value; a trial that ended without error leaves Tune a
+        process (`reuse_actors`) with its variant's trainer in it, which the next suggestion
+        prefers to fill with the same variant."""
         if trial_id not in self.trials:
             return
         variant, seed = self.trials[trial_id]
         self.planner.complete(variant, seed, None if error else self.value_of(result))
+        if not error:
+            self.freed.append(variant)
 
     def starts_with(self, key: str) -> bool:
         """Whether the trial `key` is one of the start seeds (every variant runs those)."""

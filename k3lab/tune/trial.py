@@ -7,12 +7,15 @@ into it: exactly one MLflow run per trial, no repeated steps.
 
 from __future__ import annotations
 
+import functools
 import gc
+import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import attrs
 
@@ -99,8 +102,13 @@ def existing_trial_run(spec: TrialSpec) -> str | None:
 
 def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, progress=None,
               flush_with_checkpoints: bool = False, started_at: float | None = None,
-              rank: int = 0, world_size: int = 1) -> tuple[TrainResult, str | None]:
+              rank: int = 0, world_size: int = 1, trainer: Trainer | None = None,
+              keep: Callable[[Trainer], None] | None = None) -> tuple[TrainResult, str | None]:
     """Train one trial with MLflow tracking (when a tracking URI is set); returns (result, run_id).
+
+    trainer: an earlier trial's Trainer of the same variant and train spec, restarted with this
+    trial's seed instead of building one; keep(trainer) is called once the trial has trained
+    to its end (`KeptTrainer`: the next trial of the process may be the variant's next seed).
 
     reporter: its `on_eval(trainer, metrics)` runs after every evaluation, with `reporter.tracker`
     set to the trial's run (see `k3lab.tune.reporter`).
@@ -110,10 +118,14 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
     """
     state = load_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
     trainer_started = time.time()
-    dataset = prepared_by_driver(spec.dataset_dir)
-    opened_s = time.time() - trainer_started
-    trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device, rank=rank,
-                      world_size=world_size, dataset=dataset)
+    if trainer is None:
+        dataset = prepared_by_driver(spec.dataset_dir)
+        opened_s = time.time() - trainer_started
+        trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device, rank=rank,
+                          world_size=world_size, dataset=dataset)
+    else:  # an earlier trial's, restarted for this one (`KeptTrainer`)
+        opened_s = 0.0
+        trainer.restart(spec.seed)
     tracker, trainer_s = None, time.time() - trainer_started
     if spec.tracking_uri:
         run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
@@ -158,6 +170,8 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
         if result.status != FINISHED:
             tracker.set_tags({runs.ERROR: result.error or result.status})
         tracker.finish("FINISHED" if result.status == FINISHED else "FAILED")
+    if keep is not None:
+        keep(trainer)
     return result, tracker.run_id if tracker else None
 
 
@@ -179,23 +193,55 @@ def limit_threads() -> None:
         torch.set_num_threads(cpus)
 
 
+class KeptTrainer:
+    """The Trainer of the last trial this process ran, for its next trial when that is the
+    same variant (`resources.reuse_actors`: Ray hands a finished trial's process to the next
+    trial, and the seeds policy hands it the variant's next seed where it can,
+    `k3lab.tune.seeds`). Restarted with the new seed (`Trainer.restart`), it skips the model
+    build, torch.compile and the CUDA-graph capture: on an H200 most of a trial's start-up."""
+
+    def __init__(self):
+        self.key: tuple | None = None
+        self.trainer: Trainer | None = None
+
+    @staticmethod
+    def key_of(spec: TrialSpec) -> tuple:
+        """What a kept trainer must share with a trial to serve it: the model, the train spec
+        (shapes, optimiser, schedule) and the corpus; only the seed may differ."""
+        return json.dumps(spec.config, sort_keys=True), spec.train, spec.dataset_dir
+
+    def take(self, spec: TrialSpec) -> Trainer | None:
+        """The kept trainer when `spec` is a trial it can serve, else None; either way this
+        process keeps nothing more (a trainer of another variant is let go, its memory freed
+        by `forget_earlier_trial`)."""
+        trainer, key = self.trainer, self.key
+        self.trainer = self.key = None
+        return trainer if trainer is not None and key == self.key_of(spec) else None
+
+    def keep(self, spec: TrialSpec, trainer: Trainer) -> None:
+        self.key, self.trainer = self.key_of(spec), trainer
+
+
+_kept = KeptTrainer()  # this process's: one per Ray actor
 _ran_a_trial = False  # this process ran a trial before (Ray reused it: `resources.reuse_actors`)
 
 
-def forget_earlier_trial() -> None:
-    """In a process an earlier trial used (`resources.reuse_actors`): drop torch.compile's
-    code caches, which would otherwise keep guarding on that trial's model and count
-    towards the recompile limit, and restart the counts this trial reports (peak memory,
-    compile-cache hits).
+def forget_earlier_trial(restarting: bool = False) -> None:
+    """In a process an earlier trial used (`resources.reuse_actors`): restart the counts this
+    trial reports (peak memory, compile-cache hits) and, unless the earlier trial's trainer is
+    `restarting` for this one, drop torch.compile's code caches, which would otherwise keep
+    guarding on that trial's model and count towards the recompile limit.
     A fresh process has nothing to forget and skips the work (gc alone takes ~0.2 s)."""
     global _ran_a_trial
     earlier, _ran_a_trial = _ran_a_trial, True
     torch = sys.modules.get("torch")
     if not earlier or torch is None:
         return
-    gc.collect()  # the earlier trial's model and CUDA graphs, if a reference cycle still held them
+    if not restarting:
+        gc.collect()  # the earlier trial's model and CUDA graphs, if a reference cycle still held them
+        if "torch._dynamo" in sys.modules:
+            torch._dynamo.reset()
     if "torch._dynamo" in sys.modules:
-        torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()  # the compile-cache hits a trial logs are its own
     if torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
@@ -235,9 +281,11 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
 
     spec = trials[param["trial"]]
     limit_threads()
-    forget_earlier_trial()
+    trainer = _kept.take(spec)
+    forget_earlier_trial(restarting=trainer is not None)
     restored = tune.get_checkpoint()
     reporter = TrialReporter(spec, tune.report, tune.Checkpoint, restored=restored is not None)
     result, run_id = run_trial(spec, checkpoint=load_ray_checkpoint(restored), reporter=reporter,
-                               flush_with_checkpoints=True, started_at=started_at)
+                               flush_with_checkpoints=True, started_at=started_at, trainer=trainer,
+                               keep=functools.partial(_kept.keep, spec))
     reporter.finish(result, run_id)
