@@ -143,6 +143,27 @@ def test_a_restarted_trainer_trains_exactly_as_a_new_trainer_of_its_seed(init):
     assert reused.execution()["trainer"] == "restarted" and fresh.execution()["trainer"] == "built"
 
 
+@pytest.fixture
+def restores_determinism():
+    import torch.utils.deterministic
+
+    saved = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    yield
+    torch.use_deterministic_algorithms(saved[0])
+    torch.utils.deterministic.fill_uninitialized_memory = saved[1]
+
+
+def test_a_deterministic_trial_turns_on_torchs_deterministic_algorithms_and_trains(restores_determinism):
+    import torch.utils.deterministic
+
+    torch.use_deterministic_algorithms(False)
+    Trainer(load_preset("tiny"), tiny_spec())
+    assert not torch.are_deterministic_algorithms_enabled()  # the default leaves the process alone
+    trainer = Trainer(load_preset("tiny"), tiny_spec(deterministic=True))
+    assert torch.are_deterministic_algorithms_enabled() and not torch.utils.deterministic.fill_uninitialized_memory
+    assert train(load_preset("tiny"), tiny_spec(deterministic=True, steps=4), trainer=trainer).status == FINISHED
+
+
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
     spec = tiny_spec(steps=100, warmup_steps=10, min_lr_ratio=0.1)
     assert lr_factor(0, spec) == pytest.approx(0.1)

@@ -87,6 +87,16 @@ def initial_model(config: KimiK3Config, spec: TrainSpec, seed: int) -> KimiK3:
     return model.to(dtype=getattr(torch, spec.dtype))
 
 
+def use_deterministic_algorithms() -> None:
+    """Every torch operation's deterministic algorithm, for this process (`train.deterministic`).
+    New tensors are not filled with NaN first (torch's default in this mode): nothing in a step
+    reads memory it has not written, and the fill would cost every allocation."""
+    import torch.utils.deterministic
+
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+
+
 def model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     """Every parameter and buffer of `model` (MoE bias and load statistics included), in order."""
     return [t for _, t in model.named_parameters()] + [t for _, t in model.named_buffers()]
@@ -124,6 +134,8 @@ class Trainer:
         self.spec = spec
         self.device = resolve_device(device)
         config = self.config = config.resolve_kda(cuda=self.device.type == "cuda")
+        if spec.deterministic:
+            use_deterministic_algorithms()
         started = time.perf_counter()
         self.dataset = dataset or prepare_dataset(spec.dataset, spec.tokenizer, progress=progress)
         self.data_s = time.perf_counter() - started  # opening the prepared corpus: part of a trial's start-up
