@@ -123,8 +123,9 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
         opened_s = time.time() - trainer_started
         trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device, rank=rank,
                           world_size=world_size, dataset=dataset)
-    else:  # an earlier trial's, restarted for this one (`KeptTrainer`)
-        opened_s = 0.0
+        data_s = opened_s + trainer.data_s
+    else:  # an earlier trial's, restarted for this one (`KeptTrainer`): its corpus is open already
+        data_s = 0.0
         trainer.restart(spec.seed)
     tracker, trainer_s = None, time.time() - trainer_started
     if spec.tracking_uri:
@@ -134,7 +135,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
         tracker.set_tags({runs.DEVICE: device_name(trainer.device)})
         tracker.log_params(data_params(trainer))
         if started_at is not None:  # the part of startup_s before the first step, and its parts
-            tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, opened_s + trainer.data_s),
+            tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, data_s),
                                 trainer.step)
     if reporter is not None:
         reporter.tracker = tracker
