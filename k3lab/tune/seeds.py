@@ -21,6 +21,9 @@ searcher (Tune saves it with the experiment state, `save`/`restore`) and the tri
 restores end in the same decisions; the only thing that depends on timing is the wall budget,
 which a sweep run in parts spends as the sum of its parts (`SeedSearcher.save`/`restore`).
 Looking after every seed pair is what the confidence sequence allows (a t-interval would not).
+The order of the trials decided so far does depend on timing: a process whose trial just ended
+gets its variant's next seed, where one is wanted in the same stage, so that it restarts that
+variant's trainer instead of building one (`k3lab.tune.trial.KeptTrainer`).
 
 `SeedPlanner` is the policy on plain data (no Ray: the tests drive it directly and simulate
 whole sweeps with it); `SeedSearcher` is the Ray Tune `Searcher` around it.
