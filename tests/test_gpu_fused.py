@@ -675,7 +675,7 @@ def test_cuda_graph_training_steps_match_eager_steps(isolated_data):
 def test_a_restarted_trainer_replays_its_graph_and_trains_as_a_new_trainer_of_its_seed(isolated_data):
     """Trainer.restart (a variant's next seed in a reused sweep process) keeps the compiled
     blocks and the captured CUDA graph, and trains and evaluates the new seed as a Trainer
-    built for it does (its first steps eager, then its own capture)."""
+    built for it does (which runs its first steps eagerly, then captures a graph of its own)."""
     needs_fla()
     from k3lab.registry import TrainSpec
     from k3lab.train.trainer import Trainer
@@ -699,7 +699,8 @@ def test_a_restarted_trainer_replays_its_graph_and_trains_as_a_new_trainer_of_it
 @gpu
 def test_a_deterministic_trainer_repeats_its_losses_to_the_last_bit(isolated_data):
     """train.deterministic: two trainers of one seed (compiled blocks, CUDA graph) give the same
-    losses bit for bit; without it the MLA layers' attention backward (cuDNN) differs from run to run."""
+    losses bit for bit (without it, on an H200 at the gpu profile's shape, cuDNN's attention
+    backward in the MLA layers differs from run to run: bench/determinism.py)."""
     needs_fla()
     import torch.utils.deterministic
 
