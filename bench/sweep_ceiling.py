@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 SECTION = "Sweep ceiling: fresh machine, warm machine, one trial alone"
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("file", help="sweep file")
     parser.add_argument("--profile", default="gpu")
@@ -81,7 +81,7 @@ def parse_args() -> argparse.Namespace:
                         help="read PHASE's figures from this copy of its MLflow store (sqlite file) into results.json")
     parser.add_argument("--measured-on", help="with --write and no --phase: where and when WORK/results.json was "
                                               "measured, for a table written on another machine")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def caches(work: Path) -> dict[str, str]:

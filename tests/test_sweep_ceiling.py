@@ -1,19 +1,24 @@
 """bench/sweep_ceiling.py: the sweep files its phases run (the GPU runs themselves are benchmarks)."""
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.sweep_ceiling import sweep_file_for  # noqa: E402
+from bench.sweep_ceiling import parse_args, sweep_file_for  # noqa: E402
 from k3lab.registry.commands import load_sweep_for  # noqa: E402
+
+FLAGSHIP = str(ROOT / "experiments/attnres_block.yaml")
+
+
+def ceiling_args(file: str, *options: str):
+    """The bench's arguments as its command line parses them (the profile `gpu` by default)."""
+    return parse_args([file, "--work", "WORK", *options])
 
 
 def test_the_slots_phase_runs_the_warm_phases_trials_with_training_slots(tmp_path):
-    args = argparse.Namespace(trials=None, file=str(ROOT / "experiments/attnres_block.yaml"), profile="gpu", training_slots=2,
-                              seeds="0,1", trials_at_once=None)
+    args = ceiling_args(FLAGSHIP, "--seeds", "0,1")
     warm, slots = (load_sweep_for(sweep_file_for(args, tmp_path, phase), "gpu") for phase in ("warm", "slots"))
     assert [t.id for t in warm.trials] == [t.id for t in slots.trials] and len(warm.trials) == 10  # 5 variants x 2
     assert not warm.adaptive and warm.budget is None
@@ -22,8 +27,7 @@ def test_the_slots_phase_runs_the_warm_phases_trials_with_training_slots(tmp_pat
 
 
 def test_without_seeds_the_warm_phase_runs_the_file_itself(tmp_path):
-    args = argparse.Namespace(trials=None, file="experiments/attnres_block.yaml", profile="gpu", training_slots=2, seeds=None,
-                              trials_at_once=None)
+    args = ceiling_args("experiments/attnres_block.yaml")
     assert sweep_file_for(args, tmp_path, "warm") == "experiments/attnres_block.yaml"
 
 
@@ -32,8 +36,7 @@ def test_trials_runs_the_profiles_seeds_policy_stopped_after_that_many_trials(tm
     budget; the command says so."""
     from bench.sweep_ceiling import commands_for
 
-    args = argparse.Namespace(trials=20, file=str(ROOT / "experiments/attnres_block.yaml"), profile="gpu",
-                              training_slots=2, seeds=None, trials_at_once=None)
+    args = ceiling_args(FLAGSHIP, "--trials", "20")
     sweep = load_sweep_for(sweep_file_for(args, tmp_path, "fresh"), "gpu")
     assert sweep.adaptive and (sweep.budget.trials, sweep.budget.wall) == (20, None)
     assert sweep.seed_policy.start * len(sweep.valid_variants) == 20  # its first stage
@@ -57,7 +60,7 @@ def test_each_number_of_training_slots_is_a_row_of_its_own_with_its_command():
 
     results = {"fresh": {}, "warm": {}, "alone": {}, "slots-2": {}, "slots-1": {}}
     assert sweep_phases(results) == ["fresh", "warm", "slots-1", "slots-2"]
-    args = argparse.Namespace(trials=None, file="f.yaml", profile="gpu", seeds="0,1")
+    args = ceiling_args("f.yaml", "--seeds", "0,1")
     base = "python bench/sweep_ceiling.py f.yaml --profile gpu --work WORK --seeds 0,1"
     assert commands_for(args, results) == (f"{base} --phase fresh --phase warm --phase alone`, then `{base} --phase "
                                            f"slots --training-slots 1`, then `{base} --phase slots --training-slots 2"
@@ -80,8 +83,7 @@ def test_the_trial_build_cell_names_its_parts_where_the_trial_logged_them():
 def test_another_checkouts_phase_is_a_row_beside_its_own_with_its_command():
     from bench.sweep_ceiling import commands_for, phase_key, sweep_phases
 
-    args = argparse.Namespace(trials=None, file="f.yaml", profile="gpu", seeds="0,1", tree="/tmp/before", label="before",
-                              training_slots=2, trials_at_once=None)
+    args = ceiling_args("f.yaml", "--seeds", "0,1", "--tree", "/tmp/before", "--label", "before")
     assert phase_key(args, "warm") == "warm-before" and phase_key(args, "slots") == "slots-2-before"
     results = {"warm-before": {}, "fresh": {}, "warm": {}, "alone": {}}
     assert sweep_phases(results) == ["fresh", "warm", "warm-before"]
@@ -136,7 +138,7 @@ def test_the_table_sets_each_sweep_against_the_first_trial_alone_and_against_its
 def test_the_command_names_the_alone_phases_steps():
     from bench.sweep_ceiling import commands_for
 
-    args = argparse.Namespace(trials=None, file="f.yaml", profile="gpu", seeds="0,1")
+    args = ceiling_args("f.yaml", "--seeds", "0,1")
     assert commands_for(args, {"warm": {}, "alone": {"steps": 60, "trials": []}}).startswith(
         "python bench/sweep_ceiling.py f.yaml --profile gpu --work WORK --seeds 0,1 --phase warm --phase alone "
         "--alone-steps 60`")
@@ -179,9 +181,8 @@ def test_figures_from_a_copied_store_need_the_phase_and_the_file(tmp_path):
 def test_trials_at_once_runs_the_same_trials_with_that_many_sharing_the_gpu(tmp_path):
     from bench.sweep_ceiling import commands_for, phase_key, sweep_phases, table
 
-    args = argparse.Namespace(trials=None, file=str(ROOT / "experiments/attnres_block.yaml"), profile="gpu", training_slots=2,
-                              seeds="0,1", trials_at_once=5, tree=None, label=None)
-    plain = argparse.Namespace(**{**vars(args), "trials_at_once": None})
+    args = ceiling_args(FLAGSHIP, "--seeds", "0,1", "--trials-at-once", "5")
+    plain = ceiling_args(FLAGSHIP, "--seeds", "0,1")
     five, four = (load_sweep_for(sweep_file_for(a, tmp_path, "fresh"), "gpu") for a in (args, plain))
     assert [t.id for t in five.trials] == [t.id for t in four.trials] and len(five.trials) == 10
     assert (five.resources.max_concurrent_trials, five.resources.gpu) == (5, 0.2)
@@ -191,7 +192,7 @@ def test_trials_at_once_runs_the_same_trials_with_that_many_sharing_the_gpu(tmp_
     results = {"fresh-5-at-once": {}, "fresh": {}}
     assert sweep_phases(results) == ["fresh", "fresh-5-at-once"]
     base = "python bench/sweep_ceiling.py f.yaml --profile gpu --work WORK --seeds 0,1"
-    assert commands_for(argparse.Namespace(trials=None, file="f.yaml", profile="gpu", seeds="0,1"), results) == (
+    assert commands_for(ceiling_args("f.yaml", "--seeds", "0,1"), results) == (
         f"{base} --phase fresh`, then `{base} --phase fresh --trials-at-once 5`, then the same with `--write")
     row = {"exit": 0, "finished": 10, "trials": 10, "command_wall_s": 300.0, "first_step_s": 45.0,
            "kernel_warmup_s": 1.0, "trial_startup_s_mean": 18.0, "trial_startup_s_max": 40.0,
