@@ -40,6 +40,18 @@ def isolated_data(data_dir, monkeypatch):
     return data_dir
 
 
+@pytest.fixture
+def restores_determinism():
+    """torch's deterministic-algorithms settings as they were before the test (`train.deterministic`
+    sets them for the whole process)."""
+    import torch.utils.deterministic
+
+    saved = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    yield
+    torch.use_deterministic_algorithms(saved[0])
+    torch.utils.deterministic.fill_uninitialized_memory = saved[1]
+
+
 def fla_reference(relative_path: str):
     """One of FLA's plain-PyTorch reference files (e.g. "ops/kda/naive.py"), loaded by path.
 

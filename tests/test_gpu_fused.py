@@ -697,27 +697,20 @@ def test_a_restarted_trainer_replays_its_graph_and_trains_as_a_new_trainer_of_it
 
 
 @gpu
-def test_a_deterministic_trainer_repeats_its_losses_to_the_last_bit(isolated_data):
+def test_a_deterministic_trainer_repeats_its_losses_to_the_last_bit(isolated_data, restores_determinism):
     """train.deterministic: two trainers of one seed (compiled blocks, CUDA graph) give the same
     losses bit for bit (without it, on an H200 at the gpu profile's shape, cuDNN's attention
     backward in the MLA layers differs from run to run: bench/determinism.py)."""
     needs_fla()
-    import torch.utils.deterministic
-
     from k3lab.registry import TrainSpec
     from k3lab.train.trainer import Trainer
 
     config = gpu_config(kda_implementation="fused", vocab_size=320)
     spec = TrainSpec(steps=12, batch_size=2, seq_len=256, warmup_steps=2, compile=True, deterministic=True)
-    saved = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
-    try:
-        runs = []
-        for _ in range(2):
-            trainer = Trainer(config, spec, seed=0)
-            runs.append([trainer.train_step()["train_loss"].item() for _ in range(10)])
-    finally:
-        torch.use_deterministic_algorithms(saved[0])
-        torch.utils.deterministic.fill_uninitialized_memory = saved[1]
+    runs = []
+    for _ in range(2):
+        trainer = Trainer(config, spec, seed=0)
+        runs.append([trainer.train_step()["train_loss"].item() for _ in range(10)])
     assert runs[0] == runs[1]
 
 

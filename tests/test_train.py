@@ -143,16 +143,6 @@ def test_a_restarted_trainer_trains_exactly_as_a_new_trainer_of_its_seed(init):
     assert reused.execution()["trainer"] == "restarted" and fresh.execution()["trainer"] == "built"
 
 
-@pytest.fixture
-def restores_determinism():
-    import torch.utils.deterministic
-
-    saved = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
-    yield
-    torch.use_deterministic_algorithms(saved[0])
-    torch.utils.deterministic.fill_uninitialized_memory = saved[1]
-
-
 def test_a_deterministic_trial_turns_on_torchs_deterministic_algorithms_and_trains(restores_determinism):
     import torch.utils.deterministic
 
