@@ -438,10 +438,10 @@ def main() -> None:
     results = json.loads(path.read_text()) if path.is_file() else {}
     for other in args.merge:
         results.update(json.loads(Path(other).read_text()))
-        path.write_text(json.dumps(results, indent=1))
     for item in args.figures_from:
         phase, _, store = item.partition("=")
         refresh_figures(results, phase, Path(store))
+    if args.merge or args.figures_from:  # once all of them were read: a bad --figures-from leaves the file as it was
         path.write_text(json.dumps(results, indent=1))
     for phase in args.phase:
         key = "alone" if phase == "alone" else phase_key(args, phase)
