@@ -107,8 +107,9 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
     """Train one trial with MLflow tracking (when a tracking URI is set); returns (result, run_id).
 
     trainer: an earlier trial's Trainer of the same variant and train spec, restarted with this
-    trial's seed instead of building one; keep(trainer) is called once the trial has trained
-    to its end (`KeptTrainer`: the next trial of the process may be the variant's next seed).
+    trial's seed instead of building one; keep(trainer) is called once the trial has ended
+    without an exception, finished or diverged (`KeptTrainer`: the next trial of the process
+    may be the variant's next seed).
 
     reporter: its `on_eval(trainer, metrics)` runs after every evaluation, with `reporter.tracker`
     set to the trial's run (see `k3lab.tune.reporter`).
