@@ -21,6 +21,7 @@ Reported: tokens/s of all GPUs together, tokens/s per GPU, scaling efficiency (t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -112,19 +113,23 @@ def measure(row: str, args: argparse.Namespace) -> dict | None:
         dist.barrier()
     step_s = (time.perf_counter() - started) / args.steps
     peaks = [torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None]
+    tokens_per_s = trainer.tokens_per_step / step_s
+    peak = peak_flops(device)
+    result = {"gpus": world, "options": options.describe(), "tokens_per_s": tokens_per_s, "step_ms": 1e3 * step_s,
+              "mfu": tokens_per_s * trainer.counts["flops_per_token"] / (peak * world) if peak else None,
+              "loss": loss, "params": trainer.counts["total"]}
     if world > 1:
         gathered = [None] * world
         dist.all_gather_object(gathered, peaks[0])
         peaks = gathered
+        # The trainer sits in reference cycles, so only the garbage collector frees it and the DDP
+        # reducer it holds; left to the interpreter's exit, gloo's threads abort the rank (SIGABRT,
+        # "terminate called without an active exception"). Free it while the group is still up.
+        del trainer, values
+        gc.collect()
         dist.barrier()  # no rank closes its connections while another still reads from them
         dist.destroy_process_group()
-    if rank != 0:
-        return None
-    tokens_per_s = trainer.tokens_per_step / step_s
-    peak = peak_flops(device)
-    return {"gpus": world, "options": options.describe(), "tokens_per_s": tokens_per_s, "step_ms": 1e3 * step_s,
-            "mfu": tokens_per_s * trainer.counts["flops_per_token"] / (peak * world) if peak else None,
-            "peak_gib": peaks, "loss": loss, "params": trainer.counts["total"]}
+    return result | {"peak_gib": peaks} if rank == 0 else None
 
 
 # -- the parent: rows as torchrun jobs, the table -----------------------------------------------
