@@ -126,3 +126,20 @@ def test_the_plan_says_when_the_last_evaluation_is_larger_than_the_others(tmp_pa
     same = short_sweep(tmp_path, "{steps: 12, seq_len: 32, warmup_steps: 1, eval_interval: 4, eval_batches: 2}")
     assert main(["variants", str(same)]) == 0
     assert "evaluations:" not in capsys.readouterr().out
+
+
+def test_the_plan_says_how_often_trials_checkpoint_and_what_a_crash_repeats(tmp_path, capsys):
+    path = short_sweep(tmp_path, "{steps: 12, seq_len: 32, warmup_steps: 1, eval_interval: 2, checkpoint_every: 3}")
+    assert main(["variants", str(path)]) == 0
+    assert ("checkpoints: every 6 steps (every 3rd evaluation) and after the last; a crashed trial trains up to 6 "
+            "steps again") in capsys.readouterr().out
+    every = short_sweep(tmp_path, "{steps: 12, seq_len: 32, warmup_steps: 1, eval_interval: 2}")
+    assert main(["variants", str(every)]) == 0
+    assert "checkpoints:" not in capsys.readouterr().out
+
+
+def test_checkpoint_every_must_be_positive(tmp_path, capsys):
+    path = short_sweep(tmp_path, "{steps: 12, seq_len: 32, warmup_steps: 1, checkpoint_every: 0}")
+    assert main(["variants", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert "checkpoint_every" in err and "must be positive" in err and "Traceback" not in err

@@ -70,6 +70,22 @@ def test_sweep_logs_one_run_per_trial_and_recovers_from_a_crash(tmp_path, sweep_
     assert "paired by seed" in out and "not resolved (one pair)" in out
 
 
+def test_a_trial_checkpointing_every_second_evaluation_restarts_from_its_last_checkpoint(tmp_path, monkeypatch):
+    """train.checkpoint_every: 2, evaluations at steps 2, 4, 6, 8: a crash at the last report restarts
+    the trial from its step-4 checkpoint (not 6, which it did not save), and its run has every step once."""
+    path = tmp_path / "mini.yaml"
+    path.write_text(mini_sweep("mini", "checkpoints at every second evaluation", eval_interval=2).replace(
+        "log_interval: 2}", "log_interval: 2, checkpoint_every: 2}"))
+    monkeypatch.setenv("K3LAB_FAIL_AT_STEP", "8")
+    assert main(sweep_args(tmp_path, path, "--max-failures", "1", "--max-concurrent", "2")) == 0
+    client, _, runs = trial_runs(tmp_path)
+    assert [r.data.tags["k3lab.crashes"] for r in runs] == ["1", "1"]
+    for run in runs:
+        history = lambda key: sorted(m.step for m in client.get_metric_history(run.info.run_id, key))  # noqa: E731
+        assert history("train_loss") == list(range(1, 9)) and history("val_loss") == [2, 4, 6, 8]
+        assert history("startup_s") == [1, 5]  # the second attempt's first step: the one after step 4
+
+
 def test_resume_finishes_an_interrupted_sweep_in_the_same_runs(tmp_path, sweep_file, monkeypatch):
     monkeypatch.setenv("K3LAB_FAIL_AT_STEP", "8")
     assert main(sweep_args(tmp_path, sweep_file, "--max-failures", "0")) == 1  # both trials errored

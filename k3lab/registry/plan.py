@@ -34,6 +34,7 @@ def plan_lines(sweep: Sweep) -> list[str]:
     baselines by group, data that trials would repeat,
     then a note for every default adapted to the file's settings."""
     lines = [plan_header(sweep)] + dropped_lines(sweep) + policy_lines(sweep) + evaluation_lines(sweep)
+    lines += checkpoint_lines(sweep)
     lines += group_lines(sweep)
     return lines + [f"note: {note}" for note in (*sweep.notes, *data_notes(sweep))]
 
@@ -45,6 +46,20 @@ def evaluation_lines(sweep: Sweep) -> list[str]:
         return []
     return [f"evaluations: {train.num_evals} per trial (every {train.eval_interval} steps) on {train.eval_batches} "
             f"validation batches, the last on {train.final_eval_batches} (the val_loss the verdicts compare)"]
+
+
+def checkpoint_lines(sweep: Sweep) -> list[str]:
+    """Where trials checkpoint at fewer evaluations than all (`train.checkpoint_every`): what a crash repeats."""
+    train = sweep.train
+    if train.checkpoint_every == 1 or train.num_evals == 1:
+        return []
+    every = train.checkpoint_every * train.eval_interval
+    return [f"checkpoints: every {every} steps (every {ordinal(train.checkpoint_every)} evaluation) and after the "
+            f"last; a crashed trial trains up to {min(every, train.steps)} steps again"]
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 MAX_DROPPED_LINES = 10

@@ -41,6 +41,10 @@ class TrainSpec:
     `init`: `paired` draws each module's starting weights from (seed, its name), so trials
     of one seed start alike in every module they share (`k3lab.train.init`); `sequential`
     draws the whole model from one stream seeded by the seed.
+    `checkpoint_every`: a sweep's trial saves its checkpoint (crash recovery, `--resume`) at every
+    Nth evaluation and at the last, and sends its metrics to MLflow with it; a crash then repeats at
+    most N x eval_interval steps. Each checkpoint is the whole trainer state, written and then copied
+    by Ray, while the trial's GPU share stands idle.
     `deterministic`: every torch operation uses its deterministic algorithm, so a trial on a GPU
     repeats itself to the last bit (on an H200 cuDNN attention's backward in the MLA layers is
     otherwise not, and two runs of one trial end up to 0.025 apart in val_loss); it costs step time.
@@ -61,6 +65,7 @@ class TrainSpec:
     eval_interval: int = attrs.field(default=50, validator=positive)
     eval_batches: int = attrs.field(default=8, validator=positive)
     final_eval_batches: int | None = attrs.field(default=None, validator=positive)
+    checkpoint_every: int = attrs.field(default=1, validator=positive)
     dataset: str = attrs.field(default="stdlib", validator=non_empty)
     tokenizer: str = attrs.field(default="byte", validator=non_empty)
     compile: bool = False
@@ -93,6 +98,10 @@ class TrainSpec:
     def eval_batches_at(self, step: int) -> int:
         """Validation batches of the evaluation at `step`: final_eval_batches at the last step."""
         return self.final_eval_batches if step >= self.steps and self.final_eval_batches else self.eval_batches
+
+    def checkpoint_at(self, step: int) -> bool:
+        """Whether the evaluation at `step` saves a checkpoint: every checkpoint_every-th, and the last."""
+        return step >= self.steps or (step // self.eval_interval) % self.checkpoint_every == 0
 
     @property
     def num_evals(self) -> int:

@@ -6,6 +6,9 @@
 
 At each evaluation `on_eval` saves the trainer (with the MLflow run id) and sends the tracker's
 metrics, then reports to Ray with that checkpoint: evaluation -> `on_eval` -> `send` -> report.
+With `train.checkpoint_every: N` only every Nth evaluation does so; the others report without a
+checkpoint and leave their metrics in the tracker, so a crash never leaves steps in MLflow that
+the checkpoint it restarts from has not trained.
 
 The metrics go first: when a scheduler stops the trial at a report, Ray ends the trial's process
 without waiting for its training thread, so nothing after the report is sure to run. A crash
@@ -52,8 +55,8 @@ class TrialReporter:
                 self.held_directory = tempfile.mkdtemp(prefix="k3lab-final-")
                 save_with_run_id(trainer, self.held_directory, self.tracker)
             return
-        if not self.checkpoints:
-            self.send(metrics, None)
+        if not (self.checkpoints and self.spec.train.checkpoint_at(trainer.step)):
+            self.send(metrics, None)  # its metrics wait in the tracker for the next checkpoint
             return
         with tempfile.TemporaryDirectory() as directory:
             save_with_run_id(trainer, directory, self.tracker)
