@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import subprocess
 import sys
 import zipfile
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from k3lab import bundle
+from k3lab.bundle.parts import PART_RESERVE
 from k3lab.bundle import (BundleOptions, Fetcher, Resolver, Target, UserError, WheelInfo, build_bundle, check_size,
                           install_script, parse_excludes, parse_size, slim_wheel)
 
@@ -83,7 +85,8 @@ class FakeFetcher(Fetcher):
             if not versions:
                 raise UserError(f"no wheel of {name}{spec}")
             version = str(max(versions))
-            files = {f"{name.replace('-', '_')}/__init__.py": "x = 1\n" + "#" * self.sizes.get(name, 0)}
+            padding = base64.b64encode(random.Random(name).randbytes(self.sizes.get(name, 0))).decode()
+            files = {f"{name.replace('-', '_')}/__init__.py": "x = 1\n# " + padding + "\n"}  # does not compress
             path = make_wheel(self.workdir / f"dl{self.calls}", name, version, self.index[name][version], files)
             found[name] = WheelInfo.read(path)
         return found
@@ -222,6 +225,36 @@ def test_slimmed_lzma_wheel_installs_with_pip(tmp_path):
     assert check.stdout.strip() == "2.60.0", check.stderr
 
 
+def test_slim_wheel_strips_elf_files_which_still_load_and_match_their_record(tmp_path):
+    """A shared library built with debug symbols loses its symbol tables, not what it exports;
+    a Python file of the same wheel stays byte for byte."""
+    import ctypes
+    import shutil
+
+    if not (shutil.which("gcc") and shutil.which("strip")):
+        pytest.skip("needs gcc and binutils' strip")
+    c_file = tmp_path / "lib.c"
+    c_file.write_text("int answer(void) { return 42; }\n")
+    library = tmp_path / "lib.so"
+    subprocess.run(["gcc", "-g", "-shared", "-fPIC", "-o", str(library), str(c_file)], check=True)
+    source = make_wheel(tmp_path / "src", "ray", "2.60.0", files={
+        "ray/__init__.py": "x = 1\n", "ray/_raylet.so": library.read_bytes()})
+    dest = tmp_path / "out" / source.name
+    result = slim_wheel(source, dest, [], strip=shutil.which("strip"))
+    assert result.stripped_files == 1 and result.stripped_bytes > 0
+    with zipfile.ZipFile(dest) as archive:
+        stripped = archive.read("ray/_raylet.so")
+        assert stripped[:4] == b"\x7fELF" and len(stripped) == library.stat().st_size - result.stripped_bytes
+        assert archive.read("ray/__init__.py") == b"x = 1\n"
+        rows = {row[0]: row for row in csv.reader(io.StringIO(archive.read("ray-2.60.0.dist-info/RECORD").decode()))}
+        assert rows["ray/_raylet.so"][1:] == [_hash(stripped), str(len(stripped))]
+    loaded = tmp_path / "stripped.so"
+    loaded.write_bytes(stripped)
+    assert ctypes.CDLL(str(loaded)).answer() == 42
+    unstripped = slim_wheel(source, tmp_path / "kept" / source.name, [])
+    assert unstripped.stripped_files == 0
+
+
 # --------------------------------------------------------------------------- resolution
 
 INDEX = {
@@ -291,7 +324,8 @@ def test_unresolvable_requirement_is_a_user_error(tmp_path):
 # --------------------------------------------------------------------------- the bundle
 
 
-def fake_bundle(tmp_path, max_size=None, target=None, spare_max=2**20, index=None, root_requires=None, exclude=None):
+def fake_bundle(tmp_path, max_size=None, target=None, spare_max=2**20, index=None, root_requires=None, exclude=None,
+                part_size=None, include_project=True):
     index = index or {"ray": {"2.60.0": ["click>=7"]}, "click": {"8.5.1": []}, "cattrs": {"26.2.1": ["attrs>=25.4"]},
                       "attrs": {"26.1.0": []}}
     root_requires = root_requires or ["ray[tune]>=2.50", "cattrs>=23.2", "attrs>=23.1", "torch>=2.9"]
@@ -299,7 +333,8 @@ def fake_bundle(tmp_path, max_size=None, target=None, spare_max=2**20, index=Non
     project_wheel = make_wheel(tmp_path / "project", "k3lab", "0.1.0", root_requires)
     options = BundleOptions(out=tmp_path / "bundle", target=target, exclude=exclude or {"torch": "==2.11.0", "attrs": ""},
                             max_size=max_size, slim={"ray": ("ray/jars",)}, project_wheel=project_wheel,
-                            use_cache=False, spare_max=spare_max, substitutes={})
+                            use_cache=False, spare_max=spare_max, substitutes={}, part_size=part_size,
+                            include_project=include_project)
     fetcher = FakeFetcher(index, target, tmp_path / "work", sizes={"ray": 20_000})
     return options, build_bundle(options, log=lambda *a: None, fetcher=fetcher)
 
@@ -347,6 +382,57 @@ def test_rebuild_replaces_an_old_bundle_but_not_a_foreign_folder(tmp_path):
     (foreign / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="not overwriting"):
         bundle.prepare_out_dir(foreign)
+
+
+def test_a_bundle_in_parts_keeps_each_part_under_the_size_and_installs_in_order(tmp_path):
+    """--part-size: every part is a bundle of its own under the size, the parts together hold every
+    wheel once, and installing them in order into one folder gives what the whole bundle gives."""
+    index = {"ray": {"2.60.0": ["click>=7"]}, "click": {"8.5.1": []}, "cattrs": {"26.2.1": ["zzfakedep>=2"]},
+             "zzfakedep": {"2.0": []}}
+    settings = dict(target=Target(HERE_PY, ()), index=index, root_requires=["ray>=2.50", "cattrs", "zzfakedep>=1", "torch"],
+                    exclude={"torch": "", "zzfakedep": ""})
+    _, unsplit = fake_bundle(tmp_path, **settings)
+    ray_size = next(e["size"] for e in unsplit["files"] if e.get("name") == "ray")
+    options, whole = fake_bundle(tmp_path, **settings, part_size=PART_RESERVE + ray_size + 100)
+    out = options.out
+    assert whole["parts"] == ["part-1", "part-2"] and not (out / "wheels").exists()
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert on_disk == {e["path"] for e in whole["files"]} | {"manifest.json"}
+    parts = [json.loads((out / name / "manifest.json").read_text()) for name in whole["parts"]]
+    for part in parts:
+        assert part["total_size"] <= options.part_size
+        assert sum((out / f"part-{part['part']['index']}" / e["path"]).stat().st_size for e in part["files"]) \
+            + len((out / f"part-{part['part']['index']}" / "manifest.json").read_bytes()) == part["total_size"]
+    wheels = [e["name"] for part in parts for e in part["files"] if e["path"].startswith("wheels/")]
+    assert sorted(wheels) == ["cattrs", "click", "k3lab", "ray"]  # each once; ray (20 kB) fills part 1
+    assert [e["name"] for e in parts[0]["files"] if e.get("name")] == ["ray"]
+    assert parts[0]["imports"] == [] and parts[1]["imports"] == whole["imports"]  # the checks come last
+    parts[1]["imports"] = ["k3lab", "cattrs", "ray"]  # the fake wheels hold only these as real modules
+    (out / "part-2" / "manifest.json").write_text(json.dumps(parts[1]))
+    site = tmp_path / "site"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    said = []
+    for name in whole["parts"]:
+        done = subprocess.run(["bash", str(out / name / "install.sh"), "--target", str(site), "--python",
+                               sys.executable], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        said.append(done.stdout + done.stderr)
+    assert "part 1 of 2 installed; part 2 checks" in said[0] and "imported k3lab, cattrs, ray" in said[1]
+    installed = {p.name.split("-")[0] for p in site.glob("*.dist-info")}
+    assert {"k3lab", "ray", "click", "cattrs", "zzfakedep"} <= installed
+
+
+def test_a_part_size_smaller_than_a_wheel_is_one_line_naming_it(tmp_path):
+    with pytest.raises(UserError) as error:
+        fake_bundle(tmp_path, part_size=PART_RESERVE + 10_000)
+    assert "--part-size" in str(error.value) and "ray-2.60.0" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_bundle_without_the_project_keeps_its_dependencies_and_does_not_import_it(tmp_path):
+    _, manifest = fake_bundle(tmp_path, include_project=False)
+    names = {e.get("name") for e in manifest["files"]}
+    assert "k3lab" not in names and {"ray", "click", "cattrs"} <= names
+    assert "k3lab.cli" not in manifest["imports"] and "ray.tune" in manifest["imports"]
 
 
 def test_install_script_content():

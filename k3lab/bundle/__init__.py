@@ -3,13 +3,15 @@
     wheels    reading wheel metadata; slimming a wheel
     resolve   the target, the fetcher and the resolver of the closure
     install   install.sh and manifest.json
+    sizes     sizes read, written and checked against a limit
+    parts     a bundle split into parts of at most a size
     build     the bundle put together, and the command
 """
 
-from k3lab.bundle.build import (BundleOptions, build_bundle, check_size, parse_size, prepare_out_dir, register, run,
-                                tidy_specifier)
+from k3lab.bundle.build import BundleOptions, build_bundle, prepare_out_dir, register, run, tidy_specifier
 from k3lab.bundle.install import install_script
 from k3lab.bundle.resolve import Fetcher, Resolver, Target, parse_excludes
+from k3lab.bundle.sizes import check_size, parse_size
 from k3lab.bundle.wheels import WheelInfo, slim_wheel
 from k3lab.errors import UserError
 

@@ -19,9 +19,10 @@ Two measures keep the bundle small enough to carry:
 - substitution: `mlflow` is bundled as `mlflow-skinny` (the tracking client and the
   SQL store, with sqlalchemy and alembic added) unless `--full-mlflow`; k3lab only
   uses `MlflowClient`, the UI server is what needs the full package;
-- slimming: ray's wheel is repacked without its Java jars, RLlib, Serve and the LLM
-  library (RECORD and console scripts updated) and LZMA-compressed, which zip, the
-  wheel format and pip all accept.
+- slimming: ray's wheel is repacked without its Java jars, RLlib, Serve, the LLM
+  library and the dashboard's web client, its ELF files stripped of the symbols linking
+  does not need (RECORD and console scripts updated), and LZMA-compressed, which zip,
+  the wheel format and pip all accept.
 
 Excluded packages whose version on the target is unknown (not pinned) get a "spare":
 their small wheel (up to --spare-max-size) in spares/, which install.sh installs only
@@ -46,28 +47,11 @@ from typing import Sequence
 
 from k3lab.bundle.install import (CHECK_IMPORTS, INSTALL_SH, MANIFEST, SPARES, WHEELS, file_entry, install_script,
                                   write_manifest)
+from k3lab.bundle.parts import split_bundle
 from k3lab.bundle.resolve import SUBSTITUTES, Fetcher, Resolution, Resolver, Target, parse_excludes
+from k3lab.bundle.sizes import check_size, human, parse_size
 from k3lab.bundle.wheels import SLIM_RULES, SlimResult, WheelInfo, canonical, packaging_modules, sha256_of, slim_wheel
 from k3lab.errors import UserError
-
-
-_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib": 2**20, "mb": 10**6,
-               "g": 2**30, "gib": 2**30, "gb": 10**9}
-
-
-def parse_size(text: str) -> int:
-    """'64MiB', '64M' (MiB), '500MB', '1.5GiB' or a number of bytes."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not match or match.group(2).lower() not in _SIZE_UNITS:
-        raise UserError(f"cannot read the size {text!r}: use e.g. 64MiB, 500MB or 1.5GiB")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-
-
-def human(size: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"
 
 
 def project_root() -> Path:
@@ -103,17 +87,20 @@ def _cache_dir() -> Path:
     return Path(base) / "k3lab" / "bundle"
 
 
-def slim_cached(source: Path, dest: Path, drop: Sequence[str], use_cache: bool, log=print) -> tuple[SlimResult, bool]:
-    """slim_wheel with a cache keyed by the source's sha256 and the drop list (LZMA takes minutes)."""
-    key = hashlib.sha256((sha256_of(source) + "\n" + "\n".join(sorted(drop)) + "\nlzma-1").encode()).hexdigest()[:24]
+def slim_cached(source: Path, dest: Path, drop: Sequence[str], use_cache: bool, log=print,
+                strip: str | None = None) -> tuple[SlimResult, bool]:
+    """slim_wheel with a cache keyed by the source's sha256, the drop list and whether ELF files are
+    stripped (LZMA takes minutes)."""
+    recipe = "\n".join(sorted(drop)) + "\nlzma-1" + ("\nstrip-unneeded" if strip else "")
+    key = hashlib.sha256((sha256_of(source) + "\n" + recipe).encode()).hexdigest()[:24]
     cached = _cache_dir() / "slim" / key / source.name
     meta = cached.with_name("slim.json")
     if use_cache and cached.is_file() and meta.is_file():
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cached, dest)
         return SlimResult(**json.loads(meta.read_text())), True
-    log(f"  slimming {source.name} (LZMA, a few minutes)")
-    result = slim_wheel(source, dest, drop)
+    log(f"  slimming {source.name} (LZMA{', ELF files stripped' if strip else ''}, a few minutes)")
+    result = slim_wheel(source, dest, drop, strip=strip)
     if use_cache:
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
@@ -130,23 +117,12 @@ def prepare_out_dir(out: Path) -> None:
     if out.is_dir() and any(out.iterdir()):
         if not (out / MANIFEST).is_file():
             raise UserError(f"{out} is not empty and holds no {MANIFEST}: not overwriting it")
-        for name in (WHEELS, SPARES, INSTALL_SH, MANIFEST):
-            path = out / name
+        for path in [out / name for name in (WHEELS, SPARES, INSTALL_SH, MANIFEST)] + sorted(out.glob("part-*")):
             if path.is_dir():
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
     (out / WHEELS).mkdir(parents=True, exist_ok=True)
-
-
-def check_size(files: dict[str, int], max_size: int | None) -> int:
-    """The total of `files` (relative path -> bytes); a UserError when it is over `max_size`."""
-    total = sum(files.values())
-    if max_size is not None and total > max_size:
-        largest = ", ".join(f"{Path(p).name} {human(s)}" for p, s in sorted(files.items(), key=lambda x: -x[1])[:3])
-        raise UserError(f"the bundle is {human(total)} ({total} bytes), over --max-size {human(max_size)}; "
-                        f"largest: {largest}")
-    return total
 
 
 @dataclass
@@ -163,6 +139,9 @@ class BundleOptions:
     project_wheel: Path | None = None  # a wheel of k3lab already built (else built from `project`)
     use_cache: bool = True
     spare_max: int = 2**20
+    strip: bool = True  # ELF files of the slimmed wheels, where binutils' strip is on PATH
+    part_size: int | None = None  # split into parts of at most this size (`k3lab.bundle.parts`)
+    include_project: bool = True  # False: the target runs k3lab from a checkout on PYTHONPATH
 
 
 def build_bundle(options: BundleOptions, log=print, fetcher: Fetcher | None = None) -> dict:
@@ -185,19 +164,23 @@ def build_bundle(options: BundleOptions, log=print, fetcher: Fetcher | None = No
         fetcher = fetcher or Fetcher(options.target, work, log)
         resolver = Resolver(options.target, fetcher, options.exclude, options.substitutes, log)
         resolution = resolver.resolve(root, {canonical(e) for e in options.extras}, options.with_requirements)
+        strip = strip_program(options, log)
         files: list[dict] = []
-        shutil.copyfile(project_wheel_path, out / WHEELS / project_wheel_path.name)
-        files.append(file_entry(out, out / WHEELS / project_wheel_path.name, name=root.name, version=root.version,
-                                required_by=["(the project)"]))
+        if options.include_project:
+            shutil.copyfile(project_wheel_path, out / WHEELS / project_wheel_path.name)
+            files.append(file_entry(out, out / WHEELS / project_wheel_path.name, name=root.name,
+                                    version=root.version, required_by=["(the project)"]))
         for name, wheel in sorted(resolution.wheels.items()):
             dest = out / WHEELS / wheel.path.name
             extra: dict = {}
             if name in options.slim:
-                result, from_cache = slim_cached(wheel.path, dest, options.slim[name], options.use_cache, log)
+                result, from_cache = slim_cached(wheel.path, dest, options.slim[name], options.use_cache, log, strip)
                 extra["slimmed"] = {"dropped": list(options.slim[name]), "source_size": result.source_size,
                                     "source_sha256": sha256_of(wheel.path), "dropped_files": result.dropped_files,
                                     "dropped_uncompressed": result.dropped_bytes,
-                                    "dropped_console_scripts": result.dropped_scripts, "compression": "lzma"}
+                                    "dropped_console_scripts": result.dropped_scripts, "compression": "lzma",
+                                    "stripped_files": result.stripped_files,
+                                    "stripped_uncompressed": result.stripped_bytes}
                 log(f"  {wheel.path.name}: {human(result.source_size)} -> {human(result.size)}"
                     f"{' (cached)' if from_cache else ''}")
             else:
@@ -232,7 +215,22 @@ def build_bundle(options: BundleOptions, log=print, fetcher: Fetcher | None = No
     log(format_report(manifest, sizes, time.time() - started, fetcher.calls, resolution.restarts))
     check_size(sizes, options.max_size)
     assert total == sum(sizes.values())
+    if options.part_size is not None:
+        manifest = split_bundle(out, manifest, options.part_size)
+        for name in manifest["parts"]:
+            part = json.loads((out / name / MANIFEST).read_text())
+            log(f"{name}: {human(part['total_size'])} in {len(part['files']) + 1} files")
     return manifest
+
+
+def strip_program(options: BundleOptions, log=print) -> str | None:
+    """binutils' strip for the slimmed wheels' ELF files; None (and a line saying so) where it is missing."""
+    if not (options.strip and options.slim):
+        return None
+    found = shutil.which("strip")
+    if found is None:
+        log("  strip (binutils) is not on PATH: the slimmed wheels keep their ELF symbols")
+    return found
 
 
 def tidy_specifier(spec: str) -> str:
@@ -325,9 +323,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="more requirements to bundle, comma-separated (e.g. pytest,hypothesis)")
     parser.add_argument("--max-size", default="64MiB", help="fail when the bundle is larger (default: 64MiB; "
                                                             "'none' for no limit)")
+    parser.add_argument("--part-size", metavar="SIZE",
+                        help="split the bundle into OUT_DIR/part-1, part-2, ... of at most SIZE each (e.g. 30MiB), "
+                             "for a transfer that caps its size; install them in order into one target")
+    parser.add_argument("--without-project", action="store_true",
+                        help="leave k3lab's own wheel out (its dependencies stay in), for a target that runs k3lab "
+                             "from a checkout on PYTHONPATH; install.sh then does not import it")
     parser.add_argument("--full-mlflow", action="store_true",
                         help="bundle the full mlflow (with its UI) instead of mlflow-skinny + sqlalchemy + alembic")
     parser.add_argument("--no-slim", action="store_true", help="bundle ray's wheel as published (~79 MB)")
+    parser.add_argument("--no-strip", action="store_true",
+                        help="keep the symbol tables of the slimmed wheels' ELF files (stripped by default, "
+                             "where binutils' strip is on PATH)")
     parser.add_argument("--spare-max-size", default="1MiB",
                         help="bundle a spare wheel of an excluded package whose target version is unknown when the "
                              "wheel is at most this big; install.sh uses it only if the target's is too old "
@@ -360,10 +367,14 @@ def run(args: argparse.Namespace) -> int:
         slim={} if args.no_slim else dict(SLIM_RULES),
         project=args.project,
         use_cache=not args.no_cache,
+        strip=not args.no_strip,
         spare_max=0 if str(args.spare_max_size).lower() in ("none", "0", "") else parse_size(args.spare_max_size),
+        part_size=None if args.part_size is None else parse_size(args.part_size),
+        include_project=not args.without_project,
     )
-    build_bundle(options)
+    manifest = build_bundle(options)
     out = options.out
-    print(f"install it offline with: bash {out}/install.sh --target DIR && "
-          f"export PYTHONPATH=DIR:$PYTHONPATH PATH=DIR/bin:$PATH")
+    scripts = [f"{out}/{part}/install.sh" for part in manifest.get("parts", ())] or [f"{out}/install.sh"]
+    print("install it offline with: " + " && ".join(f"bash {script} --target DIR" for script in scripts)
+          + " && export PYTHONPATH=DIR:$PYTHONPATH PATH=DIR/bin:$PATH")
     return 0

@@ -126,8 +126,11 @@ if [ -n "$target" ]; then
   args+=(--target "$target" --upgrade --no-compile)  # compiled below, on every core
   export PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}"
 fi
-echo "install.sh: installing $(ls "$here"/wheels/*.whl | wc -l) wheels and ${#spares[@]} spares with $python${target:+ into $target}"
-"$python" -m pip install "${args[@]}" "$here"/wheels/*.whl ${spares[@]+"${spares[@]}"}
+shopt -s nullglob
+wheels=("$here"/wheels/*.whl)
+shopt -u nullglob
+echo "install.sh: installing ${#wheels[@]} wheels and ${#spares[@]} spares with $python${target:+ into $target}"
+"$python" -m pip install "${args[@]}" ${wheels[@]+"${wheels[@]}"} ${spares[@]+"${spares[@]}"}
 if [ -n "$target" ]; then
   # Bytecode now: where PYTHONDONTWRITEBYTECODE=1 (common in images) no process writes it, so
   # each would compile every module it imports from source, every time it starts.
@@ -137,6 +140,10 @@ if [ "$check" = 1 ]; then
   "$python" - "$here/manifest.json" <<'PY'
 import importlib, importlib.metadata as md, json, sys
 manifest = json.load(open(sys.argv[1]))
+part = manifest.get("part")
+if part and part["index"] < part["of"]:
+    sys.exit(print(f"install.sh: part {part['index']} of {part['of']} installed; part {part['of']} checks the versions "
+                   "and imports, once every part is in"))
 try:
     from packaging.specifiers import SpecifierSet
 except ImportError:
@@ -178,9 +185,12 @@ fi
 def install_script(manifest: dict) -> str:
     target = manifest["target"]
     excluded = sorted(manifest["excluded"])
+    part = manifest.get("part")
     replacements = {
         "@@TITLE@@": f"{manifest['project']['name']} {manifest['project']['version']}"
-                     + (f"[{','.join(manifest['project']['extras'])}]" if manifest["project"]["extras"] else ""),
+                     + (f"[{','.join(manifest['project']['extras'])}]" if manifest["project"]["extras"] else "")
+                     + (f", part {part['index']} of {part['of']} (install the parts in order, into one target)"
+                        if part else ""),
         "@@PYTHON_MINOR@@": ".".join(target["python_version"].split(".")[:2]),
         "@@PYTHON@@": target["python_version"],
         "@@IMPL@@": target["implementation"],

@@ -1,5 +1,5 @@
-"""Wheels: reading their metadata, and slimming one (paths left out, LZMA-compressed, RECORD and
-console scripts updated), which zip, the wheel format and pip all accept."""
+"""Wheels: reading their metadata, and slimming one (paths left out, ELF files stripped, LZMA-compressed,
+RECORD and console scripts updated), which zip, the wheel format and pip all accept."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import email.parser
 import hashlib
 import io
 import re
+import subprocess
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,8 @@ from k3lab.errors import UserError
 
 # What the default bundle repacks: distribution name -> paths inside the wheel to leave out.
 SLIM_RULES: dict[str, tuple[str, ...]] = {
-    "ray": ("ray/jars", "ray/rllib", "ray/llm", "ray/serve"),
+    # the dashboard's web client too: k3lab starts Ray without the dashboard (its agent stays)
+    "ray": ("ray/jars", "ray/rllib", "ray/llm", "ray/serve", "ray/dashboard/client/build"),
 }
 
 
@@ -82,15 +85,21 @@ class SlimResult:
     dropped_files: int
     dropped_bytes: int  # uncompressed
     dropped_scripts: list[str]
+    stripped_files: int = 0  # ELF files without their symbol tables (`strip --strip-unneeded`)
+    stripped_bytes: int = 0  # what that took off, uncompressed
 
 
-def slim_wheel(source: Path, dest: Path, drop: Sequence[str], compression: int = zipfile.ZIP_LZMA) -> SlimResult:
+def slim_wheel(source: Path, dest: Path, drop: Sequence[str], compression: int = zipfile.ZIP_LZMA,
+               strip: str | None = None) -> SlimResult:
     """Repack the wheel `source` as `dest` without the paths under `drop`.
 
     RECORD loses the dropped files' lines, entry_points.txt loses the console scripts
     whose module was dropped, and every member is written with `compression` (LZMA by
-    default: zip method 14, which Python's zipfile, and so pip, reads). The result is
-    an ordinary wheel: `pip install` takes it, `pip uninstall` removes it.
+    default: zip method 14, which Python's zipfile, and so pip, reads). With `strip` (the
+    path of binutils' strip), ELF libraries and programs lose the symbols that linking
+    does not need (`--strip-unneeded`, as Linux distributions package them; ray's raylet,
+    GCS server and _raylet.so ship with theirs), and RECORD gets their new hashes.
+    The result is an ordinary wheel: `pip install` takes it, `pip uninstall` removes it.
     """
     prefixes = tuple(p.strip("/") for p in drop if p.strip("/"))
 
@@ -112,7 +121,9 @@ def slim_wheel(source: Path, dest: Path, drop: Sequence[str], compression: int =
                     dropped_bytes += info.file_size
             else:
                 kept.append(info)
-        changed: dict[str, bytes] = {}
+        changed: dict[str, bytes] = stripped_members(src, kept, strip) if strip else {}
+        stripped_bytes = sum(src.getinfo(name).file_size - len(data) for name, data in changed.items())
+        stripped_files = len(changed)
         if entry_points_name in src.namelist():
             text, dropped_scripts = _drop_entry_points(src.read(entry_points_name).decode("utf-8"), dropped)
             changed[entry_points_name] = text.encode("utf-8")
@@ -137,7 +148,26 @@ def slim_wheel(source: Path, dest: Path, drop: Sequence[str], compression: int =
                 new.compress_type = zipfile.ZIP_STORED if info.is_dir() else compression
                 out.writestr(new, data)
     tmp.replace(dest)
-    return SlimResult(source.stat().st_size, dest.stat().st_size, dropped_files, dropped_bytes, dropped_scripts)
+    return SlimResult(source.stat().st_size, dest.stat().st_size, dropped_files, dropped_bytes, dropped_scripts,
+                      stripped_files, stripped_bytes)
+
+
+def stripped_members(archive: zipfile.ZipFile, members: Sequence[zipfile.ZipInfo], strip: str) -> dict[str, bytes]:
+    """name -> the stripped bytes of every ELF file among `members` that strip made smaller."""
+    stripped = {}
+    with tempfile.TemporaryDirectory(prefix="k3lab-strip-") as tmp:
+        work = Path(tmp) / "member"
+        for info in members:
+            if info.is_dir():
+                continue
+            with archive.open(info) as handle:
+                if handle.read(4) != b"\x7fELF":
+                    continue
+            work.write_bytes(archive.read(info))
+            done = subprocess.run([strip, "--strip-unneeded", str(work)], capture_output=True)
+            if done.returncode == 0 and work.stat().st_size < info.file_size:
+                stripped[info.filename] = work.read_bytes()
+    return stripped
 
 
 def _drop_entry_points(text: str, dropped) -> tuple[str, list[str]]:
