@@ -435,6 +435,20 @@ def test_a_bundle_without_the_project_keeps_its_dependencies_and_does_not_import
     assert "k3lab.cli" not in manifest["imports"] and "ray.tune" in manifest["imports"]
 
 
+def test_without_strip_on_path_the_bundle_says_so_and_keeps_the_symbols(tmp_path, monkeypatch):
+    from k3lab.bundle.build import strip_program
+
+    said = []
+    options = BundleOptions(out=tmp_path, target=TARGET)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    assert strip_program(options, said.append) is None
+    assert said == ["  strip (binutils) is not on PATH: the slimmed wheels keep their ELF symbols"]
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    assert strip_program(options, said.append) == "/usr/bin/strip"
+    assert strip_program(BundleOptions(out=tmp_path, target=TARGET, strip=False), said.append) is None
+    assert len(said) == 1
+
+
 def test_install_script_content():
     manifest = {"project": {"name": "k3lab", "version": "0.1.0", "extras": ["gpu"]},
                 "target": TARGET.as_json(), "excluded": {"torch": "==2.11.0", "numpy": ""}}
