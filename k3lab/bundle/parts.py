@@ -31,16 +31,19 @@ def plan_parts(entries: list[dict], part_size: int) -> list[list[dict]]:
             raise UserError(f"--part-size {human(part_size)}: {Path(entry['path']).name} alone is "
                             f"{human(entry['size'])} (a part also holds its install.sh and manifest.json)")
     parts: list[list[dict]] = []
-    spare = lambda entry: entry["path"].startswith(SPARES + "/")  # noqa: E731
-    for entry in sorted(entries, key=lambda e: (spare(e), -e["size"])):
+    for entry in sorted(entries, key=lambda e: (is_spare(e), -e["size"])):
         room = next((part for part in parts if sum(e["size"] for e in part) + entry["size"] <= budget), None)
         if room is None:
-            if spare(entry):  # a part of spares alone would install no wheel: the last one takes it
+            if is_spare(entry):  # a part of spares alone would install no wheel
                 raise UserError(f"--part-size {human(part_size)}: no part has room for the spare "
                                 f"{Path(entry['path']).name}; give a larger size")
             parts.append(room := [])
         room.append(entry)
     return parts
+
+
+def is_spare(entry: dict) -> bool:
+    return entry["path"].startswith(SPARES + "/")
 
 
 def split_bundle(out: Path, manifest: dict, part_size: int) -> dict:
