@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from k3lab.bundle.install import (CHECK_IMPORTS, INSTALL_SH, MANIFEST, SPARES, WHEELS, file_entry, install_script,
-                                  write_manifest)
+from k3lab.bundle.install import (CHECK_IMPORTS, INSTALL_SH, MANIFEST, SPARES, WHEELS, file_entry,
+                                  write_install_script, write_manifest)
 from k3lab.bundle.parts import split_bundle
 from k3lab.bundle.resolve import SUBSTITUTES, Fetcher, Resolution, Resolver, Target, parse_excludes
 from k3lab.bundle.sizes import check_size, human, parse_size
@@ -205,10 +205,7 @@ def build_bundle(options: BundleOptions, log=print, fetcher: Fetcher | None = No
             "imports": imports,
             "install": "bash install.sh [--target DIR] [--python PY]",
         }
-        script = out / INSTALL_SH
-        script.write_text(install_script(manifest))
-        script.chmod(0o755)
-        manifest["files"].append(file_entry(out, script))
+        write_install_script(out, manifest)
         total = write_manifest(out, manifest)
     sizes = {entry["path"]: entry["size"] for entry in manifest["files"]}
     sizes[MANIFEST] = (out / MANIFEST).stat().st_size
@@ -218,8 +215,8 @@ def build_bundle(options: BundleOptions, log=print, fetcher: Fetcher | None = No
     if options.part_size is not None:
         manifest = split_bundle(out, manifest, options.part_size)
         for name in manifest["parts"]:
-            part = json.loads((out / name / MANIFEST).read_text())
-            log(f"{name}: {human(part['total_size'])} in {len(part['files']) + 1} files")
+            entries = [e for e in manifest["files"] if e["path"].startswith(name + "/")]
+            log(f"{name}: {human(sum(e['size'] for e in entries))} in {len(entries)} files")
     return manifest
 
 

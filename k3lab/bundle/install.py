@@ -182,6 +182,14 @@ fi
 '''
 
 
+def write_install_script(folder: Path, manifest: dict) -> None:
+    """`folder`/install.sh for `manifest`, executable, and its entry added to the manifest's files."""
+    script = folder / INSTALL_SH
+    script.write_text(install_script(manifest))
+    script.chmod(0o755)
+    manifest["files"].append(file_entry(folder, script))
+
+
 def install_script(manifest: dict) -> str:
     target = manifest["target"]
     excluded = sorted(manifest["excluded"])

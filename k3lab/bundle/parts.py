@@ -15,7 +15,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from k3lab.bundle.install import INSTALL_SH, MANIFEST, SPARES, WHEELS, file_entry, install_script, write_manifest
+from k3lab.bundle.install import (INSTALL_SH, MANIFEST, SPARES, WHEELS, file_entry, write_install_script,
+                                  write_manifest)
 from k3lab.bundle.sizes import human
 from k3lab.errors import UserError
 
@@ -63,7 +64,7 @@ def split_bundle(out: Path, manifest: dict, part_size: int) -> dict:
         part = manifest | {"files": sorted(entries, key=lambda e: e["path"]), "part": {"index": index, "of": len(parts)},
                            "target_requirements": manifest["target_requirements"] if last else {},
                            "imports": manifest["imports"] if last else []}
-        write_part_script(folder, part)
+        write_install_script(folder, part)
         write_manifest(folder, part)
         files += [entry | {"path": f"{folder.name}/{entry['path']}"} for entry in part["files"]]
         files.append(file_entry(out, folder / MANIFEST))
@@ -74,13 +75,6 @@ def split_bundle(out: Path, manifest: dict, part_size: int) -> dict:
                                                for i in range(1, len(parts) + 1))}
     write_manifest(out, whole)
     return whole
-
-
-def write_part_script(folder: Path, part: dict) -> None:
-    script = folder / INSTALL_SH
-    script.write_text(install_script(part))
-    script.chmod(0o755)
-    part["files"].append(file_entry(folder, script))
 
 
 def part_name(index: int) -> str:
