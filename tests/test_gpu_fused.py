@@ -364,6 +364,18 @@ def fp32_truth():
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+@pytest.fixture
+def fresh_compiler():
+    """Dynamo's caches emptied, as in a new trial process (`k3lab.tune.trial` resets them between
+    variants): compiled tests run earlier in this process leave guard entries on the blocks' shared
+    code objects, and past the recompile limit dynamo runs a block eagerly instead of compiling it."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def needs_fla():
     pytest.importorskip("fla")
 
@@ -626,7 +638,7 @@ def test_fused_model_matches_the_chunkwise_model(fp32_truth):
 
 
 @gpu
-def test_compiled_fused_model_matches_eager():
+def test_compiled_fused_model_matches_eager(fresh_compiler):
     needs_fla()
     model = KimiK3(gpu_config(kda_implementation="fused")).cuda()
     randomize_scorers(model)
@@ -652,7 +664,7 @@ def test_compiled_fused_model_matches_eager():
 
 
 @gpu
-def test_cuda_graph_training_steps_match_eager_steps(isolated_data):
+def test_cuda_graph_training_steps_match_eager_steps(isolated_data, fresh_compiler):
     """The captured forward+backward replays what the eager step computes, step after step."""
     needs_fla()
     from k3lab.registry import TrainSpec
@@ -672,7 +684,7 @@ def test_cuda_graph_training_steps_match_eager_steps(isolated_data):
 
 
 @gpu
-def test_a_restarted_trainer_replays_its_graph_and_trains_as_a_new_trainer_of_its_seed(isolated_data):
+def test_a_restarted_trainer_replays_its_graph_and_trains_as_a_new_trainer_of_its_seed(isolated_data, fresh_compiler):
     """Trainer.restart (a variant's next seed in a reused sweep process) keeps the compiled
     blocks and the captured CUDA graph, and trains and evaluates the new seed as a Trainer
     built for it does (which runs its first steps eagerly, then captures a graph of its own)."""
@@ -697,7 +709,7 @@ def test_a_restarted_trainer_replays_its_graph_and_trains_as_a_new_trainer_of_it
 
 
 @gpu
-def test_a_deterministic_trainer_repeats_its_losses_to_the_last_bit(isolated_data, restores_determinism):
+def test_a_deterministic_trainer_repeats_its_losses_to_the_last_bit(isolated_data, restores_determinism, fresh_compiler):
     """train.deterministic: two trainers of one seed (compiled blocks, CUDA graph) give the same
     losses bit for bit (without it, on an H200 at the gpu profile's shape, cuDNN's attention
     backward in the MLA layers differs from run to run: bench/determinism.py)."""
@@ -715,7 +727,7 @@ def test_a_deterministic_trainer_repeats_its_losses_to_the_last_bit(isolated_dat
 
 
 @gpu
-def test_evaluation_of_a_compiled_trainer_equals_eager_evaluation(isolated_data):
+def test_evaluation_of_a_compiled_trainer_equals_eager_evaluation(isolated_data, fresh_compiler):
     """Compiled no-grad forwards of the fused model were wrong on an H200 (val 3.5 vs 1.0):
     evaluation runs the compiled blocks eagerly, and must give the eager trainer's value."""
     needs_fla()
