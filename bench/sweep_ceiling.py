@@ -161,6 +161,7 @@ def run_and_stamp(command: list[str], started: float, env: dict, cwd: Path = ROO
 
 
 def sweep_figures(store: Path) -> dict:
+    from k3lab.report.efficiency import crashes
     from k3lab.store import runs
     from k3lab.store.tracking import BUILD_PARTS
 
@@ -191,6 +192,7 @@ def sweep_figures(store: Path) -> dict:
     first_in_sweep = None if first is None else first["first_step_at"] - parent.info.start_time / 1000
     return {"device": next((t.data.tags[runs.DEVICE] for t in trials if runs.DEVICE in t.data.tags), None),
             "trials": len(trials), "finished": sum(t.info.status == "FINISHED" for t in trials),
+            "crashes": crashes(trials)["sweep_crashes"],
             "tokens_by_variant": tokens_by_variant, "first_trial": first, **metrics,
             "first_step_in_sweep_s": first_in_sweep,
             "tokens_per_s_after_first_step": after_first_step(metrics["sweep_tokens"], metrics["sweep_wall_s"],
@@ -309,15 +311,16 @@ def table(results: dict) -> str:
     def number(x, fmt="{:,.0f}"):
         return "-" if x is None else fmt.format(x)
 
-    lines = ["| phase | exit | trials finished | command wall (s) | first training step (s) | kernel warm-up (s) "
+    lines = ["| phase | exit | trials finished | crashes | command wall (s) | first training step (s) | kernel warm-up (s) "
              "| trial start-up mean / max (s) | sweep tokens/s | sweep MFU |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name in sweep_phases(results):
         r = results[name]
         if r:
             label = name.replace(f"slots-{r.get('training_slots')}", f"warm, training_slots {r.get('training_slots')}")
             label = re.sub(r"-(\d+)-at-once", r", \1 trials at once", label)
-            lines.append(f"| {label} | {r['exit']} | {r['finished']}/{r['trials']} | {r['command_wall_s']:.0f} "
+            lines.append(f"| {label} | {r['exit']} | {r['finished']}/{r['trials']} | {number(r.get('crashes'))} "
+                         f"| {r['command_wall_s']:.0f} "
                          f"| {number(r['first_step_s'], '{:.1f}')} | {number(r['kernel_warmup_s'], '{:.1f}')} "
                          f"| {number(r['trial_startup_s_mean'], '{:.1f}')} / {number(r['trial_startup_s_max'], '{:.1f}')} "
                          f"| {number(r['sweep_tokens_per_s'])} | {number(r['sweep_mfu'], '{:.1%}')} |")

@@ -488,6 +488,26 @@ def test_time_shares_split_the_trials_time_once_and_count_a_restored_trials_last
     assert most_at_once([(0, 10), (5, 15), (10, 20), (12, 13)]) == 3  # one ends as another begins: not both
 
 
+def test_a_sweeps_crashes_are_the_sum_of_its_trials_crash_counts():
+    from types import SimpleNamespace as NS
+
+    from k3lab.report.efficiency import crashes
+
+    trials = [NS(data=NS(tags={"k3lab.crashes": "2"})), NS(data=NS(tags={})), NS(data=NS(tags={"k3lab.crashes": "1"}))]
+    assert crashes(trials) == {"sweep_crashes": 3.0}
+    assert crashes(trials[1:2]) == {"sweep_crashes": 0.0}
+
+
+def test_the_efficiency_line_says_how_often_trials_crashed_only_when_they_did():
+    from k3lab.commands.runs import efficiency_line
+
+    e = {"sweep_tokens": 1000, "sweep_wall_s": 10, "sweep_tokens_per_s": 100}
+    assert efficiency_line(e | {"sweep_crashes": 2.0}).endswith(
+        "; 2 crashes, each trial restarted from its last checkpoint")
+    assert efficiency_line(e | {"sweep_crashes": 1.0}).endswith("; 1 crash, each trial restarted from its last checkpoint")
+    assert "crash" not in efficiency_line(e | {"sweep_crashes": 0.0}) and "crash" not in efficiency_line(e)
+
+
 def test_the_efficiency_line_says_where_the_trials_time_went_where_it_is_known():
     from k3lab.commands.runs import efficiency_line
 

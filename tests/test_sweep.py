@@ -65,9 +65,11 @@ def test_sweep_logs_one_run_per_trial_and_recovers_from_a_crash(tmp_path, sweep_
     paired = {row["variant"]: row["paired"] for row in summary}
     assert paired["attnres_off"] is None  # the baseline
     assert (paired["attnres_bs1"]["pairs"], paired["attnres_bs1"]["reason"]) == (1, "one pair")
+    assert parent.data.metrics["sweep_crashes"] == 2  # both trials' crashes, in the sweep's metrics
     out = capsys.readouterr().out
     assert "attnres_off" in out and "attnres_bs1" in out
     assert "paired by seed" in out and "not resolved (one pair)" in out
+    assert "2 crashes, each trial restarted from its last checkpoint" in out
 
 
 def test_a_trial_checkpointing_every_second_evaluation_restarts_from_its_last_checkpoint(tmp_path, monkeypatch):

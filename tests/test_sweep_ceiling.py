@@ -214,3 +214,15 @@ def test_the_overlap_counts_how_long_each_number_of_trials_trained_at_once_and_a
     assert text.splitlines()[-3:] == ["| phase | 0 training | 1 training | 2 training |", "|---|---|---|---|",
                                       "| fresh | - | 47%, 271,429 | 53%, 481,250 |"]
     assert overlap_table({"fresh": {"exit": 0}}) == ""  # a results.json from before the figure
+
+
+def test_each_sweep_row_says_how_often_its_trials_crashed():
+    """A crash costs a restart and the steps since the last checkpoint: a row's rate is read
+    beside it. A results.json from before the column shows -."""
+    from bench.sweep_ceiling import table
+
+    text = table({"fresh": two_variant_sweep(sweep_tokens_per_s=3e5, crashes=2.0),
+                  "warm": two_variant_sweep(sweep_tokens_per_s=3e5)})
+    rows = [line for line in text.splitlines() if line.startswith(("| fresh ", "| warm "))]
+    assert "| crashes |" in text
+    assert [row.split(" | ")[3] for row in rows] == ["2", "-"]

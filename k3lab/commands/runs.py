@@ -276,7 +276,13 @@ def efficiency_line(e: dict) -> str:
 
     parts = parts_note(e.get("sweep_parts", 1))
     return (f"sweep: {e['sweep_tokens']:,.0f} tokens in {e['sweep_wall_s']:.0f} s{parts} = {e['sweep_tokens_per_s']:,.0f} "
-            f"tokens/s, {mfu}" + (f"; {', '.join(times)}" if times else "") + shares_clause(e))
+            f"tokens/s, {mfu}" + (f"; {', '.join(times)}" if times else "") + shares_clause(e) + crashes_clause(e))
+
+
+def crashes_clause(e: dict) -> str:
+    """Crashed trials that went on from a checkpoint (`k3lab.report.efficiency.crashes`), if any."""
+    n = int(e.get("sweep_crashes") or 0)
+    return f"; {n} {'crash' if n == 1 else 'crashes'}, each trial restarted from its last checkpoint" if n else ""
 
 
 def shares_clause(e: dict) -> str:

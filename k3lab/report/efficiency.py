@@ -15,7 +15,7 @@ evaluating, starting up: where a sweep's tokens/s falls short of one trial alone
 
 from __future__ import annotations
 
-from k3lab.store.runs import client
+from k3lab.store.runs import CRASHES, client
 from k3lab.train.metrics import peak_flops_of
 
 
@@ -93,6 +93,13 @@ def time_shares(tracking_uri: str, trials: list, wall_s: float, slots: int | Non
     total = wall_s * slots
     return {f"sweep_share_{name}": value / total
             for name, value in zip(SHARES, (training, evaluating, starting))} | {"sweep_slots": float(slots)}
+
+
+def crashes(trials: list) -> dict[str, float]:
+    """`sweep_crashes`: how often the sweep's trials crashed (a segfault, a lost worker) and went
+    on from their last checkpoint, over every part of the sweep (each trial's `k3lab.crashes`).
+    Each cost a process start and build, and the steps since that checkpoint."""
+    return {"sweep_crashes": float(sum(int(trial.data.tags.get(CRASHES, "0")) for trial in trials))}
 
 
 def first_step_in_loop(store, run_id: str, startup_s: float) -> float:

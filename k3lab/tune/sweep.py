@@ -15,7 +15,7 @@ from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.registry import ResourceSpec, Sweep
-from k3lab.report.efficiency import figures_of, sweep_efficiency, time_shares
+from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_shares
 from k3lab.report.sequential import BUDGET
 from k3lab.store.colours import variant_colours
 from k3lab.store.runs import trial_runs
@@ -304,7 +304,7 @@ def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:
     trials = trial_runs(run.tracking_uri, parent.run_id)
     summary["efficiency"] = sweep_efficiency(figures_of(trials), wall_s, hardware["gpus"], hardware.get("device_name"),
                                              hardware.get("seconds", 0.0)) | {"sweep_parts": parts}
-    summary["efficiency"] |= time_shares(run.tracking_uri, trials, wall_s)
+    summary["efficiency"] |= time_shares(run.tracking_uri, trials, wall_s) | crashes(trials)
     logged_by_end = {"sweep_wall_s", "sweep_parts"} | ({"kernel_warmup_s"} if run.resume else set())
     parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k not in logged_by_end})
     return summary
