@@ -13,8 +13,9 @@ This is how the gpu profiles' trials per GPU were chosen: by measurement, not by
 
 A second table says where the trials' time went (trials at once x wall time): training steps,
 evaluations (with their checkpoints and reports), start-ups (each attempt's process start,
-build, compile, CUDA-graph capture and first step), and the rest (slots left empty, the work
-of attempts that crashed, trials' closes); see `k3lab.report.efficiency.time_shares`.
+build, compile, CUDA-graph capture and first step), and the rest (slots left empty, the steps
+a crashed attempt trained past its last checkpoint, trials' closes); see
+`k3lab.report.efficiency.time_shares`.
 """
 
 from __future__ import annotations

@@ -451,14 +451,15 @@ def test_the_report_splits_the_trial_build_into_corpus_model_and_mlflow_where_tr
     assert build_parts_clause([record(None, None, None)]) == ""  # runs from before the parts were logged
 
 
-def test_time_shares_split_the_trials_time_once_and_count_a_restored_trials_last_attempt_only(tmp_path):
+def test_time_shares_split_the_trials_time_once_and_count_every_attempts_work_up_to_its_checkpoint(tmp_path):
     """Trials a and b ran at once for the sweep's 100 s: 200 s of trials' time. Trial a: 1,000
     tokens at 50 tokens/s (20 s in training steps) in a 26 s loop (6 s evaluating), started in
     10 s, of which 7 s building and 3 s its first step, inside the loop: 17 s training.
-    Trial b crashed and its second attempt began at step 5: 600 of its 1,000 tokens at 60
-    tokens/s (10 s, less its first step's 2 s) in a 14 s loop, and both attempts' start-ups
-    (12 + 8 s) count. Trial c logged no build (a store from before it was logged): its whole
-    rate's time is training."""
+    Trial b crashed and its second attempt began at step 5 (100 tokens a step at 60 tokens/s):
+    the second trained steps 5-10, 10 s less its first step's 2 s, in a 14 s loop (0.4 s
+    evaluating per second trained); the first trained steps 1-4 before its checkpoint, 6.67 s less
+    its first step's 3 s, and evaluated 0.4 x 6.67 s. Both attempts' start-ups (12 + 8 s) count.
+    Trial c logged no build (a store from before it was logged): its whole rate's time is training."""
     from k3lab.report.efficiency import most_at_once, time_shares
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -476,9 +477,12 @@ def test_time_shares_split_the_trials_time_once_and_count_a_restored_trials_last
         client.set_terminated(run, "FINISHED", end_time=t0 + 80_000)
     trials = [client.get_run(r.info.run_id) for r in client.search_runs([experiment])]
     shares = time_shares(uri, trials, wall_s=100.0)  # both ran at once: 2 slots, observed
-    assert shares == pytest.approx({"sweep_share_training": 25 / 200, "sweep_share_evaluating": 10 / 200,
+    first_attempt = 400 / 60
+    assert shares == pytest.approx({"sweep_share_training": (17 + 8 + first_attempt - 3) / 200,
+                                    "sweep_share_evaluating": (6 + 4 + 0.4 * first_attempt) / 200,
                                     "sweep_share_starting": 30 / 200, "sweep_slots": 2.0})
-    assert time_shares(uri, trials, wall_s=100.0, slots=4)["sweep_share_training"] == pytest.approx(25 / 400)
+    assert time_shares(uri, trials, wall_s=100.0, slots=4)["sweep_share_training"] == \
+        pytest.approx((17 + 8 + first_attempt - 3) / 400)
     a = [t for t in trials if t.info.run_name == "a"]
     run = client.create_run(experiment, run_name="c", start_time=t0).info.run_id
     client.log_batch(run, metrics=[Metric(k, v, ts, step) for k, v, step, ts in histories["a"] if k != "startup_build_s"])

@@ -60,39 +60,50 @@ def time_shares(tracking_uri: str, trials: list, wall_s: float, slots: int | Non
     """Where the trials' time went: fractions of wall_s x `slots` (default: the most trials that
     ran at once) spent training, evaluating (with each evaluation's checkpoint and report) and
     starting up (every attempt's process start, build, compile, CUDA-graph capture and first
-    step). The rest is slots left empty, the work of attempts that crashed, and trials' closes.
-
-    Training and evaluating come from each trial's last attempt: its trained tokens over its
-    mean training rate (`avg_tokens_per_s`), and its loop's time (`train_wall_s`) less that; a
-    restored attempt trained from the step its first step was logged at. The loop's first step
-    (compile and all) is in that rate's time and in `startup_s` too; it counts as starting up,
-    so training is less its part of `startup_s` after the build (`startup_build_s`), and the
-    three shares never overlap. (For a restored attempt that part also holds the checkpoint's
-    loading, which was never training time: its training comes out short by that much.) Empty when no trial logged a start-up (a sweep from before
+    step). The rest is slots left empty, the steps a crashed attempt trained past its last
+    checkpoint, and trials' closes. Empty when no trial logged a start-up (a sweep from before
     these metrics)."""
     store = client(tracking_uri)
     training = evaluating = starting = 0.0
     spans = []
     for trial in trials:
-        metrics = trial.data.metrics
         startups = sorted(store.get_metric_history(trial.info.run_id, "startup_s"), key=lambda m: m.timestamp)
         if not startups:
             continue
         starting += sum(m.value for m in startups)
         spans.append((startups[0].timestamp / 1000 - startups[0].value, (trial.info.end_time or 0) / 1000))
-        if not all(key in metrics for key in ("tokens", "avg_tokens_per_s", "train_wall_s")):
-            continue  # no attempt finished its loop: its time is in the rest
-        final_step = max(m.step for m in store.get_metric_history(trial.info.run_id, "tokens"))
-        trained = metrics["tokens"] * (final_step - startups[-1].step + 1) / final_step
-        seconds = trained / metrics["avg_tokens_per_s"]
-        training += max(0.0, seconds - first_step_in_loop(store, trial.info.run_id, startups[-1].value))
-        evaluating += max(0.0, metrics["train_wall_s"] - seconds)
+        trained, evaluated = trial_work(store, trial, startups)
+        training, evaluating = training + trained, evaluating + evaluated
     slots = slots or most_at_once(spans)
     if not spans or not slots or wall_s <= 0:
         return {}
     total = wall_s * slots
     return {f"sweep_share_{name}": value / total
             for name, value in zip(SHARES, (training, evaluating, starting))} | {"sweep_slots": float(slots)}
+
+
+def trial_work(store, trial, startups: list) -> tuple[float, float]:
+    """(training, evaluating) seconds of one trial, over its attempts (`startups`: each attempt's
+    `startup_s`, logged at its first step, in order).
+
+    Attempt i trained from its first step to the step before attempt i+1's first (the step after
+    the checkpoint it restarted from); the last one to the end. Each attempt's training is its
+    steps' tokens over the trial's mean training rate (`avg_tokens_per_s`, the last attempt's),
+    less its first step (compile and all), which `startup_s` already counts as starting up. The
+    last attempt's evaluating is its loop's time (`train_wall_s`) less its training; an earlier
+    attempt evaluated as much per second trained. Steps trained after the last checkpoint of a
+    crashed attempt are in neither. (0, 0) for a trial with no finished loop."""
+    metrics = trial.data.metrics
+    if not all(key in metrics for key in ("tokens", "avg_tokens_per_s", "train_wall_s")):
+        return 0.0, 0.0
+    final_step = max(m.step for m in store.get_metric_history(trial.info.run_id, "tokens"))
+    seconds_per_step = metrics["tokens"] / final_step / metrics["avg_tokens_per_s"]
+    ends = [m.step for m in startups[1:]] + [final_step + 1]
+    seconds = [(end - start.step) * seconds_per_step for start, end in zip(startups, ends)]
+    evaluating_per_second = max(0.0, metrics["train_wall_s"] - seconds[-1]) / seconds[-1] if seconds[-1] > 0 else 0.0
+    first_steps = first_steps_in_loop(store, trial.info.run_id, startups)
+    training = sum(max(0.0, s - first) for s, first in zip(seconds, first_steps))
+    return training, sum(seconds) * evaluating_per_second
 
 
 def crashes(trials: list) -> dict[str, float]:
@@ -102,11 +113,13 @@ def crashes(trials: list) -> dict[str, float]:
     return {"sweep_crashes": float(sum(int(trial.data.tags.get(CRASHES, "0")) for trial in trials))}
 
 
-def first_step_in_loop(store, run_id: str, startup_s: float) -> float:
-    """The part of the last attempt's startup_s that ran inside its training loop (its first
-    step): startup_s less that attempt's build (`startup_build_s`); 0 for runs that did not log it."""
+def first_steps_in_loop(store, run_id: str, startups: list) -> list[float]:
+    """Per attempt, the part of its `startup_s` that ran inside its training loop (its first
+    step): `startup_s` less that attempt's build (`startup_build_s`, matched in order from the
+    last attempt back); 0 for attempts that did not log a build."""
     builds = sorted(store.get_metric_history(run_id, "startup_build_s"), key=lambda m: m.timestamp)
-    return max(0.0, startup_s - builds[-1].value) if builds else 0.0
+    builds = [None] * (len(startups) - len(builds)) + builds[-len(startups):]
+    return [max(0.0, start.value - build.value) if build else 0.0 for start, build in zip(startups, builds)]
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:
