@@ -106,13 +106,6 @@ def trial_work(store, trial, startups: list) -> tuple[float, float]:
     return training, sum(seconds) * evaluating_per_second
 
 
-def crashes(trials: list) -> dict[str, float]:
-    """`sweep_crashes`: how often the sweep's trials crashed (a segfault, a lost worker) and went
-    on from their last checkpoint, over every part of the sweep (each trial's `k3lab.crashes`).
-    Each cost a process start and build, and the steps since that checkpoint."""
-    return {"sweep_crashes": float(sum(int(trial.data.tags.get(CRASHES, "0")) for trial in trials))}
-
-
 def first_steps_in_loop(store, run_id: str, startups: list) -> list[float]:
     """Per attempt, the part of its `startup_s` that ran inside its training loop (its first
     step): `startup_s` less that attempt's build (`startup_build_s`, matched in order from the
@@ -131,3 +124,10 @@ def most_at_once(spans: list[tuple[float, float]]) -> int:
         open_now += change
         most = max(most, open_now)
     return most
+
+
+def crashes(trials: list) -> dict[str, float]:
+    """`sweep_crashes`: how often the sweep's trials crashed (a segfault, a lost worker) and went
+    on from their last checkpoint, over every part of the sweep (each trial's `k3lab.crashes`).
+    Each cost a process start and build, and the steps since that checkpoint."""
+    return {"sweep_crashes": float(sum(int(trial.data.tags.get(CRASHES, "0")) for trial in trials))}
