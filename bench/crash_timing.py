@@ -1,13 +1,15 @@
-"""When a GPU sweep's trials crash, against the other trials' ends: read from sweep logs.
+"""When a GPU sweep's trials crash: at their own start, or mid-run as another trial ends.
 
     python bench/crash_timing.py docs/runs/sweep_ceiling-2026-12-0[23]*fresh*.log --window 0.5
 
 A sweep's log has a line when a trial starts, ends (`done at`) and crashes (the driver's clock:
-when it heard of the crash). For each crash this lists the other trials that ended within
-`--window` seconds before it, and compares the count with chance: a crash at a moment with no
-tie to other trials' ends falls in such a window with the probability that the windows cover of
-its sweep's span (first to last event). The p-value is that of seeing at least as many crashes
-in a window, each crash with its own probability (a Poisson-binomial tail, computed exactly).
+when it heard of the crash). A crash within `--window` seconds of its trial's own start line is
+one at the start; in a reused process that start comes as the process's previous trial ends, so
+the trials that ended just before it are listed too. For the others (mid-run) the count of those
+with another trial's end within the window before them is set against chance: a crash at a
+moment with no tie to the ends falls in such a window with the probability that the windows
+cover of its sweep's span (first to last event); the p-value is that of at least as many, each
+crash with its own probability (a Poisson-binomial tail, computed exactly).
 """
 
 from __future__ import annotations
@@ -32,8 +34,14 @@ class Crash:
     log: str
     t: float
     trial: str
+    since_start: float  # seconds from its trial's last start line (inf: none in the log)
     ends_before: tuple[tuple[str, float], ...]  # (other trial, seconds before the crash line)
     chance: float  # of an other trial's end within the window before a crash at a random moment
+    window: float
+
+    @property
+    def at_start(self) -> bool:
+        return self.since_start <= self.window
 
 
 def events(text: str) -> list[Event]:
@@ -70,7 +78,9 @@ def crashes_in_part(log: str, found: list[Event], window: float) -> list[Crash]:
         ends = [e for e in found if e.kind == "done at" and e.trial != crash.trial]
         near = tuple((e.trial, round(crash.t - e.t, 2)) for e in ends if 0 <= crash.t - e.t <= window)
         chance = covered([e.t for e in ends], window, lo, hi) / (hi - lo) if hi > lo else 0.0
-        result.append(Crash(log, crash.t, crash.trial, near, chance))
+        starts = [e.t for e in found if e.kind == "started" and e.trial == crash.trial and e.t <= crash.t]
+        since_start = crash.t - max(starts) if starts else float("inf")
+        result.append(Crash(log, crash.t, crash.trial, round(since_start, 2), near, chance, window))
     return result
 
 
@@ -84,16 +94,19 @@ def tail_probability(chances: list[float], observed: int) -> float:
 
 
 def report(all_crashes: list[Crash], window: float) -> str:
-    lines = [f"| log | crash line (s) | trial | other trials ended within {window} s before |",
-             "|---|---|---|---|"]
+    lines = [f"| log | crash line (s) | trial | from its start (s) | other trials ended within {window} s before |",
+             "|---|---|---|---|---|"]
     for c in all_crashes:
         near = ", ".join(f"{trial} ({ago} s)" for trial, ago in c.ends_before) or "none"
-        lines.append(f"| {c.log} | {c.t:.1f} | {c.trial} | {near} |")
-    observed = sum(1 for c in all_crashes if c.ends_before)
-    expected = sum(c.chance for c in all_crashes)
-    p = tail_probability([c.chance for c in all_crashes], observed)
-    lines.append(f"\n{len(all_crashes)} crashes; {observed} within {window} s after another trial's end, "
-                 f"{expected:.1f} expected by chance (p = {p:.2g}).")
+        lines.append(f"| {c.log} | {c.t:.1f} | {c.trial} | {c.since_start:g} | {near} |")
+    at_start = [c for c in all_crashes if c.at_start]
+    mid_run = [c for c in all_crashes if not c.at_start]
+    observed = sum(1 for c in mid_run if c.ends_before)
+    p = tail_probability([c.chance for c in mid_run], observed)
+    lines.append(f"\n{len(all_crashes)} crashes. {len(at_start)} within {window} s of their own start "
+                 f"({sum(1 for c in at_start if c.ends_before)} of them as another trial ended: a reused process "
+                 f"starting its next trial). {len(mid_run)} mid-run: {observed} within {window} s after another "
+                 f"trial's end, {sum(c.chance for c in mid_run):.1f} expected by chance (p = {p:.2g}).")
     return "\n".join(lines)
 
 
