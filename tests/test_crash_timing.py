@@ -8,7 +8,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.crash_timing import covered, crashes, tail_probability  # noqa: E402
+from bench.crash_timing import covered, crashes, report, tail_probability  # noqa: E402
 
 LOG = """\
 [  10.0 s]     2s  a-s0 started
@@ -44,3 +44,11 @@ def test_the_tail_probability_is_exact_for_independent_crashes():
     assert tail_probability([0.5, 0.5], 2) == 0.25
     assert abs(tail_probability([0.1, 0.2, 0.3], 1) - (1 - 0.9 * 0.8 * 0.7)) < 1e-12
     assert tail_probability([0.3], 0) == 1.0
+
+
+def test_a_crash_just_after_its_own_start_counts_as_at_start_and_not_against_chance():
+    log = LOG + "[ 120.0 s]   112s  c-s0 started\n[ 120.3 s]   112s  c-s0 crashed (Segmentation fault in gc)\n"
+    found = crashes("x.log", log, window=0.5)
+    assert [c.at_start for c in found] == [False, False, True] and found[2].since_start == 0.3
+    assert "1 within 0.5 s of their own start" in report(found, 0.5)
+    assert "2 mid-run: 1 within 0.5 s after another trial's end" in report(found, 0.5)
