@@ -17,6 +17,11 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
   Kept in results.json as `slots-N`: one row per N measured.
 - any sweep phase with `--trials-at-once N`: the same trials, N at a time on the GPU
   (resources.max_concurrent_trials N, gpu 1/N), kept as `PHASE-N-at-once`.
+- any sweep phase with `--no-reuse-actors`: the same with `resources.reuse_actors: false` (a new
+  process for every trial), kept as `PHASE-noreuse`; with `--mps`: under an MPS control daemon
+  of its own (`nvidia-cuda-mps-control -d`, pipe and log folders in WORK/mps, stopped after the
+  phase), so that the trials' processes submit to the GPU through one server context instead of
+  time-slicing it, kept as `PHASE-mps`.
 - any sweep phase with `--tree DIR --label NAME`: the same, run by the k3lab of another checkout
   (its own folder and store; the caches are shared), kept as `PHASE-NAME`: before and after a
   change, side by side on one machine.
@@ -41,9 +46,11 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -71,6 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                    "trials (budget.trials; the first stage is start x variants)")
     parser.add_argument("--trials-at-once", type=int, help="run the sweep phases with this many trials at once on "
                                                               "the GPU (a copy of the file; rows PHASE-N-at-once)")
+    parser.add_argument("--no-reuse-actors", action="store_true",
+                        help="run the sweep phases with resources.reuse_actors: false (rows PHASE-noreuse)")
+    parser.add_argument("--mps", action="store_true",
+                        help="run the sweep phases under an MPS control daemon of their own (rows PHASE-mps)")
     parser.add_argument("--merge", action="append", default=[], metavar="RESULTS_JSON",
                         help="add the phases of another WORK's results.json (e.g. a fresh phase with caches of its own)")
     parser.add_argument("--tree", help="run the sweep phases with the k3lab of this checkout (e.g. the commit before "
@@ -93,7 +104,7 @@ def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
     `--seeds` (every phase, so that they run the same trials) or the `--trials` budget and, for
     the slots phase, resources.training_slots."""
     at_once = args.trials_at_once
-    if phase != "slots" and args.seeds is None and not at_once and not args.trials:
+    if phase != "slots" and args.seeds is None and not at_once and not args.trials and not args.no_reuse_actors:
         return args.file
     import yaml
 
@@ -109,6 +120,8 @@ def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
         resources["training_slots"] = args.training_slots
     if at_once:
         resources.update(max_concurrent_trials=at_once, gpu=round(1 / at_once, 4))
+    if args.no_reuse_actors:
+        resources["reuse_actors"] = False
     path = work / f"{Path(args.file).stem}-{phase}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)
@@ -123,7 +136,9 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
                "--storage", str(folder / "k3lab_runs"), "--tracking-uri", f"sqlite:///{store}", "--overwrite"]
     started = time.time()
     tree = Path(args.tree).resolve() if args.tree else ROOT  # `python -m` imports k3lab from its working folder
-    code, milestones = run_and_stamp(command, started, env=os.environ | caches(work) | tree_first(tree), cwd=tree)
+    env = os.environ | caches(work) | tree_first(tree)
+    with mps_daemon(work / "mps") if args.mps else contextlib.nullcontext({}) as mps_env:
+        code, milestones = run_and_stamp(command, started, env=env | mps_env, cwd=tree)
     wall = time.time() - started
     figures = sweep_figures(store)
     first = figures.pop("first_trial")
@@ -134,6 +149,23 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
             "training_slots": args.training_slots if phase == "slots" else None,
             "trials_at_once": args.trials_at_once,
             "first_step_s": None if first is None else first["first_step_at"] - started, "timeline": timeline, **figures}
+
+
+@contextlib.contextmanager
+def mps_daemon(folder: Path):
+    """An MPS control daemon for the phase: yields the environment that points CUDA processes
+    (the driver, Ray and its workers inherit it) at its pipe folder; asks it to quit after."""
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
+    for path in env.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+    subprocess.run([MPS_CONTROL, "-d"], env=os.environ | env, check=True)
+    try:
+        yield env
+    finally:
+        subprocess.run([MPS_CONTROL], input="quit\n", text=True, env=os.environ | env, check=False)
+
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
 
 
 def tree_first(tree: Path) -> dict[str, str]:
@@ -376,12 +408,16 @@ def overlap_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+KEY_FLAGS = {"noreuse": "no_reuse_actors", "mps": "mps"}  # key suffix: the option that adds it
+
+
 def phase_key(args: argparse.Namespace, phase: str) -> str:
     """results.json's key (and the phase's folder): slots-N for the slots phase, then -N-at-once
-    with --trials-at-once, then -LABEL for another checkout's run (--tree, --label)."""
+    with --trials-at-once, -noreuse, -mps, then -LABEL for another checkout's run (--tree, --label)."""
     key = f"slots-{args.training_slots}" if phase == "slots" else phase
     if args.trials_at_once:
         key += f"-{args.trials_at_once}-at-once"
+    key += "".join(f"-{suffix}" for suffix, flag in KEY_FLAGS.items() if getattr(args, flag))
     return f"{key}-{args.label}" if args.tree and args.label else key
 
 
@@ -436,6 +472,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(alone_child(args)))
         return
+    if args.mps and set(args.phase) - {"alone"} and shutil.which(MPS_CONTROL) is None:
+        sys.exit(f"sweep_ceiling.py: --mps: {MPS_CONTROL} is not on PATH (it comes with the NVIDIA driver)")
     work.mkdir(parents=True, exist_ok=True)
     path = work / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
@@ -478,9 +516,14 @@ def commands_for(args: argparse.Namespace, results: dict) -> str:
         at_once = re.match(r"(\d+)-at-once-?(.*)", label)
         if at_once:
             at_once, label = at_once.groups()
+        options = ""
+        for suffix, flag in KEY_FLAGS.items():
+            if label == suffix or label.startswith(suffix + "-"):
+                options += " --" + flag.replace("_", "-")
+                label = label[len(suffix) + 1:]
         if rest:
             lines.append(f"{base} --phase {phase}" + (f" --training-slots {slots}" if slots else "")
-                         + (f" --trials-at-once {at_once}" if at_once else "")
+                         + (f" --trials-at-once {at_once}" if at_once else "") + options
                          + (f" --tree OTHER_CHECKOUT --label {label}" if label else ""))
     return "`, then `".join(lines) + "`, then the same with `--write"
 
