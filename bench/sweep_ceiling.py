@@ -101,8 +101,9 @@ def caches(work: Path) -> dict[str, str]:
 
 def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
     """The sweep file a phase runs: the file itself, or a copy in `work` whose profile has the
-    `--seeds` (every phase, so that they run the same trials) or the `--trials` budget and, for
-    the slots phase, resources.training_slots."""
+    `--seeds` (every phase, so that they run the same trials) or the `--trials` budget, the
+    resources of `--trials-at-once` and `--no-reuse-actors` and, for the slots phase,
+    resources.training_slots."""
     at_once = args.trials_at_once
     if phase != "slots" and args.seeds is None and not at_once and not args.trials and not args.no_reuse_actors:
         return args.file
