@@ -167,6 +167,18 @@ def mps_daemon(folder: Path):
 
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
+UNIX_SOCKET_PATH_MAX = 107  # bytes of a socket's path (sun_path less its NUL): MPS's is PIPE_DIRECTORY/control
+
+
+def check_mps(work: Path) -> None:
+    """Exit with one line when --mps cannot run here: no daemon binary, or a WORK so deep that
+    the daemon's socket path would be too long."""
+    if shutil.which(MPS_CONTROL) is None:
+        sys.exit(f"sweep_ceiling.py: --mps: {MPS_CONTROL} is not on PATH (it comes with the NVIDIA driver)")
+    socket = work / "mps" / "pipe" / "control"
+    if len(str(socket).encode()) > UNIX_SOCKET_PATH_MAX:
+        sys.exit(f"sweep_ceiling.py: --mps: --work {work} is too deep for the daemon's socket ({socket}: "
+                 f"at most {UNIX_SOCKET_PATH_MAX} bytes)")
 
 
 def tree_first(tree: Path) -> dict[str, str]:
@@ -473,8 +485,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(alone_child(args)))
         return
-    if args.mps and set(args.phase) - {"alone"} and shutil.which(MPS_CONTROL) is None:
-        sys.exit(f"sweep_ceiling.py: --mps: {MPS_CONTROL} is not on PATH (it comes with the NVIDIA driver)")
+    if args.mps and set(args.phase) - {"alone"}:
+        check_mps(work)
     work.mkdir(parents=True, exist_ok=True)
     path = work / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {}

@@ -274,3 +274,16 @@ def test_the_mps_daemon_is_started_in_work_and_told_to_quit_after_the_phase(tmp_
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps" / "pipe") and (tmp_path / "mps" / "log").is_dir()
         assert calls.read_text().splitlines()[0].startswith(f"-d pipe={tmp_path / 'mps' / 'pipe'}")
     assert calls.read_text().splitlines()[-1] == f" pipe={tmp_path / 'mps' / 'pipe'} stdin=quit"
+
+
+def test_mps_with_a_work_folder_too_deep_for_the_daemons_socket_is_one_line(tmp_path, monkeypatch):
+    from bench.sweep_ceiling import check_mps
+
+    fake = tmp_path / "nvidia-cuda-mps-control"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    check_mps(Path("/tmp/w"))  # a short WORK passes
+    with pytest.raises(SystemExit) as exit_:
+        check_mps(Path("/tmp/" + "x" * 100))
+    assert "too deep for the daemon's socket" in str(exit_.value)
