@@ -19,8 +19,8 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
   (resources.max_concurrent_trials N, gpu 1/N), kept as `PHASE-N-at-once`.
 - any sweep phase with `--no-reuse-actors`: the same with `resources.reuse_actors: false` (a new
   process for every trial), kept as `PHASE-noreuse`; with `--mps`: under an MPS control daemon
-  of its own (`nvidia-cuda-mps-control -d`, pipe and log folders in WORK/mps, stopped after the
-  phase), so that the trials' processes submit to the GPU through one server context instead of
+  of its own (`nvidia-cuda-mps-control -d`, pipe and log folders in the phase's folder, told to
+  quit after the phase), so that the trials' processes submit to the GPU through one server context instead of
   time-slicing it, kept as `PHASE-mps`.
 - any sweep phase with `--tree DIR --label NAME`: the same, run by the k3lab of another checkout
   (its own folder and store; the caches are shared), kept as `PHASE-NAME`: before and after a
@@ -138,7 +138,7 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
     started = time.time()
     tree = Path(args.tree).resolve() if args.tree else ROOT  # `python -m` imports k3lab from its working folder
     env = os.environ | caches(work) | tree_first(tree)
-    with mps_daemon(work / "mps") if args.mps else contextlib.nullcontext({}) as mps_env:
+    with mps_daemon(folder / "mps") if args.mps else contextlib.nullcontext({}) as mps_env:
         code, milestones = run_and_stamp(command, started, env=env | mps_env, cwd=tree)
     wall = time.time() - started
     figures = sweep_figures(store)
@@ -159,7 +159,8 @@ def mps_daemon(folder: Path):
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
     for path in env.values():
         Path(path).mkdir(parents=True, exist_ok=True)
-    subprocess.run([MPS_CONTROL, "-d"], env=os.environ | env, check=True)
+    if subprocess.run([MPS_CONTROL, "-d"], env=os.environ | env).returncode != 0:
+        sys.exit(f"sweep_ceiling.py: --mps: `{MPS_CONTROL} -d` failed (its log: {env['CUDA_MPS_LOG_DIRECTORY']})")
     try:
         yield env
     finally:
@@ -170,15 +171,15 @@ MPS_CONTROL = "nvidia-cuda-mps-control"
 UNIX_SOCKET_PATH_MAX = 107  # bytes of a socket's path (sun_path less its NUL): MPS's is PIPE_DIRECTORY/control
 
 
-def check_mps(work: Path) -> None:
-    """Exit with one line when --mps cannot run here: no daemon binary, or a WORK so deep that
-    the daemon's socket path would be too long."""
+def check_mps(folders: list[Path]) -> None:
+    """Exit with one line when --mps cannot run here: no daemon binary, or a phase folder so deep
+    that the daemon's socket path would be too long."""
     if shutil.which(MPS_CONTROL) is None:
         sys.exit(f"sweep_ceiling.py: --mps: {MPS_CONTROL} is not on PATH (it comes with the NVIDIA driver)")
-    socket = work / "mps" / "pipe" / "control"
-    if len(str(socket).encode()) > UNIX_SOCKET_PATH_MAX:
-        sys.exit(f"sweep_ceiling.py: --mps: --work {work} is too deep for the daemon's socket ({socket}: "
-                 f"at most {UNIX_SOCKET_PATH_MAX} bytes)")
+    for socket in (folder / "mps" / "pipe" / "control" for folder in folders):
+        if len(str(socket).encode()) > UNIX_SOCKET_PATH_MAX:
+            sys.exit(f"sweep_ceiling.py: --mps: --work is too deep for the daemon's socket ({socket}: "
+                     f"at most {UNIX_SOCKET_PATH_MAX} bytes)")
 
 
 def tree_first(tree: Path) -> dict[str, str]:
@@ -486,7 +487,7 @@ def main() -> None:
         print(json.dumps(alone_child(args)))
         return
     if args.mps and set(args.phase) - {"alone"}:
-        check_mps(work)
+        check_mps([work / phase_key(args, phase) for phase in args.phase if phase != "alone"])
     work.mkdir(parents=True, exist_ok=True)
     path = work / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {}

@@ -283,7 +283,21 @@ def test_mps_with_a_work_folder_too_deep_for_the_daemons_socket_is_one_line(tmp_
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    check_mps(Path("/tmp/w"))  # a short WORK passes
+    check_mps([Path("/tmp/w/fresh-mps")])  # a short WORK passes
     with pytest.raises(SystemExit) as exit_:
-        check_mps(Path("/tmp/" + "x" * 100))
+        check_mps([Path("/tmp/w/fresh-mps"), Path("/tmp/" + "x" * 90 + "/fresh-mps")])
     assert "too deep for the daemon's socket" in str(exit_.value)
+
+
+def test_an_mps_daemon_that_does_not_start_is_one_line(tmp_path, monkeypatch):
+    from bench.sweep_ceiling import mps_daemon
+
+    fake = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    with pytest.raises(SystemExit) as exit_:
+        with mps_daemon(tmp_path / "mps"):
+            pass
+    assert "`nvidia-cuda-mps-control -d` failed" in str(exit_.value)
