@@ -13,75 +13,85 @@ writes, into K3DIAG_DIR:
 segv.c adds the fault address, the PC and a native backtrace to the worker's stderr, which Ray
 keeps as logs/worker-*.err. Without K3DIAG_DIR set this file does nothing.
 """
-import importlib.abc, importlib.util, os, sys, threading, time, traceback
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+import time
+import traceback
 
 DIR = os.environ.get("K3DIAG_DIR")
-TARGETS = {"torch._inductor.runtime.static_triton_launcher", "torch._inductor.runtime.static_cuda_launcher",
-           "torch.cuda.graphs"}
+LAUNCHERS = ("torch._inductor.runtime.static_triton_launcher", "torch._inductor.runtime.static_cuda_launcher")
+GRAPHS = "torch.cuda.graphs"
 
 
-def log(kind, detail=""):
+def log(kind: str, detail: str = "") -> None:
+    """One entry in diag-PID.log: time, kind, thread, and the Python stack that got here."""
     stack = "".join(traceback.format_stack(limit=25)[:-2])
     with open(os.path.join(DIR, f"diag-{os.getpid()}.log"), "a") as f:
         f.write(f"=== {time.time():.3f} {kind} thread={threading.current_thread().name} {detail}\n{stack}\n")
 
 
-def patch(module):
-    name = module.__name__
-    if name == "torch.cuda.graphs":
-        cls = module.CUDAGraph
-        orig = cls.capture_end
-        def capture_end(self, *a, **k):
-            out = orig(self, *a, **k)
-            log("CAPTURE_END", f"graph={id(self):x}")
-            return out
-        cls.capture_end = capture_end
-        return
-    for cname in ("StaticallyLaunchedCudaKernel", "StaticallyLaunchedTritonKernel"):
-        cls = getattr(module, cname, None)
-        if cls is None:
-            continue
-        for meth in ("close", "__del__"):
-            orig = cls.__dict__.get(meth)
-            if orig is None:
-                continue
-            def wrapped(self, *a, _orig=orig, _meth=meth, _c=cname, **k):
+def log_captures(graphs) -> None:
+    """Wrap torch.cuda.graphs.CUDAGraph.capture_end to log each capture."""
+    capture_end = graphs.CUDAGraph.capture_end
+
+    def logged(self, *args, **kwargs):
+        out = capture_end(self, *args, **kwargs)
+        log("CAPTURE_END", f"graph={id(self):x}")
+        return out
+
+    graphs.CUDAGraph.capture_end = logged
+
+
+def log_unloads(launcher) -> None:
+    """Wrap the static launcher's close/__del__ (where a torch version has them) to log each
+    module it unloads."""
+    for name in ("StaticallyLaunchedCudaKernel", "StaticallyLaunchedTritonKernel"):
+        cls = getattr(launcher, name, None)
+        methods = [m for m in ("close", "__del__") if cls is not None and m in cls.__dict__]
+        for method in methods:
+            def logged(self, *args, _original=cls.__dict__[method], _what=f"{name}.{method}", **kwargs):
                 if getattr(self, "module", None) is not None:
-                    log("UNLOAD", f"{_c}.{_meth} name={getattr(self, 'name', '?')} module={self.module}")
-                return _orig(self, *a, **k)
-            setattr(cls, meth, wrapped)
-        log("PATCHED", f"{name}.{cname} methods={[m for m in ('close', '__del__') if m in cls.__dict__]}")
+                    log("UNLOAD", f"{_what} name={getattr(self, 'name', '?')} module={self.module}")
+                return _original(self, *args, **kwargs)
+
+            setattr(cls, method, logged)
+        if cls is not None:
+            log("PATCHED", f"{launcher.__name__}.{name} methods={methods}")
 
 
-class Finder(importlib.abc.MetaPathFinder):
+class PatchOnImport(importlib.abc.MetaPathFinder):
+    """Applies log_captures / log_unloads to their modules as they are imported."""
+
+    PATCHES = {GRAPHS: log_captures, **{name: log_unloads for name in LAUNCHERS}}
+
     def find_spec(self, fullname, path, target=None):
-        if fullname not in TARGETS:
+        if fullname not in self.PATCHES:
             return None
-        sys.meta_path.remove(self)
+        sys.meta_path.remove(self)  # the real spec, found without this finder
         try:
             spec = importlib.util.find_spec(fullname)
         finally:
             sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return spec
-        loader = spec.loader
-        orig_exec = loader.exec_module
-        def exec_module(module):
-            orig_exec(module)
+        exec_module, patch = spec.loader.exec_module, self.PATCHES[fullname]
+
+        def exec_and_patch(module):
+            exec_module(module)
             try:
                 patch(module)
-            except Exception as e:
-                log("PATCH_FAILED", repr(e))
-        loader.exec_module = exec_module
+            except Exception as error:  # a torch whose classes moved: say so, never break the import
+                log("PATCH_FAILED", repr(error))
+
+        spec.loader.exec_module = exec_and_patch
         return spec
 
 
-if DIR:
-    os.makedirs(DIR, exist_ok=True)
-    sys.meta_path.insert(0, Finder())
-
-
-def gc_logger(phase, info):
+def log_full_collections(phase: str, info: dict) -> None:
+    """gc callback: one line in gc-PID.log for each start and stop of a generation-2 collection."""
     if info.get("generation", 0) < 2:
         return
     with open(os.path.join(DIR, f"gc-{os.getpid()}.log"), "a") as f:
@@ -91,4 +101,7 @@ def gc_logger(phase, info):
 
 if DIR:
     import gc
-    gc.callbacks.append(gc_logger)
+
+    os.makedirs(DIR, exist_ok=True)
+    sys.meta_path.insert(0, PatchOnImport())
+    gc.callbacks.append(log_full_collections)
