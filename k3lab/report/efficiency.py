@@ -15,7 +15,7 @@ evaluating, starting up: where a sweep's tokens/s falls short of one trial alone
 
 from __future__ import annotations
 
-from k3lab.store.runs import CRASHES, client
+from k3lab.store.runs import client, crash_count
 from k3lab.train.metrics import peak_flops_of
 
 
@@ -130,4 +130,4 @@ def crashes(trials: list) -> dict[str, float]:
     """`sweep_crashes`: how often the sweep's trials crashed (a segfault, a lost worker) and went
     on from their last checkpoint, over every part of the sweep (each trial's `k3lab.crashes`).
     Each cost a process start and build, and the steps since that checkpoint."""
-    return {"sweep_crashes": float(sum(int(trial.data.tags.get(CRASHES, "0")) for trial in trials))}
+    return {"sweep_crashes": float(sum(crash_count(trial.data.tags) for trial in trials))}

@@ -243,10 +243,10 @@ def paired_table_lines(comparisons: list[stats.Comparison], metric: str, baselin
 
 def crash_lines(records: list[TrialRecord]) -> list[str]:
     """How often trials crashed and went on from their last checkpoint, and with which errors."""
-    crashed = [r for r in records if int(r.tags.get(runs.CRASHES, "0"))]
+    crashed = [r for r in records if runs.crash_count(r.tags)]
     if not crashed:
         return []
-    total = sum(int(r.tags[runs.CRASHES]) for r in crashed)
+    total = sum(runs.crash_count(r.tags) for r in crashed)
     errors = collections.Counter(r.tags.get(runs.LAST_CRASH, "?") for r in crashed)
     listed = "; ".join(f"`{error[:160]}` ({n} trial{'s' if n > 1 else ''})" for error, n in errors.most_common(3))
     return [f"- Crashes: {total} in {len(crashed)} of {len(records)} trials, each restarted from its last checkpoint "

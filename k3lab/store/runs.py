@@ -159,11 +159,16 @@ def error_tags(message: str) -> dict[str, str]:
     return {ERROR: message[:MAX_TAG]}
 
 
+def crash_count(tags: dict) -> int:
+    """How often a trial crashed and went on from its last checkpoint (its `k3lab.crashes` tag)."""
+    return int(tags.get(CRASHES, "0"))
+
+
 def count_crash(tracking_uri: str, run_id: str, error: str) -> int:
     """One more crash of a trial that goes on from its last checkpoint, on its run: how many
     (`k3lab.crashes`, over every part of a sweep) and the last one's error line. Returns the count."""
     mlflow = client(tracking_uri)
-    crashes = int(mlflow.get_run(run_id).data.tags.get(CRASHES, "0")) + 1
+    crashes = crash_count(mlflow.get_run(run_id).data.tags) + 1
     mlflow.set_tag(run_id, CRASHES, str(crashes))
     mlflow.set_tag(run_id, LAST_CRASH, error[:MAX_TAG])
     return crashes
