@@ -18,10 +18,9 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
 - any sweep phase with `--trials-at-once N`: the same trials, N at a time on the GPU
   (resources.max_concurrent_trials N, gpu 1/N), kept as `PHASE-N-at-once`.
 - any sweep phase with `--no-reuse-actors`: the same with `resources.reuse_actors: false` (a new
-  process for every trial), kept as `PHASE-noreuse`; with `--mps`: under an MPS control daemon
-  of its own (`nvidia-cuda-mps-control -d`, pipe and log folders in the phase's folder, told to
-  quit after the phase), so that the trials' processes submit to the GPU through one server context instead of
-  time-slicing it, kept as `PHASE-mps`.
+  process for every trial), kept as `PHASE-noreuse`; with `--no-mps`: with `resources.mps: false`,
+  the trials taking turns on the GPU instead of running side by side through the MPS daemon a
+  sweep starts where it can (`k3lab.tune.mps`), kept as `PHASE-nomps`.
 - any sweep phase with `--tree DIR --label NAME`: the same, run by the k3lab of another checkout
   (its own folder and store; the caches are shared), kept as `PHASE-NAME`: before and after a
   change, side by side on one machine.
@@ -46,11 +45,9 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -80,8 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                               "the GPU (a copy of the file; rows PHASE-N-at-once)")
     parser.add_argument("--no-reuse-actors", action="store_true",
                         help="run the sweep phases with resources.reuse_actors: false (rows PHASE-noreuse)")
-    parser.add_argument("--mps", action="store_true",
-                        help="run the sweep phases under an MPS control daemon of their own (rows PHASE-mps)")
+    parser.add_argument("--no-mps", action="store_true",
+                        help="run the sweep phases with resources.mps: false, the trials taking turns on the GPU "
+                             "(rows PHASE-nomps)")
     parser.add_argument("--merge", action="append", default=[], metavar="RESULTS_JSON",
                         help="add the phases of another WORK's results.json (e.g. a fresh phase with caches of its own)")
     parser.add_argument("--tree", help="run the sweep phases with the k3lab of this checkout (e.g. the commit before "
@@ -102,10 +100,11 @@ def caches(work: Path) -> dict[str, str]:
 def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
     """The sweep file a phase runs: the file itself, or a copy in `work` whose profile has the
     `--seeds` (every phase, so that they run the same trials) or the `--trials` budget, the
-    resources of `--trials-at-once` and `--no-reuse-actors` and, for the slots phase,
+    resources of `--trials-at-once`, `--no-reuse-actors` and `--no-mps` and, for the slots phase,
     resources.training_slots."""
     at_once = args.trials_at_once
-    if phase != "slots" and args.seeds is None and not at_once and not args.trials and not args.no_reuse_actors:
+    if phase != "slots" and args.seeds is None and not at_once and not args.trials and not args.no_reuse_actors \
+            and not args.no_mps:
         return args.file
     import yaml
 
@@ -123,6 +122,8 @@ def sweep_file_for(args: argparse.Namespace, work: Path, phase: str) -> str:
         resources.update(max_concurrent_trials=at_once, gpu=round(1 / at_once, 4))
     if args.no_reuse_actors:
         resources["reuse_actors"] = False
+    if args.no_mps:
+        resources["mps"] = False
     path = work / f"{Path(args.file).stem}-{phase}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)
@@ -138,8 +139,7 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
     started = time.time()
     tree = Path(args.tree).resolve() if args.tree else ROOT  # `python -m` imports k3lab from its working folder
     env = os.environ | caches(work) | tree_first(tree)
-    with mps_daemon(folder / "mps") if args.mps else contextlib.nullcontext({}) as mps_env:
-        code, milestones = run_and_stamp(command, started, env=env | mps_env, cwd=tree)
+    code, milestones = run_and_stamp(command, started, env=env, cwd=tree)
     wall = time.time() - started
     figures = sweep_figures(store)
     first = figures.pop("first_trial")
@@ -150,36 +150,6 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
             "training_slots": args.training_slots if phase == "slots" else None,
             "trials_at_once": args.trials_at_once,
             "first_step_s": None if first is None else first["first_step_at"] - started, "timeline": timeline, **figures}
-
-
-@contextlib.contextmanager
-def mps_daemon(folder: Path):
-    """An MPS control daemon for the phase: yields the environment that points CUDA processes
-    (the driver, Ray and its workers inherit it) at its pipe folder; asks it to quit after."""
-    env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
-    for path in env.values():
-        Path(path).mkdir(parents=True, exist_ok=True)
-    if subprocess.run([MPS_CONTROL, "-d"], env=os.environ | env).returncode != 0:
-        sys.exit(f"sweep_ceiling.py: --mps: `{MPS_CONTROL} -d` failed (its log: {env['CUDA_MPS_LOG_DIRECTORY']})")
-    try:
-        yield env
-    finally:
-        subprocess.run([MPS_CONTROL], input="quit\n", text=True, env=os.environ | env, check=False)
-
-
-MPS_CONTROL = "nvidia-cuda-mps-control"
-UNIX_SOCKET_PATH_MAX = 107  # bytes of a socket's path (sun_path less its NUL): MPS's is PIPE_DIRECTORY/control
-
-
-def check_mps(folders: list[Path]) -> None:
-    """Exit with one line when --mps cannot run here: no daemon binary, or a phase folder so deep
-    that the daemon's socket path would be too long."""
-    if shutil.which(MPS_CONTROL) is None:
-        sys.exit(f"sweep_ceiling.py: --mps: {MPS_CONTROL} is not on PATH (it comes with the NVIDIA driver)")
-    for socket in (folder / "mps" / "pipe" / "control" for folder in folders):
-        if len(str(socket).encode()) > UNIX_SOCKET_PATH_MAX:
-            sys.exit(f"sweep_ceiling.py: --mps: --work is too deep for the daemon's socket ({socket}: "
-                     f"at most {UNIX_SOCKET_PATH_MAX} bytes)")
 
 
 def tree_first(tree: Path) -> dict[str, str]:
@@ -422,12 +392,12 @@ def overlap_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-KEY_FLAGS = {"noreuse": "no_reuse_actors", "mps": "mps"}  # key suffix: the option that adds it
+KEY_FLAGS = {"noreuse": "no_reuse_actors", "nomps": "no_mps"}  # key suffix: the option that adds it
 
 
 def phase_key(args: argparse.Namespace, phase: str) -> str:
     """results.json's key (and the phase's folder): slots-N for the slots phase, then -N-at-once
-    with --trials-at-once, -noreuse, -mps, then -LABEL for another checkout's run (--tree, --label)."""
+    with --trials-at-once, -noreuse, -nomps, then -LABEL for another checkout's run (--tree, --label)."""
     key = f"slots-{args.training_slots}" if phase == "slots" else phase
     if args.trials_at_once:
         key += f"-{args.trials_at_once}-at-once"
@@ -486,8 +456,6 @@ def main() -> None:
     if args.child:
         print(json.dumps(alone_child(args)))
         return
-    if args.mps and set(args.phase) - {"alone"}:
-        check_mps([work / phase_key(args, phase) for phase in args.phase if phase != "alone"])
     work.mkdir(parents=True, exist_ok=True)
     path = work / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {}

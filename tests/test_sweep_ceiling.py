@@ -230,74 +230,21 @@ def test_each_sweep_row_says_how_often_its_trials_crashed():
     assert [row.split(" | ")[3] for row in rows] == ["2", "-"]
 
 
-def test_mps_and_fresh_processes_are_rows_of_their_own_with_their_commands(tmp_path):
+def test_time_slicing_and_fresh_processes_are_rows_of_their_own_with_their_commands(tmp_path):
     from bench.sweep_ceiling import commands_for, phase_key, sweep_phases
 
-    args = ceiling_args(FLAGSHIP, "--seeds", "0,1", "--no-reuse-actors", "--mps")
-    assert phase_key(args, "fresh") == "fresh-noreuse-mps"
+    args = ceiling_args(FLAGSHIP, "--seeds", "0,1", "--no-reuse-actors", "--no-mps")
+    assert phase_key(args, "fresh") == "fresh-noreuse-nomps"
     fresh = load_sweep_for(sweep_file_for(args, tmp_path, "fresh"), "gpu")
-    assert fresh.resources.reuse_actors is False and len(fresh.trials) == 10
-    results = {"fresh": {}, "fresh-mps": {}, "fresh-noreuse": {}, "slots-2-mps": {}}
-    assert sweep_phases(results) == ["fresh", "fresh-mps", "fresh-noreuse", "slots-2-mps"]
+    assert fresh.resources.reuse_actors is False and fresh.resources.mps is False and len(fresh.trials) == 10
+    results = {"fresh": {}, "fresh-nomps": {}, "fresh-noreuse": {}, "slots-2-nomps": {}}
+    assert sweep_phases(results) == ["fresh", "fresh-nomps", "fresh-noreuse", "slots-2-nomps"]
     base = f"python bench/sweep_ceiling.py {FLAGSHIP} --profile gpu --work WORK --seeds 0,1"
     assert commands_for(args, results) == (
-        f"{base} --phase fresh`, then `{base} --phase fresh --mps`, then `{base} --phase fresh --no-reuse-actors`, "
-        f"then `{base} --phase slots --training-slots 2 --mps`, then the same with `--write")
+        f"{base} --phase fresh`, then `{base} --phase fresh --no-mps`, then `{base} --phase fresh --no-reuse-actors`, "
+        f"then `{base} --phase slots --training-slots 2 --no-mps`, then the same with `--write")
 
 
 def test_the_flagships_gpu_profile_reuses_processes_unless_told_not_to(tmp_path):
     args = ceiling_args(FLAGSHIP, "--seeds", "0,1")
     assert load_sweep_for(sweep_file_for(args, tmp_path, "fresh"), "gpu").resources.reuse_actors is True
-
-
-def test_mps_without_the_control_daemon_on_path_is_one_line_and_no_run(tmp_path, monkeypatch, capsys):
-    import bench.sweep_ceiling as ceiling
-
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(sys, "argv", ["sweep_ceiling.py", FLAGSHIP, "--work", str(tmp_path / "w"), "--phase", "fresh",
-                                      "--mps"])
-    with pytest.raises(SystemExit) as exit_:
-        ceiling.main()
-    assert "nvidia-cuda-mps-control is not on PATH" in str(exit_.value) and not (tmp_path / "w").exists()
-
-
-def test_the_mps_daemon_is_started_in_work_and_told_to_quit_after_the_phase(tmp_path, monkeypatch):
-    from bench.sweep_ceiling import mps_daemon
-
-    calls = tmp_path / "calls"
-    fake = tmp_path / "bin" / "nvidia-cuda-mps-control"
-    fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\necho "$* pipe=$CUDA_MPS_PIPE_DIRECTORY stdin=$(test -t 0 || cat)" >> {calls}\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
-    with mps_daemon(tmp_path / "mps") as env:
-        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps" / "pipe") and (tmp_path / "mps" / "log").is_dir()
-        assert calls.read_text().splitlines()[0].startswith(f"-d pipe={tmp_path / 'mps' / 'pipe'}")
-    assert calls.read_text().splitlines()[-1] == f" pipe={tmp_path / 'mps' / 'pipe'} stdin=quit"
-
-
-def test_mps_with_a_work_folder_too_deep_for_the_daemons_socket_is_one_line(tmp_path, monkeypatch):
-    from bench.sweep_ceiling import check_mps
-
-    fake = tmp_path / "nvidia-cuda-mps-control"
-    fake.write_text("#!/bin/sh\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
-    check_mps([Path("/tmp/w/fresh-mps")])  # a short WORK passes
-    with pytest.raises(SystemExit) as exit_:
-        check_mps([Path("/tmp/w/fresh-mps"), Path("/tmp/" + "x" * 90 + "/fresh-mps")])
-    assert "too deep for the daemon's socket" in str(exit_.value)
-
-
-def test_an_mps_daemon_that_does_not_start_is_one_line(tmp_path, monkeypatch):
-    from bench.sweep_ceiling import mps_daemon
-
-    fake = tmp_path / "bin" / "nvidia-cuda-mps-control"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\nexit 1\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
-    with pytest.raises(SystemExit) as exit_:
-        with mps_daemon(tmp_path / "mps"):
-            pass
-    assert "`nvidia-cuda-mps-control -d` failed" in str(exit_.value)

@@ -315,7 +315,7 @@ def run_sweep_command(args) -> int:
         console.print(variant_table(sweep))
         console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
                       f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}"
-                      + slots_clause(sweep.resources))
+                      + slots_clause(sweep.resources) + sharing_clause(run))
         earlier = earlier_run_line(run)
         if earlier:
             console.print(earlier, markup=False, highlight=False, soft_wrap=True)
@@ -382,6 +382,21 @@ def slots_clause(resources) -> str:
         return ""
     return (f"; at most {resources.training_slots} trials per GPU train at once, the others start up "
             "and wait (resources.training_slots)")
+
+
+def sharing_clause(run) -> str:
+    """How trials that share a GPU will run on it (`k3lab.tune.mps`), as the sweep would decide now."""
+    from k3lab.tune.mps import sharing_off_because
+
+    resources = run.sweep.resources
+    if not (run.uses_gpus and resources.shares_a_gpu):
+        return ""
+    why_not = sharing_off_because(resources.mps, True, run.on_cluster)
+    if why_not is None:
+        return "; trials on one GPU run side by side through an MPS daemon of the sweep's own (resources.mps)"
+    if resources.mps:
+        return f"; resources.mps: true, but {why_not}: the sweep would stop before its first trial"
+    return f"; trials on one GPU take turns on it ({why_not})"
 
 
 def stop_after_seconds(value: str | None) -> float | None:

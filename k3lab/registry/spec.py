@@ -129,7 +129,9 @@ class ResourceSpec:
     trial in the process of one that ended (Ray Tune's option): imports, the CUDA context
     and in-memory kernel caches are kept, so start-up is shorter. `training_slots` lets at
     most that many of the trials on one GPU (or one CPU host) train at once; the others do
-    their start-up and wait for a slot (`k3lab.tune.slots`)."""
+    their start-up and wait for a slot (`k3lab.tune.slots`). `mps`: trials that share a GPU run
+    their kernels side by side through an MPS daemon of the sweep's own (`k3lab.tune.mps`);
+    unset, wherever it can; true, or the sweep stops before it starts; false, in turns."""
 
     cpu: float = attrs.field(default=1.0, validator=positive)
     gpu: float = attrs.field(default=0.0, validator=non_negative)
@@ -138,6 +140,7 @@ class ResourceSpec:
     strategy: str | None = attrs.field(default=None, validator=one_of(None, *STRATEGIES))
     reuse_actors: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     training_slots: int | None = attrs.field(default=None, validator=positive)
+    mps: bool | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool)))
 
     def __attrs_post_init__(self) -> None:
         if self.gpu > 1 and self.gpu != int(self.gpu):
@@ -150,6 +153,14 @@ class ResourceSpec:
             raise FieldError("reuse_actors", f"must be false with strategy: {self.strategy}")
         if self.training_slots is not None:
             self._check_training_slots()
+        if self.mps and not self.shares_a_gpu:
+            raise FieldError("mps", f"needs trials that share a GPU (gpu between 0 and 1, no strategy), got gpu: "
+                                    f"{self.gpu:g}" + (f", strategy: {self.strategy}" if self.strategy else ""))
+
+    @property
+    def shares_a_gpu(self) -> bool:
+        """Trials take part of one GPU each, so several run on it at once."""
+        return self.strategy is None and 0 < self.gpu < 1
 
     def _check_training_slots(self) -> None:
         """Slots are per GPU (per host on CPU): they must be fewer than the trials that share one."""

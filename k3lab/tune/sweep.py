@@ -18,10 +18,11 @@ from k3lab.registry import ResourceSpec, Sweep
 from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_shares
 from k3lab.report.sequential import BUDGET
 from k3lab.store.colours import variant_colours
-from k3lab.store.runs import trial_runs
+from k3lab.store.runs import GPU_SHARING, trial_runs
 from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_shapes, shipped_line,
                                 use_kernel_cache, warm_kernels)
 from k3lab.tune.logs import library_logs
+from k3lab.tune.mps import gpu_sharing
 from k3lab.tune.parent import ParentRun, record_sweep
 from k3lab.tune.preflight import Preflight, run_preflight_overlapped
 from k3lab.tune.reaper import Watchdog, end_leftovers
@@ -70,7 +71,7 @@ def start_ray(run: SweepRun) -> None:
     for key in ("K3LAB_FAIL_AT_STEP",):  # fault injection for crash-recovery tests
         if key in os.environ:
             env[key] = os.environ[key]
-    for key in ("K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI"):
+    for key in ("K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
         if key in os.environ:
             env[key] = os.environ[key]
     kwargs = dict(runtime_env={"env_vars": env}, log_to_driver=False, configure_logging=False)
@@ -264,6 +265,19 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
     corpus still to be tokenized is tokenized while Ray starts."""
     end_leftovers(run.ray_record, say=say)
     check_experiment_dir(run)
+    with share_gpus(run, say) as sharing:  # before anything initialises CUDA: it connects to MPS then
+        return run_checked_sweep(run, live, say, sharing)
+
+
+def share_gpus(run: SweepRun, say=print):
+    """How trials that share a GPU run on it (`k3lab.tune.mps`): an MPS daemon of the sweep's own, or in turns."""
+    resources = run.sweep.resources
+    return gpu_sharing(resources.mps, run.uses_gpus and resources.shares_a_gpu, run.on_cluster,
+                       log_dir=run.storage / f"{run.experiment}.mps", where=f"{run.sweep.path}", say=say)
+
+
+def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> dict:
+    """`run_sweep` once the experiment folder has passed its checks and the GPU sharing is set up."""
     dataset = run_preflight_overlapped(sweep_preflight(run, progress=live))  # tokenizing while Ray starts
     if run.uses_gpus:
         use_kernel_cache(run.kernel_cache)  # created, writable, and this process points at it
@@ -278,6 +292,8 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
             with ParentRun(run) as parent:
                 if not run.resume:
                     record_sweep(run, parent)
+                if sharing is not None:
+                    parent.tracker.set_tags({GPU_SHARING: sharing})
                 errors, hardware = run_trials(run, parent.run_id, live, say, dataset_dir=dataset_dir)
                 summary = report_sweep(run, parent, hardware)
                 parent.log_metrics({"trials_failed": len(errors)})
