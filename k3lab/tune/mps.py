@@ -58,17 +58,14 @@ def sharing_off_because(mps: bool | None, shares_gpu: bool, on_cluster: bool) ->
 def gpu_sharing(mps: bool | None, shares_gpu: bool, on_cluster: bool, log_dir: Path, where: str, say=print):
     """While the sweep runs: an MPS daemon of its own where `sharing_off_because` finds no reason
     against one. Yields how the trials share a GPU ("mps", or "time-slicing: WHY"; None where
-    no GPU is shared). With
-    `resources.mps: true` (named by `where`), a daemon that cannot run is a UserError."""
+    no GPU is shared). With `resources.mps: true` (named by `where`), a daemon that cannot run
+    is a UserError."""
     if not shares_gpu:
         yield None
         return
     why_not = sharing_off_because(mps, shares_gpu, on_cluster)
     if why_not is not None:
-        if mps is True:
-            raise UserError(f"{where}: resources.mps: true, but {why_not}")
-        say(f"GPU sharing: {TIME_SLICING} ({why_not})")
-        yield f"{TIME_SLICING}: {why_not}"
+        yield taking_turns(why_not, mps, where, say)
         return
     pipe = Path(tempfile.mkdtemp(prefix="k3lab-mps-"))
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log_dir)}
@@ -76,10 +73,7 @@ def gpu_sharing(mps: bool | None, shares_gpu: bool, on_cluster: bool, log_dir: P
     try:
         process, why_not = start_daemon(env, log_dir)
         if why_not is not None:
-            if mps is True:
-                raise UserError(f"{where}: resources.mps: true, but {why_not}")
-            say(f"GPU sharing: {TIME_SLICING} ({why_not})")
-            yield f"{TIME_SLICING}: {why_not}"
+            yield taking_turns(why_not, mps, where, say)
             return
         say(f"GPU sharing: MPS (a control daemon of the sweep's own; its log: {log_dir})")
         with environment(env):
@@ -88,6 +82,14 @@ def gpu_sharing(mps: bool | None, shares_gpu: bool, on_cluster: bool, log_dir: P
         if process is not None:
             stop_daemon(process, env)
         shutil.rmtree(pipe, ignore_errors=True)
+
+
+def taking_turns(why_not: str, mps: bool | None, where: str, say) -> str:
+    """The trials take turns on their GPU, and the sweep says why; a UserError where MPS is required."""
+    if mps is True:
+        raise UserError(f"{where}: resources.mps: true, but {why_not}")
+    say(f"GPU sharing: {TIME_SLICING} ({why_not})")
+    return f"{TIME_SLICING}: {why_not}"
 
 
 def start_daemon(env: dict[str, str], log_dir: Path) -> tuple[subprocess.Popen | None, str | None]:
