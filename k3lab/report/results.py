@@ -144,7 +144,9 @@ def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: 
     if report_command:
         lines.append(f"- Report: `{report_command}`")
     gpus = parent.metrics.get("sweep_gpus")
-    lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms, parent.state)}", f"- Machine: {machine(records, gpus)}",
+    sharing = parent.tags.get(runs.GPU_SHARING)
+    lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms, parent.state)}",
+              f"- Machine: {machine(records, gpus)}" + (f"; trials sharing a GPU: {sharing}" if sharing else ""),
               f"- Tokens per trial: {tokens_per_trial(parent.params)}", f"- Sweep: {sweep_line(parent, records)}"]
     return lines
 
