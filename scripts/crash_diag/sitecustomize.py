@@ -1,6 +1,6 @@
 """Crash diagnostics for GPU sweeps: what each Python process did around a segfault.
 
-    gcc -shared -fPIC -O1 -o /tmp/libk3segv.so scripts/crash_diag/segv.c
+    gcc -shared -fPIC -O1 -o /tmp/libk3segv.so scripts/crash_diag/segv.c -ldl
     export K3DIAG_DIR=/tmp/diag PYTHONPATH=$PWD/scripts/crash_diag:$PYTHONPATH LD_PRELOAD=/tmp/libk3segv.so
     python bench/sweep_ceiling.py experiments/attnres_block.yaml --phase fresh --work /tmp/w --seeds 0,1
 
