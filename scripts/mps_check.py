@@ -1,0 +1,55 @@
+"""On a GPU machine, from the repository root: `python scripts/mps_check.py`.
+
+k3lab.tune.mps's daemon starts, two CUDA processes connect to it (nvidia-smi lists the MPS
+server and them), it quits after; then a driver killed with SIGKILL: its daemon and server go
+with it. The run of 2026-12-03 on an H200: docs/runs/mps-check-2026-12-03.log.
+"""
+import os, subprocess, sys, textwrap, time
+from pathlib import Path
+sys.path.insert(0, os.getcwd())
+from k3lab.tune.mps import gpu_sharing
+
+CHILD = textwrap.dedent('''
+    import os, time, torch
+    x = torch.randn(8192, 8192, device="cuda")
+    torch.cuda.synchronize(); t = time.perf_counter()
+    for _ in range(100): y = x @ x
+    torch.cuda.synchronize(); print(os.getpid(), "100 matmuls", round(time.perf_counter() - t, 3), "s", flush=True)
+    time.sleep(3)
+''')
+
+def sh(*cmd):
+    return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+
+def mps_procs():
+    return sh("pgrep", "-a", "nvidia-cuda-mps") or "none"
+
+print("before:", mps_procs(), flush=True)
+alone = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True).stdout
+print("alone, no MPS:", alone.strip(), flush=True)
+with gpu_sharing(None, True, False, log_dir=Path("/tmp/mpslog"), where="check", say=print) as how:
+    print("sharing:", how, flush=True)
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD]) for _ in range(2)]
+    time.sleep(6)
+    print(sh("nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv"), flush=True)
+    print("during:", mps_procs(), flush=True)
+    for p in procs:
+        p.wait()
+time.sleep(1)
+print("after the with:", mps_procs(), flush=True)
+print(sh("sh", "-c", "tail -5 /tmp/mpslog/control.log /tmp/mpslog/server.log /tmp/mpslog/daemon.out"), flush=True)
+
+driver = textwrap.dedent(f'''
+    import os, signal, subprocess, sys, time
+    from pathlib import Path
+    sys.path.insert(0, {os.getcwd()!r})
+    from k3lab.tune.mps import gpu_sharing
+    with gpu_sharing(None, True, False, log_dir=Path("/tmp/mpslog2"), where="x", say=print):
+        subprocess.run([sys.executable, "-c", {CHILD!r}])
+        print("killing the driver", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+''')
+print("driver exit:", subprocess.run([sys.executable, "-c", driver]).returncode, flush=True)
+for wait in (1, 3, 6):
+    time.sleep(wait)
+    print(f"after the driver's SIGKILL (+{wait}s):", mps_procs(), flush=True)
