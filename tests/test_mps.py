@@ -113,9 +113,21 @@ def test_no_daemon_where_no_gpu_is_shared_on_a_cluster_or_when_told_not_to(tmp_p
         assert how is None
     assert sharing_off_because(False, True, False) == "resources.mps: false"
     assert sharing_off_because(None, True, True).startswith("on a Ray cluster k3lab starts no daemon")
-    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")  # the user's own daemon
-    assert sharing_off_because(None, True, False).endswith("the trials use that daemon (/tmp/nvidia-mps)")
     assert not daemon.exists()
+
+
+def test_a_daemon_the_user_started_serves_the_trials_even_where_mps_is_required(tmp_path, daemon, monkeypatch):
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")  # exported by the user for their own daemon
+    said = []
+    for mps in (None, True):
+        with gpu_sharing(mps, True, False, log_dir=tmp_path / "x.mps", where="x.yaml", say=said.append) as how:
+            assert how == "mps: /tmp/nvidia-mps" and os.environ["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    assert said == ["GPU sharing: MPS (the daemon at CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps)"] * 2
+    assert not daemon.exists()  # k3lab started none of its own
+    with gpu_sharing(False, True, False, log_dir=tmp_path / "x.mps", where="x.yaml", say=said.append) as how:
+        assert how == "time-slicing: resources.mps: false"
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ  # Ray and the trials do not inherit the user's daemon
+    assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

@@ -386,11 +386,13 @@ def slots_clause(resources) -> str:
 
 def sharing_clause(run) -> str:
     """How trials that share a GPU will run on it (`k3lab.tune.mps`), as the sweep would decide now."""
-    from k3lab.tune.mps import sharing_off_because
+    from k3lab.tune.mps import sharing_off_because, users_daemon
 
     resources = run.sweep.resources
     if not (run.uses_gpus and resources.shares_a_gpu):
         return ""
+    if users_daemon() and resources.mps is not False:
+        return f"; trials on one GPU run side by side through the MPS daemon at {users_daemon()}"
     why_not = sharing_off_because(resources.mps, True, run.on_cluster)
     if why_not is None:
         return "; trials on one GPU run side by side through an MPS daemon of the sweep's own (resources.mps)"

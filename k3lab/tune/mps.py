@@ -13,8 +13,9 @@ child of the driver that gets SIGTERM when the driver dies, its pipe folder a sh
 one (the control socket's path must fit 107 bytes), its log folder next to the sweep's log. The
 driver's environment points at it, so Ray and every trial inherit it; it is told to quit when
 the sweep ends. `resources.mps`: unset, on where it can be (else the trials time-slice, and the
-sweep says why in one line); true, on or the sweep stops before it starts; false, off. On a Ray
-cluster k3lab starts no daemon: start one on each GPU node, as NVIDIA's documentation says.
+sweep says why in one line); true, on or the sweep stops before it starts; false, off. A daemon
+the user started and exported CUDA_MPS_PIPE_DIRECTORY for is used instead of one of k3lab's. On a
+Ray cluster k3lab starts no daemon: start one on each GPU node, as NVIDIA's documentation says.
 """
 
 from __future__ import annotations
@@ -39,16 +40,20 @@ QUIT_S = 10.0  # for the daemon to end once told to quit
 TIME_SLICING = "time-slicing"
 
 
+def users_daemon() -> str | None:
+    """The pipe folder of an MPS daemon the user started and pointed this shell at, if any."""
+    return os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or None
+
+
 def sharing_off_because(mps: bool | None, shares_gpu: bool, on_cluster: bool) -> str | None:
-    """Why this sweep's trials will not share their GPU through a daemon of k3lab's, or None."""
+    """Why this sweep's trials will not share their GPU through a daemon of k3lab's, or None.
+    (Where CUDA_MPS_PIPE_DIRECTORY is already set they use that one: `users_daemon`.)"""
     if mps is False:
         return "resources.mps: false"
     if not shares_gpu:
         return "no GPU is shared"
     if on_cluster:
         return "on a Ray cluster k3lab starts no daemon (start nvidia-cuda-mps-control on each GPU node)"
-    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
-        return f"CUDA_MPS_PIPE_DIRECTORY is set: the trials use that daemon ({os.environ['CUDA_MPS_PIPE_DIRECTORY']})"
     if shutil.which(CONTROL) is None:
         return f"{CONTROL} is not on PATH (it comes with the NVIDIA driver)"
     return None
@@ -63,9 +68,14 @@ def gpu_sharing(mps: bool | None, shares_gpu: bool, on_cluster: bool, log_dir: P
     if not shares_gpu:
         yield None
         return
+    if users_daemon() and mps is not False:
+        say(f"GPU sharing: MPS (the daemon at CUDA_MPS_PIPE_DIRECTORY={users_daemon()})")
+        yield f"mps: {users_daemon()}"
+        return
     why_not = sharing_off_because(mps, shares_gpu, on_cluster)
     if why_not is not None:
-        yield taking_turns(why_not, mps, where, say)
+        with environment(dict.fromkeys(ENV_KEYS)):  # mps: false with the user's daemon exported: not that one either
+            yield taking_turns(why_not, mps, where, say)
         return
     pipe = Path(tempfile.mkdtemp(prefix="k3lab-mps-"))
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log_dir)}
@@ -141,10 +151,14 @@ def die_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def environment(values: dict[str, str]):
-    """os.environ with `values` set, as it was afterwards."""
+def environment(values: dict[str, str | None]):
+    """os.environ with `values` set (None: unset), as it was afterwards."""
     before = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     try:
         yield
     finally:

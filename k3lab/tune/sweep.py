@@ -22,6 +22,7 @@ from k3lab.store.runs import GPU_SHARING, trial_runs
 from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_shapes, shipped_line,
                                 use_kernel_cache, warm_kernels)
 from k3lab.tune.logs import library_logs
+from k3lab.tune.mps import ENV_KEYS as MPS_ENV
 from k3lab.tune.mps import gpu_sharing
 from k3lab.tune.parent import ParentRun, record_sweep
 from k3lab.tune.preflight import Preflight, run_preflight_overlapped
@@ -71,7 +72,7 @@ def start_ray(run: SweepRun) -> None:
     for key in ("K3LAB_FAIL_AT_STEP",):  # fault injection for crash-recovery tests
         if key in os.environ:
             env[key] = os.environ[key]
-    for key in ("K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+    for key in ("K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI", *MPS_ENV):
         if key in os.environ:
             env[key] = os.environ[key]
     kwargs = dict(runtime_env={"env_vars": env}, log_to_driver=False, configure_logging=False)
