@@ -138,8 +138,7 @@ def run_sweep(args: argparse.Namespace, work: Path, phase: str) -> dict:
                "--storage", str(folder / "k3lab_runs"), "--tracking-uri", f"sqlite:///{store}", "--overwrite"]
     started = time.time()
     tree = Path(args.tree).resolve() if args.tree else ROOT  # `python -m` imports k3lab from its working folder
-    env = os.environ | caches(work) | tree_first(tree)
-    code, milestones = run_and_stamp(command, started, env=env, cwd=tree)
+    code, milestones = run_and_stamp(command, started, env=os.environ | caches(work) | tree_first(tree), cwd=tree)
     wall = time.time() - started
     figures = sweep_figures(store)
     first = figures.pop("first_trial")

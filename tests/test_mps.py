@@ -111,8 +111,8 @@ def test_a_daemon_that_does_not_start_leaves_trials_taking_turns_unless_mps_is_r
 def test_no_daemon_where_no_gpu_is_shared_on_a_cluster_or_when_told_not_to(tmp_path, daemon, monkeypatch):
     with gpu_sharing(None, False, False, log_dir=tmp_path / "x.mps", where="x.yaml", say=pytest.fail) as how:
         assert how is None
-    assert sharing_off_because(False, True, False) == "resources.mps: false"
-    assert sharing_off_because(None, True, True).startswith("on a Ray cluster k3lab starts no daemon")
+    assert sharing_off_because(False, False) == "resources.mps: false"
+    assert sharing_off_because(None, True).startswith("on a Ray cluster k3lab starts no daemon")
     assert not daemon.exists()
 
 

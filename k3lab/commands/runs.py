@@ -386,19 +386,19 @@ def slots_clause(resources) -> str:
 
 def sharing_clause(run) -> str:
     """How trials that share a GPU will run on it (`k3lab.tune.mps`), as the sweep would decide now."""
-    from k3lab.tune.mps import sharing_off_because, users_daemon
+    from k3lab.tune.mps import sharing_plan
 
-    resources = run.sweep.resources
-    if not (run.uses_gpus and resources.shares_a_gpu):
+    if not run.shares_gpus:
         return ""
-    if users_daemon() and resources.mps is not False:
-        return f"; trials on one GPU run side by side through the MPS daemon at {users_daemon()}"
-    why_not = sharing_off_because(resources.mps, True, run.on_cluster)
-    if why_not is None:
+    mps = run.sweep.resources.mps
+    kind, detail = sharing_plan(mps, run.on_cluster)
+    if kind == "yours":
+        return f"; trials on one GPU run side by side through the MPS daemon at {detail}"
+    if kind == "own":
         return "; trials on one GPU run side by side through an MPS daemon of the sweep's own (resources.mps)"
-    if resources.mps:
-        return f"; resources.mps: true, but {why_not}: the sweep would stop before its first trial"
-    return f"; trials on one GPU take turns on it ({why_not})"
+    if mps:
+        return f"; resources.mps: true, but {detail}: the sweep would stop before its first trial"
+    return f"; trials on one GPU take turns on it ({detail})"
 
 
 def stop_after_seconds(value: str | None) -> float | None:

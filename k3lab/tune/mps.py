@@ -45,13 +45,10 @@ def users_daemon() -> str | None:
     return os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or None
 
 
-def sharing_off_because(mps: bool | None, shares_gpu: bool, on_cluster: bool) -> str | None:
-    """Why this sweep's trials will not share their GPU through a daemon of k3lab's, or None.
-    (Where CUDA_MPS_PIPE_DIRECTORY is already set they use that one: `users_daemon`.)"""
+def sharing_off_because(mps: bool | None, on_cluster: bool) -> str | None:
+    """Why trials that share a GPU will not run through a daemon of the sweep's own, or None."""
     if mps is False:
         return "resources.mps: false"
-    if not shares_gpu:
-        return "no GPU is shared"
     if on_cluster:
         return "on a Ray cluster k3lab starts no daemon (start nvidia-cuda-mps-control on each GPU node)"
     if shutil.which(CONTROL) is None:
@@ -59,23 +56,33 @@ def sharing_off_because(mps: bool | None, shares_gpu: bool, on_cluster: bool) ->
     return None
 
 
+def sharing_plan(mps: bool | None, on_cluster: bool) -> tuple[str, str | None]:
+    """How trials that share a GPU will run on it, for the sweep and its dry run alike:
+    ("yours", pipe folder) through a daemon the user exported (unless mps: false), ("own", None)
+    through one of the sweep's, or ("turns", why) taking turns."""
+    if users_daemon() and mps is not False:
+        return "yours", users_daemon()
+    why_not = sharing_off_because(mps, on_cluster)
+    return ("own", None) if why_not is None else ("turns", why_not)
+
+
 @contextlib.contextmanager
 def gpu_sharing(mps: bool | None, shares_gpu: bool, on_cluster: bool, log_dir: Path, where: str, say=print):
-    """While the sweep runs: an MPS daemon of its own where `sharing_off_because` finds no reason
-    against one. Yields how the trials share a GPU ("mps", or "time-slicing: WHY"; None where
-    no GPU is shared). With `resources.mps: true` (named by `where`), a daemon that cannot run
-    is a UserError."""
+    """While the sweep runs: what `sharing_plan` says, a daemon of the sweep's own started here.
+    Yields how the trials share a GPU ("mps", "mps: PIPE" for the user's daemon, or
+    "time-slicing: WHY"; None where no GPU is shared). With `resources.mps: true` (named by
+    `where`), a daemon that cannot run is a UserError."""
     if not shares_gpu:
         yield None
         return
-    if users_daemon() and mps is not False:
-        say(f"GPU sharing: MPS (the daemon at CUDA_MPS_PIPE_DIRECTORY={users_daemon()})")
-        yield f"mps: {users_daemon()}"
+    kind, detail = sharing_plan(mps, on_cluster)
+    if kind == "yours":
+        say(f"GPU sharing: MPS (the daemon at CUDA_MPS_PIPE_DIRECTORY={detail})")
+        yield f"mps: {detail}"
         return
-    why_not = sharing_off_because(mps, shares_gpu, on_cluster)
-    if why_not is not None:
+    if kind == "turns":
         with environment(dict.fromkeys(ENV_KEYS)):  # mps: false with the user's daemon exported: not that one either
-            yield taking_turns(why_not, mps, where, say)
+            yield taking_turns(detail, mps, where, say)
         return
     pipe = Path(tempfile.mkdtemp(prefix="k3lab-mps-"))
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log_dir)}
@@ -154,16 +161,16 @@ def die_with_parent() -> None:
 def environment(values: dict[str, str | None]):
     """os.environ with `values` set (None: unset), as it was afterwards."""
     before = {key: os.environ.get(key) for key in values}
+    set_environment(values)
+    try:
+        yield
+    finally:
+        set_environment(before)
+
+
+def set_environment(values: dict[str, str | None]) -> None:
     for key, value in values.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

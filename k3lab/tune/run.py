@@ -68,6 +68,11 @@ class SweepRun:
         return (resources.gpus_per_trial or resources.gpu or 0) > 0
 
     @property
+    def shares_gpus(self) -> bool:
+        """Its trials take part of a GPU each, several on one (`k3lab.tune.mps`)."""
+        return self.uses_gpus and self.sweep.resources.shares_a_gpu
+
+    @property
     def ray_record(self) -> Path:
         """The processes of the sweep's local Ray instance, kept by its watchdog (`k3lab.tune.reaper`)."""
         return record_file(self.storage, self.experiment)

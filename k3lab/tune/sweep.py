@@ -272,9 +272,8 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
 
 def share_gpus(run: SweepRun, say=print):
     """How trials that share a GPU run on it (`k3lab.tune.mps`): an MPS daemon of the sweep's own, or in turns."""
-    resources = run.sweep.resources
-    return gpu_sharing(resources.mps, run.uses_gpus and resources.shares_a_gpu, run.on_cluster,
-                       log_dir=run.storage / f"{run.experiment}.mps", where=f"{run.sweep.path}", say=say)
+    return gpu_sharing(run.sweep.resources.mps, run.shares_gpus, run.on_cluster,
+                       log_dir=run.storage / f"{run.experiment}.mps", where=str(run.sweep.path), say=say)
 
 
 def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> dict:
