@@ -178,3 +178,41 @@ def test_the_dry_run_says_how_the_trials_will_share_their_gpu(tmp_path, daemon, 
     assert main(dry_run) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert f"trials on one GPU take turns on it ({CONTROL} is not on PATH" in out
+
+
+STUCK_DAEMON = """#!/bin/sh
+if [ "$1" = "-f" ]; then echo "daemon $$" >> {calls}; touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exec sleep 600; fi
+exec sleep 600
+"""
+
+
+def test_a_daemon_whose_server_does_not_quit_is_ended_within_quit_s_in_all(tmp_path, monkeypatch):
+    """As the real one does while a client is left: `quit` waits, and the daemon stays."""
+    calls = fake_daemon(tmp_path, monkeypatch)
+    (tmp_path / "bin" / CONTROL).write_text(STUCK_DAEMON.format(calls=calls))
+    monkeypatch.setattr("k3lab.tune.mps.QUIT_S", 2.0)
+    with gpu_sharing(None, True, False, log_dir=tmp_path / "x.mps", where="x.yaml", say=lambda line: None):
+        pid = int(calls.read_text().split()[1])
+        told = time.monotonic()
+    waited = time.monotonic() - told
+    assert not alive(pid)
+    assert waited < 3.5  # one QUIT_S and a SIGTERM, not the quit's QUIT_S and then the wait's
+
+
+def test_a_sweeps_driver_counts_gpus_through_nvml_and_never_initialises_cuda(tmp_path, monkeypatch):
+    """cuInit in the driver would make it a client of the trials' MPS server until it exits."""
+    import torch
+
+    from k3lab.registry.sweep import resolve_profile
+    from k3lab.tune.preflight import check_gpus
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("torch.cuda.is_available: cuInit"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    sweep = tmp_path / "x.yaml"
+    sweep.write_text("name: x\nbase: {preset: tiny}\nprofiles:\n  gpu: {}\n  cpu: {}\n")
+    assert resolve_profile(sweep, "auto") == "gpu"
+    check_gpus(0.25, "x.yaml")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert resolve_profile(sweep, "auto") == "cpu"
+    with pytest.raises(UserError, match="x.yaml: this machine has no CUDA GPU"):
+        check_gpus(0.25, "x.yaml")

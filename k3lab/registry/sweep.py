@@ -141,7 +141,7 @@ def resolve_profile(path: str | Path, profile: str | None) -> str | None:
         return profile
     import torch
 
-    wanted = "gpu" if torch.cuda.is_available() else "cpu"
+    wanted = "gpu" if torch.cuda.device_count() > 0 else "cpu"  # NVML, not cuInit (k3lab.tune.preflight.cuda_gpus)
     return wanted if wanted in sweep_profiles(path) else None
 
 

@@ -130,12 +130,15 @@ def start_daemon(env: dict[str, str], log_dir: Path) -> tuple[subprocess.Popen |
 
 
 def stop_daemon(process: subprocess.Popen, env: dict[str, str]) -> None:
-    """Tell the daemon to quit (it ends its server first); end it by signal if it has not within QUIT_S."""
+    """Tell the daemon to quit (it ends its server first); end it by signal if it has not within
+    QUIT_S in all. A server with a client left (a process the trials started that outlives them)
+    does not quit, and `quit` then waits for it."""
+    deadline = time.monotonic() + QUIT_S
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run([CONTROL], input=b"quit\n", env=os.environ | env, timeout=QUIT_S,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        process.wait(timeout=QUIT_S)
+        process.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         end(process)
 

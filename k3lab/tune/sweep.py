@@ -25,7 +25,7 @@ from k3lab.tune.logs import library_logs
 from k3lab.tune.mps import ENV_KEYS as MPS_ENV
 from k3lab.tune.mps import gpu_sharing
 from k3lab.tune.parent import ParentRun, record_sweep
-from k3lab.tune.preflight import Preflight, run_preflight_overlapped
+from k3lab.tune.preflight import Preflight, cuda_gpus, run_preflight_overlapped
 from k3lab.tune.reaper import Watchdog, end_leftovers
 from k3lab.tune.run import SweepRun, check_experiment_dir, discard_earlier_run
 from k3lab.tune.trial import TrialSpec, tune_trainable
@@ -232,7 +232,7 @@ def sweep_preflight(run: SweepRun, progress: bool) -> Preflight:
     sweep = run.sweep
     return Preflight(tracking_uri=run.tracking_uri, train=sweep.train,
                      models={f"{sweep.path}: variant {v.name}": v.config for v in sweep.valid_variants},
-                     folders={"storage folder": run.storage}, gpus=gpus_per_trial(sweep.resources, cuda_available()),
+                     folders={"storage folder": run.storage}, gpus=gpus_per_trial(sweep.resources, cuda_gpus() > 0),
                      gpus_from=f"{sweep.path}: {gpu_field(sweep)}", local=not run.on_cluster, progress=progress)
 
 
@@ -241,12 +241,6 @@ def gpus_per_trial(resources: ResourceSpec, has_gpus: bool) -> float:
     if resources.strategy != "ddp":
         return resources.gpu
     return resources.gpus_per_trial if has_gpus else 0
-
-
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def gpu_field(sweep: Sweep) -> str:
