@@ -1,8 +1,10 @@
 """On a GPU machine, from the repository root: `python scripts/mps_check.py`.
 
 k3lab.tune.mps's daemon starts, two CUDA processes connect to it (nvidia-smi lists the MPS
-server and them), it quits after; then a driver killed with SIGKILL: its daemon and server go
-with it. The run of 2026-12-03 on an H200: docs/runs/mps-check-2026-12-03.log.
+server and them), it quits after (the time it took printed); a driver that called cuInit, as
+sweeps' drivers did until 2026-12-03, against it; then a driver killed with SIGKILL: its daemon and server go
+with it. Runs on an H200: docs/runs/mps-check-2026-12-03.log, and with the cuInit round
+docs/runs/mps-check-2026-12-03b.log (12:17 UTC).
 """
 import os, subprocess, sys, textwrap, time
 from pathlib import Path
@@ -29,15 +31,35 @@ alone = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=
 print("alone, no MPS:", alone.strip(), flush=True)
 with gpu_sharing(None, True, False, log_dir=Path("/tmp/mpslog"), where="check", say=print) as how:
     print("sharing:", how, flush=True)
+    from k3lab.tune.preflight import cuda_gpus
+    print("GPUs (NVML, as the sweep's driver counts them):", cuda_gpus(), flush=True)
     procs = [subprocess.Popen([sys.executable, "-c", CHILD]) for _ in range(2)]
     time.sleep(6)
     print(sh("nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv"), flush=True)
     print("during:", mps_procs(), flush=True)
     for p in procs:
         p.wait()
+    told = time.monotonic()
+print(f"daemon stopped {time.monotonic() - told:.1f} s after the trials' processes ended", flush=True)
 time.sleep(1)
 print("after the with:", mps_procs(), flush=True)
 print(sh("sh", "-c", "tail -5 /tmp/mpslog/control.log /tmp/mpslog/server.log /tmp/mpslog/daemon.out"), flush=True)
+
+cuinit = textwrap.dedent(f'''
+    import subprocess, sys, time
+    from pathlib import Path
+    sys.path.insert(0, {os.getcwd()!r})
+    import torch
+    from k3lab.tune.mps import gpu_sharing
+    with gpu_sharing(None, True, False, log_dir=Path("/tmp/mpslog3"), where="x", say=print):
+        print("torch.cuda.is_available() in the driver (cuInit):", torch.cuda.is_available(), flush=True)
+        subprocess.run([sys.executable, "-c", {CHILD!r}])
+        told = time.monotonic()
+    print(f"daemon stopped {{time.monotonic() - told:.1f}} s after the trial's process ended", flush=True)
+''')
+print("a driver that initialised CUDA:", flush=True)
+subprocess.run([sys.executable, "-c", cuinit])
+print("after it:", mps_procs(), flush=True)
 
 driver = textwrap.dedent(f'''
     import os, signal, subprocess, sys, time
