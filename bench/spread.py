@@ -24,13 +24,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.pairing import paired_values  # noqa: E402
+from bench.pairing import RESULTS, paired_values  # noqa: E402
 from bench.report import check_stores, write_section  # noqa: E402
 from k3lab.registry.commands import load_sweep_for  # noqa: E402
 from k3lab.report.sequential import NEEDED_CAP, Design, cs_half_width, pairs_needed  # noqa: E402
 from k3lab.report.stats import paired_seeds  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
 
 SECTION = "Spread of the paired differences over stored runs"
 
