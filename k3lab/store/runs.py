@@ -13,10 +13,14 @@ so a restored trial reopens the same run.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+from k3lab.errors import UserError
 
 RUN_ID_KEY = "mlflow_run_id"  # in a trial's checkpoint extras and in each of its Ray reports
 
@@ -45,9 +49,32 @@ MAX_RUNS = 10000  # of one sweep, in one search
 
 
 def client(tracking_uri: str):
+    """MLflow's client for the store. A store whose schema the installed MLflow does not have is
+    one line: MLflow's own message calls even a store written by a newer MLflow out of date, and
+    its `mlflow db upgrade` would not open that one."""
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri)
+    try:
+        return MlflowClient(tracking_uri)
+    except MlflowException as error:
+        found = re.search(r"found version (\w+), but expected (\w+)", str(error))
+        if found is None:
+            raise
+        raise UserError(schema_mismatch(tracking_uri, *found.groups())) from None
+
+
+def schema_mismatch(tracking_uri: str, found: str, expected: str) -> str:
+    import mlflow
+    import mlflow.store.db_migrations
+
+    where = tracking_uri.removeprefix("sqlite:///")
+    migrations = Path(mlflow.store.db_migrations.__file__).parent / "versions"
+    if any(migrations.glob(f"{found}_*.py")):  # a schema this MLflow migrates from
+        return (f"{where}: its MLflow schema ({found}) is older than mlflow {mlflow.__version__}'s ({expected}); "
+                f"back it up, then `mlflow db upgrade {tracking_uri}`")
+    return (f"{where}: written by a newer MLflow than the installed {mlflow.__version__} (schema {found}, "
+            f"unknown to it); open it with that MLflow (pip install -U mlflow)")
 
 
 def get_run(tracking_uri: str, run_id: str):

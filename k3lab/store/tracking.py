@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from k3lab.store.metrics import diagnostic_metrics, diagnostic_tables
-from k3lab.store.runs import EXPERIMENT_KIND, MODEL_TRAINING, flatten  # noqa: F401  (flatten: for callers)
+from k3lab.store.runs import EXPERIMENT_KIND, MODEL_TRAINING, client, flatten  # noqa: F401  (flatten: for callers)
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
 MAX_PARAMS_PER_BATCH = 100
@@ -83,9 +83,7 @@ def relocate_artifacts(tracking_uri: str, experiment: str) -> int:
     root = artifact_root_for(tracking_uri)
     if root is None:
         return 0
-    from mlflow.tracking import MlflowClient
-
-    found = MlflowClient(tracking_uri).get_experiment_by_name(experiment)
+    found = client(tracking_uri).get_experiment_by_name(experiment)
     old, new = (found.artifact_location if found else None), f"{root}/{experiment}"
     if old is None or old == new or not (old.startswith("file:") and old.endswith(f"/mlartifacts/{experiment}")):
         return 0
@@ -102,9 +100,7 @@ def relocate_store_artifacts(tracking_uri: str) -> int:
     """`relocate_artifacts` for every experiment of a local SQLite store; the runs moved."""
     if sqlite_path(tracking_uri) is None:
         return 0
-    from mlflow.tracking import MlflowClient
-
-    names = [e.name for e in MlflowClient(tracking_uri).search_experiments()]
+    names = [e.name for e in client(tracking_uri).search_experiments()]
     return sum(relocate_artifacts(tracking_uri, name) for name in names)
 
 
@@ -143,9 +139,7 @@ class MLflowTracker:
     """One MLflow run. Metrics are buffered and sent in batches."""
 
     def __init__(self, tracking_uri: str, run_id: str, flush_every: int | None = 50):
-        from mlflow.tracking import MlflowClient
-
-        self.client = MlflowClient(tracking_uri)
+        self.client = client(tracking_uri)
         self.tracking_uri, self.run_id, self.flush_every = tracking_uri, run_id, flush_every
         self._pending: list = []
         self._steps_since_flush = 0
@@ -156,14 +150,12 @@ class MLflowTracker:
     def start(cls, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, str] | None = None,
               parent_run_id: str | None = None, flush_every: int | None = 50) -> "MLflowTracker":
         """Open a new run (nested under `parent_run_id` when given)."""
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri)
-        experiment_id = get_or_create_experiment(client, experiment, tracking_uri)
+        mlflow = client(tracking_uri)
+        experiment_id = get_or_create_experiment(mlflow, experiment, tracking_uri)
         tags = dict(tags or {})
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
-        run = client.create_run(experiment_id, run_name=run_name, tags=tags)
+        run = mlflow.create_run(experiment_id, run_name=run_name, tags=tags)
         return cls(tracking_uri, run.info.run_id, flush_every)
 
     def log_params(self, params: dict[str, Any]) -> None:

@@ -1,0 +1,58 @@
+"""A store whose schema the installed MLflow does not have is one line that names the file and
+says what opens it (k3lab.store.runs.client), not MLflow's traceback."""
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from k3lab.cli import main
+from k3lab.errors import UserError
+from k3lab.store import runs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Path:
+    """A store the installed MLflow wrote: one experiment, one run."""
+    from k3lab.store.tracking import MLflowTracker
+
+    path = tmp_path_factory.mktemp("schema") / "written.db"
+    MLflowTracker.start(f"sqlite:///{path}", "x", "run").finish("FINISHED")
+    return path
+
+
+def with_schema(written: Path, folder: Path, revision: str) -> str:
+    """A copy of the store (a new path: MLflow keeps a store per URI) that says it has this schema."""
+    path = folder / "mlflow.db"
+    shutil.copy(written, path)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+    return f"sqlite:///{path}"
+
+
+def test_a_store_from_a_newer_mlflow_is_one_line_saying_so(written, tmp_path):
+    uri = with_schema(written, tmp_path, "0123456789ab")
+    with pytest.raises(UserError, match=rf"^{tmp_path}/mlflow.db: written by a newer MLflow than the installed "
+                                        r"[\d.]+ \(schema 0123456789ab, unknown to it\); open it with that MLflow"):
+        runs.client(uri)
+
+
+def test_a_store_from_an_older_mlflow_says_how_to_upgrade_it(written, tmp_path):
+    import mlflow.store.db_migrations
+
+    first = sorted((Path(mlflow.store.db_migrations.__file__).parent / "versions").glob("*_*.py"))[0]
+    revision = first.name.split("_")[0]
+    uri = with_schema(written, tmp_path, revision)
+    with pytest.raises(UserError, match=rf"its MLflow schema \({revision}\) is older than mlflow [\d.]+'s .*; "
+                                        rf"back it up, then `mlflow db upgrade {uri}`"):
+        runs.client(uri)
+
+
+def test_a_report_on_a_store_from_a_newer_mlflow_exits_2_with_one_line(written, tmp_path, capsys):
+    uri = with_schema(written, tmp_path, "0123456789ab")
+    code = main(["report", str(ROOT / "experiments/attnres_block.yaml"), "--profile", "cpu", "--tracking-uri", uri])
+    err = capsys.readouterr().err
+    assert code == 2 and "written by a newer MLflow" in err and len(err.strip().splitlines()) == 1
