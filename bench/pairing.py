@@ -55,19 +55,25 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def paired_values(path: str, metric: str, seeds: set[int] | None,
-                  last: int = 1) -> tuple[str, dict[str, dict[int, float | None]]]:
-    """(the baseline its parent run names, {variant: {seed: final metric}}) of the one sweep in the
-    store (with `last`, the mean of the last N evaluations); None for a trial that did not finish
-    (`k3lab.report.family.values_by_seed`)."""
-    from k3lab.report.family import values_by_seed
+def stored_trials(path: str, metric: str, seeds: set[int] | None) -> tuple[str, list]:
+    """(the baseline its parent run names, the trial records with `metric`'s curve) of the one
+    sweep in the store (`k3lab.report.summary.load_trials`)."""
     from k3lab.report.summary import load_trials
     from k3lab.store import runs
 
     uri = f"sqlite:///{Path(path).resolve()}"
     parent = runs.sweep_runs(uri)[0]
     records = [r for r in load_trials(uri, parent.info.run_id, curves=(metric,)) if seeds is None or r.seed in seeds]
-    return parent.data.tags["k3lab.baseline"], values_by_seed(records, metric, last)
+    return parent.data.tags["k3lab.baseline"], records
+
+
+def paired_values(path: str, metric: str, seeds: set[int] | None) -> tuple[str, dict[str, dict[int, float | None]]]:
+    """(the baseline its parent run names, {variant: {seed: final metric}}) of the one sweep in the
+    store; None for a trial that did not finish (`k3lab.report.family.values_by_seed`)."""
+    from k3lab.report.family import values_by_seed
+
+    baseline, records = stored_trials(path, metric, seeds)
+    return baseline, values_by_seed(records, metric)
 
 
 def comparison_row(variant: SeedValues, baseline: SeedValues) -> dict | None:

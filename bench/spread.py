@@ -24,9 +24,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.pairing import RESULTS, paired_values  # noqa: E402
+from bench.pairing import RESULTS, stored_trials  # noqa: E402
 from bench.report import check_stores, write_section  # noqa: E402
 from k3lab.registry.commands import load_sweep_for  # noqa: E402
+from k3lab.report.family import values_by_seed  # noqa: E402
 from k3lab.report.sequential import NEEDED_CAP, Design, cs_half_width, pairs_needed  # noqa: E402
 from k3lab.report.stats import paired_seeds  # noqa: E402
 
@@ -52,9 +53,9 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def store_differences(path: str, metric: str, last: int, baselines: dict[str, str]) -> dict[str, tuple[list, list]]:
-    """{comparison: (paired differences over the store's seeds, the baseline's values)}."""
-    _, values = paired_values(path, metric, None, last)
+def store_differences(records: list, metric: str, last: int, baselines: dict[str, str]) -> dict[str, tuple[list, list]]:
+    """{comparison: (paired differences over one store's seeds, the baseline's values)}."""
+    values = values_by_seed(records, metric, last)
     found = {}
     for variant, baseline in baselines.items():
         mine, theirs = values.get(variant, {}), values.get(baseline, {})
@@ -78,7 +79,8 @@ def pool(samples: list[list[float]]) -> dict:
 def spread_rows(stores: list[tuple[str, str]], metric: str, lasts: list[int], baselines: dict[str, str]) -> list[dict]:
     """A row per comparison: its pooled spread for each `last`, with the first's mean difference
     and the baseline's mean (over the same pairs)."""
-    by_last = {n: [store_differences(path, metric, n, baselines) for _, path in stores] for n in lasts}
+    records = [stored_trials(path, metric, None)[1] for _, path in stores]  # each store read once
+    by_last = {n: [store_differences(trials, metric, n, baselines) for trials in records] for n in lasts}
     rows = []
     for comparison in (f"{v} - {b}" for v, b in baselines.items()):
         pooled = {n: pool([found[comparison][0] for found in by_last[n]]) for n in lasts}
