@@ -60,8 +60,9 @@ def sharing_plan(mps: bool | None, on_cluster: bool) -> tuple[str, str | None]:
     """How trials that share a GPU will run on it, for the sweep and its dry run alike:
     ("yours", pipe folder) through a daemon the user exported (unless mps: false), ("own", None)
     through one of the sweep's, or ("turns", why) taking turns."""
-    if users_daemon() and mps is not False:
-        return "yours", users_daemon()
+    pipe = users_daemon()
+    if pipe and mps is not False:
+        return "yours", pipe
     why_not = sharing_off_because(mps, on_cluster)
     return ("own", None) if why_not is None else ("turns", why_not)
 
