@@ -26,10 +26,7 @@ Rows:
     dqdw_fla, dqdw_split
                    the reduction stage alone on the same (N, D) fp32 buffers: FLA's kernel
                    against torch.sum
-    fwd, fwd_rows4, fwd_rows8
-                   the forward kernel alone, at the largest K: the model's
-                   (`attn_res_kernel.forward`, one token row a program) and the candidate of
-                   bench/attnres_variants.py with 4 or 8 rows a program (on as many warps);
+    fwd            the forward kernel alone, at the largest K (`attn_res_kernel.forward`);
                    GB/s over the forward's bytes (below)
     dv_store, dv_sum, add
                    a source's gradient, at the largest K: k3lab's backward kernel alone
@@ -43,11 +40,14 @@ Rows:
 Bytes counted (what the algorithm must move, s = 2 bytes for bf16):
     forward   K*N*D*s read + N*D*s written (+ K*N*8 of logits and rstd, N*4 of lse)
     backward  2*K*N*D*s read (checkpoint level 1 re-reads the sources to rebuild the mixture)
-              + N*D*s (do) read + K*N*D*s (dv) written + 2 x N*D*4 (dqw, dow_partial) written
-              and read back + the stats
+              + N*D*s (do) read + K*N*D*s (dv) written + the stats (FLA's kernels and the
+              fla_split row also write and read back 2 x N*D*4 of per-row dqw and dow terms,
+              which k3lab's kernel sums over its own rows: not counted, so the rows compare
+              times on the same bytes)
     dqdw      2 x N*D*4 read
-    dv_store  the backward's bytes without the column sums (K*N*D*s + N*D*s + K*N*D*s read,
-              K*N*D*s + 2 x N*D*4 written, + the stats); dv_sum adds (K-1)*N*D*s read
+    dv_store  the backward kernel's bytes (K*N*D*s + N*D*s + K*N*D*s read, K*N*D*s written, + the
+              stats; its partial sums, G x D fp32 with G <= 4096, are left out); dv_sum adds
+              (K-1)*N*D*s read
     add       3 x N*D*s (two read, one written)
 GB/s = bytes / mean time; "of copy" = that against the copy row's GB/s (bytes read + written).
 Times: CUDA events around `--reps` calls after `--warmup` calls, mean per call.
@@ -75,7 +75,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dim", type=int, default=512, help="D: hidden size")
     parser.add_argument("--sources", default="2,4,7,13", help="K values, comma-separated")
     parser.add_argument("--rows", default="fla,fla_split,k3lab,naive_compiled,dqdw,fwd,dv",
-                        help="which rows, comma-separated (dqdw: the reduction rows, fwd: fwd, fwd_rows4, fwd_rows8, "
+                        help="which rows, comma-separated (dqdw: the reduction rows, fwd: the forward kernel, "
                              "dv: dv_store, dv_sum, add)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
@@ -153,7 +153,7 @@ def attnres_bytes(K: int, N: int, D: int, s: int = 2) -> tuple[int, int]:
     """(forward, backward) bytes as the module docstring counts them."""
     stats = K * N * 8 + N * 4
     forward = K * N * D * s + N * D * s + stats
-    backward = 2 * K * N * D * s + N * D * s + K * N * D * s + 2 * 2 * N * D * 4 + stats
+    backward = 2 * K * N * D * s + N * D * s + K * N * D * s + stats
     return forward, backward
 
 
@@ -221,18 +221,15 @@ def measure_dqdw(N: int, D: int, args, device: torch.device) -> dict:
 
 
 def measure_fwd(K: int, N: int, D: int, args, device: torch.device) -> dict:
-    """The forward kernel alone: the model's and the candidates with several rows a program
-    (on a GPU; the plain-PyTorch twin on CPU): {row: GB/s}."""
+    """The forward kernel alone (on a GPU; the plain-PyTorch twin on CPU): {row: GB/s}."""
     from k3lab.model.attn_res_fused import reference_forward
 
     residuals, q, w, ow, _ = inputs(K, N, D, device, requires_grad=False)
     kernels = {"fwd": reference_forward}
     if device.type == "cuda":
-        from bench.attnres_variants import forward_rows
         from k3lab.model.attn_res_kernel import forward
 
-        kernels = {"fwd": forward, "fwd_rows4": lambda *a: forward_rows(*a, rows=4),
-                   "fwd_rows8": lambda *a: forward_rows(*a, rows=8)}
+        kernels = {"fwd": forward}
     nbytes = attnres_bytes(K, N, D)[0]
     return {name: nbytes / timed(lambda fn=fn: fn(q, w, ow, residuals, 1e-6), args.reps, args.warmup, device) / 1e9
             for name, fn in kernels.items()}
@@ -253,7 +250,7 @@ def measure_dv(K: int, N: int, D: int, args, device: torch.device) -> dict:
     endpoints = (1 << (K - 1)) - 1  # every source but the live prefix (the last)
     stats = K * N * 8 + N * 4
     s = residuals[0].element_size()
-    store_bytes = 3 * K * N * D * s + N * D * s + 2 * N * D * 4 + stats
+    store_bytes = 3 * K * N * D * s + N * D * s + stats
     rows = {"dv_store": (lambda acc=0: dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc, 1e-6),
                          store_bytes),
             "dv_sum": (lambda acc=endpoints: dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc,

@@ -7,8 +7,9 @@ one eager add at a time (45 adds a step in a `small` trial: its three endpoints 
 and 8 readers). Here an endpoint is made by `as_endpoint`, whose autograd node
 holds the sum (`Endpoint.summed`); each reader's backward adds its share there and hands
 autograd nothing for it; the endpoint's own backward returns the sum. The scorers' and
-norms' weight gradients are the per-row buffers summed over rows by torch.sum (`column_sums`),
-which spreads the rows over the whole GPU (FLA's reduction kernel walks them on D / BD programs).
+norms' weight gradients are summed over rows in the backward kernel, a block of rows a program,
+and the (G, D) partial sums finished by torch.sum (`column_sums`); FLA's reduction kernel walks
+all N rows on D / BD programs.
 
 On CPU tensors the same autograd functions run the plain-PyTorch twins (`reference_forward`,
 `dv_twin`), so CPU tests check the bookkeeping; the GPU tests hold the kernels to the twins
@@ -110,9 +111,9 @@ class AttnResMixture(torch.autograd.Function):
                     node.summed = targets[-1]
         flat = lambda tensors: [t.view(-1, D) for t in tensors]  # noqa: E731
         backward = dv_kernel if do.is_cuda else dv_reference
-        dqw, dow_partial = backward(q, w, ow, flat(sources), rstd, logit, lse, do.contiguous().view(-1, D),
-                                    flat(targets), acc, ctx.eps)
-        dq, dw, dow = column_sums(dqw, dow_partial, q, w, ow)
+        dqw, dow_rows = backward(q, w, ow, flat(sources), rstd, logit, lse, do.contiguous().view(-1, D),
+                                 flat(targets), acc, ctx.eps)
+        dq, dw, dow = column_sums(dqw, dow_rows, q, w, ow)
         grads = [None if node is not None else target for node, target in zip(ctx.nodes, targets)]
         return (dq, dw, dow, None, *grads)
 
@@ -140,13 +141,14 @@ def dv_kernel(*args):
     return dv_backward(*args)
 
 
-def column_sums(dqw: torch.Tensor, dow_partial: torch.Tensor | None, q: torch.Tensor, w: torch.Tensor,
+def column_sums(dqw: torch.Tensor, dow_rows: torch.Tensor | None, q: torch.Tensor, w: torch.Tensor,
                 ow: torch.Tensor | None):
-    """dq, dw, dow from the backward's per-row buffers (N, D) fp32: the logit uses q * w, so
-    dq = (sum_n dqw) * w and dw = (sum_n dqw) * q."""
+    """dq, dw, dow from the backward's (G, D) fp32 buffers, summed over G (partial sums over blocks
+    of rows from the kernel, or per-row terms from the twin): the logit uses q * w, so
+    dq = (sum dqw) * w and dw = (sum dqw) * q."""
     total = dqw.sum(dim=0)  # (D,) fp32
     dq, dw = (total * w.float()).to(q.dtype), (total * q.float()).to(w.dtype)
-    dow = dow_partial.sum(dim=0).to(ow.dtype) if ow is not None else None
+    dow = dow_rows.sum(dim=0).to(ow.dtype) if ow is not None else None
     return dq, dw, dow
 
 

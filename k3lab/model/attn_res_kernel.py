@@ -1,8 +1,12 @@
 """k3lab's Triton kernels for AttnRes: the mixture forward, and its backward with each source's
 gradient summed where it is kept.
 
-Both run one program per token row n (N of them), all K sources of the row in turn, D in one
-block, 4 warps, with no autotuning (a fresh machine has nothing to tune for them).
+Both run ROWS token rows a program on ROWS warps, all K sources of a row in turn, D in one block,
+with no autotuning (a fresh machine has nothing to tune for them). With one row a program, a
+row's two reductions per source (the RMS and the score) spread over all four warps and met in
+shared memory; with four rows on four warps each row is reduced by fewer warps, and a program keeps
+four rows' loads in flight (the forward alone moved its bytes 34% faster on an H200 at K = 13,
+2,539 against 1,895 GB/s, bench/bench_attnres.py rows fwd / fwd_rows4, 2026-12-02).
 
 Forward, one read of each source (an online softmax, as flash attention does over keys):
     rstd_l  = 1 / sqrt(mean(v_l^2) + eps),   logit_l = rstd_l <v_l, q * w>
@@ -14,11 +18,16 @@ The plain-PyTorch twin is `attn_res_fused.reference_forward`.
 Backward:
     o_pre = sum_l p_l v_l                      the mixture, rebuilt from the sources
     g     = d out / d o_pre                    through the output RMSNorm (its weight's
-                                               per-row gradient staged in dow_partial)
+                                               gradient terms xhat * do summed like dqw)
     dv_l  = p_l g + ds_l rstd_l (qw - k_l logit_l / D),   ds_l = p_l (<v_l, g> - <g, o_pre>)
-    dqw   = sum_l ds_l k_l                     per row; summed over rows afterwards
+    dqw   = sum_l ds_l k_l                     summed over rows: dq = dqw * w, dw = dqw * q
 with k_l = rstd_l v_l, qw = q * w and p_l = exp(logit_l - lse) from the forward's statistics.
-The plain-PyTorch twin is `attn_res_fused.dv_twin`; the tests hold the kernels to the twins.
+Each program walks STEPS x ROWS rows and writes one partial sum of dqw (and of the output norm's
+weight gradient) over them: a (G, D) fp32 buffer, G = N / (STEPS x ROWS), that `column_sums`
+finishes. Per-row buffers would cost two N x D fp32 writes and reads a call (512 MB at a `small`
+trial's step, more than the kernel's own bf16 traffic at K = 4) and two full reductions after.
+The plain-PyTorch twin is `attn_res_fused.dv_twin` (per-row terms); the tests hold the kernels
+to the twins.
 
 What differs from FLA's kernels (fla.ops.attnres.fused), which compute the same terms:
 - the forward reads source l through its own pointer in an unrolled loop, where FLA's gathers
@@ -26,7 +35,9 @@ What differs from FLA's kernels (fla.ops.attnres.fused), which compute the same 
   H200's copy rate at the trial shapes, bench/bench_attnres.py, 2026-12-01);
 - in the backward, source l's gradient is added to what its buffer already holds when bit l of
   `ACC` is set (a stored endpoint read by an earlier consumer's backward), so the sum over an
-  endpoint's readers costs one read here instead of one more buffer and an eager add per reader.
+  endpoint's readers costs one read here instead of one more buffer and an eager add per reader;
+- the backward reduces dq/dw over its own rows (FLA's `attnres_bwd_kernel_dqdw` walks all N rows
+  on D / BD programs).
 ACC is an int32: at most 31 sources (`attn_res_fused.MAX_SOURCES`).
 """
 
@@ -37,85 +48,108 @@ import triton
 import triton.language as tl
 
 
+ROWS = 4  # token rows a program, one warp each
+PARTIAL_ROWS = 4096  # the backward walks rows in steps until at most this many partial sums are left
+
+
 @triton.jit(do_not_specialize=["N", "L"])
-def attn_res_fwd_kernel(q, w, ow, res, o, rstd, logit, lse, N, L, eps,
-                        L2: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, HAS_ONORM: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
+def attn_res_fwd_kernel(q, w, ow, res, o, rstd, logit, lse, N, L, eps, L2: tl.constexpr, D: tl.constexpr,
+                        BD: tl.constexpr, ROWS: tl.constexpr, HAS_ONORM: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
     d = tl.arange(0, BD)
-    inside = d < D
-    row = n * D + d
+    rows_in, inside = n < N, d < D
+    mask = rows_in[:, None] & inside[None, :]
+    at = n[:, None] * D + d[None, :]  # (ROWS, BD)
     qw = tl.load(q + d, mask=inside, other=0.0).to(tl.float32) * tl.load(w + d, mask=inside, other=0.0).to(tl.float32)
 
-    m = tl.full([], float("-inf"), dtype=tl.float32)  # the running max of the logits
-    total = tl.zeros([], dtype=tl.float32)  # sum_l exp(logit_l - m)
-    o_pre = tl.zeros([BD], dtype=tl.float32)  # sum_l exp(logit_l - m) v_l
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)  # the running max of the logits
+    total = tl.zeros([ROWS], dtype=tl.float32)  # sum_l exp(logit_l - m)
+    o_pre = tl.zeros([ROWS, BD], dtype=tl.float32)  # sum_l exp(logit_l - m) v_l
     for i in tl.static_range(L2):  # res is padded to L2 entries; those past L are never read
         if i < L:
-            v = tl.load(res[i] + row, mask=inside, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            r = tl.rsqrt(tl.sum(v * v, axis=0) / D + eps)
-            s = tl.sum(v * qw, axis=0) * r
-            tl.store(rstd + i * N + n, r)
-            tl.store(logit + i * N + n, s)
+            v = tl.load(res[i] + at, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            r = tl.rsqrt(tl.sum(v * v, axis=1) / D + eps)
+            s = tl.sum(v * qw[None, :], axis=1) * r
+            tl.store(rstd + i * N + n, r, mask=rows_in)
+            tl.store(logit + i * N + n, s, mask=rows_in)
             m_new = tl.maximum(m, s)
             shrink = tl.exp(m - m_new)
             p = tl.exp(s - m_new)
             total = total * shrink + p
-            o_pre = o_pre * shrink + p * v
+            o_pre = o_pre * shrink[:, None] + p[:, None] * v
             m = m_new
-    tl.store(lse + n, m + tl.log(total))
-    out = o_pre / total
+    tl.store(lse + n, m + tl.log(total), mask=rows_in)
+    out = o_pre / total[:, None]
     if HAS_ONORM:
-        o_rstd = tl.rsqrt(tl.sum(out * out, axis=0) / D + eps)
-        out = out * o_rstd * tl.load(ow + d, mask=inside, other=0.0).to(tl.float32)
-    tl.store(o + row, out.to(o.dtype.element_ty), mask=inside)
+        o_rstd = tl.rsqrt(tl.sum(out * out, axis=1) / D + eps)
+        out = out * o_rstd[:, None] * tl.load(ow + d, mask=inside, other=0.0).to(tl.float32)[None, :]
+    tl.store(o + at, out.to(o.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["N", "L", "ACC"])
-def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow_partial, N, L, ACC, eps,
-                           L2: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, HAS_ONORM: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
+def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, N, L, ACC, eps,
+                           L2: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr,
+                           STEPS: tl.constexpr, HAS_ONORM: tl.constexpr):
+    program = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BD)
     inside = d < D
-    row = n * D + d
     qw = tl.load(q + d, mask=inside, other=0.0).to(tl.float32) * tl.load(w + d, mask=inside, other=0.0).to(tl.float32)
-    lse_n = tl.load(lse + n)
-    g = tl.load(do + row, mask=inside, other=0.0).to(tl.float32)
-
-    o_pre = tl.zeros([BD], dtype=tl.float32)
-    for i in tl.static_range(L2):  # res is padded to L2 entries; those past L are never read
-        if i < L:
-            p = tl.exp(tl.load(logit + i * N + n) - lse_n)
-            o_pre += p * tl.load(res[i] + row, mask=inside, other=0.0).to(tl.float32)
-
     if HAS_ONORM:
-        o_rstd = tl.rsqrt(tl.sum(o_pre * o_pre, axis=0) / D + eps)
-        xhat = o_pre * o_rstd
         w_out = tl.load(ow + d, mask=inside, other=0.0).to(tl.float32)
-        tl.store(dow_partial + row, xhat * g, mask=inside)
-        c1 = tl.sum(xhat * w_out * g, axis=0) / D
-        g = (w_out * g - xhat * c1) * o_rstd
-    delta = tl.sum(g * o_pre, axis=0)
+    dqw_sum = tl.zeros([ROWS, BD], dtype=tl.float32)  # this program's rows, summed at the end
+    dow_sum = tl.zeros([ROWS, BD], dtype=tl.float32)
+    for step in range(STEPS):  # a loop, not unrolled
+        n = (program * STEPS + step) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
+        rows_in = n < N
+        mask = rows_in[:, None] & inside[None, :]
+        at = n[:, None] * D + d[None, :]
+        lse_n = tl.load(lse + n, mask=rows_in, other=0.0)
+        g = tl.load(do + at, mask=mask, other=0.0).to(tl.float32)  # rows past N: g = 0, no share
 
-    dqw_n = tl.zeros([BD], dtype=tl.float32)
-    for i in tl.static_range(L2):
-        if i < L:
-            v = tl.load(res[i] + row, mask=inside, other=0.0).to(tl.float32)
-            r = tl.load(rstd + i * N + n)
-            s = tl.load(logit + i * N + n)
-            p = tl.exp(s - lse_n)
-            ds = p * (tl.sum(v * g, axis=0) - delta)
-            k = v * r
-            dv = p * g + ds * r * (qw - k * (s / D))
-            if (ACC >> i) & 1:
-                dv += tl.load(dres[i] + row, mask=inside, other=0.0).to(tl.float32)
-            tl.store(dres[i] + row, dv.to(dres[i].dtype.element_ty), mask=inside)
-            dqw_n += ds * k
-    tl.store(dqw + row, dqw_n, mask=inside)
+        o_pre = tl.zeros([ROWS, BD], dtype=tl.float32)
+        for i in tl.static_range(L2):  # res is padded to L2 entries; those past L are never read
+            if i < L:
+                p = tl.exp(tl.load(logit + i * N + n, mask=rows_in, other=0.0) - lse_n)
+                o_pre += p[:, None] * tl.load(res[i] + at, mask=mask, other=0.0).to(tl.float32)
+
+        if HAS_ONORM:
+            o_rstd = tl.rsqrt(tl.sum(o_pre * o_pre, axis=1) / D + eps)
+            xhat = o_pre * o_rstd[:, None]
+            dow_sum += xhat * g
+            c1 = tl.sum(xhat * w_out[None, :] * g, axis=1) / D
+            g = (w_out[None, :] * g - xhat * c1[:, None]) * o_rstd[:, None]
+        delta = tl.sum(g * o_pre, axis=1)
+
+        for i in tl.static_range(L2):
+            if i < L:
+                v = tl.load(res[i] + at, mask=mask, other=0.0).to(tl.float32)
+                r = tl.load(rstd + i * N + n, mask=rows_in, other=0.0)
+                s = tl.load(logit + i * N + n, mask=rows_in, other=0.0)
+                p = tl.exp(s - lse_n)
+                ds = p * (tl.sum(v * g, axis=1) - delta)
+                k = v * r[:, None]
+                dv = p[:, None] * g + (ds * r)[:, None] * (qw[None, :] - k * (s / D)[:, None])
+                if (ACC >> i) & 1:
+                    dv += tl.load(dres[i] + at, mask=mask, other=0.0).to(tl.float32)
+                tl.store(dres[i] + at, dv.to(dres[i].dtype.element_ty), mask=mask)
+                dqw_sum += ds[:, None] * k
+    tl.store(dqw + program * D + d, tl.sum(dqw_sum, axis=0), mask=inside)
+    if HAS_ONORM:
+        tl.store(dow + program * D + d, tl.sum(dow_sum, axis=0), mask=inside)
+
+
+def row_steps(N: int) -> int:
+    """Row blocks a backward program walks: the fewest (a power of two) that leave at most
+    PARTIAL_ROWS partial sums, so a small N still spreads over the whole GPU."""
+    steps = 1
+    while triton.cdiv(N, ROWS * steps) > PARTIAL_ROWS:
+        steps *= 2
+    return steps
 
 
 def dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, eps: float):
-    """Write (acc bit l set: add) source l's gradient into targets[l]; returns the per-row
-    buffers (dqw, dow_partial), (N, D) fp32, that `column_sums` reduces.
+    """Write (acc bit l set: add) source l's gradient into targets[l]; returns (dqw, dow) as partial
+    sums over blocks of rows, (G, D) fp32 each (dow None without ow), that `column_sums` finishes.
 
     residuals, targets: K (N, D) contiguous, 16-byte aligned; rstd, logit: (K, N) fp32; lse (N,).
     """
@@ -123,12 +157,15 @@ def dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, ep
     N, D = do.shape
     L2 = max(8, triton.next_power_of_2(K))
     pad = lambda tensors: tuple(tensors) + (tensors[0],) * (L2 - K)  # noqa: E731
-    dqw = torch.empty_like(do, dtype=torch.float32)
-    dow_partial = torch.empty_like(do, dtype=torch.float32) if ow is not None else None
-    attn_res_bwd_dv_kernel[(N,)](
-        q, w, ow, pad(residuals), pad(targets), rstd, logit, lse, do, dqw, dow_partial, N, K, acc, eps,
-        L2=L2, D=D, BD=triton.next_power_of_2(D), HAS_ONORM=ow is not None, num_warps=4)
-    return dqw, dow_partial
+    steps = row_steps(N)
+    programs = triton.cdiv(N, ROWS * steps)
+    dqw = torch.empty(programs, D, dtype=torch.float32, device=do.device)
+    dow = torch.empty_like(dqw) if ow is not None else None
+    attn_res_bwd_dv_kernel[(programs,)](
+        q, w, ow, pad(residuals), pad(targets), rstd, logit, lse, do, dqw, dow, N, K, acc, eps,
+        L2=L2, D=D, BD=triton.next_power_of_2(D), ROWS=ROWS, STEPS=steps, HAS_ONORM=ow is not None,
+        num_warps=ROWS)
+    return dqw, dow
 
 
 def forward(q, w, ow, residuals, eps: float):
@@ -141,7 +178,7 @@ def forward(q, w, ow, residuals, eps: float):
     rstd = torch.empty(K, N, dtype=torch.float32, device=o.device)
     logit = torch.empty_like(rstd)
     lse = torch.empty(N, dtype=torch.float32, device=o.device)
-    attn_res_fwd_kernel[(N,)](
+    attn_res_fwd_kernel[(triton.cdiv(N, ROWS),)](
         q, w, ow, tuple(residuals) + (residuals[0],) * (L2 - K), o, rstd, logit, lse, N, K, eps,
-        L2=L2, D=D, BD=triton.next_power_of_2(D), HAS_ONORM=ow is not None, num_warps=4)
+        L2=L2, D=D, BD=triton.next_power_of_2(D), ROWS=ROWS, HAS_ONORM=ow is not None, num_warps=ROWS)
     return o, rstd, logit, lse

@@ -59,19 +59,42 @@ class KDAFused(KDAChunkwise):
 
         B, T, _ = x.shape
         H, d = self.num_heads, self.head_dim
-        q = short_conv(self.q_proj(x), self.q_conv.conv).view(B, T, H, d)
-        k = short_conv(self.k_proj(x), self.k_conv.conv).view(B, T, H, d)
-        v = short_conv(self.v_proj(x), self.v_conv.conv).view(B, T, H, d)
-        f = self.f_proj(x).view(B, T, H, d)  # raw decay input: the gate is applied in the kernel
+        q, k, v, f, beta, gate = self.input_projections(x)
+        q = short_conv(q, self.q_conv.conv).view(B, T, H, d)  # FLA's conv reads the strided views
+        k = short_conv(k, self.k_conv.conv).view(B, T, H, d)
+        v = short_conv(v, self.v_conv.conv).view(B, T, H, d)
         o, _ = chunk_kda(
-            q=q, k=k, v=v, g=f, beta=self.b_proj(x),  # beta: raw logits (B, T, H)
+            q=q, k=k, v=v, g=f.view(B, T, H, d), beta=beta,  # g: raw decay input, gated in the kernel; beta: logits
             A_log=self.A_log, dt_bias=self.dt_bias,
             use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
             safe_gate=True, lower_bound=self.lower_bound, chunk_size=self.chunk_size,
         )  # (B, T, H, d) in q's dtype
-        gate = self.g_proj(x).view(B, T, H, d)
-        o = rms_norm_gated(o, gate, self.o_norm.weight, None, activation="sigmoid", eps=self.o_norm.eps)
+        o = rms_norm_gated(o, gate.view(B, T, H, d), self.o_norm.weight, None, activation="sigmoid",
+                           eps=self.o_norm.eps)
         return self.o_proj(o.reshape(B, T, H * d))
+
+    def input_projections(self, x: torch.Tensor):
+        """x (B, T, M) -> q, k, v (B, T, H*d) before their convolutions, the decay input f (B, T, H*d),
+        beta logits (B, T, H) and the output gate (B, T, H*d): every Linear that reads x in one matmul.
+
+        One matmul instead of six gives x one gradient in the backward: autograd otherwise adds
+        the six projections' input gradients one eager add at a time (54 adds of B x T x M a
+        `small` trial's step, 2026-12-03 profile). The parameters stay the chunkwise layer's.
+        """
+        first = [self.q_proj, self.k_proj, self.v_proj, self.f_proj[0], self.b_proj, self.gate_first()]
+        weight = torch.cat([linear.weight for linear in first])  # (3*H*d + d + H + gate width, M)
+        q, k, v, f, beta, gate = F.linear(x, weight).split([linear.out_features for linear in first], dim=-1)
+        f = self.f_proj[1](f)
+        if isinstance(self.g_proj, nn.Linear):  # K3's full-rank gate: its bias, if any, added here
+            if self.g_proj.bias is not None:
+                gate = (gate + self.g_proj.bias).to(gate.dtype)
+        else:  # low rank: the gate's second Linear (with its bias)
+            gate = self.g_proj[1](gate)
+        return q, k, v, f, beta, gate
+
+    def gate_first(self) -> nn.Linear:
+        """The output gate's Linear that reads x: the whole gate (full rank) or its first half."""
+        return self.g_proj if isinstance(self.g_proj, nn.Linear) else self.g_proj[0]
 
 
 def short_conv(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
