@@ -89,8 +89,8 @@ def test_backward_kernel_stores_or_adds_each_sources_gradient_as_the_twin(errors
 
 
 def test_backward_programs_walk_several_blocks_of_rows_when_rows_are_many(errors):
-    """With at most 3 partial sums allowed, N = 37 rows in blocks of 4 take 4 steps a program:
-    3 partial sums, whose total the twin's per-row terms give (test above)."""
+    """With at most 3 partial sums allowed, each program walks several blocks of the N = 37 rows
+    (the last past N): 3 partial sums, whose total the twin's per-row terms give (test above)."""
     assert {found["partial_sums"] for found in errors.values()} == {3}
 
 

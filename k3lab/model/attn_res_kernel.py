@@ -27,7 +27,10 @@ weight gradient) over them: a (G, D) fp32 buffer, G = N / (STEPS x ROWS), that `
 finishes. Per-row buffers would cost two N x D fp32 writes and reads a call (512 MB at a `small`
 trial's step, more than the kernel's own bf16 traffic at K = 4) and two full reductions after.
 The plain-PyTorch twin is `attn_res_fused.dv_twin` (per-row terms); the tests hold the kernels
-to the twins.
+to the twins. On an H200 (2026-12-03) this kernel alone is slower than the one-row-a-program
+kernel before it, which wrote the per-row buffers (K = 13: 2,173 against 3,451 GB/s over the same
+counted bytes), but a `small` trial's step spent 11.3 ms in the AttnRes backward with its sums
+against 12.4 ms before (bench/bench_trial.py --top, docs/benchmarks.md).
 
 What differs from FLA's kernels (fla.ops.attnres.fused), which compute the same terms:
 - the forward reads source l through its own pointer in an unrolled loop, where FLA's gathers
@@ -48,8 +51,9 @@ import triton
 import triton.language as tl
 
 
-ROWS = 4  # token rows a program, one warp each
-PARTIAL_ROWS = 4096  # the backward walks rows in steps until at most this many partial sums are left
+FWD_ROWS = 4  # token rows a forward program, one warp each
+BWD_ROWS = 4  # token rows a backward block, on 4 warps (1 or 2 were slower on an H200 at K = 2, 4 and 13)
+PARTIAL_ROWS = 4096  # the backward walks blocks of rows until at most this many partial sums are left
 
 
 @triton.jit(do_not_specialize=["N", "L"])
@@ -142,7 +146,7 @@ def row_steps(N: int) -> int:
     """Row blocks a backward program walks: the fewest (a power of two) that leave at most
     PARTIAL_ROWS partial sums, so a small N still spreads over the whole GPU."""
     steps = 1
-    while triton.cdiv(N, ROWS * steps) > PARTIAL_ROWS:
+    while triton.cdiv(N, BWD_ROWS * steps) > PARTIAL_ROWS:
         steps *= 2
     return steps
 
@@ -158,13 +162,13 @@ def dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, ep
     L2 = max(8, triton.next_power_of_2(K))
     pad = lambda tensors: tuple(tensors) + (tensors[0],) * (L2 - K)  # noqa: E731
     steps = row_steps(N)
-    programs = triton.cdiv(N, ROWS * steps)
+    programs = triton.cdiv(N, BWD_ROWS * steps)
     dqw = torch.empty(programs, D, dtype=torch.float32, device=do.device)
     dow = torch.empty_like(dqw) if ow is not None else None
     attn_res_bwd_dv_kernel[(programs,)](
         q, w, ow, pad(residuals), pad(targets), rstd, logit, lse, do, dqw, dow, N, K, acc, eps,
-        L2=L2, D=D, BD=triton.next_power_of_2(D), ROWS=ROWS, STEPS=steps, HAS_ONORM=ow is not None,
-        num_warps=ROWS)
+        L2=L2, D=D, BD=triton.next_power_of_2(D), ROWS=BWD_ROWS, STEPS=steps, HAS_ONORM=ow is not None,
+        num_warps=4)
     return dqw, dow
 
 
@@ -178,7 +182,7 @@ def forward(q, w, ow, residuals, eps: float):
     rstd = torch.empty(K, N, dtype=torch.float32, device=o.device)
     logit = torch.empty_like(rstd)
     lse = torch.empty(N, dtype=torch.float32, device=o.device)
-    attn_res_fwd_kernel[(triton.cdiv(N, ROWS),)](
+    attn_res_fwd_kernel[(triton.cdiv(N, FWD_ROWS),)](
         q, w, ow, tuple(residuals) + (residuals[0],) * (L2 - K), o, rstd, logit, lse, N, K, eps,
-        L2=L2, D=D, BD=triton.next_power_of_2(D), ROWS=ROWS, HAS_ONORM=ow is not None, num_warps=ROWS)
+        L2=L2, D=D, BD=triton.next_power_of_2(D), ROWS=FWD_ROWS, HAS_ONORM=ow is not None, num_warps=FWD_ROWS)
     return o, rstd, logit, lse

@@ -30,6 +30,11 @@ from torch import nn
 from k3lab.model.kda import KDAChunkwise
 
 
+WIDTH_MULTIPLE = 16  # the fused input matmul's width is padded to this: FLA's causal conv reads q, k, v
+# as views with that row stride, and Triton vectorises their loads only when the stride is a multiple of 16
+# (1,672 unpadded in a `small` trial: its conv forward took 2.3x as long, H200 2026-12-03)
+
+
 class KDAFused(KDAChunkwise):
     """KDAChunkwise's parameters (same names, shapes and state_dict keys) run by FLA kernels.
 
@@ -82,8 +87,10 @@ class KDAFused(KDAChunkwise):
         `small` trial's step, 2026-12-03 profile). The parameters stay the chunkwise layer's.
         """
         first = [self.q_proj, self.k_proj, self.v_proj, self.f_proj[0], self.b_proj, self.gate_first()]
-        weight = torch.cat([linear.weight for linear in first])  # (3*H*d + d + H + gate width, M)
-        q, k, v, f, beta, gate = F.linear(x, weight).split([linear.out_features for linear in first], dim=-1)
+        widths = [linear.out_features for linear in first]
+        pad = -sum(widths) % WIDTH_MULTIPLE  # zero rows: see WIDTH_MULTIPLE
+        weight = torch.cat([linear.weight for linear in first] + [x.new_zeros(pad, x.shape[-1], dtype=first[0].weight.dtype)])
+        q, k, v, f, beta, gate, _ = F.linear(x, weight).split(widths + [pad], dim=-1)  # views, row stride sum + pad
         f = self.f_proj[1](f)
         if isinstance(self.g_proj, nn.Linear):  # K3's full-rank gate: its bias, if any, added here
             if self.g_proj.bias is not None:
