@@ -28,8 +28,8 @@ finishes. Per-row buffers would cost two N x D fp32 writes and reads a call (512
 trial's step, more than the kernel's own bf16 traffic at K = 4) and two full reductions after.
 The plain-PyTorch twin is `attn_res_fused.dv_twin` (per-row terms); the tests hold the kernels
 to the twins. On an H200 (2026-12-03) this kernel alone is slower than the one-row-a-program
-kernel before it, which wrote the per-row buffers (K = 13: 2,173 against 3,451 GB/s over the same
-counted bytes), but a `small` trial's step spent 11.3 ms in the AttnRes backward with its sums
+kernel before it, which wrote the per-row buffers (K = 13, every gradient stored: 1.24 against
+0.86 ms), but a `small` trial's step spent 11.3 ms in it and in the step's fp32 reductions
 against 12.4 ms before (bench/bench_trial.py --top, docs/benchmarks.md).
 
 What differs from FLA's kernels (fla.ops.attnres.fused), which compute the same terms:

@@ -1,0 +1,88 @@
+"""Two constants of the GPU model chosen by measurement, timed over their candidate values.
+
+    python bench/kernel_choices.py            # this checkout, on a GPU
+    python bench/kernel_choices.py OLD_TREE   # an older checkout (its KDA layer only, if it lacks the constants)
+
+- `k3lab.model.attn_res_kernel.BWD_ROWS` (token rows a backward block) and `PARTIAL_ROWS` (the
+  most partial sums of dq/dw a backward leaves): the backward kernel alone at N = 65,536 rows,
+  D = 512 (a `small` trial's step), K = 2, 4 and 13 sources, storing every source's gradient.
+- `k3lab.model.kda_fused.WIDTH_MULTIPLE` (the fused input matmul's width is padded to it): one
+  `small` KDA layer's forward and backward in bf16 autocast, eagerly, at 64 x 1024 tokens.
+Milliseconds per call from CUDA events, the mean over 20 calls (10 for the layer) after 3 warm-up
+calls; the kernel cache k3lab ships is opened first, as the trials open it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent).resolve()
+sys.path.insert(0, str(ROOT))
+from k3lab.model.config import KimiK3Config  # noqa: E402
+
+
+def mean_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def attn_res_backward_rows(N: int = 65536, D: int = 512) -> None:
+    from k3lab.model import attn_res_kernel as ark  # Triton: imported once a GPU is known to be here
+
+    if not hasattr(ark, "BWD_ROWS"):  # an older checkout
+        return
+    for K in (2, 4, 13):
+        residuals = [torch.randn(N, D, device="cuda", dtype=torch.bfloat16) for _ in range(K)]
+        q, w, ow = (torch.randn(D, device="cuda") for _ in range(3))
+        do = torch.randn(N, D, device="cuda", dtype=torch.bfloat16)
+        _, rstd, logit, lse = ark.forward(q, w, ow, residuals, 1e-6)
+        targets = [torch.empty_like(r) for r in residuals]
+        for rows in (1, 2, 4):
+            for partial in (1024, 4096, 16384):
+                ark.BWD_ROWS, ark.PARTIAL_ROWS = rows, partial
+                ms = mean_ms(lambda: ark.dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, 0, 1e-6))
+                print(f"dv K={K} rows={rows} partial={partial}: {ms:.3f} ms", flush=True)
+
+
+def kda_layer_width() -> None:
+    from k3lab.model import kda_fused
+
+    config = KimiK3Config(**yaml.safe_load((ROOT / "k3lab/presets/small.yaml").read_text()), kda_implementation="fused")
+    layer = kda_fused.KDAFused(config).cuda()
+    x = torch.randn(64, 1024, config.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        with torch.autocast("cuda", torch.bfloat16):
+            y = layer(x)
+        y.backward(torch.ones_like(y))
+
+    for multiple in (16, 1) if hasattr(kda_fused, "WIDTH_MULTIPLE") else (None,):
+        if multiple is not None:
+            kda_fused.WIDTH_MULTIPLE = multiple
+        print(f"KDA layer fwd+bwd WIDTH_MULTIPLE={multiple}: {mean_ms(step, reps=10):.3f} ms", flush=True)
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("kernel_choices.py: no CUDA GPU here")
+    from k3lab.tune.kernels import open_kernel_cache
+
+    open_kernel_cache()  # before FLA is imported
+    attn_res_backward_rows()
+    kda_layer_width()
+
+
+if __name__ == "__main__":
+    main()
