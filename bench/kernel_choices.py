@@ -26,16 +26,9 @@ from k3lab.model.config import KimiK3Config  # noqa: E402
 
 
 def mean_ms(fn, reps: int = 20, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+    from bench.bench_attnres import timed
+
+    return 1e3 * timed(fn, reps, warmup, torch.device("cuda"))
 
 
 def attn_res_backward_rows(N: int = 65536, D: int = 512) -> None:
