@@ -38,8 +38,9 @@ WIDTH_MULTIPLE = 16  # the fused input matmul's width is padded to this: FLA's c
 class KDAFused(KDAChunkwise):
     """KDAChunkwise's parameters (same names, shapes and state_dict keys) run by FLA kernels.
 
-    On CUDA: FLA's short convolution, `chunk_kda` with the bounded gate, L2 norm and
-    beta sigmoid inside the kernel, and the fused gated RMSNorm. Any sequence length.
+    On CUDA: the input projections in one matmul (`input_projections`), FLA's short
+    convolution, `chunk_kda` with the bounded gate, L2 norm and beta sigmoid inside the
+    kernel, and the fused gated RMSNorm. Any sequence length.
     Elsewhere: the plain PyTorch reference, padded to the chunk size (exact, causal).
     The output gate g_proj is whichever projection the config asks for (low rank or K3's
     full rank, with or without bias); the in-kernel q/k L2 norm is always FLA's form, i.e.
