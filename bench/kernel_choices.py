@@ -32,14 +32,13 @@ def mean_ms(fn, reps: int = 20, warmup: int = 3) -> float:
 
 
 def attn_res_backward_rows(N: int = 65536, D: int = 512) -> None:
+    from bench.bench_attnres import inputs
     from k3lab.model import attn_res_kernel as ark  # Triton: imported once a GPU is known to be here
 
     if not hasattr(ark, "BWD_ROWS"):  # an older checkout
         return
     for K in (2, 4, 13):
-        residuals = [torch.randn(N, D, device="cuda", dtype=torch.bfloat16) for _ in range(K)]
-        q, w, ow = (torch.randn(D, device="cuda") for _ in range(3))
-        do = torch.randn(N, D, device="cuda", dtype=torch.bfloat16)
+        residuals, q, w, ow, do = inputs(K, N, D, torch.device("cuda"), requires_grad=False)
         _, rstd, logit, lse = ark.forward(q, w, ow, residuals, 1e-6)
         targets = [torch.empty_like(r) for r in residuals]
         for rows in (1, 2, 4):
