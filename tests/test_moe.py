@@ -1,8 +1,9 @@
+import pytest
 import torch
 
 from k3lab.model.config import tiny_config
 from k3lab.model.ffn import situ_glu
-from k3lab.model.moe import StableLatentMoE
+from k3lab.model.moe import StableLatentMoE, balance_biases
 
 
 def make_moe(**overrides):
@@ -117,3 +118,35 @@ def test_load_is_counted_only_in_training_mode():
     moe.train()(torch.randn(1, 4, 64))
     assert moe.load_counts.sum() == 4 * 2
     torch.testing.assert_close(moe.load_fraction().sum(), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("rule", ["sign", "quantile"])
+def test_balancing_all_layers_at_once_moves_each_bias_as_one_layer_at_a_time(rule):
+    """`balance_biases` over stacked layers: each layer's bias moves by its own load (a layer
+    without load not at all), as the per-layer formula gives, and every count is reset."""
+    torch.manual_seed(0)
+    layers = [make_moe(moe_balance=rule, moe_bias_update_rate=0.3) for _ in range(3)]
+    for i, layer in enumerate(layers):
+        layer.load_counts.copy_(torch.rand(8) * 100 * (i != 1))  # layer 1 saw no tokens
+        layer.score_quantiles.copy_(torch.randn(8))
+        layer.expert_bias.copy_(torch.randn(8))
+    want_loads, want_biases = [], []
+    for layer in layers:  # the formulas of the module docstring, one layer at a time
+        load = layer.load_counts / layer.load_counts.sum().clamp(min=1)
+        if rule == "sign":
+            step = 0.3 * torch.sign(load.mean() - load)
+        else:
+            step = 0.3 * (-(layer.score_quantiles - layer.score_quantiles.mean()) - layer.expert_bias)
+        want_loads.append(load)
+        want_biases.append(layer.expert_bias + step * (layer.load_counts.sum() > 0))
+    loads = balance_biases(layers)
+    for layer, load, want_load, want_bias in zip(layers, loads, want_loads, want_biases):
+        torch.testing.assert_close(load, want_load)
+        torch.testing.assert_close(layer.expert_bias, want_bias)
+        assert not layer.load_counts.any()
+    torch.testing.assert_close(layers[1].expert_bias, want_biases[1])  # unchanged: no load
+
+
+def test_balancing_refuses_layers_of_different_rules():
+    with pytest.raises(ValueError, match="one balancing rule"):
+        balance_biases([make_moe(moe_balance="sign"), make_moe(moe_balance="quantile")])

@@ -30,7 +30,7 @@ from k3lab.model.config import KimiK3Config
 from k3lab.model.ffn import DenseFFN
 from k3lab.model.loss import linear_cross_entropy
 from k3lab.model.mla import GatedMLA
-from k3lab.model.moe import StableLatentMoE
+from k3lab.model.moe import StableLatentMoE, balance_biases
 from k3lab.model.norm import RMSNorm
 
 
@@ -288,7 +288,11 @@ class KimiK3(nn.Module):
     @torch.no_grad()
     def update_moe_biases(self) -> dict[int, torch.Tensor]:
         """Balance every MoE layer's selection bias; returns {layer: load fraction (E,)} used."""
-        return {i: moe.update_bias() for i, moe in self.moe_layers()}
+        layers = self.moe_layers()
+        if not layers:
+            return {}
+        loads = balance_biases([moe for _, moe in layers])
+        return {i: load for (i, _), load in zip(layers, loads.unbind(0))}
 
 
 def compile_blocks(model: KimiK3, **options) -> KimiK3:

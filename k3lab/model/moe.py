@@ -248,23 +248,41 @@ class StableLatentMoE(nn.Module):
 
     @torch.no_grad()
     def update_bias(self) -> torch.Tensor:
-        """Move the selection bias toward balanced load; returns the load fraction it used.
+        """Move the selection bias toward balanced load; returns the load fraction it used
+        (`balance_biases` of this layer alone)."""
+        return balance_biases([self])[0]
 
-        "sign" (DeepSeek-V3): b_i += rate * sign(mean_load - load_i).
-        "quantile" (k3lab's reading of quantile balancing): set b so that every expert's
-        (1 - k/E) score quantile -- the score it needs to win its fair share of tokens --
-        sits at the same level, b_i = -(q_i - mean(q)), moved there at `rate` per update
-        (rate 1 jumps there at once).
-        """
-        load = self.load_fraction()
-        if self.balance_rule == "sign":
-            step = self.bias_update_rate * torch.sign(load.mean() - load)
-        else:
-            target = -(self.score_quantiles - self.score_quantiles.mean())
-            step = min(1.0, self.bias_update_rate) * (target - self.expert_bias)
-        self.expert_bias += step * (self.load_counts.sum() > 0)  # no update without load; no host sync
-        self.load_counts.zero_()
-        return load
+
+@torch.no_grad()
+def balance_biases(layers: list[StableLatentMoE]) -> torch.Tensor:
+    """Move every layer's selection bias toward balanced load; returns the load fractions used (L, E).
+
+    "sign" (DeepSeek-V3): b_i += rate * sign(mean_load - load_i).
+    "quantile" (k3lab's reading of quantile balancing): set b so that every expert's
+    (1 - k/E) score quantile -- the score it needs to win its fair share of tokens --
+    sits at the same level, b_i = -(q_i - mean(q)), moved there at `rate` per update
+    (rate 1 jumps there at once).
+    All layers in one set of stacked ops (layers of one rule and rate, as a model's are): the
+    same arithmetic per layer as one at a time, in about a tenth of the kernel launches (11 MoE
+    layers of a `small` trial: 132 launches one at a time), which a GPU step waits on the host for.
+    """
+    rules = {(layer.balance_rule, layer.bias_update_rate) for layer in layers}
+    if len(rules) != 1:
+        raise ValueError(f"balance_biases: layers of one balancing rule and rate, got {sorted(rules)}")
+    rule, rate = rules.pop()
+    counts = torch.stack([layer.load_counts for layer in layers])  # (L, E)
+    totals = counts.sum(dim=1, keepdim=True)
+    load = counts / totals.clamp(min=1)
+    if rule == "sign":
+        step = rate * torch.sign(load.mean(dim=1, keepdim=True) - load)
+    else:
+        quantiles = torch.stack([layer.score_quantiles for layer in layers])
+        target = -(quantiles - quantiles.mean(dim=1, keepdim=True))
+        step = min(1.0, rate) * (target - torch.stack([layer.expert_bias for layer in layers]))
+    step = step * (totals > 0)  # no update without load; no host sync
+    torch._foreach_add_([layer.expert_bias for layer in layers], list(step.unbind(0)))
+    torch._foreach_zero_([layer.load_counts for layer in layers])
+    return load
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
