@@ -74,7 +74,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(NAMES)}")
     parser.add_argument("--compile", action="store_true", help="torch.compile KimiK3's decoder blocks")
     parser.add_argument("--graph", action="store_true",
-                        help="replay forward+backward as one CUDA graph (k3lab.train.graphs), both models")
+                        help="replay the whole step as one CUDA graph (k3lab.train.graphs), both models")
     parser.add_argument("--cache-dir", default=None,
                         help="kernel cache folder (default: $K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels)")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
@@ -182,27 +182,32 @@ def loss_function(model, is_fla: bool):
 
 
 class Stepper:
-    """One training step; with `graph`, forward+backward is replayed as a CUDA graph from the
-    third step on (the first two compile and autotune), as k3lab trials do."""
+    """One training step; with `graph`, the whole step (forward, backward, optimizer, MoE bias
+    update) is replayed as a CUDA graph from the third step on (the first two compile and
+    autotune), as k3lab trials do."""
 
     def __init__(self, model, optimizer, is_fla: bool, graph: bool):
-        from k3lab.train.graphs import GraphedForwardBackward
+        from k3lab.train.graphs import GraphedStep
 
         self.model, self.optimizer, self.is_fla, self.steps = model, optimizer, is_fla, 0
         self.loss_of = loss_function(model, is_fla)
-        self.graphed = GraphedForwardBackward(self.loss_of, model.parameters()) if graph else None
+        self.graphed = GraphedStep(self.step, model.parameters(), [optimizer]) if graph else None
+
+    def step(self, idx, targets) -> dict:
+        loss = self.loss_of(idx, targets)
+        loss.backward()
+        self.optimizer.step()
+        if not self.is_fla:
+            self.model.update_moe_biases()
+        return {"loss": loss.detach()}
 
     def __call__(self, idx, targets):
         replay = self.graphed is not None and self.steps >= 2
         if replay:
-            loss = self.graphed(idx, targets)
+            loss = self.graphed(idx, targets)["loss"]
         else:
+            loss = self.step(idx, targets)["loss"]
             self.optimizer.zero_grad(set_to_none=True)
-            loss = self.loss_of(idx, targets)
-            loss.backward()
-        self.optimizer.step()
-        if not self.is_fla:
-            self.model.update_moe_biases()
         self.steps += 1
         return loss
 
@@ -222,7 +227,7 @@ def measure(name: str, args: argparse.Namespace) -> Result:
         model, flops, n = k3_model(name, args.seq, args.compile)
     model = model.cuda().train()
     params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True, capturable=args.graph)
     train_step = Stepper(model, optimizer, is_fla, args.graph)
     idx = torch.randint(0, VOCAB, (args.batch, args.seq), device="cuda")
     targets = torch.roll(idx, -1, dims=1)
@@ -294,7 +299,7 @@ def main() -> None:
         free_memory()
     body = (f"B={args.batch}, T={args.seq}, {args.warmup} warm-up + {args.steps} timed steps, bf16 autocast, "
             f"fused AdamW, random tokens, KimiK3 blocks {'torch.compile' if args.compile else 'eager'}"
-            f"{', forward+backward as a CUDA graph' if args.graph else ''}. "
+            f"{', the whole step as a CUDA graph' if args.graph else ''}. "
             f"AttnRes block size {BLOCK} decoder layers (FLA: {2 * BLOCK} sub-layers). "
             "MFU against 989 TFLOP/s; FLOPs per token as in bench/bench_gpu.py's docstring. First step: "
             "includes compilation/autotuning not already cached, so it depends on run order and cache.\n\n"

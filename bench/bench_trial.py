@@ -7,8 +7,9 @@
 
 A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
 Muon + AdamW), compile (torch.compile'd blocks), chunkwise (plain-PyTorch KDA instead of
-FLA's), graph (forward+backward replayed as one CUDA graph after the warm-up steps, as
-trials do with `cuda_graph`), ckpt (activation checkpointing of every decoder layer), bf16res
+FLA's), graph (the whole step replayed as one CUDA graph after two eager steps, as trials do
+with `cuda_graph`; in a --before checkout without `GraphedStep`, forward+backward only, as its
+trials did), graphfb (forward+backward only in the graph, the optimizers eager), ckpt (activation checkpointing of every decoder layer), bf16res
 (`residual_in_fp32: false`: the residual stream and AttnRes sources in bf16). Each row runs
 in its own process with the trial's step: bf16 autocast over fp32 weights, the loss without logits, gradient clipping at 1.0, every optimizer, the MoE bias
 update. `--before DIR` runs every row a second time with DIR (an older checkout of k3lab,
@@ -18,7 +19,8 @@ and after side by side.
 Measured per row (random tokens, after `--warmup` steps, over `--steps` timed steps):
 tokens/s from the wall clock; MFU = tokens/s x FLOPs per token (`count_parameters`) /
 the GPU's bf16 peak; forward+backward and optimizer (clipping, optimizer steps, MoE bias
-update) milliseconds per step from CUDA events; GPU kernels per step and CUDA launch calls
+update) milliseconds per step from CUDA events (a whole step in one graph has no split: its
+GPU time is under forward+backward, the optimizer column says "in graph"); GPU kernels per step and CUDA launch calls
 per step from torch.profiler over 2 steps; peak memory (torch.cuda.max_memory_allocated,
 weights and optimizer state included); the first step's seconds (compilation and any
 autotuning not in the kernel cache).
@@ -36,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = "small@16x512,small@64x1024,small@64x1024:adamw,base@16x2048"
-OPTIONS = ("adamw", "compile", "chunkwise", "graph", "ckpt", "bf16res")
+OPTIONS = ("adamw", "compile", "chunkwise", "graph", "graphfb", "ckpt", "bf16res")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
 
 
@@ -97,10 +99,12 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
     counts = count_parameters(model, row["seq"])
     if "compile" in options:
         compile_blocks(model)
+    graph_kind = graph_option(options)
+    capturable = {"capturable": True} if graph_kind == "step" else {}  # a before checkout may lack the argument
     if "adamw" in options:
-        optimizers = [torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, fused=True)]
+        optimizers = [torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, fused=True, **capturable)]
     else:
-        optimizers = build_optimizers(model, lr=3e-3, weight_decay=0.1)
+        optimizers = build_optimizers(model, lr=3e-3, weight_decay=0.1, **capturable)
     idx = torch.randint(0, config.vocab_size, (row["batch"], row["seq"]), device="cuda")
     targets = torch.roll(idx, -1, dims=1)
     events = []
@@ -109,30 +113,40 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             return model(x, y, return_logits=False)[1]
 
-    graphed = None
-    if "graph" in options:
-        from k3lab.train.graphs import GraphedForwardBackward
+    def forward_backward(x, y):
+        loss = loss_fn(x, y)
+        loss.backward()
+        return loss.detach()
 
-        graphed = GraphedForwardBackward(loss_fn, model.parameters())
+    def update():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for optimizer in optimizers:
+            optimizer.step()
+        model.update_moe_biases()
+
+    def whole_step(x, y):
+        loss = forward_backward(x, y)
+        update()
+        return {"loss": loss}
+
+    graphed = graphed_step(graph_kind, model, optimizers, loss_fn, forward_backward, whole_step)
 
     def step():
         start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         start.record()
         replay = graphed is not None and len(events) >= 2  # captured after two eager steps
-        if replay:
-            loss = graphed(idx, targets)
-        else:
-            loss = loss_fn(idx, targets)
-            loss.backward()
-        middle.record()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for optimizer in optimizers:
-            optimizer.step()
+        split = not (replay and graph_kind == "step")  # an event between forward+backward and the update
+        loss = graphed(idx, targets) if replay else forward_backward(idx, targets)
+        if split:
+            middle.record()
+            update()
             if not replay:
-                optimizer.zero_grad(set_to_none=True)
-        model.update_moe_biases()
+                for optimizer in optimizers:
+                    optimizer.zero_grad(set_to_none=True)
+        else:
+            loss = loss["loss"]
         end.record()
-        events.append((start, middle, end))
+        events.append((start, middle if split else None, end))
         return loss
 
     torch.cuda.reset_peak_memory_stats()
@@ -149,8 +163,9 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
         loss = step()
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - started) / steps
-    fwd_bwd = sum(s.elapsed_time(m) for s, m, _ in events[timed_from:]) / steps
-    opt = sum(m.elapsed_time(e) for _, m, e in events[timed_from:]) / steps
+    timed = events[timed_from:]
+    fwd_bwd = sum(s.elapsed_time(m or e) for s, m, e in timed) / steps
+    opt = sum(m.elapsed_time(e) for _, m, e in timed) / steps if all(m for _, m, _ in timed) else None
     kernels, launches, top_kernels = profile_steps(step, 2, top)
     tokens_per_s = row["batch"] * row["seq"] / step_s
     peak = peak_flops(torch.device("cuda"))
@@ -161,6 +176,31 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
         "first_step_s": first_step, "loss": loss.item(), "params": counts["total"], "active": counts["active"],
         "top_kernels": top_kernels,
     }
+
+
+def graph_option(options: list[str]) -> str | None:
+    """What a row captures: "step" (the whole step, as trials do), "forward_backward", or None.
+    `graph` in a checkout from before `GraphedStep` captures forward+backward, as its trials did."""
+    if "graphfb" in options:
+        return "forward_backward"
+    if "graph" not in options:
+        return None
+    import k3lab.train.graphs as graphs
+
+    return "step" if hasattr(graphs, "GraphedStep") else "forward_backward"
+
+
+def graphed_step(kind: str | None, model, optimizers, loss_fn, forward_backward, whole_step):
+    """The row's CUDA graph (captured on its first call), or None."""
+    import k3lab.train.graphs as graphs
+
+    if kind is None:
+        return None
+    if not hasattr(graphs, "GraphedStep"):  # a --before checkout
+        return graphs.GraphedForwardBackward(loss_fn, model.parameters())  # it runs the backward itself
+    if kind == "forward_backward":
+        return graphs.GraphedStep(forward_backward, model.parameters())
+    return graphs.GraphedStep(whole_step, model.parameters(), optimizers)
 
 
 def profile_steps(step, n: int, top: int) -> tuple[float, float, list]:
@@ -206,9 +246,11 @@ def table(results: list[tuple[str, str, dict]]) -> str:
             lines.append(f"| {row} | {code} | failed: {r['error']} |" + " |" * 9)
             continue
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
-        share = r["optimizer_ms"] / (r["fwd_bwd_ms"] + r["optimizer_ms"])
+        opt, share = "in graph", "n/a"
+        if r["optimizer_ms"] is not None:
+            opt, share = f"{r['optimizer_ms']:.1f}", f"{r['optimizer_ms'] / (r['fwd_bwd_ms'] + r['optimizer_ms']):.0%}"
         lines.append(f"| {row} | {code} | {r['tokens_per_s']:,.0f} | {mfu} | {r['step_ms']:.1f} | {r['fwd_bwd_ms']:.1f} "
-                     f"| {r['optimizer_ms']:.1f} | {share:.0%} | {r['kernels']:,.0f} | {r['launches']:,.0f} "
+                     f"| {opt} | {share} | {r['kernels']:,.0f} | {r['launches']:,.0f} "
                      f"| {r['peak_gib']:.1f} | {r['first_step_s']:.1f} |")
     return "\n".join(lines)
 
@@ -258,7 +300,8 @@ def write_from_logs(paths: list[str]) -> None:
             "by the run its [number] names:\n\n"
             + "\n".join(f"{i}. {origin}" for i, origin in enumerate(origins, 1)) + "\n\n"
             + "3 warm-up + 10 timed steps per row, random tokens, bf16 autocast over fp32 weights, fused KDA "
-            "(FLA), Muon + AdamW unless `adamw`; `graph`: forward+backward replayed as a CUDA graph, `compile`: "
+            "(FLA), Muon + AdamW unless `adamw`; `graph`: the step replayed as a CUDA graph (forward+backward only in "
+            "code from before k3lab.train.graphs.GraphedStep, and with `graphfb`), `compile`: "
             "torch.compile'd blocks, `ckpt`: activation checkpointing, `bf16res`: the residual stream in bf16 "
             "(`residual_in_fp32: false`). Optimizer share = optimizer / (fwd+bwd + optimizer) GPU time. Kernels "
             "and launch calls from torch.profiler (2 steps).\n\n"

@@ -710,6 +710,54 @@ def test_cuda_graph_training_steps_match_eager_steps(isolated_data, fresh_compil
 
 
 @gpu
+def test_a_captured_step_runs_both_optimizers_at_each_steps_learning_rate():
+    """GraphedStep with clipping, Muon and capturable AdamW inside: each replay updates the
+    weights as the eager step does at the learning rate the schedule set for that step (a
+    rate of 0 leaves them as they were), and the param groups keep their float rates."""
+    from k3lab.model.optim import build_optimizers
+    from k3lab.train.graphs import GraphedStep
+
+    rates = [1e-2, 2e-2, 5e-2, 0.0, 3e-2, 1e-3, 2e-2]
+    x = torch.randn(6, 16, 32, device="cuda")
+    y = torch.randn(6, 16, 8, device="cuda")
+    weights = {}
+    for graphed in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).cuda()
+        optimizers = build_optimizers(model, lr=1e-2, weight_decay=0.1, capturable=True)
+        assert [type(o).__name__ for o in optimizers] == ["Muon", "AdamW"]
+
+        def step(xb, yb):
+            loss = F.mse_loss(model(xb), yb)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            for optimizer in optimizers:
+                optimizer.step()
+            return {"loss": loss.detach(), "grad_norm": norm}
+
+        replayed = GraphedStep(step, model.parameters(), optimizers)
+        history = []
+        for i, rate in enumerate(rates):
+            for optimizer in optimizers:
+                for group in optimizer.param_groups:
+                    group["lr"] = rate
+            if graphed and i >= 2:  # two eager steps allocate the optimizers' state, as in a trial
+                replayed(x[i], y[i])
+            else:
+                step(x[i], y[i])
+                for optimizer in optimizers:
+                    optimizer.zero_grad(set_to_none=True)
+            history.append(torch.cat([p.detach().flatten() for p in model.parameters()]).clone())
+        assert (replayed.graph is not None) == graphed
+        assert all(type(g["lr"]) is float for o in optimizers for g in o.param_groups)
+        weights[graphed] = history
+    for eager, replay in zip(weights[False], weights[True]):
+        torch.testing.assert_close(replay, eager, rtol=1e-5, atol=1e-6)
+    assert torch.equal(weights[True][3], weights[True][2])  # the rate-0 step, replayed
+    assert not torch.equal(weights[True][4], weights[True][3])
+
+
+@gpu
 def test_a_restarted_trainer_replays_its_graph_and_trains_as_a_new_trainer_of_its_seed(isolated_data, fresh_compiler):
     """Trainer.restart (a variant's next seed in a reused sweep process) keeps the compiled
     blocks and the captured CUDA graph, and trains and evaluates the new seed as a Trainer

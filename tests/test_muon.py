@@ -47,6 +47,18 @@ def test_two_d_updates_equal_torch_muon_within_bf16_tolerance(nesterov, adjust_l
         assert (update - expected).norm() < 0.02 * expected.norm()
 
 
+def test_a_learning_rate_held_in_a_tensor_gives_the_updates_of_the_same_float():
+    """A step captured as a CUDA graph reads its learning rate from a device scalar."""
+    ours, reference = matrices(), matrices()
+    settings = dict(lr=0.02, weight_decay=0.1, momentum=0.95)
+    run_steps(Muon(ours, **settings), ours, lrs=[torch.tensor(lr) for lr in (0.02, 0.01, 0.005)])
+    run_steps(Muon(reference, **settings), reference)
+    start = matrices()
+    for p, q, p0 in zip(ours, reference, start):
+        torch.testing.assert_close(p.detach() - p0, q.detach() - p0, atol=1e-7, rtol=1e-5)
+        assert not torch.equal(p, p0)
+
+
 def test_each_expert_slice_gets_exactly_the_update_of_its_own_matrix():
     E, rows, cols = 6, 24, 40
     separate = matrices([(rows, cols)] * E)

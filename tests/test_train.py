@@ -116,6 +116,15 @@ def test_resumed_run_continues_bitwise_identically(tmp_path):
         assert torch.equal(a, b), name
 
 
+def optimizer_state_values(trainer) -> list[torch.Tensor]:
+    return [value for optimizer in trainer.optimizers for state in optimizer.state.values()
+            for value in state.values()]
+
+
+def optimizer_state_ids(trainer) -> list[int]:
+    return [id(value) for value in optimizer_state_values(trainer)]
+
+
 @pytest.mark.parametrize("init", ["paired", "sequential"])
 def test_a_restarted_trainer_trains_exactly_as_a_new_trainer_of_its_seed(init):
     """Trainer.restart(seed) (the next seed of a variant in a reused process) gives the weights,
@@ -125,6 +134,8 @@ def test_a_restarted_trainer_trains_exactly_as_a_new_trainer_of_its_seed(init):
     reused = Trainer(config, spec, seed=0)
     train(config, spec, trainer=reused)
     model_tensors = [id(p) for p in reused.model.parameters()]
+    state_tensors = optimizer_state_ids(reused)
+    assert state_tensors  # trained: the optimizers hold state
     reused.restart(1)
     reused_rng = torch.get_rng_state()
     fresh = Trainer(config, spec, seed=1)
@@ -138,8 +149,11 @@ def test_a_restarted_trainer_trains_exactly_as_a_new_trainer_of_its_seed(init):
         runs[name] = ([v for _, v in tracker.metrics["train_loss"]], result.val_loss)
     assert runs["reused"] == runs["fresh"] and reused.step == 6
     assert [id(p) for p in reused.model.parameters()] == model_tensors  # its own tensors, written over
+    assert optimizer_state_ids(reused) == state_tensors  # where a captured CUDA graph updates them
     for (name, a), b in zip(fresh.model.state_dict().items(), reused.model.state_dict().values()):
         assert torch.equal(a, b), name
+    for a, b in zip(optimizer_state_values(fresh), optimizer_state_values(reused), strict=True):
+        assert torch.equal(a, b)
     assert reused.execution()["trainer"] == "restarted" and fresh.execution()["trainer"] == "built"
 
 

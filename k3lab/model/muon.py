@@ -17,7 +17,8 @@ the update it would get as a 2-D parameter of its own.
 
 The state is torch.optim.Muon's (`momentum_buffer` per parameter), so state dicts look
 the same. The learning rate is read from the param group each step and never enters a
-compiled function: schedules cost no recompilation. `compile=True` compiles the
+compiled function: schedules cost no recompilation. It may be a device scalar, as in a
+training step captured as a CUDA graph: then nothing in the step waits on the host. `compile=True` compiles the
 Newton-Schulz iteration once per bucket shape.
 """
 
@@ -103,12 +104,15 @@ class Muon(torch.optim.Optimizer):
         updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
         stacked = torch.cat([u.reshape(-1, rows, cols) for u in updates])  # (S, rows, cols)
         ortho = self.orthogonalise(stacked, group["ns_coefficients"], group["ns_steps"], group["eps"])
-        ortho = ortho.to(params[0].dtype).split([u.numel() // (rows * cols) for u in updates])
-        lr = float(group["lr"])
+        ortho = ortho.to(params[0].dtype)
+        lr = group["lr"]  # a float, or a device scalar in a step captured as a CUDA graph (k3lab.train.graphs)
+        step = -adjusted_lr(lr, group["adjust_lr_fn"], rows, cols)
+        if isinstance(lr, torch.Tensor):  # foreach's alpha takes only numbers
+            ortho, step = ortho.mul_(step), 1
         if group["weight_decay"]:
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-        torch._foreach_add_(params, [o.view_as(p) for o, p in zip(ortho, params)],
-                            alpha=-adjusted_lr(lr, group["adjust_lr_fn"], rows, cols))
+        ortho = ortho.split([u.numel() // (rows * cols) for u in updates])
+        torch._foreach_add_(params, [o.view_as(p) for o, p in zip(ortho, params)], alpha=step)
 
     def momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
         state = self.state[p]

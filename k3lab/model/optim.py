@@ -33,12 +33,14 @@ def split_parameters(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], 
 
 
 def build_optimizers(model: nn.Module, lr: float = 3e-3, muon_lr: float | None = None, weight_decay: float = 0.1,
-                     betas: tuple[float, float] = (0.9, 0.95), fused: bool | None = None) -> list[torch.optim.Optimizer]:
+                     betas: tuple[float, float] = (0.9, 0.95), fused: bool | None = None,
+                     capturable: bool = False) -> list[torch.optim.Optimizer]:
     """[Muon, AdamW] (Muon omitted when the model has no hidden matrices).
 
     Muon (k3lab's batched one, `k3lab.model.muon`) uses `adjust_lr_fn="match_rms_adamw"`
     so its update RMS matches AdamW's, which lets one learning-rate schedule drive both;
-    muon_lr defaults to lr.
+    muon_lr defaults to lr. `capturable`: AdamW keeps its step counts on the device, so that
+    both steps can be captured in a CUDA graph (k3lab's Muon always can).
     """
     muon_params, adamw_params = split_parameters(model)
     decay = [p for n, p in adamw_params if p.ndim >= 2]
@@ -51,6 +53,6 @@ def build_optimizers(model: nn.Module, lr: float = 3e-3, muon_lr: float | None =
                                weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"))
     optimizers.append(torch.optim.AdamW(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr, betas=betas, fused=fused,
+        lr=lr, betas=betas, fused=fused, capturable=capturable,
     ))
     return optimizers

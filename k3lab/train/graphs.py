@@ -1,21 +1,25 @@
-"""Forward and backward of a training step as one CUDA graph.
+"""A whole training step as one CUDA graph.
 
 A small trial launches thousands of kernels per step (FLA's Triton kernels, the MoE
-dispatch, norms, the AttnRes stream), and launching them from Python costs more than
-running them: at 16 x 512 tokens the GPU waits on the host most of the step. Captured
-once and replayed, the whole forward+backward is one launch.
+dispatch, norms, the AttnRes stream, then clipping and two optimizers), and launching
+them from Python costs more than running them: at 16 x 512 tokens the GPU waits on the
+host most of the step. Captured once and replayed, the step is one launch.
 
-    graphed = GraphedForwardBackward(loss_fn)     # loss_fn(x, y) -> scalar loss
-    loss = graphed(x, y)                         # first call captures, every call replays
+    graphed = GraphedStep(step_fn, model.parameters(), optimizers)  # step_fn(x, y) -> {name: tensor}
+    values = graphed(x, y)        # first call captures, every call replays
 
 What capture needs, and how the trainer provides it:
-- static shapes and no host synchronisation inside the step (the grouped MoE dispatch and
-  the chunked loss have none);
-- kernels already compiled and autotuned: the trainer captures only after eager steps;
+- static shapes and no host synchronisation inside the step (the grouped MoE dispatch, the
+  chunked loss, foreach clipping, fused AdamW with `capturable=True` and k3lab's Muon have none);
+- kernels already compiled and autotuned, optimizer state already allocated: the trainer
+  captures only after eager steps;
 - gradients allocated by the captured backward (every `.grad` is None at capture), so each
   replay overwrites them: the caller must not set them to None afterwards;
-- inputs copied into the graph's own input tensors before each replay.
-The optimizer steps stay eager: their learning rates change every step.
+- inputs copied into the graph's own input tensors before each replay;
+- learning rates that change every step: while capturing, each optimizer param group's `lr`
+  is a device scalar (the captured kernels read it from there), and before every replay that
+  scalar is filled with the group's float `lr`, which the schedulers keep setting as usual;
+- optimizer state that stays where it was captured: reset it in place, never replace it.
 """
 
 from __future__ import annotations
@@ -36,30 +40,46 @@ def cuda_graph_blocker(device: torch.device, grad_accum: int, distributed: bool)
     return None
 
 
-class GraphedForwardBackward:
-    """`loss_fn(x, y)` and its backward, captured on the first call and replayed after."""
+class GraphedStep:
+    """`step_fn(x, y)` (forward, backward and whatever follows: clipping, `optimizers`' steps),
+    captured on the first call and replayed after."""
 
-    def __init__(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], parameters):
-        self.loss_fn = loss_fn
+    def __init__(self, step_fn: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]], parameters,
+                 optimizers=()):
+        self.step_fn = step_fn
         self.parameters = list(parameters)
+        self.optimizers = list(optimizers)
         self.graph: torch.cuda.CUDAGraph | None = None
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The loss of (x, y), with every parameter's .grad set; the returned tensor is
-        overwritten by the next call (clone it to keep it)."""
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        """step_fn's values for (x, y), with every parameter's .grad set; the returned tensors are
+        overwritten by the next call (clone them to keep them)."""
         if self.graph is None:
             self.capture(x, y)
         self.x.copy_(x)
         self.y.copy_(y)
+        for lr, group in zip(self.lrs, self.param_groups()):
+            lr.fill_(group["lr"])
         self.graph.replay()
-        return self.loss
+        return self.values
+
+    def param_groups(self) -> list[dict]:
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
 
     def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
         for p in self.parameters:
             p.grad = None  # the captured backward allocates them in the graph's memory pool
         self.x, self.y = x.clone(), y.clone()
+        groups = self.param_groups()
+        rates = [group["lr"] for group in groups]
+        self.lrs = [torch.tensor(float(rate), device=x.device) for rate in rates]  # fp32: what fused AdamW reads
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.loss = self.loss_fn(self.x, self.y)
-            self.loss.backward()
+        try:
+            for group, lr in zip(groups, self.lrs):
+                group["lr"] = lr
+            with torch.cuda.graph(graph):
+                self.values = self.step_fn(self.x, self.y)
+        finally:
+            for group, rate in zip(groups, rates):
+                group["lr"] = rate
         self.graph = graph

@@ -34,9 +34,9 @@ class TrainSpec:
     validation batches; each evaluation is one Ray Tune report. `final_eval_batches` (null:
     `eval_batches`): the batches of the last evaluation, whose val_loss the verdicts compare,
     so that the curve's points can cost less GPU time than the answer's.
-    `compile` torch.compiles the decoder blocks; `cuda_graph` captures forward+backward
-    as one CUDA graph (null: wherever it can run -- CUDA, no gradient accumulation, one
-    process); `activation_checkpointing` recomputes each decoder layer in backward
+    `compile` torch.compiles the decoder blocks; `cuda_graph` captures the whole step
+    (forward, backward, clipping, both optimizers, MoE bias update) as one CUDA graph (null:
+    wherever it can run -- CUDA, no gradient accumulation, one process); `activation_checkpointing` recomputes each decoder layer in backward
     instead of storing its activations (less memory for large batches, ~1/3 more compute).
     `init`: `paired` draws each module's starting weights from (seed, its name), so trials
     of one seed start alike in every module they share (`k3lab.train.init`); `sequential`

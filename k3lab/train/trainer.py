@@ -32,7 +32,7 @@ from k3lab.model.optim import build_optimizers
 from k3lab.train.spec import TrainSpec
 from k3lab.train.ddp import DDPOptions, wrap_ddp
 from k3lab.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from k3lab.train.graphs import GraphedForwardBackward, cuda_graph_blocker
+from k3lab.train.graphs import GraphedStep, cuda_graph_blocker
 from k3lab.train.init import init_paired
 from k3lab.train.metrics import compile_cache_counts, diagnostics, log_diagnostics, peak_flops
 
@@ -119,6 +119,15 @@ def check_shapes(config: KimiK3Config, spec: TrainSpec, vocab_size: int) -> None
         raise UserError(f"train.seq_len: {spec.seq_len} is not a multiple of kda_chunk_size={config.kda_chunk_size}")
 
 
+def reset_in_place(optimizer: torch.optim.Optimizer) -> None:
+    """Zero every state tensor of `optimizer` (moments, step counts) where it lies: the state a
+    new optimizer starts from, at the addresses a captured CUDA graph updates."""
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                value.zero_()
+
+
 def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     """The mean of `tensor` over all ranks (a new tensor)."""
     tensor = tensor.clone()
@@ -152,17 +161,18 @@ class Trainer:
         self.autocast = self._autocast_dtype()
         self.rank, self.world_size = rank, world_size
         self.tokens_per_step = spec.tokens_per_step * world_size  # global: all ranks together
+        self.graph_blocker = self._graph_blocker()
+        self.optimizers = build_optimizers(self.model, lr=spec.lr, muon_lr=spec.muon_lr,
+                                           weight_decay=spec.weight_decay, capturable=self.graph_blocker is None)
         self._start_run(seed)
         self.graphed, self.cuda_graph = self._graphed_step()
         self.eager_steps = 0  # in this process: the graph is captured after EAGER_STEPS_BEFORE_CAPTURE
         self.restarted = False  # by `restart`: this trial took an earlier trial's model, compile and graph
 
     def _start_run(self, seed: int) -> None:
-        """Fresh optimizers, schedules and samplers for a run of `seed` from step 0."""
+        """Fresh schedules and samplers for a run of `seed` from step 0 (optimizers: fresh or reset)."""
         spec = self.spec
         self.seed = seed
-        self.optimizers = build_optimizers(self.model, lr=spec.lr, muon_lr=spec.muon_lr,
-                                           weight_decay=spec.weight_decay)
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
                            for opt in self.optimizers]
         self.sampler = BatchSampler(self.dataset.train_tokens, spec.batch_size, spec.seq_len, seed=seed,
@@ -177,23 +187,30 @@ class Trainer:
         starting weights a new Trainer of `seed` draws, copied into the model's own tensors, and
         fresh optimizers, schedules and batches. The compiled blocks and the captured CUDA graph
         stay (they read the same tensors), so the new trial skips the model build, the compile
-        and the capture: in a sweep, the next seed of a variant starts in about a second."""
+        and the capture: in a sweep, the next seed of a variant starts in about a second. The
+        optimizers' state is zeroed where it lies, which is what fresh optimizers start from,
+        because the captured step updates it there."""
         weights = initial_model(self.config, self.spec, seed)
         for target, source in zip(model_tensors(self.model), model_tensors(weights), strict=True):
             target.copy_(source)
+        for optimizer in self.optimizers:
+            reset_in_place(optimizer)
         self._start_run(seed)
         self.restarted = True
 
-    def _graphed_step(self) -> tuple[GraphedForwardBackward | None, str]:
-        """The CUDA-graphed forward+backward, or None, and what was decided ("on" / "off: why")."""
+    def _graph_blocker(self) -> str | None:
+        """Why this trial's step will not be captured as a CUDA graph, or None when it will."""
         if self.spec.cuda_graph is False:
-            return None, "off: cuda_graph: false"
-        blocker = cuda_graph_blocker(self.device, self.spec.grad_accum, self.distributed)
-        if blocker is not None:
+            return "cuda_graph: false"
+        return cuda_graph_blocker(self.device, self.spec.grad_accum, self.distributed)
+
+    def _graphed_step(self) -> tuple[GraphedStep | None, str]:
+        """The CUDA-graphed training step, or None, and what was decided ("on" / "off: why")."""
+        if self.graph_blocker is not None:
             if self.spec.cuda_graph:
-                warnings.warn(f"train.cuda_graph: running eagerly: {blocker}")
-            return None, f"off: {blocker}"
-        return GraphedForwardBackward(self.micro_batch_loss, self.model.parameters()), "on"
+                warnings.warn(f"train.cuda_graph: running eagerly: {self.graph_blocker}")
+            return None, f"off: {self.graph_blocker}"
+        return GraphedStep(self.graph_step, self.model.parameters(), self.optimizers), "on"
 
     def execution(self) -> dict[str, str]:
         """How this trial runs, resolved for its device: logged with every trial."""
@@ -228,34 +245,23 @@ class Trainer:
 
     # -- one step -------------------------------------------------------------------
 
-    def train_step(self) -> dict[str, torch.Tensor]:
-        """One optimizer step (with gradient accumulation). Returns device tensors, no host sync."""
+    def train_step(self) -> dict:
+        """One optimizer step (with gradient accumulation). Returns device tensors, no host sync:
+        train_loss, grad_norm, lr and the MoE loads ({layer: (E,)}) the biases were balanced on."""
         self.model.train()
-        graphed = self.graphed is not None and self.eager_steps >= EAGER_STEPS_BEFORE_CAPTURE
-        if graphed:
-            total = self.graphed_forward_backward()
-            graphed = total is not None
-        if not graphed:
-            total = self.eager_forward_backward()
-        if self.distributed:  # the logged loss and the MoE balancing see the global batch
-            total = all_reduce_mean(total)
-            for _, moe in self.model.moe_layers():
-                dist.all_reduce(moe.load_counts)
-                moe.score_quantiles.copy_(all_reduce_mean(moe.score_quantiles))
-        clip = self.spec.grad_clip if self.spec.grad_clip is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         lr = self.schedulers[-1].get_last_lr()[0]
-        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
-            optimizer.step()
-            if not graphed:  # a replay overwrites the graph's gradients: they must stay allocated
-                optimizer.zero_grad(set_to_none=True)
+        values = None
+        if self.graphed is not None and self.eager_steps >= EAGER_STEPS_BEFORE_CAPTURE:
+            values = self.graphed_train_step()
+        if values is None:
+            values = self.eager_train_step()
+        for scheduler in self.schedulers:
             scheduler.step()
-        loads = self.model.update_moe_biases()
         self.step += 1
-        return {"train_loss": total, "grad_norm": grad_norm, "lr": torch.tensor(lr), "loads": loads}
+        return values | {"lr": torch.tensor(lr)}
 
-    def eager_forward_backward(self) -> torch.Tensor:
-        """Forward and backward of grad_accum micro-batches; the mean loss (device scalar)."""
+    def eager_train_step(self) -> dict:
+        """Forward and backward of grad_accum micro-batches, then `update`."""
         total = torch.zeros((), device=self.device)
         for _ in range(self.spec.grad_accum):
             x, y = self.sampler.next_batch(self.device)
@@ -263,20 +269,52 @@ class Trainer:
             (loss / self.spec.grad_accum).backward()
             total += loss.detach() / self.spec.grad_accum
         self.eager_steps += 1
-        return total
+        values = self.update(total)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        return values
 
-    def graphed_forward_backward(self) -> torch.Tensor | None:
-        """The CUDA-graph replay of one micro-batch; None (and eager from now on) if the
-        capture fails, with the reason in `cuda_graph` and a warning."""
+    def graph_step(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The step a CUDA graph captures: forward and backward of one micro-batch, then `update`;
+        the MoE loads come stacked (layers, E), one tensor to copy out of the graph."""
+        loss = self.micro_batch_loss(x, y)
+        loss.backward()
+        values = self.update(loss.detach())
+        values["loads"] = torch.stack(list(values["loads"].values())) if values["loads"] else None
+        return values
+
+    def graphed_train_step(self) -> dict | None:
+        """The CUDA-graph replay of one step; None (and eager from now on) if the capture fails,
+        with the reason in `cuda_graph` and a warning."""
         x, y = self.sampler.next_batch(self.device)
         try:
-            return self.graphed(x, y).detach().clone()
+            values = self.graphed(x, y)
         except RuntimeError as error:  # e.g. an operation that cannot be captured
             self.graphed = None
             self.cuda_graph = f"off: capture failed: {str(error).splitlines()[0][:200]}"
             warnings.warn(f"train.cuda_graph: running eagerly: {self.cuda_graph}")
             self.sampler.step -= 1  # the eager step takes this batch again
+            for optimizer in self.optimizers:
+                optimizer.zero_grad(set_to_none=True)
             return None
+        layers = [i for i, _ in self.model.moe_layers()]
+        loads = values["loads"].clone().unbind(0) if layers else []  # the next replay overwrites them
+        return {"train_loss": values["train_loss"].clone(), "grad_norm": values["grad_norm"].clone(),
+                "loads": dict(zip(layers, loads))}
+
+    def update(self, loss: torch.Tensor) -> dict:
+        """After the backward: clip, both optimizers' steps and the MoE bias balancing."""
+        if self.distributed:  # the logged loss and the MoE balancing see the global batch
+            loss = all_reduce_mean(loss)
+            for _, moe in self.model.moe_layers():
+                dist.all_reduce(moe.load_counts)
+                moe.score_quantiles.copy_(all_reduce_mean(moe.score_quantiles))
+        clip = self.spec.grad_clip if self.spec.grad_clip is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        for optimizer in self.optimizers:
+            optimizer.step()
+        loads = self.model.update_moe_biases()
+        return {"train_loss": loss, "grad_norm": grad_norm, "loads": loads}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -316,7 +354,9 @@ class Trainer:
         check_checkpoint_format(state)
         self.model.load_state_dict(state["model"])
         for opt, opt_state in zip(self.optimizers, state["optimizers"]):
-            opt.load_state_dict(opt_state)
+            opt.load_state_dict(opt_state)  # new state tensors: a graph captured before cannot update them
+        if self.graphed is not None and self.graphed.graph is not None:
+            self.graphed, self.eager_steps = GraphedStep(self.graph_step, self.model.parameters(), self.optimizers), 0
         for sched, sched_state in zip(self.schedulers, state["schedulers"]):
             sched.load_state_dict(sched_state)
         self.sampler.load_state_dict(state["sampler"])
