@@ -690,23 +690,26 @@ def test_compiled_fused_model_matches_eager(fresh_compiler):
 
 
 @gpu
-def test_cuda_graph_training_steps_match_eager_steps(isolated_data, fresh_compiler):
-    """The captured forward+backward replays what the eager step computes, step after step."""
+def test_cuda_graph_training_steps_match_eager_steps(isolated_data, fresh_compiler, monkeypatch):
+    """The captured step (forward, backward, clipping, Muon, AdamW, MoE biases) replays what the
+    trainer's eager step computes, step after step: the same losses, weights and MoE biases."""
     needs_fla()
     from k3lab.registry import TrainSpec
-    from k3lab.train.trainer import EAGER_STEPS_BEFORE_CAPTURE, Trainer
+    from k3lab.train import trainer as trainer_module
 
     config = gpu_config(kda_implementation="fused", vocab_size=320)
-    runs = {}
-    for cuda_graph in (False, True):
-        spec = TrainSpec(steps=8, batch_size=2, seq_len=256, warmup_steps=2, cuda_graph=cuda_graph)
-        trainer = Trainer(config, spec, seed=0)
-        runs[cuda_graph] = [trainer.train_step()["train_loss"].item() for _ in range(6)]
-        assert (trainer.graphed is not None) == cuda_graph and trainer.cuda_graph == ("on" if cuda_graph else
-                                                                                     "off: cuda_graph: false")
+    spec = TrainSpec(steps=8, batch_size=2, seq_len=256, warmup_steps=2)
+    runs, trainers = {}, {}
+    for graphed, eager_steps in ((False, 100), (True, trainer_module.EAGER_STEPS_BEFORE_CAPTURE)):
+        monkeypatch.setattr(trainer_module, "EAGER_STEPS_BEFORE_CAPTURE", eager_steps)  # 100: never captures
+        trainer = trainers[graphed] = trainer_module.Trainer(config, spec, seed=0)
+        runs[graphed] = [trainer.train_step()["train_loss"].item() for _ in range(6)]
+        assert trainer.cuda_graph == "on" and (trainer.graphed.graph is not None) == graphed
     print(f"{'graphed vs eager losses':>28}: {runs[True]} vs {runs[False]}")
-    assert EAGER_STEPS_BEFORE_CAPTURE < 6  # replays were compared, not only eager steps
-    torch.testing.assert_close(torch.tensor(runs[True]), torch.tensor(runs[False]), rtol=2e-3, atol=2e-3)
+    assert trainer_module.EAGER_STEPS_BEFORE_CAPTURE < 6  # replays were compared, not only eager steps
+    torch.testing.assert_close(torch.tensor(runs[True]), torch.tensor(runs[False]), rtol=1e-5, atol=1e-5)
+    for (name, a), b in zip(trainers[False].model.state_dict().items(), trainers[True].model.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)  # weights, MoE biases and loads
 
 
 @gpu
@@ -718,8 +721,8 @@ def test_a_captured_step_runs_both_optimizers_at_each_steps_learning_rate():
     from k3lab.train.graphs import GraphedStep
 
     rates = [1e-2, 2e-2, 5e-2, 0.0, 3e-2, 1e-3, 2e-2]
-    x = torch.randn(6, 16, 32, device="cuda")
-    y = torch.randn(6, 16, 8, device="cuda")
+    x = torch.randn(len(rates), 16, 32, device="cuda")
+    y = torch.randn(len(rates), 16, 8, device="cuda")
     weights = {}
     for graphed in (False, True):
         torch.manual_seed(0)
@@ -743,6 +746,9 @@ def test_a_captured_step_runs_both_optimizers_at_each_steps_learning_rate():
                     group["lr"] = rate
             if graphed and i >= 2:  # two eager steps allocate the optimizers' state, as in a trial
                 replayed(x[i], y[i])
+            elif graphed:  # as the trainer's eager steps: the rates the replays will read
+                with replayed.device_learning_rates():
+                    step(x[i], y[i])
             else:
                 step(x[i], y[i])
                 for optimizer in optimizers:

@@ -16,15 +16,17 @@ What capture needs, and how the trainer provides it:
 - gradients allocated by the captured backward (every `.grad` is None at capture), so each
   replay overwrites them: the caller must not set them to None afterwards;
 - inputs copied into the graph's own input tensors before each replay;
-- learning rates that change every step: while capturing, each optimizer param group's `lr`
-  is a device scalar (the captured kernels read it from there), and before every replay that
-  scalar is filled with the group's float `lr`, which the schedulers keep setting as usual;
+- learning rates that change every step: while a step runs (`device_learning_rates`), each
+  optimizer param group's `lr` is a device scalar filled with the group's float `lr`, which
+  the schedulers keep setting as usual; the captured kernels read it from there. The trainer's
+  eager steps run with the same scalars, so a step computes the same before and after capture;
 - optimizer state that stays where it was captured: reset it in place, never replace it.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 
@@ -50,36 +52,44 @@ class GraphedStep:
         self.parameters = list(parameters)
         self.optimizers = list(optimizers)
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.lrs: list[torch.Tensor] | None = None  # one device scalar per param group
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
         """step_fn's values for (x, y), with every parameter's .grad set; the returned tensors are
         overwritten by the next call (clone them to keep them)."""
-        if self.graph is None:
-            self.capture(x, y)
-        self.x.copy_(x)
-        self.y.copy_(y)
-        for lr, group in zip(self.lrs, self.param_groups()):
-            lr.fill_(group["lr"])
-        self.graph.replay()
+        with self.device_learning_rates():
+            if self.graph is None:
+                self.capture(x, y)
+            self.x.copy_(x)
+            self.y.copy_(y)
+            self.graph.replay()
         return self.values
 
     def param_groups(self) -> list[dict]:
         return [group for optimizer in self.optimizers for group in optimizer.param_groups]
 
+    @contextmanager
+    def device_learning_rates(self) -> Iterator[None]:
+        """Within: every param group's `lr` is this graph's device scalar (fp32, what fused AdamW
+        reads), filled with the group's float `lr`; after: the float again."""
+        groups = self.param_groups()
+        rates = [group["lr"] for group in groups]
+        if self.lrs is None:
+            self.lrs = [torch.zeros((), device=self.parameters[0].device) for _ in groups]
+        for group, lr, rate in zip(groups, self.lrs, rates):
+            lr.fill_(rate)
+            group["lr"] = lr
+        try:
+            yield
+        finally:
+            for group, rate in zip(groups, rates):
+                group["lr"] = rate
+
     def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
         for p in self.parameters:
             p.grad = None  # the captured backward allocates them in the graph's memory pool
         self.x, self.y = x.clone(), y.clone()
-        groups = self.param_groups()
-        rates = [group["lr"] for group in groups]
-        self.lrs = [torch.tensor(float(rate), device=x.device) for rate in rates]  # fp32: what fused AdamW reads
         graph = torch.cuda.CUDAGraph()
-        try:
-            for group, lr in zip(groups, self.lrs):
-                group["lr"] = lr
-            with torch.cuda.graph(graph):
-                self.values = self.step_fn(self.x, self.y)
-        finally:
-            for group, rate in zip(groups, rates):
-                group["lr"] = rate
+        with torch.cuda.graph(graph):
+            self.values = self.step_fn(self.x, self.y)
         self.graph = graph

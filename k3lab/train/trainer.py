@@ -269,7 +269,11 @@ class Trainer:
             (loss / self.spec.grad_accum).backward()
             total += loss.detach() / self.spec.grad_accum
         self.eager_steps += 1
-        values = self.update(total)
+        if self.graphed is None:
+            values = self.update(total)
+        else:  # the learning rates a replay reads: the same step before capture as after
+            with self.graphed.device_learning_rates():
+                values = self.update(total)
         for optimizer in self.optimizers:
             optimizer.zero_grad(set_to_none=True)
         return values
