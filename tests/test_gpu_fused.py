@@ -715,8 +715,12 @@ def test_cuda_graph_training_steps_match_eager_steps(isolated_data, fresh_compil
 @gpu
 def test_a_captured_step_runs_both_optimizers_at_each_steps_learning_rate():
     """GraphedStep with clipping, Muon and capturable AdamW inside: each replay updates the
-    weights as the eager step does at the learning rate the schedule set for that step (a
-    rate of 0 leaves them as they were), and the param groups keep their float rates."""
+    weights as the same step run eagerly does at the learning rate the schedule set for that
+    step (a rate of 0 leaves them as they were), and the param groups keep their float rates.
+
+    The reference runs eagerly with the graph's device learning rates, as the trainer's eager
+    steps do: with float rates the fp32 rounding of a rate differs by an ulp, which Adam's and
+    Muon's normalisations amplify to ~4e-4 within two steps of this model (H200, 2026-12-03)."""
     from k3lab.model.optim import build_optimizers
     from k3lab.train.graphs import GraphedStep
 
@@ -746,11 +750,9 @@ def test_a_captured_step_runs_both_optimizers_at_each_steps_learning_rate():
                     group["lr"] = rate
             if graphed and i >= 2:  # two eager steps allocate the optimizers' state, as in a trial
                 replayed(x[i], y[i])
-            elif graphed:  # as the trainer's eager steps: the rates the replays will read
+            else:
                 with replayed.device_learning_rates():
                     step(x[i], y[i])
-            else:
-                step(x[i], y[i])
                 for optimizer in optimizers:
                     optimizer.zero_grad(set_to_none=True)
             history.append(torch.cat([p.detach().flatten() for p in model.parameters()]).clone())
@@ -758,7 +760,7 @@ def test_a_captured_step_runs_both_optimizers_at_each_steps_learning_rate():
         assert all(type(g["lr"]) is float for o in optimizers for g in o.param_groups)
         weights[graphed] = history
     for eager, replay in zip(weights[False], weights[True]):
-        torch.testing.assert_close(replay, eager, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(replay, eager, rtol=1e-5, atol=1e-7)
     assert torch.equal(weights[True][3], weights[True][2])  # the rate-0 step, replayed
     assert not torch.equal(weights[True][4], weights[True][3])
 
