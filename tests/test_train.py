@@ -157,6 +157,20 @@ def test_a_restarted_trainer_trains_exactly_as_a_new_trainer_of_its_seed(init):
     assert reused.execution()["trainer"] == "restarted" and fresh.execution()["trainer"] == "built"
 
 
+def test_loading_a_checkpoint_drops_a_captured_graph_whose_optimizer_state_it_replaced():
+    """Optimizer.load_state_dict puts new state tensors in place; a graph captured before would
+    go on updating the old ones, so the trainer captures again after its eager steps."""
+    from k3lab.train.graphs import GraphedStep
+
+    config, spec = load_preset("tiny"), tiny_spec(steps=4)
+    trainer = Trainer(config, spec, seed=0)
+    train(config, spec, trainer=trainer)
+    captured = trainer.graphed = GraphedStep(trainer.graph_step, trainer.model.parameters(), trainer.optimizers)
+    captured.graph, trainer.eager_steps = object(), 5  # as after a capture on a GPU
+    trainer.load_state_dict(trainer.state_dict())
+    assert trainer.graphed is not captured and trainer.eager_steps == 0
+
+
 def test_a_deterministic_trial_turns_on_torchs_deterministic_algorithms_and_trains(restores_determinism):
     import torch.utils.deterministic
 

@@ -170,7 +170,8 @@ class Trainer:
         self.restarted = False  # by `restart`: this trial took an earlier trial's model, compile and graph
 
     def _start_run(self, seed: int) -> None:
-        """Fresh schedules and samplers for a run of `seed` from step 0 (optimizers: fresh or reset)."""
+        """Fresh schedules and samplers for a run of `seed` from step 0 (the optimizers are built
+        once, in `__init__`, and reset in place by `restart`)."""
         spec = self.spec
         self.seed = seed
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
@@ -184,12 +185,11 @@ class Trainer:
     @torch.no_grad()
     def restart(self, seed: int) -> None:
         """Make this trainer a new trial of the same variant with `seed`, as if built anew: the
-        starting weights a new Trainer of `seed` draws, copied into the model's own tensors, and
-        fresh optimizers, schedules and batches. The compiled blocks and the captured CUDA graph
-        stay (they read the same tensors), so the new trial skips the model build, the compile
-        and the capture: in a sweep, the next seed of a variant starts in about a second. The
-        optimizers' state is zeroed where it lies, which is what fresh optimizers start from,
-        because the captured step updates it there."""
+        starting weights a new Trainer of `seed` draws, copied into the model's own tensors, the
+        optimizers' state zeroed where it lies (what new optimizers start from: the captured step
+        updates it there), and fresh schedules and batches. The compiled blocks and the captured
+        CUDA graph stay (they read the same tensors), so the new trial skips the model build, the
+        compile and the capture: in a sweep, the next seed of a variant starts in about a second."""
         weights = initial_model(self.config, self.spec, seed)
         for target, source in zip(model_tensors(self.model), model_tensors(weights), strict=True):
             target.copy_(source)
@@ -359,8 +359,8 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         for opt, opt_state in zip(self.optimizers, state["optimizers"]):
             opt.load_state_dict(opt_state)  # new state tensors: a graph captured before cannot update them
-        if self.graphed is not None and self.graphed.graph is not None:
-            self.graphed, self.eager_steps = GraphedStep(self.graph_step, self.model.parameters(), self.optimizers), 0
+        if self.graphed is not None and self.graphed.graph is not None:  # capture again, after eager steps
+            (self.graphed, _), self.eager_steps = self._graphed_step(), 0
         for sched, sched_state in zip(self.schedulers, state["schedulers"]):
             sched.load_state_dict(sched_state)
         self.sampler.load_state_dict(state["sampler"])
