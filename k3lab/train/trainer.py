@@ -272,7 +272,9 @@ class Trainer:
         if self.graphed is None:
             values = self.update(total)
         else:  # the learning rates a replay reads: the same step before capture as after
-            with self.graphed.device_learning_rates():
+            with self.graphed.device_learning_rates(), warnings.catch_warnings():
+                # AdamW's advice for capturable optimizers never captured: this one will be
+                warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
                 values = self.update(total)
         for optimizer in self.optimizers:
             optimizer.zero_grad(set_to_none=True)
