@@ -9,21 +9,22 @@ A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter inste
 Muon + AdamW), compile (torch.compile'd blocks), chunkwise (plain-PyTorch KDA instead of
 FLA's), graph (the whole step replayed as one CUDA graph after two eager steps, as trials do
 with `cuda_graph`; in a --before checkout without `GraphedStep`, forward+backward only, as its
-trials did), graphfb (forward+backward only in the graph, the optimizers eager), ckpt (activation checkpointing of every decoder layer), bf16res
-(`residual_in_fp32: false`: the residual stream and AttnRes sources in bf16). Each row runs
-in its own process with the trial's step: bf16 autocast over fp32 weights, the loss without logits, gradient clipping at 1.0, every optimizer, the MoE bias
-update. `--before DIR` runs every row a second time with DIR (an older checkout of k3lab,
-e.g. `git archive <commit> | tar x -C DIR`) first on PYTHONPATH, so one run shows before
-and after side by side.
+trials did), graphfb (forward+backward only in the graph, the optimizers eager), ckpt
+(activation checkpointing of every decoder layer), bf16res (`residual_in_fp32: false`: the
+residual stream and AttnRes sources in bf16). Each row runs in its own process with the
+trial's step: bf16 autocast over fp32 weights, the loss without logits, gradient clipping at
+1.0, every optimizer, the MoE bias update. `--before DIR` runs every row a second time with
+DIR (an older checkout of k3lab, e.g. `git archive <commit> | tar x -C DIR`) first on
+PYTHONPATH, so one run shows before and after side by side.
 
 Measured per row (random tokens, after `--warmup` steps, over `--steps` timed steps):
 tokens/s from the wall clock; MFU = tokens/s x FLOPs per token (`count_parameters`) /
 the GPU's bf16 peak; forward+backward and optimizer (clipping, optimizer steps, MoE bias
 update) milliseconds per step from CUDA events (a whole step in one graph has no split: its
-GPU time is under forward+backward, the optimizer column says "in graph"); GPU kernels per step and CUDA launch calls
-per step from torch.profiler over 2 steps; peak memory (torch.cuda.max_memory_allocated,
-weights and optimizer state included); the first step's seconds (compilation and any
-autotuning not in the kernel cache).
+GPU time is under forward+backward, the optimizer column says "in graph"); GPU kernels per
+step and CUDA launch calls per step from torch.profiler over 2 steps; peak memory
+(torch.cuda.max_memory_allocated, weights and optimizer state included); the first step's
+seconds (compilation and any autotuning not in the kernel cache).
 """
 
 from __future__ import annotations

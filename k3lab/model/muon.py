@@ -18,8 +18,8 @@ the update it would get as a 2-D parameter of its own.
 The state is torch.optim.Muon's (`momentum_buffer` per parameter), so state dicts look
 the same. The learning rate is read from the param group each step and never enters a
 compiled function: schedules cost no recompilation. It may be a device scalar, as in a
-training step captured as a CUDA graph: then nothing in the step waits on the host. `compile=True` compiles the
-Newton-Schulz iteration once per bucket shape.
+training step captured as a CUDA graph: then nothing in the step waits on the host.
+`compile=True` compiles the Newton-Schulz iteration once per bucket shape.
 """
 
 from __future__ import annotations
