@@ -766,6 +766,28 @@ def test_a_captured_step_runs_both_optimizers_at_each_steps_learning_rate():
 
 
 @gpu
+def test_muon_buckets_on_side_streams_update_exactly_as_on_one_stream():
+    """The buckets' kernel chains overlap on side streams; each chain is the same kernels on
+    the same inputs, so the weights and momenta match the one-stream step bit for bit."""
+    from k3lab.model.muon import Muon
+
+    shapes = [(64, 128), (128, 64), (96, 96), (64, 128), (8, 128), (4, 96, 96)]
+    results = {}
+    for streams in (0, 4):
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(*s, device="cuda", generator=generator) * 0.1) for s in shapes]
+        optimizer = Muon(params, lr=0.02, weight_decay=0.1, streams=streams)
+        for _ in range(3):
+            for p in params:
+                p.grad = torch.randn(p.shape, device="cuda", generator=generator)
+            optimizer.step()
+        assert len(optimizer.side_streams.get(params[0].device, [])) == streams
+        results[streams] = [p.detach().clone() for p in params] + [optimizer.state[p]["momentum_buffer"] for p in params]
+    for one_stream, side_streams in zip(results[0], results[4]):
+        assert torch.equal(side_streams, one_stream)
+
+
+@gpu
 def test_a_restarted_trainer_replays_its_graph_and_trains_as_a_new_trainer_of_its_seed(isolated_data, fresh_compiler):
     """Trainer.restart (a variant's next seed in a reused sweep process) keeps the compiled
     blocks and the captured CUDA graph, and trains and evaluates the new seed as a Trainer

@@ -26,6 +26,20 @@ def test_every_token_gets_exactly_k_distinct_experts():
     assert all(len(set(row.tolist())) == 3 for row in indices)
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_selection_is_torch_topk_of_the_biased_scores_best_first(k):
+    moe = make_moe(num_experts_per_token=k) if k < 8 else make_moe(num_experts=16, num_experts_per_token=k)
+    torch.nn.init.normal_(moe.expert_bias, std=0.1)
+    scores = torch.rand(500, moe.num_experts)
+    assert torch.equal(moe.select(scores), torch.topk(scores + moe.expert_bias, k, dim=-1).indices)
+
+
+def test_tied_scores_go_to_the_lower_expert():
+    moe = make_moe(num_experts_per_token=3)
+    scores = torch.tensor([[0.5, 0.9, 0.5, 0.9, 0.1, 0.5, 0.2, 0.0]])
+    assert moe.select(scores).tolist() == [[1, 3, 0]]
+
+
 def test_selection_follows_the_bias_but_weights_do_not():
     moe = init(make_moe())
     x = torch.randn(40, 64)
@@ -117,7 +131,7 @@ def test_load_is_counted_only_in_training_mode():
     assert moe.load_counts.sum() == 0
     moe.train()(torch.randn(1, 4, 64))
     assert moe.load_counts.sum() == 4 * 2
-    torch.testing.assert_close(moe.load_fraction().sum(), torch.tensor(1.0))
+    torch.testing.assert_close(moe.update_bias().sum(), torch.tensor(1.0))  # the load fraction it balanced
 
 
 @pytest.mark.parametrize("rule", ["sign", "quantile"])

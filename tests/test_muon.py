@@ -103,6 +103,15 @@ def test_muon_rejects_vectors():
         Muon([torch.nn.Parameter(torch.zeros(8))])
 
 
+def test_muon_rejects_a_negative_number_of_streams_and_makes_none_off_cuda():
+    with pytest.raises(ValueError, match="streams must be >= 0"):
+        Muon(matrices(), streams=-1)
+    params = matrices()
+    optimizer = Muon(params, streams=4)
+    run_steps(optimizer, params, steps=1)
+    assert optimizer.side_streams == {}  # CPU: the buckets run where they are
+
+
 def test_optimizer_state_round_trips_through_a_state_dict():
     params, copies = matrices(), matrices()
     optimizer = Muon(params, lr=0.02)

@@ -87,22 +87,24 @@ class KDAFused(KDAChunkwise):
         the six projections' input gradients one eager add at a time (54 adds of B x T x M a
         `small` trial's step, 2026-12-03 profile). The parameters stay the chunkwise layer's.
         """
-        first = [self.q_proj, self.k_proj, self.v_proj, self.f_proj[0], self.b_proj, self.gate_first()]
+        gate_in, gate_out = self.gate_linears()
+        first = [self.q_proj, self.k_proj, self.v_proj, self.f_proj[0], self.b_proj, gate_in]
         widths = [linear.out_features for linear in first]
         pad = -sum(widths) % WIDTH_MULTIPLE  # zero rows: see WIDTH_MULTIPLE
-        weight = torch.cat([linear.weight for linear in first] + [x.new_zeros(pad, x.shape[-1], dtype=first[0].weight.dtype)])
+        weight = F.pad(torch.cat([linear.weight for linear in first]), (0, 0, 0, pad))
         q, k, v, f, beta, gate, _ = F.linear(x, weight).split(widths + [pad], dim=-1)  # views, row stride sum + pad
         f = self.f_proj[1](f)
-        if isinstance(self.g_proj, nn.Linear):  # K3's full-rank gate: its bias, if any, added here
-            if self.g_proj.bias is not None:
-                gate = (gate + self.g_proj.bias).to(gate.dtype)
-        else:  # low rank: the gate's second Linear (with its bias)
-            gate = self.g_proj[1](gate)
+        if gate_out is not None:  # low rank: the gate's second Linear (with its bias)
+            gate = gate_out(gate)
+        elif gate_in.bias is not None:  # K3's full-rank gate with a bias: added here
+            gate = (gate + gate_in.bias).to(gate.dtype)
         return q, k, v, f, beta, gate
 
-    def gate_first(self) -> nn.Linear:
-        """The output gate's Linear that reads x: the whole gate (full rank) or its first half."""
-        return self.g_proj if isinstance(self.g_proj, nn.Linear) else self.g_proj[0]
+    def gate_linears(self) -> tuple[nn.Linear, nn.Linear | None]:
+        """The output gate as (the Linear that reads x, the low-rank gate's second Linear or None)."""
+        if isinstance(self.g_proj, nn.Linear):
+            return self.g_proj, None
+        return self.g_proj[0], self.g_proj[1]
 
 
 def short_conv(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:

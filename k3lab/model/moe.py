@@ -63,7 +63,8 @@ def grouped_layout(flat_expert: torch.Tensor, num_experts: int, align: int = GRO
     counts.scatter_add_(0, flat_expert, torch.ones_like(flat_expert))  # bincount would sync on CUDA
     padded = (counts + align - 1) // align * align
     group_start = padded.cumsum(0) - padded  # (E,)
-    order = torch.argsort(flat_expert, stable=True)
+    narrow = torch.uint8 if E <= 256 else torch.int32  # a radix sort makes one pass per key byte: 1 or 4, not 8
+    order = torch.argsort(flat_expert.to(narrow), stable=True)  # stable: the same order whatever the key type
     sorted_expert = flat_expert[order]
     rank = torch.arange(P, device=flat_expert.device) - (counts.cumsum(0) - counts)[sorted_expert]
     pos = torch.empty_like(order)
@@ -174,8 +175,20 @@ class StableLatentMoE(nn.Module):
             return torch.sigmoid(x.float() @ self.router.weight.float().T)
 
     def select(self, scores: torch.Tensor) -> torch.Tensor:
-        """top-k of s + b: (N, E) -> expert indices (N, k)."""
-        return torch.topk(scores + self.expert_bias, self.top_k, dim=-1).indices
+        """top-k of s + b, best first, ties to the lower expert: (N, E) -> expert indices (N, k).
+
+        k rounds of argmax, each masking the expert just picked: torch.compile fuses them and the
+        bias add into one kernel. torch.topk is a library kernel of its own, 1.5 ms a step in 11
+        calls of a `small` trial at 64 x 1024 (H200, 2026-12-03).
+        """
+        biased = scores + self.expert_bias
+        experts = torch.arange(biased.shape[-1], device=biased.device)
+        picks = []
+        for _ in range(self.top_k):
+            pick = biased.argmax(dim=-1, keepdim=True)  # (N, 1)
+            picks.append(pick)
+            biased = biased.masked_fill(experts == pick, float("-inf"))
+        return torch.cat(picks, dim=-1)
 
     def mixture_weights(self, scores: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """The selected unbiased scores, renormalised (k > 1), times the scaling factor: (N, k)."""
@@ -241,10 +254,6 @@ class StableLatentMoE(nn.Module):
         return y.view(B, T, M)
 
     # -- load balancing, outside autograd --------------------------------------------
-
-    def load_fraction(self) -> torch.Tensor:
-        """Share of routed selections per expert since the last update: (E,), sums to 1."""
-        return self.load_counts / self.load_counts.sum().clamp(min=1)
 
     @torch.no_grad()
     def update_bias(self) -> torch.Tensor:

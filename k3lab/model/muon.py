@@ -20,6 +20,14 @@ the same. The learning rate is read from the param group each step and never ent
 compiled function: schedules cost no recompilation. It may be a device scalar, as in a
 training step captured as a CUDA graph: then nothing in the step waits on the host.
 `compile=True` compiles the Newton-Schulz iteration once per bucket shape.
+
+On CUDA the buckets run on `streams` side streams, round robin. Each bucket is a chain of
+~25 short kernels (most of them the Newton-Schulz matmuls) that depend only on each other,
+so the chains of different buckets overlap on the GPU instead of queueing one after the
+other. The side streams start after the current stream's work and the current stream waits
+for them at the end, so the step is ordered with the rest of training as before, and the
+same kernels compute the same numbers. This also holds inside a captured CUDA graph: the
+side streams join the capture (a fork and a join in the graph).
 """
 
 from __future__ import annotations
@@ -66,9 +74,11 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_coefficients=NS_COEFFICIENTS, ns_steps: int = 5, eps: float = 1e-7,
-                 adjust_lr_fn: str | None = "match_rms_adamw", compile: bool = False):
+                 adjust_lr_fn: str | None = "match_rms_adamw", compile: bool = False, streams: int = 4):
         if lr < 0 or momentum < 0 or weight_decay < 0:
             raise ValueError(f"Muon: lr, momentum and weight_decay must be >= 0, got {lr}, {momentum}, {weight_decay}")
+        if streams < 0:
+            raise ValueError(f"Muon: streams must be >= 0 (0: the current stream only), got {streams}")
         if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
             raise ValueError(f"Muon: adjust_lr_fn must be 'original' or 'match_rms_adamw', got {adjust_lr_fn!r}")
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
@@ -78,6 +88,8 @@ class Muon(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.ndim not in (2, 3):
                     raise ValueError(f"Muon takes matrices (2-D) and stacks of matrices (3-D), got shape {tuple(p.shape)}")
+        self.streams = streams
+        self.side_streams: dict[torch.device, list[torch.cuda.Stream]] = {}
         self.orthogonalise = newton_schulz
         if compile:
             self.orthogonalise = torch.compile(newton_schulz, dynamic=False)
@@ -89,10 +101,33 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            for params in shape_buckets(p for p in group["params"] if p.grad is not None).values():
+        buckets = [(params, group) for group in self.param_groups
+                   for params in shape_buckets(p for p in group["params"] if p.grad is not None).values()]
+        if not buckets:
+            return loss
+        streams = self.streams_for(buckets[0][0][0].device)
+        if not streams:
+            for params, group in buckets:
                 self.update_bucket(params, group)
+            return loss
+        current = torch.cuda.current_stream()
+        for stream in streams:
+            stream.wait_stream(current)  # gradients and weights are ready
+        for i, (params, group) in enumerate(buckets):
+            with torch.cuda.stream(streams[i % len(streams)]):  # a bucket's tensors live and die on its stream
+                self.update_bucket(params, group)
+        for stream in streams:
+            current.wait_stream(stream)
         return loss
+
+    def streams_for(self, device: torch.device) -> list[torch.cuda.Stream]:
+        """This optimizer's side streams on a CUDA device (made once, reused by every step and
+        capture); none elsewhere or with streams=0."""
+        if device.type != "cuda" or self.streams == 0:
+            return []
+        if device not in self.side_streams:
+            self.side_streams[device] = [torch.cuda.Stream(device) for _ in range(self.streams)]
+        return self.side_streams[device]
 
     def update_bucket(self, params: list[torch.Tensor], group: dict) -> None:
         """One Muon step for parameters whose matrices all have one (rows, cols) shape."""
