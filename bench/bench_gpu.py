@@ -78,6 +78,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cache-dir", default=None,
                         help="kernel cache folder (default: $K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels)")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    parser.add_argument("--from-log", default=None, metavar="LOG",
+                        help="write the table of a saved output into docs/benchmarks.md instead of measuring "
+                             "(the log's first line says when, where and how it ran)")
     args = parser.parse_args()
     args.names = NAMES if args.only is None else tuple(n.strip() for n in args.only.split(","))
     unknown = set(args.names) - set(NAMES)
@@ -273,8 +276,27 @@ def table(results: list, failures: dict) -> str:
     return "\n".join(rows)
 
 
+SECTION = "GPU training step: FLA KDA vs KimiK3"
+
+
+def body_from_log(path: str) -> tuple[str, str]:
+    """(the log's first line, the report it ends with: the settings line and the table) of a saved
+    output of this bench; a one-line exit when the log holds no report (a run stopped early)."""
+    lines = Path(path).read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("B=")), None)
+    if not lines or start is None:
+        sys.exit(f"{path}: no report of bench_gpu.py in it (a line starting 'B=' then the table)")
+    return lines[0].lstrip("# "), "\n".join(lines[start:])
+
+
 def main() -> None:
     args = parse_args()
+    if args.from_log:
+        from bench.report import write_section
+
+        origin, body = body_from_log(args.from_log)
+        write_section(SECTION, body, measured_on=origin)
+        return
     from k3lab.tune.kernels import open_kernel_cache
 
     open_kernel_cache(args.cache_dir)  # before FLA is imported; k3lab's cache, started from its shipped tunings
@@ -308,7 +330,7 @@ def main() -> None:
     if args.write:
         from bench.report import write_section
 
-        write_section("GPU training step: FLA KDA vs KimiK3", body)
+        write_section(SECTION, body)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 import importlib.util
 import json
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -65,6 +66,7 @@ def fla_reference(relative_path: str):
     name = "fla_reference_" + relative_path.replace("/", "_").removesuffix(".py")
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     module_spec.loader.exec_module(module)
     return module
 
@@ -74,6 +76,7 @@ def bench_script(name: str):
     path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     module_spec.loader.exec_module(module)
     return module
 

@@ -353,6 +353,19 @@ def test_bench_trial_table_from_logs_takes_rows_a_stopped_run_printed_and_names_
     assert [r.split("|")[2:4] for r in rows] == [[" after [1] ", " 1 "], [" before [2] ", " 3 "]]
 
 
+def test_bench_gpu_table_from_a_log_is_its_closing_report_named_by_the_first_line(tmp_path):
+    saved = tmp_path / "gpu.log"
+    saved.write_text("# 2026-12-03, an H200: python bench/bench_gpu.py\nfla_kda: first step 21.2 s\n| fla_kda | 1 |\n"
+                     "B=16, T=2048, settings.\n\n| configuration | params |\n|---|---|\n| fla_kda | 193.5M |\n")
+    origin, body = bench_script("bench_gpu").body_from_log(str(saved))
+    assert origin == "2026-12-03, an H200: python bench/bench_gpu.py"
+    assert body.splitlines() == ["B=16, T=2048, settings.", "", "| configuration | params |", "|---|---|",
+                                 "| fla_kda | 193.5M |"]
+    saved.write_text("# stopped\nfla_kda: first step 21.2 s\n")
+    with pytest.raises(SystemExit, match="no report of bench_gpu.py"):
+        bench_script("bench_gpu").body_from_log(str(saved))
+
+
 def test_a_sweep_resumed_in_parts_lists_each_resume_command_once_with_its_count():
     from k3lab.report.results import resume_lines
 
