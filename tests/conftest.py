@@ -66,7 +66,6 @@ def fla_reference(relative_path: str):
     name = "fla_reference_" + relative_path.replace("/", "_").removesuffix(".py")
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # dataclasses look their module up there
     module_spec.loader.exec_module(module)
     return module
 
