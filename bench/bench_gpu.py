@@ -284,7 +284,7 @@ def body_from_log(path: str) -> tuple[str, str]:
     output of this bench; a one-line exit when the log holds no report (a run stopped early)."""
     lines = Path(path).read_text().splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("B=")), None)
-    if not lines or start is None:
+    if start is None:  # also an empty log
         sys.exit(f"{path}: no report of bench_gpu.py in it (a line starting 'B=' then the table)")
     return lines[0].lstrip("# "), "\n".join(lines[start:])
 
