@@ -106,14 +106,14 @@ def split_attnres():
             N, D = do.shape
             L = len(residuals)
             dvs = [torch.empty_like(r) for r in residuals]
-            dqw = torch.empty_like(do, dtype=torch.float32)
-            dow_partial = torch.empty_like(do, dtype=torch.float32) if ow is not None else None
+            partials = torch.empty(1 + (ow is not None), N, D, dtype=torch.float32, device=do.device)
+            dqw, dow_partial = partials[0], (partials[1] if ow is not None else None)
             fla.attnres_bwd_kernel_dv[(N,)](
                 q=q, res=ctx.res, w=w, ow=ow, o_pre=None, rstd=rstd, logit=logit, lse=lse, do=do,
                 dres=fla._build_ptr_table(dvs), dqw=dqw, dow_partial=dow_partial, N=N, L=L,
                 L2=max(8, fla.triton.next_power_of_2(L)), D=D, eps=ctx.eps, scale=1.0,
                 BD=fla.triton.next_power_of_2(D), HAS_ONORM=ow is not None, SAVE_OPRE=False)
-            dq, dw, dow = column_sums(dqw, dow_partial, q, w, ow)
+            dq, dw, dow = column_sums(partials, q, w, ow)
             return (dq, dw, dow, None, *dvs)
 
     def call(query, residuals, rms_weight, output_rms_weight, rms_eps):
@@ -206,9 +206,10 @@ def measure_call(fn, K: int, N: int, D: int, args, device: torch.device) -> dict
 def measure_dqdw(N: int, D: int, args, device: torch.device) -> dict:
     """The reduction stage alone: FLA's dqdw kernel (on a GPU) and torch.sum, same buffers."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    dqw, dow_partial = (torch.randn(N, D, generator=g).to(device) for _ in range(2))
+    partials = torch.randn(2, N, D, generator=g).to(device)  # per-row dqw and dow terms
+    dqw, dow_partial = partials
     q, w, ow = (torch.randn(D, generator=g).to(device) for _ in range(3))
-    rows = {"dqdw_split": lambda: column_sums(dqw, dow_partial, q, w, ow)}
+    rows = {"dqdw_split": lambda: column_sums(partials, q, w, ow)}
     if device.type == "cuda":
         from fla.ops.attnres import fused as fla
 

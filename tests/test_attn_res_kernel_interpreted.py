@@ -49,14 +49,14 @@ def case_errors(K: int, D: int, dtype_name: str, with_out_norm: bool) -> dict[st
     held = [torch.randn(N, D, generator=g).to(dtype) for _ in range(K)]
     acc = 0b0101010101010 & ((1 << K) - 1)  # every other source already holds a reader's share
     targets = [h.clone() for h in held]
-    dqw, dow_partial = attn_res_kernel.dv_backward(q, w, ow, residuals, *got[1:], do, targets, acc, 1e-6)
+    partials = attn_res_kernel.dv_backward(q, w, ow, residuals, *got[1:], do, targets, acc, 1e-6)  # (1 or 2, G, D)
     dvs, want_dqw, want_dow = attn_res_fused.dv_twin(q, w, ow, residuals, do, 1e-6)
     errors["dv_stored"] = max(relative(t, dv) for i, (t, dv) in enumerate(zip(targets, dvs)) if not acc >> i & 1)
     errors["dv_added"] = max(relative(t, dv + h.float()) for i, (t, dv, h) in enumerate(zip(targets, dvs, held))
                              if acc >> i & 1)
-    errors["partial_sums"] = dqw.shape[0]
-    errors["dqw"] = relative(dqw.sum(0), want_dqw.sum(0))  # partial sums over blocks of rows
-    errors["dow"] = relative(dow_partial.sum(0), want_dow.sum(0)) if ow is not None else float(dow_partial is not None)
+    errors["partial_sums"] = partials.shape[1]
+    errors["dqw"] = relative(partials[0].sum(0), want_dqw.sum(0))  # partial sums over blocks of rows
+    errors["dow"] = relative(partials[1].sum(0), want_dow.sum(0)) if ow is not None else partials.shape[0] - 1.0
     return errors
 
 

@@ -28,7 +28,7 @@ def test_column_sums_of_the_dv_kernels_buffers_give_autograds_gradients(sources)
     expected = torch.autograd.grad(o, [q, w, ow, *residuals], do)
 
     dvs, dqw, dow_partial = dv_twin(q.detach(), w.detach(), ow.detach(), [r.detach() for r in residuals], do)
-    dq, dw, dow = column_sums(dqw, dow_partial, q.detach(), w.detach(), ow.detach())
+    dq, dw, dow = column_sums(torch.stack([dqw, dow_partial]), q.detach(), w.detach(), ow.detach())
     for got, want in zip([dq, dw, dow, *dvs], expected):  # both in fp32 math, summed in other orders:
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)  # 3e-6 apart on the H200 host
 

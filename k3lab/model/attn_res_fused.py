@@ -8,8 +8,8 @@ and 8 readers). Here an endpoint is made by `as_endpoint`, whose autograd node
 holds the sum (`Endpoint.summed`); each reader's backward adds its share there and hands
 autograd nothing for it; the endpoint's own backward returns the sum. The scorers' and
 norms' weight gradients are summed over rows in the backward kernel, a block of rows a program,
-and the (G, D) partial sums finished by torch.sum (`column_sums`); FLA's reduction kernel walks
-all N rows on D / BD programs.
+and the (2, G, D) partial sums finished by one torch.sum (`column_sums`); FLA's reduction kernel
+walks all N rows on D / BD programs.
 
 On CPU tensors the same autograd functions run the plain-PyTorch twins (`reference_forward`,
 `dv_twin`), so CPU tests check the bookkeeping; the GPU tests hold the kernels to the twins
@@ -111,9 +111,9 @@ class AttnResMixture(torch.autograd.Function):
                     node.summed = targets[-1]
         flat = lambda tensors: [t.view(-1, D) for t in tensors]  # noqa: E731
         backward = dv_kernel if do.is_cuda else dv_reference
-        dqw, dow_rows = backward(q, w, ow, flat(sources), rstd, logit, lse, do.contiguous().view(-1, D),
-                                 flat(targets), acc, ctx.eps)
-        dq, dw, dow = column_sums(dqw, dow_rows, q, w, ow)
+        partials = backward(q, w, ow, flat(sources), rstd, logit, lse, do.contiguous().view(-1, D),
+                            flat(targets), acc, ctx.eps)
+        dq, dw, dow = column_sums(partials, q, w, ow)
         grads = [None if node is not None else target for node, target in zip(ctx.nodes, targets)]
         return (dq, dw, dow, None, *grads)
 
@@ -141,14 +141,13 @@ def dv_kernel(*args):
     return dv_backward(*args)
 
 
-def column_sums(dqw: torch.Tensor, dow_rows: torch.Tensor | None, q: torch.Tensor, w: torch.Tensor,
-                ow: torch.Tensor | None):
-    """dq, dw, dow from the backward's (G, D) fp32 buffers, summed over G (partial sums over blocks
-    of rows from the kernel, or per-row terms from the twin): the logit uses q * w, so
-    dq = (sum dqw) * w and dw = (sum dqw) * q."""
-    total = dqw.sum(dim=0)  # (D,) fp32
-    dq, dw = (total * w.float()).to(q.dtype), (total * q.float()).to(w.dtype)
-    dow = dow_rows.sum(dim=0).to(ow.dtype) if ow is not None else None
+def column_sums(partials: torch.Tensor, q: torch.Tensor, w: torch.Tensor, ow: torch.Tensor | None):
+    """dq, dw, dow from the backward's (1 or 2, G, D) fp32 buffer of dqw and dow terms, summed
+    over G in one reduction (partial sums over blocks of rows from the kernel, or per-row terms
+    from the twin): the logit uses q * w, so dq = (sum dqw) * w and dw = (sum dqw) * q."""
+    totals = partials.sum(dim=1)  # (1 or 2, D) fp32
+    dq, dw = (totals[0] * w.float()).to(q.dtype), (totals[0] * q.float()).to(w.dtype)
+    dow = totals[1].to(ow.dtype) if ow is not None else None
     return dq, dw, dow
 
 
@@ -208,8 +207,9 @@ def dv_twin(q, w, ow, residuals, do, eps: float = 1e-6):
 
 
 def dv_reference(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, eps: float):
-    """`attn_res_kernel.dv_backward` in plain PyTorch (the statistics are recomputed)."""
+    """`attn_res_kernel.dv_backward` in plain PyTorch (the statistics are recomputed); its
+    partial sums are the per-row terms, (1 or 2, N, D)."""
     dvs, dqw, dow_partial = dv_twin(q, w, ow, residuals, do, eps)
     for i, (target, dv) in enumerate(zip(targets, dvs)):
         target.copy_(target.float() + dv if acc >> i & 1 else dv)
-    return dqw, dow_partial
+    return torch.stack([dqw] if ow is None else [dqw, dow_partial])

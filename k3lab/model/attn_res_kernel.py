@@ -1,12 +1,15 @@
 """k3lab's Triton kernels for AttnRes: the mixture forward, and its backward with each source's
 gradient summed where it is kept.
 
-Both run ROWS token rows a program on ROWS warps, all K sources of a row in turn, D in one block,
-with no autotuning (a fresh machine has nothing to tune for them). With one row a program, a
-row's two reductions per source (the RMS and the score) spread over all four warps and met in
-shared memory; with four rows on four warps each row is reduced by fewer warps, and a program keeps
-four rows' loads in flight (the forward alone moved its bytes 34% faster on an H200 at K = 13,
-2,539 against 1,895 GB/s, bench/bench_attnres.py rows fwd / fwd_rows4, 2026-12-02).
+Both run one token row a program on one warp (a row's reductions stay inside its warp), all K
+sources of the row in turn, D in one block, with no autotuning (a fresh machine has nothing to
+tune for them). K is a compile-time constant (one kernel per number of sources; a `small` trial
+has K = 1 to 4), so the unrolled loop over the sources has no branches and a program issues its
+loads back to back. Measured on an H200 at
+N = 65,536, D = 512, K = 2 / 3 / 4 (scripts/attnres_variants.py, docs/runs/attnres-variants-*.log,
+2026-12-04), against the kernels before (K a runtime value, four rows a program on four warps):
+forward 0.060 / 0.093 / 0.106 ms against 0.087 / 0.116 / 0.144; backward, endpoints summed,
+0.165 / 0.256 / 0.332 ms against 0.312 / 0.424 / 0.536.
 
 Forward, one read of each source (an online softmax, as flash attention does over keys):
     rstd_l  = 1 / sqrt(mean(v_l^2) + eps),   logit_l = rstd_l <v_l, q * w>
@@ -22,15 +25,12 @@ Backward:
     dv_l  = p_l g + ds_l rstd_l (qw - k_l logit_l / D),   ds_l = p_l (<v_l, g> - <g, o_pre>)
     dqw   = sum_l ds_l k_l                     summed over rows: dq = dqw * w, dw = dqw * q
 with k_l = rstd_l v_l, qw = q * w and p_l = exp(logit_l - lse) from the forward's statistics.
-Each program walks STEPS x ROWS rows and writes one partial sum of dqw (and of the output norm's
-weight gradient) over them: a (G, D) fp32 buffer, G = N / (STEPS x ROWS), that `column_sums`
-finishes. Per-row buffers would cost two N x D fp32 writes and reads a call (512 MB at a `small`
-trial's step, more than the kernel's own bf16 traffic at K = 4) and two full reductions after.
+Each program walks STEPS x ROWS rows and writes one partial sum of dqw and one of the output
+norm's weight gradient over them, into one (2, G, D) fp32 buffer, G = N / (STEPS x ROWS),
+that `column_sums` finishes in one reduction. Per-row buffers would cost two N x D fp32 writes and
+reads a call (512 MB at a `small` trial's step, more than the kernel's own bf16 traffic at K = 4).
 The plain-PyTorch twin is `attn_res_fused.dv_twin` (per-row terms); the tests hold the kernels
-to the twins. On an H200 (2026-12-03) this kernel alone is slower than the one-row-a-program
-kernel before it, which wrote the per-row buffers (K = 13, every gradient stored: 1.24 against
-0.86 ms), but a `small` trial's step spent 11.3 ms in it and in the step's fp32 reductions
-against 12.4 ms before (bench/bench_trial.py --top, docs/benchmarks.md).
+to the twins.
 
 What differs from FLA's kernels (fla.ops.attnres.fused), which compute the same terms:
 - the forward reads source l through its own pointer in an unrolled loop, where FLA's gathers
@@ -51,13 +51,13 @@ import triton
 import triton.language as tl
 
 
-FWD_ROWS = 4  # token rows a forward program, one warp each
-BWD_ROWS = 4  # token rows a backward block, on 4 warps (1 or 2 were slower on an H200 at K = 2, 4 and 13)
+FWD_ROWS = 1  # token rows a forward program, one warp each (2 and 4 were slower, module docstring)
+BWD_ROWS = 1  # token rows a backward block, one warp each (2, 4 and 8 were slower)
 PARTIAL_ROWS = 4096  # the backward walks blocks of rows until at most this many partial sums are left
 
 
-@triton.jit(do_not_specialize=["N", "L"])
-def attn_res_fwd_kernel(q, w, ow, res, o, rstd, logit, lse, N, L, eps, L2: tl.constexpr, D: tl.constexpr,
+@triton.jit(do_not_specialize=["N"])
+def attn_res_fwd_kernel(q, w, ow, res, o, rstd, logit, lse, N, eps, L: tl.constexpr, D: tl.constexpr,
                         BD: tl.constexpr, ROWS: tl.constexpr, HAS_ONORM: tl.constexpr):
     n = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
     d = tl.arange(0, BD)
@@ -69,19 +69,18 @@ def attn_res_fwd_kernel(q, w, ow, res, o, rstd, logit, lse, N, L, eps, L2: tl.co
     m = tl.full([ROWS], float("-inf"), dtype=tl.float32)  # the running max of the logits
     total = tl.zeros([ROWS], dtype=tl.float32)  # sum_l exp(logit_l - m)
     o_pre = tl.zeros([ROWS, BD], dtype=tl.float32)  # sum_l exp(logit_l - m) v_l
-    for i in tl.static_range(L2):  # res is padded to L2 entries; those past L are never read
-        if i < L:
-            v = tl.load(res[i] + at, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            r = tl.rsqrt(tl.sum(v * v, axis=1) / D + eps)
-            s = tl.sum(v * qw[None, :], axis=1) * r
-            tl.store(rstd + i * N + n, r, mask=rows_in)
-            tl.store(logit + i * N + n, s, mask=rows_in)
-            m_new = tl.maximum(m, s)
-            shrink = tl.exp(m - m_new)
-            p = tl.exp(s - m_new)
-            total = total * shrink + p
-            o_pre = o_pre * shrink[:, None] + p[:, None] * v
-            m = m_new
+    for i in tl.static_range(L):
+        v = tl.load(res[i] + at, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        r = tl.rsqrt(tl.sum(v * v, axis=1) / D + eps)
+        s = tl.sum(v * qw[None, :], axis=1) * r
+        tl.store(rstd + i * N + n, r, mask=rows_in)
+        tl.store(logit + i * N + n, s, mask=rows_in)
+        m_new = tl.maximum(m, s)
+        shrink = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        total = total * shrink + p
+        o_pre = o_pre * shrink[:, None] + p[:, None] * v
+        m = m_new
     tl.store(lse + n, m + tl.log(total), mask=rows_in)
     out = o_pre / total[:, None]
     if HAS_ONORM:
@@ -90,9 +89,9 @@ def attn_res_fwd_kernel(q, w, ow, res, o, rstd, logit, lse, N, L, eps, L2: tl.co
     tl.store(o + at, out.to(o.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["N", "L", "ACC"])
-def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, N, L, ACC, eps,
-                           L2: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr,
+@triton.jit(do_not_specialize=["N", "ACC"])
+def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, partials, N, ACC, eps,
+                           L: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr,
                            STEPS: tl.constexpr, HAS_ONORM: tl.constexpr):
     program = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BD)
@@ -111,10 +110,9 @@ def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, 
         g = tl.load(do + at, mask=mask, other=0.0).to(tl.float32)  # rows past N: g = 0, no share
 
         o_pre = tl.zeros([ROWS, BD], dtype=tl.float32)
-        for i in tl.static_range(L2):  # res is padded to L2 entries; those past L are never read
-            if i < L:
-                p = tl.exp(tl.load(logit + i * N + n, mask=rows_in, other=0.0) - lse_n)
-                o_pre += p[:, None] * tl.load(res[i] + at, mask=mask, other=0.0).to(tl.float32)
+        for i in tl.static_range(L):
+            p = tl.exp(tl.load(logit + i * N + n, mask=rows_in, other=0.0) - lse_n)
+            o_pre += p[:, None] * tl.load(res[i] + at, mask=mask, other=0.0).to(tl.float32)
 
         if HAS_ONORM:
             o_rstd = tl.rsqrt(tl.sum(o_pre * o_pre, axis=1) / D + eps)
@@ -124,22 +122,21 @@ def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, 
             g = (w_out[None, :] * g - xhat * c1[:, None]) * o_rstd[:, None]
         delta = tl.sum(g * o_pre, axis=1)
 
-        for i in tl.static_range(L2):
-            if i < L:
-                v = tl.load(res[i] + at, mask=mask, other=0.0).to(tl.float32)
-                r = tl.load(rstd + i * N + n, mask=rows_in, other=0.0)
-                s = tl.load(logit + i * N + n, mask=rows_in, other=0.0)
-                p = tl.exp(s - lse_n)
-                ds = p * (tl.sum(v * g, axis=1) - delta)
-                k = v * r[:, None]
-                dv = p[:, None] * g + (ds * r)[:, None] * (qw[None, :] - k * (s / D)[:, None])
-                if (ACC >> i) & 1:
-                    dv += tl.load(dres[i] + at, mask=mask, other=0.0).to(tl.float32)
-                tl.store(dres[i] + at, dv.to(dres[i].dtype.element_ty), mask=mask)
-                dqw_sum += ds[:, None] * k
-    tl.store(dqw + program * D + d, tl.sum(dqw_sum, axis=0), mask=inside)
+        for i in tl.static_range(L):
+            v = tl.load(res[i] + at, mask=mask, other=0.0).to(tl.float32)
+            r = tl.load(rstd + i * N + n, mask=rows_in, other=0.0)
+            s = tl.load(logit + i * N + n, mask=rows_in, other=0.0)
+            p = tl.exp(s - lse_n)
+            ds = p * (tl.sum(v * g, axis=1) - delta)
+            k = v * r[:, None]
+            dv = p[:, None] * g + (ds * r)[:, None] * (qw[None, :] - k * (s / D)[:, None])
+            if (ACC >> i) & 1:
+                dv += tl.load(dres[i] + at, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dres[i] + at, dv.to(dres[i].dtype.element_ty), mask=mask)
+            dqw_sum += ds[:, None] * k
+    tl.store(partials + program * D + d, tl.sum(dqw_sum, axis=0), mask=inside)  # partials[0, program]
     if HAS_ONORM:
-        tl.store(dow + program * D + d, tl.sum(dow_sum, axis=0), mask=inside)
+        tl.store(partials + (tl.num_programs(0) + program) * D + d, tl.sum(dow_sum, axis=0), mask=inside)
 
 
 def row_steps(N: int) -> int:
@@ -151,25 +148,22 @@ def row_steps(N: int) -> int:
     return steps
 
 
-def dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, eps: float):
-    """Write (acc bit l set: add) source l's gradient into targets[l]; returns (dqw, dow) as partial
-    sums over blocks of rows, (G, D) fp32 each (dow None without ow), that `column_sums` finishes.
+def dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, eps: float) -> torch.Tensor:
+    """Write (acc bit l set: add) source l's gradient into targets[l]; returns the partial sums of
+    dqw (and of dow when ow is given) over blocks of rows, (1 or 2, G, D) fp32, that
+    `attn_res_fused.column_sums` finishes in one reduction.
 
     residuals, targets: K (N, D) contiguous, 16-byte aligned; rstd, logit: (K, N) fp32; lse (N,).
     """
-    K = len(residuals)
     N, D = do.shape
-    L2 = max(8, triton.next_power_of_2(K))
-    pad = lambda tensors: tuple(tensors) + (tensors[0],) * (L2 - K)  # noqa: E731
     steps = row_steps(N)
     programs = triton.cdiv(N, BWD_ROWS * steps)
-    dqw = torch.empty(programs, D, dtype=torch.float32, device=do.device)
-    dow = torch.empty_like(dqw) if ow is not None else None
+    partials = torch.empty(1 + (ow is not None), programs, D, dtype=torch.float32, device=do.device)
     attn_res_bwd_dv_kernel[(programs,)](
-        q, w, ow, pad(residuals), pad(targets), rstd, logit, lse, do, dqw, dow, N, K, acc, eps,
-        L2=L2, D=D, BD=triton.next_power_of_2(D), ROWS=BWD_ROWS, STEPS=steps, HAS_ONORM=ow is not None,
-        num_warps=4)
-    return dqw, dow
+        q, w, ow, tuple(residuals), tuple(targets), rstd, logit, lse, do, partials, N, acc, eps,
+        L=len(residuals), D=D, BD=triton.next_power_of_2(D), ROWS=BWD_ROWS, STEPS=steps,
+        HAS_ONORM=ow is not None, num_warps=BWD_ROWS)
+    return partials
 
 
 def forward(q, w, ow, residuals, eps: float):
@@ -177,12 +171,11 @@ def forward(q, w, ow, residuals, eps: float):
     rstd (K, N), logit (K, N), lse (N,)) fp32, as `attn_res_fused.reference_forward` returns them."""
     K = len(residuals)
     N, D = residuals[0].shape
-    L2 = max(8, triton.next_power_of_2(K))
     o = torch.empty_like(residuals[0])
     rstd = torch.empty(K, N, dtype=torch.float32, device=o.device)
     logit = torch.empty_like(rstd)
     lse = torch.empty(N, dtype=torch.float32, device=o.device)
     attn_res_fwd_kernel[(triton.cdiv(N, FWD_ROWS),)](
-        q, w, ow, tuple(residuals) + (residuals[0],) * (L2 - K), o, rstd, logit, lse, N, K, eps,
-        L2=L2, D=D, BD=triton.next_power_of_2(D), ROWS=FWD_ROWS, HAS_ONORM=ow is not None, num_warps=FWD_ROWS)
+        q, w, ow, tuple(residuals), o, rstd, logit, lse, N, eps, L=K, D=D, BD=triton.next_power_of_2(D),
+        ROWS=FWD_ROWS, HAS_ONORM=ow is not None, num_warps=FWD_ROWS)
     return o, rstd, logit, lse

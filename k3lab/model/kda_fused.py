@@ -91,7 +91,8 @@ class KDAFused(KDAChunkwise):
         first = [self.q_proj, self.k_proj, self.v_proj, self.f_proj[0], self.b_proj, gate_in]
         widths = [linear.out_features for linear in first]
         pad = -sum(widths) % WIDTH_MULTIPLE  # zero rows: see WIDTH_MULTIPLE
-        weight = F.pad(torch.cat([linear.weight for linear in first]), (0, 0, 0, pad))
+        zeros = x.new_zeros(pad, x.shape[-1], dtype=first[0].weight.dtype)  # F.pad would copy the weights again
+        weight = torch.cat([linear.weight for linear in first] + [zeros])
         q, k, v, f, beta, gate, _ = F.linear(x, weight).split(widths + [pad], dim=-1)  # views, row stride sum + pad
         f = self.f_proj[1](f)
         if gate_out is not None:  # low rank: the gate's second Linear (with its bias)

@@ -32,6 +32,7 @@ side streams join the capture (a fork and a join in the graph).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -106,15 +107,12 @@ class Muon(torch.optim.Optimizer):
         if not buckets:
             return loss
         streams = self.streams_for(buckets[0][0][0].device)
-        if not streams:
-            for params, group in buckets:
-                self.update_bucket(params, group)
-            return loss
-        current = torch.cuda.current_stream()
+        current = torch.cuda.current_stream() if streams else None
         for stream in streams:
             stream.wait_stream(current)  # gradients and weights are ready
         for i, (params, group) in enumerate(buckets):
-            with torch.cuda.stream(streams[i % len(streams)]):  # a bucket's tensors live and die on its stream
+            # a bucket's tensors live and die on its stream
+            with torch.cuda.stream(streams[i % len(streams)]) if streams else contextlib.nullcontext():
                 self.update_bucket(params, group)
         for stream in streams:
             current.wait_stream(stream)
