@@ -3,10 +3,10 @@ gradient summed where it is kept.
 
 Both run one token row a program on one warp (a row's reductions stay inside its warp), all K
 sources of the row in turn, D in one block, with no autotuning (a fresh machine has nothing to
-tune for them). K is a compile-time constant (one kernel per number of sources; a `small` trial
-has K = 1 to 4), so the unrolled loop over the sources has no branches and a program issues its
-loads back to back. Measured on an H200 at
-N = 65,536, D = 512, K = 2 / 3 / 4 (scripts/attnres_variants.py, docs/runs/attnres-variants-*.log,
+tune for them). Up to EXACT_SOURCES sources, K is a compile-time constant (a kernel per K; a
+`small` trial has K = 1 to 4), so the unrolled loop over the sources has no branches and a
+program issues its loads back to back; more sources are padded (`source_slots`). Measured on an
+H200 at N = 65,536, D = 512, K = 2 / 3 / 4 (scripts/attnres_variants.py, docs/runs/attnres-variants-*.log,
 2026-12-04), against the kernels before (K a runtime value, four rows a program on four warps):
 forward 0.060 / 0.093 / 0.106 ms against 0.087 / 0.116 / 0.144; backward, endpoints summed,
 0.165 / 0.256 / 0.332 ms against 0.312 / 0.424 / 0.536.
@@ -54,11 +54,34 @@ import triton.language as tl
 FWD_ROWS = 1  # token rows a forward program, one warp each (2 and 4 were slower, module docstring)
 BWD_ROWS = 1  # token rows a backward block, one warp each (2, 4 and 8 were slower)
 PARTIAL_ROWS = 4096  # the backward walks blocks of rows until at most this many partial sums are left
+EXACT_SOURCES = 4  # up to this many sources a kernel per K; above, sources padded (`source_slots`)
 
 
-@triton.jit(do_not_specialize=["N"])
-def attn_res_fwd_kernel(q, w, ow, res, o, rstd, logit, lse, N, eps, L: tl.constexpr, D: tl.constexpr,
-                        BD: tl.constexpr, ROWS: tl.constexpr, HAS_ONORM: tl.constexpr):
+def source_slots(K: int) -> int:
+    """Source slots a kernel is compiled for: K itself up to EXACT_SOURCES, else the next power of
+    two >= 8, with `i < K` tested at run time. Compile time grows with the slots: a kernel per K
+    took 2-3 s each way at K <= 4 but 24 s at K = 25 (H200, 2026-12-04), and full AttnRes has
+    K = 1..25, so above EXACT_SOURCES three kernels (8, 16, 32 slots) serve every K."""
+    return K if K <= EXACT_SOURCES else max(8, triton.next_power_of_2(K))
+
+
+@triton.jit
+def fwd_source(v_ptr, i, n, at, mask, rows_in, qw, rstd, logit, N, eps, m, total, o_pre, D: tl.constexpr):
+    """Source i read once: its rstd and logit stored, the online softmax (m, total, o_pre) updated."""
+    v = tl.load(v_ptr + at, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    r = tl.rsqrt(tl.sum(v * v, axis=1) / D + eps)
+    s = tl.sum(v * qw[None, :], axis=1) * r
+    tl.store(rstd + i * N + n, r, mask=rows_in)
+    tl.store(logit + i * N + n, s, mask=rows_in)
+    m_new = tl.maximum(m, s)
+    shrink = tl.exp(m - m_new)
+    p = tl.exp(s - m_new)
+    return m_new, total * shrink + p, o_pre * shrink[:, None] + p[:, None] * v
+
+
+@triton.jit(do_not_specialize=["N", "K"])
+def attn_res_fwd_kernel(q, w, ow, res, o, rstd, logit, lse, N, K, eps, L: tl.constexpr, PADDED: tl.constexpr,
+                        D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr, HAS_ONORM: tl.constexpr):
     n = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
     d = tl.arange(0, BD)
     rows_in, inside = n < N, d < D
@@ -69,18 +92,13 @@ def attn_res_fwd_kernel(q, w, ow, res, o, rstd, logit, lse, N, eps, L: tl.conste
     m = tl.full([ROWS], float("-inf"), dtype=tl.float32)  # the running max of the logits
     total = tl.zeros([ROWS], dtype=tl.float32)  # sum_l exp(logit_l - m)
     o_pre = tl.zeros([ROWS, BD], dtype=tl.float32)  # sum_l exp(logit_l - m) v_l
-    for i in tl.static_range(L):
-        v = tl.load(res[i] + at, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        r = tl.rsqrt(tl.sum(v * v, axis=1) / D + eps)
-        s = tl.sum(v * qw[None, :], axis=1) * r
-        tl.store(rstd + i * N + n, r, mask=rows_in)
-        tl.store(logit + i * N + n, s, mask=rows_in)
-        m_new = tl.maximum(m, s)
-        shrink = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        total = total * shrink + p
-        o_pre = o_pre * shrink[:, None] + p[:, None] * v
-        m = m_new
+    for i in tl.static_range(L):  # L slots: the K sources, or K padded (`source_slots`)
+        if PADDED:
+            if i < K:
+                m, total, o_pre = fwd_source(res[i], i, n, at, mask, rows_in, qw, rstd, logit, N, eps, m, total,
+                                             o_pre, D)
+        else:
+            m, total, o_pre = fwd_source(res[i], i, n, at, mask, rows_in, qw, rstd, logit, N, eps, m, total, o_pre, D)
     tl.store(lse + n, m + tl.log(total), mask=rows_in)
     out = o_pre / total[:, None]
     if HAS_ONORM:
@@ -89,10 +107,34 @@ def attn_res_fwd_kernel(q, w, ow, res, o, rstd, logit, lse, N, eps, L: tl.conste
     tl.store(o + at, out.to(o.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["N", "ACC"])
-def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, partials, N, ACC, eps,
-                           L: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr,
-                           STEPS: tl.constexpr, HAS_ONORM: tl.constexpr):
+@triton.jit
+def bwd_mix_source(v_ptr, i, n, at, mask, rows_in, logit, lse_n, N, o_pre):
+    """o_pre plus source i's share of the mixture."""
+    p = tl.exp(tl.load(logit + i * N + n, mask=rows_in, other=0.0) - lse_n)
+    return o_pre + p[:, None] * tl.load(v_ptr + at, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def bwd_grad_source(v_ptr, dv_ptr, add, i, n, at, mask, rows_in, qw, g, delta, rstd, logit, lse_n, N, dqw_sum,
+                    D: tl.constexpr):
+    """Source i's gradient stored in dv_ptr (added to what it holds when `add`); dqw_sum plus its terms."""
+    v = tl.load(v_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(rstd + i * N + n, mask=rows_in, other=0.0)
+    s = tl.load(logit + i * N + n, mask=rows_in, other=0.0)
+    p = tl.exp(s - lse_n)
+    ds = p * (tl.sum(v * g, axis=1) - delta)
+    k = v * r[:, None]
+    dv = p[:, None] * g + (ds * r)[:, None] * (qw[None, :] - k * (s / D)[:, None])
+    if add:
+        dv += tl.load(dv_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dv_ptr + at, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+    return dqw_sum + ds[:, None] * k
+
+
+@triton.jit(do_not_specialize=["N", "K", "ACC"])
+def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, partials, N, K, ACC, eps,
+                           L: tl.constexpr, PADDED: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                           ROWS: tl.constexpr, STEPS: tl.constexpr, HAS_ONORM: tl.constexpr):
     program = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BD)
     inside = d < D
@@ -110,9 +152,12 @@ def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, partials, 
         g = tl.load(do + at, mask=mask, other=0.0).to(tl.float32)  # rows past N: g = 0, no share
 
         o_pre = tl.zeros([ROWS, BD], dtype=tl.float32)
-        for i in tl.static_range(L):
-            p = tl.exp(tl.load(logit + i * N + n, mask=rows_in, other=0.0) - lse_n)
-            o_pre += p[:, None] * tl.load(res[i] + at, mask=mask, other=0.0).to(tl.float32)
+        for i in tl.static_range(L):  # L slots: the K sources, or K padded (`source_slots`)
+            if PADDED:
+                if i < K:
+                    o_pre = bwd_mix_source(res[i], i, n, at, mask, rows_in, logit, lse_n, N, o_pre)
+            else:
+                o_pre = bwd_mix_source(res[i], i, n, at, mask, rows_in, logit, lse_n, N, o_pre)
 
         if HAS_ONORM:
             o_rstd = tl.rsqrt(tl.sum(o_pre * o_pre, axis=1) / D + eps)
@@ -123,17 +168,13 @@ def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, partials, 
         delta = tl.sum(g * o_pre, axis=1)
 
         for i in tl.static_range(L):
-            v = tl.load(res[i] + at, mask=mask, other=0.0).to(tl.float32)
-            r = tl.load(rstd + i * N + n, mask=rows_in, other=0.0)
-            s = tl.load(logit + i * N + n, mask=rows_in, other=0.0)
-            p = tl.exp(s - lse_n)
-            ds = p * (tl.sum(v * g, axis=1) - delta)
-            k = v * r[:, None]
-            dv = p[:, None] * g + (ds * r)[:, None] * (qw[None, :] - k * (s / D)[:, None])
-            if (ACC >> i) & 1:
-                dv += tl.load(dres[i] + at, mask=mask, other=0.0).to(tl.float32)
-            tl.store(dres[i] + at, dv.to(dres[i].dtype.element_ty), mask=mask)
-            dqw_sum += ds[:, None] * k
+            if PADDED:
+                if i < K:
+                    dqw_sum = bwd_grad_source(res[i], dres[i], (ACC >> i) & 1, i, n, at, mask, rows_in, qw, g, delta,
+                                              rstd, logit, lse_n, N, dqw_sum, D)
+            else:
+                dqw_sum = bwd_grad_source(res[i], dres[i], (ACC >> i) & 1, i, n, at, mask, rows_in, qw, g, delta,
+                                          rstd, logit, lse_n, N, dqw_sum, D)
     tl.store(partials + program * D + d, tl.sum(dqw_sum, axis=0), mask=inside)  # partials[0, program]
     if HAS_ONORM:
         tl.store(partials + (tl.num_programs(0) + program) * D + d, tl.sum(dow_sum, axis=0), mask=inside)
@@ -155,13 +196,14 @@ def dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, ep
 
     residuals, targets: K (N, D) contiguous, 16-byte aligned; rstd, logit: (K, N) fp32; lse (N,).
     """
-    N, D = do.shape
+    K, (N, D) = len(residuals), do.shape
+    L = source_slots(K)
     steps = row_steps(N)
     programs = triton.cdiv(N, BWD_ROWS * steps)
     partials = torch.empty(1 + (ow is not None), programs, D, dtype=torch.float32, device=do.device)
     attn_res_bwd_dv_kernel[(programs,)](
-        q, w, ow, tuple(residuals), tuple(targets), rstd, logit, lse, do, partials, N, acc, eps,
-        L=len(residuals), D=D, BD=triton.next_power_of_2(D), ROWS=BWD_ROWS, STEPS=steps,
+        q, w, ow, padded(residuals, L), padded(targets, L), rstd, logit, lse, do, partials, N, K, acc, eps,
+        L=L, PADDED=L != K, D=D, BD=triton.next_power_of_2(D), ROWS=BWD_ROWS, STEPS=steps,
         HAS_ONORM=ow is not None, num_warps=BWD_ROWS)
     return partials
 
@@ -175,7 +217,13 @@ def forward(q, w, ow, residuals, eps: float):
     rstd = torch.empty(K, N, dtype=torch.float32, device=o.device)
     logit = torch.empty_like(rstd)
     lse = torch.empty(N, dtype=torch.float32, device=o.device)
+    L = source_slots(K)
     attn_res_fwd_kernel[(triton.cdiv(N, FWD_ROWS),)](
-        q, w, ow, tuple(residuals), o, rstd, logit, lse, N, eps, L=K, D=D, BD=triton.next_power_of_2(D),
-        ROWS=FWD_ROWS, HAS_ONORM=ow is not None, num_warps=FWD_ROWS)
+        q, w, ow, padded(residuals, L), o, rstd, logit, lse, N, K, eps, L=L, PADDED=L != K, D=D,
+        BD=triton.next_power_of_2(D), ROWS=FWD_ROWS, HAS_ONORM=ow is not None, num_warps=FWD_ROWS)
     return o, rstd, logit, lse
+
+
+def padded(tensors, slots: int) -> tuple:
+    """tensors as a tuple of `slots` entries, the first repeated in the slots past K (never read)."""
+    return tuple(tensors) + (tensors[0],) * (slots - len(tensors))
