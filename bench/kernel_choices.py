@@ -1,11 +1,16 @@
-"""Two constants of the GPU model chosen by measurement, timed over their candidate values.
+"""Constants of the GPU model chosen by measurement, timed over their candidate values.
 
     python bench/kernel_choices.py            # this checkout, on a GPU
     python bench/kernel_choices.py OLD_TREE   # an older checkout (its KDA layer only, if it lacks the constants)
 
-- `k3lab.model.attn_res_kernel.BWD_ROWS` (token rows a backward block) and `PARTIAL_ROWS` (the
-  most partial sums of dq/dw a backward leaves): the backward kernel alone at N = 65,536 rows,
-  D = 512 (a `small` trial's step), K = 2, 4 and 13 sources, storing every source's gradient.
+- `k3lab.model.attn_res_kernel.BWD_ROWS` (token rows a backward block, one warp each) and
+  `PARTIAL_ROWS` (the most partial sums of dq/dw a backward leaves): the backward kernel alone at
+  N = 65,536 rows, D = 512 (a `small` trial's step), K = 2, 4 and 13 sources, storing every
+  source's gradient.
+- `k3lab.model.attn_res_kernel.EXACT_SOURCES` (up to how many sources a kernel is compiled per K;
+  above, sources are padded and tested at run time): forward and backward at K = 5, 6 and 8,
+  N = 32,768 rows, D = 1,024 (bench/bench_gpu.py's AttnRes model, whose last block has K = 5),
+  with the seconds the first call took (the compile) beside the time per call.
 - `k3lab.model.kda_fused.WIDTH_MULTIPLE` (the fused input matmul's width is padded to it): one
   `small` KDA layer's forward and backward in bf16 autocast, eagerly, at 64 x 1024 tokens.
 Milliseconds per call from CUDA events, the mean over 20 calls (10 for the layer) after 3 warm-up
@@ -48,6 +53,33 @@ def attn_res_backward_rows(N: int = 65536, D: int = 512) -> None:
                 print(f"dv K={K} rows={rows} partial={partial}: {ms:.3f} ms", flush=True)
 
 
+def attn_res_exact_sources(N: int = 32768, D: int = 1024) -> None:
+    import time
+
+    from bench.bench_attnres import inputs
+    from k3lab.model import attn_res_kernel as ark
+
+    if not hasattr(ark, "EXACT_SOURCES"):  # an older checkout
+        return
+    for K in (5, 6, 8):
+        residuals, q, w, ow, do = inputs(K, N, D, torch.device("cuda"), requires_grad=False)
+        targets = [torch.empty_like(r) for r in residuals]
+        for exact in (4, 8):
+            ark.EXACT_SOURCES = exact
+
+            def call():
+                _, rstd, logit, lse = ark.forward(q, w, ow, residuals, 1e-6)
+                ark.dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, 0, 1e-6)
+
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            first = time.perf_counter() - began
+            print(f"attn_res K={K} EXACT_SOURCES={exact}: {mean_ms(call):.3f} ms forward+backward, "
+                  f"first call {first:.1f} s", flush=True)
+
+
 def kda_layer_width() -> None:
     from k3lab.model import kda_fused
 
@@ -73,6 +105,7 @@ def main() -> None:
 
     open_kernel_cache()  # before FLA is imported
     attn_res_backward_rows()
+    attn_res_exact_sources()
     kda_layer_width()
 
 
