@@ -3,7 +3,7 @@
     python bench/bench_trial.py --write
     python bench/bench_trial.py --rows small@16x512,small@64x1024:adamw --before .carry/before --write
     python bench/bench_trial.py --before .carry/before --before-rows small@16x512   # before for one row
-    python bench/bench_trial.py --rows small@64x1024:compile --top 15        # with the top kernels
+    python bench/bench_trial.py --rows small@64x1024:compile --top 15        # the top kernels, every kernel by kind
 
 A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
 Muon + AdamW), compile (torch.compile'd blocks), chunkwise (plain-PyTorch KDA instead of
@@ -41,6 +41,20 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = "small@16x512,small@64x1024,small@64x1024:adamw,base@16x2048"
 OPTIONS = ("adamw", "compile", "chunkwise", "graph", "graphfb", "ckpt", "bf16res")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
+KERNEL_KINDS = (  # (kind, substrings of a kernel's name): the first kind that matches, in this order
+    ("AttnRes (k3lab)", ("attn_res_",)),
+    ("short convolution (FLA)", ("causal_conv1d",)),
+    ("KDA (FLA)", ("chunk_kda", "chunk_gated_delta", "kda_", "recompute_w_u", "l2norm", "chunk_local_cumsum",
+                   "chunk_gla", "layer_norm_gated", "solve_tril")),
+    ("MoE grouped GEMMs", ("GroupProblemShape", "grouped")),
+    ("attention", ("sdpa", "flash", "fmha")),
+    ("copies and memsets", ("memcpy", "Memcpy", "Memset", "copy_kernel", "CatArrayBatchedCopy")),
+    ("GEMMs (cuBLAS, CUTLASS)", ("nvjet", "gemm", "Gemm", "cutlass", "splitKreduce", "xmma", "cublas")),
+    ("Inductor (torch.compile)", ("triton_",)),
+    ("optimizer multi-tensor", ("multi_tensor_apply",)),
+    ("reductions", ("reduce_kernel",)),
+    ("eager elementwise", ("elementwise_kernel",)),
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,7 +65,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--before", default=None, help="an older k3lab checkout to measure the same rows with")
     parser.add_argument("--before-label", default="before")
     parser.add_argument("--before-rows", default=None, help="the rows to measure with --before too (default: all)")
-    parser.add_argument("--top", type=int, default=0, help="print the N kernels with the most GPU time per row")
+    parser.add_argument("--top", type=int, default=0,
+                        help="print the N kernels with the most GPU time per row, then every kernel's time by kind")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     parser.add_argument("--from-logs", nargs="+", default=None, metavar="LOG",
                         help="write the table from saved outputs of earlier runs (each log's first line: its "
@@ -167,7 +182,7 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
     timed = events[timed_from:]
     fwd_bwd = sum(s.elapsed_time(m or e) for s, m, e in timed) / steps
     opt = sum(m.elapsed_time(e) for _, m, e in timed) / steps if all(m for _, m, _ in timed) else None
-    kernels, launches, top_kernels = profile_steps(step, 2, top)
+    kernels, launches, top_kernels, kinds = profile_steps(step, 2, top)
     tokens_per_s = row["batch"] * row["seq"] / step_s
     peak = peak_flops(torch.device("cuda"))
     return {
@@ -175,7 +190,7 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
         "mfu": tokens_per_s * counts["flops_per_token"] / peak if peak else None,
         "kernels": kernels, "launches": launches, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
         "first_step_s": first_step, "loss": loss.item(), "params": counts["total"], "active": counts["active"],
-        "top_kernels": top_kernels,
+        "top_kernels": top_kernels, "kernel_kinds": kinds,
     }
 
 
@@ -204,8 +219,9 @@ def graphed_step(kind: str | None, model, optimizers, loss_fn, forward_backward,
     return graphs.GraphedStep(whole_step, model.parameters(), optimizers)
 
 
-def profile_steps(step, n: int, top: int) -> tuple[float, float, list]:
-    """GPU kernels and CUDA launch calls per step over n profiled steps, and the top kernels."""
+def profile_steps(step, n: int, top: int) -> tuple[float, float, list, list]:
+    """GPU kernels and CUDA launch calls per step over n profiled steps, the top kernels, and
+    every kernel's time summed by kind (`by_kind`)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -222,7 +238,22 @@ def profile_steps(step, n: int, top: int) -> tuple[float, float, list]:
     device_time = [(e.key, e.device_time_total / n / 1e3, e.count / n) for e in prof.key_averages()
                    if e.device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA]
     device_time.sort(key=lambda t: -t[1])
-    return kernels / n, launches / n, device_time[:top]
+    return kernels / n, launches / n, device_time[:top], by_kind(device_time)
+
+
+def kernel_kind(name: str) -> str:
+    """The KERNEL_KINDS kind of a GPU kernel's name, or "other"."""
+    return next((kind for kind, parts in KERNEL_KINDS if any(part in name for part in parts)), "other")
+
+
+def by_kind(device_time: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """(kind, ms per step, kernels per step) from (name, ms, count) per kernel, most time first."""
+    kinds: dict[str, list[float]] = {}
+    for name, ms, count in device_time:
+        total = kinds.setdefault(kernel_kind(name), [0.0, 0.0])
+        total[0] += ms
+        total[1] += count
+    return sorted(((kind, ms, count) for kind, (ms, count) in kinds.items()), key=lambda t: -t[1])
 
 
 # -- the parent: rows in child processes, the table ---------------------------------------
@@ -339,6 +370,10 @@ def main() -> None:
             print(table(results[-1:]).splitlines()[-1], flush=True)
             for name, ms, count in result.get("top_kernels", []):
                 print(f"    {ms:8.2f} ms/step  {count:6.0f}x  {name[:110]}", flush=True)
+            if args.top:
+                print("    every kernel by kind:", flush=True)
+                for kind, ms, count in result.get("kernel_kinds", []):
+                    print(f"    {ms:8.2f} ms/step  {count:6.0f}x  {kind}", flush=True)
     body = (f"{torch.cuda.get_device_name()}: {args.warmup} warm-up + {args.steps} timed steps per row, random "
             "tokens, bf16 autocast over fp32 weights, fused KDA (FLA) unless `chunkwise`, Muon + AdamW unless "
             "`adamw`, the residual stream in fp32 unless `bf16res`. Optimizer share = optimizer / (fwd+bwd + "

@@ -353,6 +353,29 @@ def test_bench_trial_table_from_logs_takes_rows_a_stopped_run_printed_and_names_
     assert [r.split("|")[2:4] for r in rows] == [[" after [1] ", " 1 "], [" before [2] ", " 3 "]]
 
 
+def test_bench_trial_sums_every_kernel_by_kind_and_each_kernel_counts_once():
+    """Kernel names as an H200 profile of a `small` step gave them (bench_trial-2026-12-03-top-all.log)."""
+    device_time = [("attn_res_bwd_dv_kernel", 1.38, 24), ("chunk_kda_bwd_kernel_intra", 0.98, 9),
+                   ("causal_conv1d_bwd_kernel", 0.83, 27), ("memcpy128", 0.78, 119),
+                   ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda", 0.33, 58),
+                   ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 0.53, 45),
+                   ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float>", 0.23, 112),
+                   ("triton_poi_fused_add_view_19", 0.11, 11), ("Memset (Unknown)", 0.15, 147),
+                   ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float>>", 0.75, 111),
+                   ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>", 0.16,
+                    24),
+                   ("a_kernel_of_a_new_library", 0.01, 1)]
+    kinds = bench_script("bench_trial").by_kind(device_time)
+    found = {kind: (ms, count) for kind, ms, count in kinds}
+    assert found["copies and memsets"] == pytest.approx((1.26, 324))  # the direct copy is no elementwise op
+    assert found["GEMMs (cuBLAS, CUTLASS)"] == pytest.approx((0.76, 157))
+    assert found["eager elementwise"] == (0.16, 24)
+    assert found["AttnRes (k3lab)"] == (1.38, 24) and found["KDA (FLA)"] == (0.98, 9)
+    assert found["other"] == (0.01, 1)
+    assert sum(ms for _, ms, _ in kinds) == pytest.approx(sum(ms for _, ms, _ in device_time))
+    assert [ms for _, ms, _ in kinds] == sorted((ms for _, ms, _ in kinds), reverse=True)
+
+
 def test_bench_gpu_table_from_a_log_is_its_closing_report_named_by_the_first_line(tmp_path):
     saved = tmp_path / "gpu.log"
     saved.write_text("# 2026-12-03, an H200: python bench/bench_gpu.py\nfla_kda: first step 21.2 s\n| fla_kda | 1 |\n"
