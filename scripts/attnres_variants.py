@@ -17,8 +17,8 @@ Each is checked against the model's kernel on the same inputs (largest absolute 
 output) and timed with CUDA events: ms per call and GB/s of the bytes a call must move (each source
 read once, each gradient written, the summed ones read, do read, the output written).
 The winners, fwd_const and bwd_const at one row a program on one warp, are the model's kernels
-since 2026-12-04 (logs: docs/runs/attnres-variants-2026-12-04*.log), so the `model` rows of a run
-today time them.
+since 2026-12-04 for up to `EXACT_SOURCES` sources (logs: docs/runs/attnres-variants-2026-12-04*.log),
+so the `model` rows of a run today time them.
 """
 
 from __future__ import annotations
