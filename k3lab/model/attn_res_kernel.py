@@ -60,8 +60,9 @@ EXACT_SOURCES = 4  # up to this many sources a kernel per K; above, sources padd
 def source_slots(K: int) -> int:
     """Source slots a kernel is compiled for: K itself up to EXACT_SOURCES, else the next power of
     two >= 8, with `i < K` tested at run time. Compile time grows with the slots: a kernel per K
-    took 2-3 s each way at K <= 4 but 24 s at K = 25 (H200, 2026-12-04), and full AttnRes has
-    K = 1..25, so above EXACT_SOURCES three kernels (8, 16, 32 slots) serve every K."""
+    took 1.4-2.4 s (forward and backward) at K = 2..4 but 24 s at K = 25 (H200, 2026-12-04), and
+    full AttnRes has K = 1..13 over 12 layers, more in deeper models; above EXACT_SOURCES, the
+    kernels of 8, 16 and 32 slots serve every K."""
     return K if K <= EXACT_SOURCES else max(8, triton.next_power_of_2(K))
 
 
