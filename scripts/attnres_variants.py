@@ -6,19 +6,21 @@
 Written when the model's kernels took the number of sources L as a runtime value (sources padded
 to a power of two >= 8, `if i < L` in an unrolled loop, so one compiled kernel served K = 1..8),
 with four token rows a program on four warps. Every source's load sat behind a branch, and a
-program waited for each load before it issued the next. The candidates make L a compile-time
+program waited for each load before it issued the next. The candidates made L a compile-time
 constant (one kernel per K; a `small` trial has K = 2, 3, 4), each at 1, 2, 4 or 8 rows a program:
 - fwd_const: the forward with L constexpr, sources loaded back to back;
 - bwd_const: the backward with L constexpr (each source still read twice);
 - bwd_once: bwd_const that keeps each source's tile (bf16) and logit from the first pass for the
   second, so a source is read once;
 - bwd_once_acc: bwd_once with ACC (which sources add to their buffer) constexpr as well.
+fwd_const and bwd_const at one row a program on one warp won, and are the model's kernels since
+2026-12-04 for up to `EXACT_SOURCES` sources (logs: docs/runs/attnres-variants-2026-12-04*.log).
+So this script now runs those two through the model's kernels themselves, at the row counts asked
+(rows `model` with rows given); the `model` rows without rows time what the model runs. bwd_once and
+bwd_once_acc, not taken, are kept here, one body for both.
 Each is checked against the model's kernel on the same inputs (largest absolute difference of every
 output) and timed with CUDA events: ms per call and GB/s of the bytes a call must move (each source
 read once, each gradient written, the summed ones read, do read, the output written).
-The winners, fwd_const and bwd_const at one row a program on one warp, are the model's kernels
-since 2026-12-04 for up to `EXACT_SOURCES` sources (logs: docs/runs/attnres-variants-2026-12-04*.log),
-so the `model` rows of a run today time them.
 """
 
 from __future__ import annotations
@@ -37,38 +39,6 @@ from bench.bench_attnres import inputs, timed  # noqa: E402
 from k3lab.model import attn_res_kernel as model  # noqa: E402
 
 
-@triton.jit(do_not_specialize=["N"])
-def fwd_const(q, w, ow, res, o, rstd, logit, lse, N, eps, L: tl.constexpr, D: tl.constexpr,
-              BD: tl.constexpr, ROWS: tl.constexpr, HAS_ONORM: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    d = tl.arange(0, BD)
-    rows_in, inside = n < N, d < D
-    mask = rows_in[:, None] & inside[None, :]
-    at = n[:, None] * D + d[None, :]
-    qw = tl.load(q + d, mask=inside, other=0.0).to(tl.float32) * tl.load(w + d, mask=inside, other=0.0).to(tl.float32)
-    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([ROWS], dtype=tl.float32)
-    o_pre = tl.zeros([ROWS, BD], dtype=tl.float32)
-    for i in tl.static_range(L):
-        v = tl.load(res[i] + at, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        r = tl.rsqrt(tl.sum(v * v, axis=1) / D + eps)
-        s = tl.sum(v * qw[None, :], axis=1) * r
-        tl.store(rstd + i * N + n, r, mask=rows_in)
-        tl.store(logit + i * N + n, s, mask=rows_in)
-        m_new = tl.maximum(m, s)
-        shrink = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        total = total * shrink + p
-        o_pre = o_pre * shrink[:, None] + p[:, None] * v
-        m = m_new
-    tl.store(lse + n, m + tl.log(total), mask=rows_in)
-    out = o_pre / total[:, None]
-    if HAS_ONORM:
-        o_rstd = tl.rsqrt(tl.sum(out * out, axis=1) / D + eps)
-        out = out * o_rstd[:, None] * tl.load(ow + d, mask=inside, other=0.0).to(tl.float32)[None, :]
-    tl.store(o + at, out.to(o.dtype.element_ty), mask=mask)
-
-
 @triton.jit
 def onorm_grad(o_pre, g, w_out, eps, D: tl.constexpr):
     """(g through the output RMSNorm, xhat * do for its weight's gradient)."""
@@ -78,53 +48,11 @@ def onorm_grad(o_pre, g, w_out, eps, D: tl.constexpr):
     return (w_out[None, :] * g - xhat * c1[:, None]) * o_rstd[:, None], xhat * g
 
 
-@triton.jit(do_not_specialize=["N", "ACC"])
-def bwd_const(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, N, ACC, eps, L: tl.constexpr, D: tl.constexpr,
-              BD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, HAS_ONORM: tl.constexpr):
-    program = tl.program_id(0).to(tl.int64)
-    d = tl.arange(0, BD)
-    inside = d < D
-    qw = tl.load(q + d, mask=inside, other=0.0).to(tl.float32) * tl.load(w + d, mask=inside, other=0.0).to(tl.float32)
-    w_out = qw
-    if HAS_ONORM:
-        w_out = tl.load(ow + d, mask=inside, other=0.0).to(tl.float32)
-    dqw_sum = tl.zeros([ROWS, BD], dtype=tl.float32)
-    dow_sum = tl.zeros([ROWS, BD], dtype=tl.float32)
-    for step in range(STEPS):
-        n = (program * STEPS + step) * ROWS + tl.arange(0, ROWS)
-        rows_in = n < N
-        mask = rows_in[:, None] & inside[None, :]
-        at = n[:, None] * D + d[None, :]
-        lse_n = tl.load(lse + n, mask=rows_in, other=0.0)
-        g = tl.load(do + at, mask=mask, other=0.0).to(tl.float32)
-        o_pre = tl.zeros([ROWS, BD], dtype=tl.float32)
-        for i in tl.static_range(L):
-            p = tl.exp(tl.load(logit + i * N + n, mask=rows_in, other=0.0) - lse_n)
-            o_pre += p[:, None] * tl.load(res[i] + at, mask=mask, other=0.0).to(tl.float32)
-        if HAS_ONORM:
-            g, dow_part = onorm_grad(o_pre, g, w_out, eps, D)
-            dow_sum += dow_part
-        delta = tl.sum(g * o_pre, axis=1)
-        for i in tl.static_range(L):
-            v = tl.load(res[i] + at, mask=mask, other=0.0).to(tl.float32)
-            r = tl.load(rstd + i * N + n, mask=rows_in, other=0.0)
-            s = tl.load(logit + i * N + n, mask=rows_in, other=0.0)
-            p = tl.exp(s - lse_n)
-            ds = p * (tl.sum(v * g, axis=1) - delta)
-            k = v * r[:, None]
-            dv = p[:, None] * g + (ds * r)[:, None] * (qw[None, :] - k * (s / D)[:, None])
-            if (ACC >> i) & 1:
-                dv += tl.load(dres[i] + at, mask=mask, other=0.0).to(tl.float32)
-            tl.store(dres[i] + at, dv.to(dres[i].dtype.element_ty), mask=mask)
-            dqw_sum += ds[:, None] * k
-    tl.store(dqw + program * D + d, tl.sum(dqw_sum, axis=0), mask=inside)
-    if HAS_ONORM:
-        tl.store(dow + program * D + d, tl.sum(dow_sum, axis=0), mask=inside)
-
-
-@triton.jit(do_not_specialize=["N", "ACC"])
-def bwd_once(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, N, ACC, eps, L: tl.constexpr, D: tl.constexpr,
-             BD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, HAS_ONORM: tl.constexpr):
+@triton.jit
+def bwd_once_program(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, N, ACC, eps, L: tl.constexpr,
+                     D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr,
+                     HAS_ONORM: tl.constexpr):
+    """The backward that reads each source once; ACC is a constant where the caller's is."""
     program = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BD)
     inside = d < D
@@ -171,71 +99,40 @@ def bwd_once(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, N, ACC, eps, L
         tl.store(dow + program * D + d, tl.sum(dow_sum, axis=0), mask=inside)
 
 
+@triton.jit(do_not_specialize=["N", "ACC"])
+def bwd_once(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, N, ACC, eps, L: tl.constexpr, D: tl.constexpr,
+             BD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr, HAS_ONORM: tl.constexpr):
+    bwd_once_program(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, N, ACC, eps, L, D, BD, ROWS, STEPS,
+                     HAS_ONORM)
+
+
 @triton.jit(do_not_specialize=["N"])
 def bwd_once_acc(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, N, eps, ACC: tl.constexpr, L: tl.constexpr,
                  D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr, STEPS: tl.constexpr,
                  HAS_ONORM: tl.constexpr):
-    program = tl.program_id(0).to(tl.int64)
-    d = tl.arange(0, BD)
-    inside = d < D
-    qw = tl.load(q + d, mask=inside, other=0.0).to(tl.float32) * tl.load(w + d, mask=inside, other=0.0).to(tl.float32)
-    w_out = qw
-    if HAS_ONORM:
-        w_out = tl.load(ow + d, mask=inside, other=0.0).to(tl.float32)
-    dqw_sum = tl.zeros([ROWS, BD], dtype=tl.float32)
-    dow_sum = tl.zeros([ROWS, BD], dtype=tl.float32)
-    for step in range(STEPS):
-        n = (program * STEPS + step) * ROWS + tl.arange(0, ROWS)
-        rows_in = n < N
-        mask = rows_in[:, None] & inside[None, :]
-        at = n[:, None] * D + d[None, :]
-        lse_n = tl.load(lse + n, mask=rows_in, other=0.0)
-        g = tl.load(do + at, mask=mask, other=0.0).to(tl.float32)
-        o_pre = tl.zeros([ROWS, BD], dtype=tl.float32)
-        vs = ()
-        ss = ()
-        for i in tl.static_range(L):
-            v = tl.load(res[i] + at, mask=mask, other=0.0)
-            s = tl.load(logit + i * N + n, mask=rows_in, other=0.0)
-            vs = vs + (v,)
-            ss = ss + (s,)
-            o_pre += tl.exp(s - lse_n)[:, None] * v.to(tl.float32)
-        if HAS_ONORM:
-            g, dow_part = onorm_grad(o_pre, g, w_out, eps, D)
-            dow_sum += dow_part
-        delta = tl.sum(g * o_pre, axis=1)
-        for i in tl.static_range(L):
-            v = vs[i].to(tl.float32)
-            s = ss[i]
-            r = tl.load(rstd + i * N + n, mask=rows_in, other=0.0)
-            p = tl.exp(s - lse_n)
-            ds = p * (tl.sum(v * g, axis=1) - delta)
-            k = v * r[:, None]
-            dv = p[:, None] * g + (ds * r)[:, None] * (qw[None, :] - k * (s / D)[:, None])
-            if (ACC >> i) & 1:
-                dv += tl.load(dres[i] + at, mask=mask, other=0.0).to(tl.float32)
-            tl.store(dres[i] + at, dv.to(dres[i].dtype.element_ty), mask=mask)
-            dqw_sum += ds[:, None] * k
-    tl.store(dqw + program * D + d, tl.sum(dqw_sum, axis=0), mask=inside)
-    if HAS_ONORM:
-        tl.store(dow + program * D + d, tl.sum(dow_sum, axis=0), mask=inside)
+    bwd_once_program(q, w, ow, res, dres, rstd, logit, lse, do, dqw, dow, N, ACC, eps, L, D, BD, ROWS, STEPS,
+                     HAS_ONORM)
 
 
-def run_fwd(name, q, w, ow, residuals, rows=4):
-    if name == "model":
+def run_fwd(q, w, ow, residuals, rows=None):
+    """The model's forward; at `rows` rows a program (on as many warps) when given."""
+    if rows is None:
         return model.forward(q, w, ow, residuals, 1e-6)
     K = len(residuals)
     N, D = residuals[0].shape
     o = torch.empty_like(residuals[0])
     rstd = torch.empty(K, N, dtype=torch.float32, device=o.device)
     logit, lse = torch.empty_like(rstd), torch.empty(N, dtype=torch.float32, device=o.device)
-    fwd_const[(triton.cdiv(N, rows),)](q, w, ow, tuple(residuals), o, rstd, logit, lse, N, 1e-6, L=K, D=D,
-                                       BD=triton.next_power_of_2(D), ROWS=rows, HAS_ONORM=True, num_warps=rows)
+    model.attn_res_fwd_kernel[(triton.cdiv(N, rows),)](
+        q, w, ow, tuple(residuals), o, rstd, logit, lse, N, K, 1e-6, L=K, PADDED=False, D=D,
+        BD=triton.next_power_of_2(D), ROWS=rows, HAS_ONORM=True, num_warps=rows)
     return o, rstd, logit, lse
 
 
-def run_bwd(name, q, w, ow, residuals, stats, do, targets, acc, rows=4, warps=4):
-    if name == "model":
+def run_bwd(name, q, w, ow, residuals, stats, do, targets, acc, rows=None, warps=None):
+    """(dqw, dow) partial sums of the model's backward (`model`) or a candidate; at `rows` rows a
+    program on `warps` warps when given (the model's own: one row on one warp)."""
+    if name == "model" and rows is None:
         return model.dv_backward(q, w, ow, residuals, *stats, do, targets, acc, 1e-6)
     K = len(residuals)
     N, D = do.shape
@@ -243,15 +140,16 @@ def run_bwd(name, q, w, ow, residuals, stats, do, targets, acc, rows=4, warps=4)
     while triton.cdiv(N, rows * steps) > model.PARTIAL_ROWS:
         steps *= 2
     programs = triton.cdiv(N, rows * steps)
-    dqw = torch.empty(programs, D, dtype=torch.float32, device=do.device)
-    dow = torch.empty_like(dqw)
+    partials = torch.empty(2, programs, D, dtype=torch.float32, device=do.device)
     meta = dict(L=K, D=D, BD=triton.next_power_of_2(D), ROWS=rows, STEPS=steps, HAS_ONORM=True, num_warps=warps)
-    args = (q, w, ow, tuple(residuals), tuple(targets), *stats, do, dqw, dow, N)
-    if name == "bwd_once_acc":
-        bwd_once_acc[(programs,)](*args, 1e-6, ACC=acc, **meta)
+    sources = (q, w, ow, tuple(residuals), tuple(targets), *stats, do)
+    if name == "model":
+        model.attn_res_bwd_dv_kernel[(programs,)](*sources, partials, N, K, acc, 1e-6, PADDED=False, **meta)
+    elif name == "bwd_once_acc":
+        bwd_once_acc[(programs,)](*sources, *partials, N, 1e-6, ACC=acc, **meta)
     else:
-        {"bwd_const": bwd_const, "bwd_once": bwd_once}[name][(programs,)](*args, acc, 1e-6, **meta)
-    return dqw, dow
+        bwd_once[(programs,)](*sources, *partials, N, acc, 1e-6, **meta)
+    return partials
 
 
 def largest_difference(a, b) -> float:
@@ -264,21 +162,21 @@ def compare(K: int, N: int, D: int, device, reps: int, warmup: int, check_only: 
     s = residuals[0].element_size()
     fwd_bytes = (K + 1) * N * D * s
     bwd_bytes = (K + 1) * N * D * s + K * N * D * s + (K - 1) * N * D * s
-    base_fwd = run_fwd("model", q, w, ow, residuals)
+    base_fwd = run_fwd(q, w, ow, residuals)
     stats = base_fwd[1:]
     base_targets = [torch.ones_like(r) for r in residuals]
     base_sums = run_bwd("model", q, w, ow, residuals, stats, do, base_targets, acc)
     base_sums = [t.sum(0) for t in base_sums]
-    cases = [("fwd", "model", {})] + [("fwd", "fwd_const", {"rows": rows}) for rows in (1, 2, 4, 8)]
-    cases += [("bwd", "model", {})] + [("bwd", name, {}) for name in ("bwd_const", "bwd_once", "bwd_once_acc")]
-    cases += [("bwd", name, {"rows": rows, "warps": warps}) for name in ("bwd_const", "bwd_once", "bwd_once_acc")
-              for rows, warps in ((1, 1), (2, 2), (2, 4), (8, 8))]
+    cases = [("fwd", "model", {})] + [("fwd", "model", {"rows": rows}) for rows in (1, 2, 4, 8)]
+    cases += [("bwd", "model", {})] + [("bwd", name, {"rows": rows, "warps": warps})
+                                       for name in ("model", "bwd_once", "bwd_once_acc")
+                                       for rows, warps in ((1, 1), (2, 2), (2, 4), (4, 4), (8, 8))]
     for way, name, opts in cases:
         label = f"{way} K={K} N={N} {name} {opts or ''}".rstrip()
         if way == "fwd":
-            out = run_fwd(name, q, w, ow, residuals, **opts)
+            out = run_fwd(q, w, ow, residuals, **opts)
             diff = largest_difference(out, base_fwd)
-            fn, nbytes = (lambda: run_fwd(name, q, w, ow, residuals, **opts)), fwd_bytes
+            fn, nbytes = (lambda: run_fwd(q, w, ow, residuals, **opts)), fwd_bytes
         else:
             targets = [torch.ones_like(r) for r in residuals]
             sums = [t.sum(0) for t in run_bwd(name, q, w, ow, residuals, stats, do, targets, acc, **opts)]
