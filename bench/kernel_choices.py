@@ -2,6 +2,7 @@
 
     python bench/kernel_choices.py            # this checkout, on a GPU
     python bench/kernel_choices.py OLD_TREE   # an older checkout (its KDA layer only, if it lacks the constants)
+    python bench/kernel_choices.py --only conv_backend   # one of the functions below
 
 - `k3lab.model.attn_res_kernel.BWD_ROWS` (token rows a backward block, one warp each) and
   `PARTIAL_ROWS` (the most partial sums of dq/dw a backward leaves): the backward kernel alone at
@@ -13,6 +14,9 @@
   with the seconds the first call took (the compile) beside the time per call.
 - `k3lab.model.kda_fused.WIDTH_MULTIPLE` (the fused input matmul's width is padded to it): one
   `small` KDA layer's forward and backward in bf16 autocast, eagerly, at 64 x 1024 tokens.
+- FLA's causal convolution backend (`FLA_CONV_GLUON`, Triton by default, Gluon when set): the
+  convolution alone, forward and backward on a strided (64, 1024, 512) view as KDA's q, k and v
+  are, with the largest difference between the two backends' results; then the KDA layer above.
 Milliseconds per call from CUDA events, the mean over 20 calls (10 for the layer) after 3 warm-up
 calls; the kernel cache k3lab ships is opened first, as the trials open it.
 """
@@ -25,7 +29,11 @@ from pathlib import Path
 import torch
 import yaml
 
-ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent).resolve()
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+if ONLY in ARGS:
+    ARGS.remove(ONLY)
+ROOT = Path(ARGS[0] if ARGS else Path(__file__).resolve().parent.parent).resolve()
 sys.path.insert(0, str(ROOT))
 from k3lab.model.config import KimiK3Config  # noqa: E402
 
@@ -98,15 +106,48 @@ def kda_layer_width() -> None:
         print(f"KDA layer fwd+bwd WIDTH_MULTIPLE={multiple}: {mean_ms(step, reps=10):.3f} ms", flush=True)
 
 
+def conv_backend(B: int = 64, T: int = 1024, D: int = 512, W: int = 4) -> None:
+    import os
+
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    wide = torch.randn(B, T, 3 * D + 16, device="cuda", dtype=torch.bfloat16)  # q, k, v side by side, as in KDA
+    x = wide[..., D:2 * D].requires_grad_(True)
+    weight = (0.5 * torch.randn(D, W, device="cuda")).requires_grad_(True)
+    dy = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16)
+
+    def call():
+        y, _ = causal_conv1d(x=x, weight=weight, bias=None, activation="silu")
+        y.backward(dy)
+        return y
+
+    results = {}
+    for backend, flag in (("triton", "0"), ("gluon", "1")):
+        os.environ["FLA_CONV_GLUON"] = flag
+        x.grad = weight.grad = None
+        y = call()
+        results[backend] = (y.float(), x.grad.float(), weight.grad.float())
+        print(f"causal_conv1d {backend} fwd+bwd ({B}, {T}, {D}) strided: {mean_ms(call):.3f} ms", flush=True)
+    for name, a, b in zip(("y", "dx", "dw"), results["triton"], results["gluon"]):
+        print(f"  {name}: largest |triton - gluon| {(a - b).abs().max().item():.3e} (largest |triton| "
+              f"{a.abs().max().item():.3e})", flush=True)
+    for flag in ("0", "1"):
+        os.environ["FLA_CONV_GLUON"] = flag
+        print(f"FLA_CONV_GLUON={flag}:", flush=True)
+        kda_layer_width()
+    os.environ.pop("FLA_CONV_GLUON")
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("kernel_choices.py: no CUDA GPU here")
     from k3lab.tune.kernels import open_kernel_cache
 
     open_kernel_cache()  # before FLA is imported
-    attn_res_backward_rows()
-    attn_res_exact_sources()
-    kda_layer_width()
+    choices = (attn_res_backward_rows, attn_res_exact_sources, kda_layer_width, conv_backend)
+    for choice in choices:
+        if ONLY in (None, choice.__name__):
+            choice()
 
 
 if __name__ == "__main__":
