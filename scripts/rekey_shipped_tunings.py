@@ -1,6 +1,6 @@
 """Re-key a shipped archive's warm record from the model code's bytes to its code text (one-off).
 
-    python scripts/rekey_shipped_tunings.py k3lab/tunings/nvidia-h200-attnres_block.tar.gz \
+    python scripts/rekey_shipped_tunings.py k3lab/tunings/nvidia-h200-attnres_block.tar.xz \
         experiments/attnres_block.yaml:gpu
 
 Until 2026-12-02 the warm record's keys hashed the bytes of k3lab/model/*.py; they now hash
@@ -17,7 +17,6 @@ archive before import it again.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import sys
 import tarfile
@@ -66,7 +65,7 @@ def main() -> None:
     for item in sweeps:
         file, _, profile = item.partition(":")
         shapes += kernels.kernel_shapes(load_sweep(file, profile or None))
-    with tarfile.open(archive, "r:gz") as tar:
+    with tarfile.open(archive, "r:*") as tar:
         members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers() if m.isfile()]
     files = dict(members)
     manifest = json.loads(files[tunings.MANIFEST])
@@ -74,7 +73,8 @@ def main() -> None:
     manifest["warm_record"] = "keyed by the model's code text (scripts/rekey_shipped_tunings.py)"
     files |= {tunings.MANIFEST: json.dumps(manifest, indent=1).encode(), RECORD: json.dumps(record, indent=1).encode()}
     partial = archive.with_name(f".{archive.name}.partial")
-    with tarfile.open(partial, "w:gz") as tar:
+    compression = tunings.compression_of(archive)
+    with tarfile.open(partial, f"w:{compression}", **({"preset": 9} if compression == "xz" else {})) as tar:
         for name, _ in members:  # the same members in the same order, the manifest first
             tunings.add_member(tar, name, files[name])
     partial.replace(archive)

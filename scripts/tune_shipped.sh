@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Measure the kernel tunings k3lab ships (k3lab/tunings/), on a GPU machine with the `gpu` extra's
 # versions, as two archives:
-#   nvidia-h200-attnres_block.tar.gz  the flagship sweep's gpu profile warmed in a cache of its own, then
+#   nvidia-h200-attnres_block.tar.xz  the flagship sweep's gpu profile warmed in a cache of its own, then
 #                                     run as a short sweep (seed 0, four steps a trial) in that cache, and
 #                                     exported with its compiled kernels (megabytes: one sweep only)
-#   nvidia-h200.tar.gz                autotune results only: every experiment's gpu profiles warmed
+#   nvidia-h200.tar.xz                autotune results only: every experiment's gpu profiles warmed
 #                                     (`k3lab kernels warm`), the GPU tests run, each preset trained for
 #                                     two steps (`k3lab train`)
 #   bash scripts/tune_shipped.sh            both
@@ -32,12 +32,12 @@ first_steps() {  # the sweep's own trials, seed 0, four steps each (two eager, t
         --tracking-uri "sqlite:///$work/first_steps.db" --no-live
 }
 flagship=$(mktemp -d)
-rm -f "$tunings/nvidia-h200-attnres_block.tar.gz"  # re-measured below; its old kernels are not carried on
+rm -f "$tunings/nvidia-h200-attnres_block.tar.xz"  # re-measured below; its old kernels are not carried on
 echo "== k3lab kernels warm experiments/attnres_block.yaml --profile gpu (compiled, cache $flagship)"
 K3LAB_KERNEL_CACHE="$flagship" $k3lab kernels warm experiments/attnres_block.yaml --profile gpu || exit 1
 echo "== the same trials' first steps as a sweep (cache $flagship)"
 K3LAB_KERNEL_CACHE="$flagship" first_steps experiments/attnres_block.yaml || exit 1
-K3LAB_KERNEL_CACHE="$flagship" $k3lab kernels export --compiled "$tunings/nvidia-h200-attnres_block.tar.gz" || exit 1
+K3LAB_KERNEL_CACHE="$flagship" $k3lab kernels export --compiled "$tunings/nvidia-h200-attnres_block.tar.xz" || exit 1
 [ "${1:-}" = compiled ] && exit 0
 warm_profiles experiments/attnres_block.yaml   # the flagship first, then the GPU tests: what a first hour runs
 echo "== GPU tests"
@@ -49,5 +49,5 @@ for preset in tiny small base; do
     echo "== k3lab train $preset --steps 2"
     $k3lab train "$preset" --steps 2 --no-tracking || failed=1
 done
-$k3lab kernels export "$tunings/nvidia-h200.tar.gz" || exit 1
+$k3lab kernels export "$tunings/nvidia-h200.tar.xz" || exit 1
 exit $failed

@@ -198,17 +198,25 @@ def tuned_cache(root: Path) -> Path:
     return root
 
 
-def test_exported_tunings_import_into_a_fresh_cache_with_their_warm_record(tmp_path):
-    manifest = tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "t.tar.gz", "NVIDIA H200")
+@pytest.mark.parametrize("suffix, magic", [(".tar.xz", b"\xfd7zXZ\x00"), (".tar.gz", b"\x1f\x8b")])
+def test_exported_tunings_import_into_a_fresh_cache_with_their_warm_record(tmp_path, suffix, magic):
+    manifest = tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / f"t{suffix}", "NVIDIA H200")
     assert manifest["autotune_results"] == 2 and manifest["gpu"] == "NVIDIA H200"
-    result = tunings.import_tunings(tmp_path / "t.tar.gz", tmp_path / "b", "NVIDIA H200")
+    assert (tmp_path / f"t{suffix}").read_bytes().startswith(magic)  # compressed as its name says
+    result = tunings.import_tunings(tmp_path / f"t{suffix}", tmp_path / "b", "NVIDIA H200")
     assert (result["added"], result["kept"], result["warm_shapes"]) == (2, 0, 1)
     imported = sorted(p.relative_to(tmp_path / "b").as_posix() for p in (tmp_path / "b").rglob("*.autotune.json"))
     assert imported == ["triton/AB12/chunk_kda_fwd_kernel.autotune.json", "triton/CD34/attnres_bwd_kernel_dv.autotune.json"]
     assert not list((tmp_path / "b").rglob("*.cubin"))  # compiled kernels stay behind: the archive is small
     assert kernels.read_warm_record(tmp_path / "b") == {"f1": {"shape": "attnres_off", "device": "NVIDIA H200"}}
-    again = tunings.import_tunings(tmp_path / "t.tar.gz", tmp_path / "b", "NVIDIA H200")
+    again = tunings.import_tunings(tmp_path / f"t{suffix}", tmp_path / "b", "NVIDIA H200")
     assert (again["added"], again["kept"]) == (0, 2)
+
+
+def test_an_archive_named_neither_tar_xz_nor_tar_gz_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(UserError, match=r"t\.zip: a tunings archive is named \*\.tar\.xz or \*\.tar\.gz"):
+        tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "out" / "t.zip", "NVIDIA H200")
+    assert not (tmp_path / "out").exists()
 
 
 def test_tunings_from_another_gpu_or_library_version_import_nothing(tmp_path, monkeypatch):
@@ -289,12 +297,12 @@ def test_an_archive_without_its_manifest_first_is_refused_in_one_line(tmp_path):
 def test_a_gpu_process_imports_every_shipped_archive_of_its_gpu_once(tmp_path, monkeypatch):
     monkeypatch.setattr(tunings, "SHIPPED_DIR", tmp_path / "shipped")
     tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "shipped" / "h200.tar.gz", "NVIDIA H200")
-    tunings.export_tunings(compiled_cache(tmp_path / "c"), tmp_path / "shipped" / "h200-attnres.tar.gz",
+    tunings.export_tunings(compiled_cache(tmp_path / "c"), tmp_path / "shipped" / "h200-attnres.tar.xz",
                            "NVIDIA H200", compiled=True)
     first = tunings.start_from_shipped(tmp_path / "kc", "NVIDIA H200")
-    assert first["archive"] == "h200-attnres.tar.gz, h200.tar.gz"
+    assert first["archive"] == "h200-attnres.tar.xz, h200.tar.gz"
     assert (first["added"], first["kept"], first["compiled"], first["warm_shapes"]) == (2, 2, 4, 2)
-    assert kernels.shipped_line(first) == ("kernels: started from k3lab's tunings for NVIDIA H200 (h200-attnres.tar.gz, "
+    assert kernels.shipped_line(first) == ("kernels: started from k3lab's tunings for NVIDIA H200 (h200-attnres.tar.xz, "
                                            "h200.tar.gz: 2 autotune results, 4 compiled kernel files, 2 warmed shapes)")
     assert tunings.start_from_shipped(tmp_path / "kc", "NVIDIA H200") is None
 
@@ -309,7 +317,7 @@ def test_a_gpu_process_starts_from_the_shipped_tunings_of_its_gpu_once(tmp_path,
 
 
 def test_the_shipped_flagship_tunings_record_every_gpu_shape_for_this_model_code(monkeypatch):
-    """The warm record in k3lab/tunings/nvidia-h200-attnres_block.tar.gz is keyed by the model
+    """The warm record in k3lab/tunings/nvidia-h200-attnres_block.tar.xz is keyed by the model
     code (`toolchain_fingerprint` hashes the code text of k3lab/model/*.py), so a change of its
     code (not of its comments or docstrings) leaves a fresh H200 warming the flagship's five
     shapes again: 80.8 s before its first trial on 2026-12-02, against 0.9 s with a matching
@@ -317,7 +325,7 @@ def test_the_shipped_flagship_tunings_record_every_gpu_shape_for_this_model_code
     re-make the archive on an H200: scripts/tune_shipped.sh compiled."""
     import tarfile
 
-    with tarfile.open(tunings.SHIPPED_DIR / "nvidia-h200-attnres_block.tar.gz", "r:gz") as tar:
+    with tarfile.open(tunings.SHIPPED_DIR / "nvidia-h200-attnres_block.tar.xz", "r:xz") as tar:
         manifest = json.loads(tar.extractfile("k3lab-tunings.json").read())
         record = json.loads(tar.extractfile("triton/k3lab-warm.json").read())
     measured = manifest["versions"] | {"fla-core": manifest["versions"]["fla"],

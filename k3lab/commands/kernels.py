@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info = commands.add_parser("info", help="show the kernel cache")
     add_cache_argument(info)
     info.set_defaults(func=run_info)
-    export = commands.add_parser("export", help="write the cache's tuned kernels to one small archive (.tar.gz)")
+    export = commands.add_parser("export", help="write the cache's tuned kernels to one small archive (.tar.xz or .tar.gz)")
     export.add_argument("file", help="archive to write")
     add_cache_argument(export)
     export.add_argument("--gpu", default=None, help="the GPU they were tuned on (default: this machine's GPU)")
