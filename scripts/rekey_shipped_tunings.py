@@ -73,8 +73,7 @@ def main() -> None:
     manifest["warm_record"] = "keyed by the model's code text (scripts/rekey_shipped_tunings.py)"
     files |= {tunings.MANIFEST: json.dumps(manifest, indent=1).encode(), RECORD: json.dumps(record, indent=1).encode()}
     partial = archive.with_name(f".{archive.name}.partial")
-    compression = tunings.compression_of(archive)
-    with tarfile.open(partial, f"w:{compression}", **({"preset": 9} if compression == "xz" else {})) as tar:
+    with tunings.archive_writer(partial, archive) as tar:
         for name, _ in members:  # the same members in the same order, the manifest first
             tunings.add_member(tar, name, files[name])
     partial.replace(archive)

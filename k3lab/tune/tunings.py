@@ -87,7 +87,7 @@ def mismatch(manifest: dict, gpu: str, versions: dict) -> str | None:
 def export_tunings(cache: Path, file: Path, gpu: str, compiled: bool = False) -> dict:
     """Write `cache`'s autotune results and warm record to `file` (.tar.xz or .tar.gz), and with
     `compiled` its compiled kernels too (see the module docstring); the manifest."""
-    compression = compression_of(file)
+    compression_of(file)  # a wrong name is refused before any work
     triton = cache / "triton"
     results = sorted(triton.rglob("*.autotune.json")) if triton.is_dir() else []
     if not results:
@@ -106,7 +106,7 @@ def export_tunings(cache: Path, file: Path, gpu: str, compiled: bool = False) ->
                                 "bytes": sum(len(data) for data in kernels.values())}
     file.parent.mkdir(parents=True, exist_ok=True)
     partial = file.with_name(f".{file.name}.partial")
-    with tarfile.open(partial, f"w:{compression}", **({"preset": 9} if compression == "xz" else {})) as tar:
+    with archive_writer(partial, file) as tar:
         add_member(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
         for name, data in members.items():
             add_member(tar, name, data)
@@ -120,6 +120,12 @@ def compression_of(file: Path) -> str:
         if file.name.endswith(suffix):
             return compression
     raise UserError(f"{file}: a tunings archive is named *.tar.xz or *.tar.gz")
+
+
+def archive_writer(path: Path, named: Path) -> tarfile.TarFile:
+    """A tarfile writing to `path` (a partial file), compressed as the name `named` says."""
+    compression = compression_of(named)
+    return tarfile.open(path, f"w:{compression}", **({"preset": 9} if compression == "xz" else {}))
 
 
 def compiled_files(cache: Path) -> dict[str, bytes]:
