@@ -13,6 +13,8 @@ at most: 2 for blocks of 8 (an endpoint and the live prefix), 4 for blocks of 4,
 
 Rows:
     fla            fla.ops.attnres.fused_attnres, forward and backward
+    fla_gluon      the same entry with FLA's Gluon backend (FLA_ATTNRES_GLUON=1, off by default in FLA
+                   0.6.0: sources indexed at compile time, tiles staged through shared memory)
     fla_split      FLA's forward and its dv kernel, then the column sums that give dq, dw and
                    the output norm's weight gradient by torch.sum over the N rows (which spreads
                    the N axis over the whole GPU), instead of FLA's attnres_bwd_kernel_dqdw,
@@ -74,7 +76,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=64 * 1024, help="N: rows (batch x sequence)")
     parser.add_argument("--dim", type=int, default=512, help="D: hidden size")
     parser.add_argument("--sources", default="2,4,7,13", help="K values, comma-separated")
-    parser.add_argument("--rows", default="fla,fla_split,k3lab,naive_compiled,dqdw,fwd,dv",
+    parser.add_argument("--rows", default="fla,fla_gluon,fla_split,k3lab,naive_compiled,dqdw,fwd,dv",
                         help="which rows, comma-separated (dqdw: the reduction rows, fwd: the forward kernel, "
                              "dv: dv_store, dv_sum, add)")
     parser.add_argument("--reps", type=int, default=20)
@@ -169,12 +171,46 @@ def inputs(K: int, N: int, D: int, device: torch.device, dtype=torch.bfloat16, r
     return residuals, query, rms_weight, out_weight, do
 
 
+def with_gluon_attnres():
+    """fused_attnres dispatched to FLA's Gluon backend: FLA reads FLA_ATTNRES_GLUON at each call
+    (the forward picks the backend, and its autograd function the backward)."""
+    import os
+
+    from fla.ops.attnres import fused_attnres
+
+    def call(q, r, w, ow, eps):
+        os.environ["FLA_ATTNRES_GLUON"] = "1"
+        try:
+            out = fused_attnres(q, r, w, ow, eps)
+        finally:
+            del os.environ["FLA_ATTNRES_GLUON"]
+        if out.requires_grad and not made_by("Gluon", out):  # FLA falls back to Triton silently
+            raise RuntimeError("FLA did not dispatch fused_attnres to its Gluon backend here")
+        return out
+
+    return call
+
+
+def made_by(name: str, out: torch.Tensor, depth: int = 3) -> bool:
+    """Whether an autograd function whose class name holds `name` made `out` (through a few views)."""
+    fn = out.grad_fn
+    for _ in range(depth):
+        if fn is None:
+            return False
+        if name in type(fn).__name__:
+            return True
+        fn = fn.next_functions[0][0] if fn.next_functions else None
+    return False
+
+
 def implementations(names: list[str], device: torch.device) -> dict:
     """name -> fn(query, residuals, rms_weight, output_rms_weight, rms_eps) returning o."""
     found = {}
     if device.type == "cuda" and "fla" in names:
         from fla.ops.attnres import fused_attnres
         found["fla"] = lambda q, r, w, ow, eps: fused_attnres(q, r, w, ow, eps)
+    if device.type == "cuda" and "fla_gluon" in names:
+        found["fla_gluon"] = with_gluon_attnres()
     if device.type == "cuda" and "fla_split" in names:
         found["fla_split"] = split_attnres()
     if "k3lab" in names:  # on CPU: the same function with its plain-PyTorch twins
@@ -291,7 +327,11 @@ def main() -> None:
     results = []
     for name, fn in implementations(names, device).items():
         for K in (int(k) for k in args.sources.split(",")):
-            row = {"row": name, "K": K, "N": N, "D": D, **measure_call(fn, K, N, D, args, device)}
+            try:
+                row = {"row": name, "K": K, "N": N, "D": D, **measure_call(fn, K, N, D, args, device)}
+            except RuntimeError as error:  # a row that cannot run here; the others still can
+                print(f"{name} K={K}: not measured ({error})", flush=True)
+                continue
             print(row, flush=True)
             results.append(row)
     stages = measure_dqdw(N, D, args, device) if "dqdw" in names else {}

@@ -46,6 +46,23 @@ def test_the_bench_runs_its_cpu_rows_and_prints_their_table():
     assert "Copy (device to device, read + written): " in done.stdout
 
 
+def test_the_gluon_row_knows_which_autograd_function_made_its_output():
+    from bench.bench_attnres import made_by
+
+    class FusedAttnresGluonFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    x = torch.ones(4, 3, requires_grad=True)
+    assert made_by("Gluon", FusedAttnresGluonFunction.apply(x).view(12).view(4, 3))  # through views
+    assert not made_by("Gluon", (x * 2).view(12))  # what a fallback to another function would give
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FLA's AttnRes kernels need CUDA")
 def test_the_split_reduction_gives_flas_gradients_on_a_gpu():
     from fla.ops.attnres import fused_attnres
