@@ -23,19 +23,14 @@ calls; the kernel cache k3lab ships is opened first, as the trials open it.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 import torch
 import yaml
 
-ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
-ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
-if ONLY in ARGS:
-    ARGS.remove(ONLY)
-ROOT = Path(ARGS[0] if ARGS else Path(__file__).resolve().parent.parent).resolve()
-sys.path.insert(0, str(ROOT))
-from k3lab.model.config import KimiK3Config  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent  # the checkout timed: this one, or the tree given (`main`)
 
 
 def mean_ms(fn, reps: int = 20, warmup: int = 3) -> float:
@@ -90,6 +85,7 @@ def attn_res_exact_sources(N: int = 32768, D: int = 1024) -> None:
 
 def kda_layer_width() -> None:
     from k3lab.model import kda_fused
+    from k3lab.model.config import KimiK3Config
 
     config = KimiK3Config(**yaml.safe_load((ROOT / "k3lab/presets/small.yaml").read_text()), kda_implementation="fused")
     layer = kda_fused.KDAFused(config).cuda()
@@ -139,14 +135,21 @@ def conv_backend(B: int = 64, T: int = 1024, D: int = 512, W: int = 4) -> None:
 
 
 def main() -> None:
+    global ROOT
+    choices = {f.__name__: f for f in (attn_res_backward_rows, attn_res_exact_sources, kda_layer_width, conv_backend)}
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("tree", nargs="?", default=ROOT, help="the k3lab checkout to time (default: this one)")
+    parser.add_argument("--only", choices=choices, default=None, help="time one choice only")
+    args = parser.parse_args()
+    ROOT = Path(args.tree).resolve()
+    sys.path.insert(0, str(ROOT))  # before k3lab is imported: its model is the one timed
     if not torch.cuda.is_available():
         sys.exit("kernel_choices.py: no CUDA GPU here")
     from k3lab.tune.kernels import open_kernel_cache
 
     open_kernel_cache()  # before FLA is imported
-    choices = (attn_res_backward_rows, attn_res_exact_sources, kda_layer_width, conv_backend)
-    for choice in choices:
-        if ONLY in (None, choice.__name__):
+    for name, choice in choices.items():
+        if args.only in (None, name):
             choice()
 
 
