@@ -94,11 +94,7 @@ def attn_res_fwd_kernel(q, w, ow, res, o, rstd, logit, lse, N, K, eps, L: tl.con
     total = tl.zeros([ROWS], dtype=tl.float32)  # sum_l exp(logit_l - m)
     o_pre = tl.zeros([ROWS, BD], dtype=tl.float32)  # sum_l exp(logit_l - m) v_l
     for i in tl.static_range(L):  # L slots: the K sources, or K padded (`source_slots`)
-        if PADDED:
-            if i < K:
-                m, total, o_pre = fwd_source(res[i], i, n, at, mask, rows_in, qw, rstd, logit, N, eps, m, total,
-                                             o_pre, D)
-        else:
+        if i < (K if PADDED else L):  # a run-time test only in padded slots
             m, total, o_pre = fwd_source(res[i], i, n, at, mask, rows_in, qw, rstd, logit, N, eps, m, total, o_pre, D)
     tl.store(lse + n, m + tl.log(total), mask=rows_in)
     out = o_pre / total[:, None]
@@ -154,10 +150,7 @@ def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, partials, 
 
         o_pre = tl.zeros([ROWS, BD], dtype=tl.float32)
         for i in tl.static_range(L):  # L slots: the K sources, or K padded (`source_slots`)
-            if PADDED:
-                if i < K:
-                    o_pre = bwd_mix_source(res[i], i, n, at, mask, rows_in, logit, lse_n, N, o_pre)
-            else:
+            if i < (K if PADDED else L):
                 o_pre = bwd_mix_source(res[i], i, n, at, mask, rows_in, logit, lse_n, N, o_pre)
 
         if HAS_ONORM:
@@ -169,11 +162,7 @@ def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, partials, 
         delta = tl.sum(g * o_pre, axis=1)
 
         for i in tl.static_range(L):
-            if PADDED:
-                if i < K:
-                    dqw_sum = bwd_grad_source(res[i], dres[i], (ACC >> i) & 1, i, n, at, mask, rows_in, qw, g, delta,
-                                              rstd, logit, lse_n, N, dqw_sum, D)
-            else:
+            if i < (K if PADDED else L):
                 dqw_sum = bwd_grad_source(res[i], dres[i], (ACC >> i) & 1, i, n, at, mask, rows_in, qw, g, delta,
                                           rstd, logit, lse_n, N, dqw_sum, D)
     tl.store(partials + program * D + d, tl.sum(dqw_sum, axis=0), mask=inside)  # partials[0, program]
