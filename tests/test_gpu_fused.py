@@ -19,6 +19,10 @@ the per-kernel tests carry the precision claims, and the model loss (~6e-4) is t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -430,10 +434,21 @@ def run(module, inputs, dout, bf16: bool):
     return result
 
 
+def test_fla_gluon_convolution_is_chosen_unless_the_user_set_fla_conv_gluon():
+    code = "import os, k3lab.model.kda_fused; print(os.environ['FLA_CONV_GLUON'])"
+    env = {k: v for k, v in os.environ.items() if k != "FLA_CONV_GLUON"}
+    for setting, expected in ((None, "1"), ("0", "0")):
+        run_env = env if setting is None else env | {"FLA_CONV_GLUON": setting}
+        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == expected
+
+
 @gpu
+@pytest.mark.parametrize("conv", ["0", "1"], ids=["triton_conv", "gluon_conv"])
 @pytest.mark.parametrize("k3_gate", [False, True], ids=["low_rank_gate", "k3_full_rank_gate"])
-def test_fused_kda_layer_matches_chunkwise(fp32_truth, k3_gate):
+def test_fused_kda_layer_matches_chunkwise(fp32_truth, k3_gate, conv, monkeypatch):
     needs_fla()
+    monkeypatch.setenv("FLA_CONV_GLUON", conv)  # FLA reads it at each call
     config = gpu_config(kda_implementation="fused", **K3_GATE if k3_gate else {})
     fused = KDAFused(config).cuda()
     chunkwise = KDAChunkwise(config).cuda()

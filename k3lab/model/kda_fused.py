@@ -23,6 +23,8 @@ FLA API facts this module relies on (checked against fla-core 0.6.0):
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,6 +35,12 @@ from k3lab.model.kda import KDAChunkwise
 WIDTH_MULTIPLE = 16  # the fused input matmul's width is padded to this: FLA's causal conv reads q, k, v
 # as views with that row stride, and Triton vectorises their loads only when the stride is a multiple of 16
 # (1,672 unpadded in a `small` trial: its conv forward took 2.3x as long, H200 2026-12-03)
+
+# FLA's causal convolution has a Triton and a Gluon implementation, the second off unless FLA_CONV_GLUON is set.
+# At a `small` trial's (64, 1024, 512) view, forward and backward took 0.63 ms with Gluon against 1.18 with Triton,
+# with the same y and dx (H200, 2026-12-04, bench/kernel_choices.py --only conv_backend). FLA itself falls back to
+# Triton where Gluon does not apply (distributed runs, states carried in). A user's own setting is kept.
+os.environ.setdefault("FLA_CONV_GLUON", "1")
 
 
 class KDAFused(KDAChunkwise):
