@@ -8,6 +8,9 @@
 One process runs the configurations one after another on the same shapes, each with
 random tokens (B x T), bf16 autocast over fp32 weights and fused AdamW. TF32 is on for
 the few fp32 matmuls left (FLA's fused cross-entropy accumulates dW with an fp32 GEMM).
+Every row, FLA's too, runs the short convolutions on the backend k3lab picks
+(`k3lab.model.kda_fused`: FLA's Gluon one unless FLA_CONV_GLUON says otherwise); the header
+line names it.
 
     fla_kda          FLA KDAForCausalLM: hidden 1024, 12 layers, 8 KDA heads x 128, vocab 32000,
                      SwiGLU MLP (FLA's default ratio 4 -> intermediate 2816), tied embeddings,
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import os
 import sys
 import time
@@ -306,8 +310,12 @@ def main() -> None:
         sys.exit("bench_gpu.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+    importlib.import_module("k3lab.model.kda_fused")  # sets the convolution backend for every row, FLA's rows first
+
+    conv = "Gluon" if os.environ.get("FLA_CONV_GLUON", "0") != "0" else "Triton"
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; TRITON_CACHE_DIR="
-          f"{os.environ.get('TRITON_CACHE_DIR', '(default)')}", flush=True)
+          f"{os.environ.get('TRITON_CACHE_DIR', '(default)')}; FLA's {conv} causal convolution in every row",
+          flush=True)
     results, failures = [], {}
     for name in args.names:
         try:
@@ -323,6 +331,7 @@ def main() -> None:
             f"fused AdamW, random tokens, KimiK3 blocks {'torch.compile' if args.compile else 'eager'}"
             f"{', the whole step as a CUDA graph' if args.graph else ''}. "
             f"AttnRes block size {BLOCK} decoder layers (FLA: {2 * BLOCK} sub-layers). "
+            f"FLA's {conv} causal convolution in every row. "
             "MFU against 989 TFLOP/s; FLOPs per token as in bench/bench_gpu.py's docstring. First step: "
             "includes compilation/autotuning not already cached, so it depends on run order and cache.\n\n"
             + table(results, failures))
