@@ -7,6 +7,13 @@ the GPU runs the same instructions, and the timings measured for the old text st
 Debug information (source file names and line numbers) is left out of the comparison.
 
     PYTHONPATH=/path/to/triton python scripts/kernel_ptx.py OLD_TREE NEW_TREE
+    PYTHONPATH=/path/to/triton python scripts/kernel_ptx.py --resources TREE [TREE ...] [--warps W]
+
+With --resources, each case's PTX goes through the ptxas that Triton ships (as Triton itself does
+to make the cubin) and the line gives what ptxas reports: registers a thread, spill bytes, and the
+warps an SM can hold at that register count (65,536 registers an SM, allocated per warp in units
+of 256). A memory-bound kernel at one warp a program needs many warps resident to keep enough
+loads in flight, so a variant that lowers the registers can be told apart before any GPU time.
 
 A tree is a folder holding `k3lab/` (e.g. `git archive REV k3lab | tar x -C DIR`). Needs Triton
 (3.6 on the H200 image) importable; no CUDA driver. Prints one line per kernel and case, and
@@ -15,18 +22,24 @@ exits 1 when any case differs.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib
+import re
+import subprocess
 import sys
+import tempfile
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.runtime import driver
 from triton.runtime.jit import MockTensor
 
 SOURCES = (1, 2, 3, 4, 5, 13)  # exact K up to EXACT_SOURCES, then padded to 8 and 16 slots
 D, N = 512, 65_536
+SM_REGISTERS, WARP_ALLOCATION = 65_536, 256  # sm_90: registers an SM, a warp's allocation unit
 
 
 class OfflineDriver:
@@ -51,8 +64,9 @@ def code_of(ptx: str) -> str:
     return "\n".join(line for line in body.splitlines() if not line.strip().startswith((".loc", ".file", "//")))
 
 
-def kernel_codes(tree: str) -> dict[str, str]:
-    """{case: PTX code} for the forward and backward kernels of the k3lab under `tree`."""
+def kernel_codes(tree: str, warps: int | None = None) -> dict[str, str]:
+    """{case: PTX} for the forward and backward kernels of the k3lab under `tree`, at the model's
+    rows a program on `warps` warps (default: the model's own, one warp a row)."""
     sys.path.insert(0, tree)
     for name in [m for m in sys.modules if m == "k3lab" or m.startswith("k3lab.")]:
         del sys.modules[name]
@@ -68,30 +82,72 @@ def kernel_codes(tree: str) -> dict[str, str]:
             common = dict(L=L, PADDED=L != K, D=D, BD=triton.next_power_of_2(D), HAS_ONORM=onorm, grid=(1,))
             fwd = kernels.attn_res_fwd_kernel.warmup(
                 bf16(), bf16(), ow, res, bf16(), fp32(), fp32(), fp32(), N, K, 1e-6,
-                ROWS=kernels.FWD_ROWS, num_warps=kernels.FWD_ROWS, **common)
+                ROWS=kernels.FWD_ROWS, num_warps=warps or kernels.FWD_ROWS, **common)
             bwd = kernels.attn_res_bwd_dv_kernel.warmup(
                 bf16(), bf16(), ow, res, tuple(bf16() for _ in range(L)), fp32(), fp32(), fp32(), bf16(), fp32(),
-                N, K, 3, 1e-6, ROWS=kernels.BWD_ROWS, STEPS=kernels.row_steps(N), num_warps=kernels.BWD_ROWS,
+                N, K, 3, 1e-6, ROWS=kernels.BWD_ROWS, STEPS=kernels.row_steps(N), num_warps=warps or kernels.BWD_ROWS,
                 **common)
             for kind, compiled in (("forward", fwd), ("backward", bwd)):
-                codes[f"{kind} K={K} slots={L} output norm={onorm}"] = code_of(compiled.asm["ptx"])
+                codes[f"{kind} K={K} slots={L} output norm={onorm}"] = compiled.asm["ptx"]
     return codes
 
 
-def main(trees: list[str]) -> int:
-    driver.set_active(OfflineDriver())
-    codes = [kernel_codes(tree) for tree in trees]
+def resources(ptx: str) -> dict[str, int]:
+    """What ptxas reports for one kernel's PTX: registers a thread and spill bytes, and the warps an
+    SM can hold at that register count."""
+    arch = re.search(r"^\.target\s+(\S+)", ptx, re.MULTILINE).group(1)  # sm_90a: Triton's H200 target
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source:
+        source.write(ptx)
+        source.flush()
+        report = subprocess.run([get_ptxas(90).path, f"-arch={arch}", "-v", source.name, "-o", "/dev/null"],
+                                capture_output=True, text=True, check=True).stderr
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    return {"registers": registers, "spill_stores": int(spills.group(1)), "spill_loads": int(spills.group(2)),
+            "warps_per_sm": warps_per_sm(registers)}
+
+
+def warps_per_sm(registers: int) -> int:
+    """Warps an sm_90 SM can hold when each thread uses `registers` (a warp's share rounded up to 256)."""
+    per_warp = -(-registers * 32 // WARP_ALLOCATION) * WARP_ALLOCATION
+    return SM_REGISTERS // per_warp
+
+
+def compare(codes: list[dict[str, str]]) -> int:
+    """One line a case with each tree's digest; 1 when any case differs."""
     differs = False
     for case in codes[0]:
-        digests = [hashlib.sha256(c[case].encode()).hexdigest()[:12] for c in codes]
+        texts = [code_of(c[case]) for c in codes]
+        digests = [hashlib.sha256(text.encode()).hexdigest()[:12] for text in texts]
         same = len(set(digests)) == 1
         differs |= not same
-        verdict = "" if len(trees) == 1 else ("  same" if same else "  DIFFERS")
-        print(f"{case:<42} {' '.join(digests)}  ({codes[0][case].count(chr(10)) + 1} lines){verdict}")
+        verdict = "" if len(codes) == 1 else ("  same" if same else "  DIFFERS")
+        print(f"{case:<42} {' '.join(digests)}  ({texts[0].count(chr(10)) + 1} lines){verdict}")
     return int(differs)
 
 
+def show_resources(codes: list[dict[str, str]]) -> int:
+    """One line a case: each tree's registers, spill bytes and warps an SM holds."""
+    for case in codes[0]:
+        cells = []
+        for c in codes:
+            r = resources(c[case])
+            cells.append(f"{r['registers']:>3} registers, {r['spill_stores']:>4} B spilled, {r['warps_per_sm']:>2} warps/SM")
+        print(f"{case:<42} {' | '.join(cells)}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("trees", nargs="+", help="folders holding k3lab/ (one to list, two to compare)")
+    parser.add_argument("--resources", action="store_true", help="registers and spills from ptxas, per tree")
+    parser.add_argument("--warps", type=int, default=None,
+                        help="compile at this many warps a program instead of the model's (what-if, with --resources)")
+    args = parser.parse_args()
+    driver.set_active(OfflineDriver())
+    codes = [kernel_codes(tree, args.warps) for tree in args.trees]
+    return show_resources(codes) if args.resources else compare(codes)
+
+
 if __name__ == "__main__":
-    if not sys.argv[1:]:
-        sys.exit(__doc__)
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
