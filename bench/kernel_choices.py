@@ -17,6 +17,11 @@
 - FLA's causal convolution backend (`FLA_CONV_GLUON`, Triton by default, Gluon when set): the
   convolution alone, forward and backward on a strided (64, 1024, 512) view as KDA's q, k and v
   are, with the largest difference between the two backends' results; then the KDA layer above.
+- FLA's TileLang backend for KDA's backward (`FLA_TILELANG`; FLA 0.6.0 takes it for
+  `chunk_kda_bwd_wy_dqkg_fused`, a `small` trial's costliest kernel, whenever the `tilelang` package
+  and nvcc are there): the KDA layer above with it off and on, the largest difference of the
+  layer's input gradient, whether TileLang's kernel ran, and whether a step on it can be captured
+  in a CUDA graph (trials replay their steps as one).
 Milliseconds per call from CUDA events, the mean over 20 calls (10 for the layer) after 3 warm-up
 calls; the kernel cache k3lab ships is opened first, as the trials open it.
 """
@@ -134,9 +139,58 @@ def conv_backend(B: int = 64, T: int = 1024, D: int = 512, W: int = 4) -> None:
     os.environ.pop("FLA_CONV_GLUON")
 
 
+def kda_backend() -> None:
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("tilelang") is None:
+        print("kda_backend: the tilelang package is not installed here; skipped", flush=True)
+        return
+    from k3lab.model import kda_fused
+    from k3lab.model.config import KimiK3Config
+
+    config = KimiK3Config(**yaml.safe_load((ROOT / "k3lab/presets/small.yaml").read_text()), kda_implementation="fused")
+    layer = kda_fused.KDAFused(config).cuda()
+    x = torch.randn(64, 1024, config.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def step():
+        with torch.autocast("cuda", torch.bfloat16):
+            y = layer(x)
+        y.backward(dy)
+
+    grads = {}
+    for backend, flag in (("triton", "0"), ("tilelang", "1")):
+        os.environ["FLA_TILELANG"] = flag
+        x.grad = None
+        step()
+        grads[backend] = x.grad.float()
+        print(f"KDA layer fwd+bwd FLA_TILELANG={flag}: {mean_ms(step, reps=10):.3f} ms", flush=True)
+    ran = "fla.ops.kda.backends.tilelang.chunk_bwd_dqkg" in sys.modules
+    print(f"  TileLang's chunk_kda_bwd_wy_dqkg_fused ran: {ran}; largest |dx triton - dx tilelang| "
+          f"{(grads['triton'] - grads['tilelang']).abs().max().item():.3e} (largest |dx| "
+          f"{grads['triton'].abs().max().item():.3e})", flush=True)
+    try:  # as trials do: warm up on a side stream, capture, replay
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        graph.replay()
+        torch.cuda.synchronize()
+        print("  a step on TileLang's kernel captured in a CUDA graph and replayed", flush=True)
+    except Exception as error:  # noqa: BLE001 - the finding is the error itself
+        print(f"  CUDA graph capture on TileLang's kernel failed: {type(error).__name__}: {str(error)[:200]}", flush=True)
+    os.environ.pop("FLA_TILELANG")
+
+
 def main() -> None:
     global ROOT
-    choices = {f.__name__: f for f in (attn_res_backward_rows, attn_res_exact_sources, kda_layer_width, conv_backend)}
+    choices = {f.__name__: f for f in (attn_res_backward_rows, attn_res_exact_sources, kda_layer_width, conv_backend,
+                                       kda_backend)}
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("tree", nargs="?", default=ROOT, help="the k3lab checkout to time (default: this one)")
     parser.add_argument("--only", choices=choices, default=None, help="time one choice only")
