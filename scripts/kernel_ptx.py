@@ -7,7 +7,7 @@ the GPU runs the same instructions, and the timings measured for the old text st
 Debug information (source file names and line numbers) is left out of the comparison.
 
     PYTHONPATH=/path/to/triton python scripts/kernel_ptx.py OLD_TREE NEW_TREE
-    PYTHONPATH=/path/to/triton python scripts/kernel_ptx.py --resources TREE [TREE ...] [--warps W]
+    PYTHONPATH=/path/to/triton python scripts/kernel_ptx.py --resources TREE [TREE ...] [--warps W] [--steps S]
 
 With --resources, each case's PTX goes through the ptxas that Triton ships (as Triton itself does
 to make the cubin) and the line gives what ptxas reports: registers a thread, spill bytes, and the
@@ -64,9 +64,10 @@ def code_of(ptx: str) -> str:
     return "\n".join(line for line in body.splitlines() if not line.strip().startswith((".loc", ".file", "//")))
 
 
-def kernel_codes(tree: str, warps: int | None = None) -> dict[str, str]:
+def kernel_codes(tree: str, warps: int | None = None, steps: int | None = None) -> dict[str, str]:
     """{case: PTX} for the forward and backward kernels of the k3lab under `tree`, at the model's
-    rows a program on `warps` warps (default: the model's own, one warp a row)."""
+    rows a program on `warps` warps (default: the model's own, one warp a row), the backward
+    walking `steps` row blocks a program (default: the model's `row_steps(N)`)."""
     sys.path.insert(0, tree)
     for name in [m for m in sys.modules if m == "k3lab" or m.startswith("k3lab.")]:
         del sys.modules[name]
@@ -85,7 +86,7 @@ def kernel_codes(tree: str, warps: int | None = None) -> dict[str, str]:
                 ROWS=kernels.FWD_ROWS, num_warps=warps or kernels.FWD_ROWS, **common)
             bwd = kernels.attn_res_bwd_dv_kernel.warmup(
                 bf16(), bf16(), ow, res, tuple(bf16() for _ in range(L)), fp32(), fp32(), fp32(), bf16(), fp32(),
-                N, K, 3, 1e-6, ROWS=kernels.BWD_ROWS, STEPS=kernels.row_steps(N), num_warps=warps or kernels.BWD_ROWS,
+                N, K, 3, 1e-6, ROWS=kernels.BWD_ROWS, STEPS=steps or kernels.row_steps(N), num_warps=warps or kernels.BWD_ROWS,
                 **common)
             for kind, compiled in (("forward", fwd), ("backward", bwd)):
                 codes[f"{kind} K={K} slots={L} output norm={onorm}"] = compiled.asm["ptx"]
@@ -143,9 +144,11 @@ def main() -> int:
     parser.add_argument("--resources", action="store_true", help="registers and spills from ptxas, per tree")
     parser.add_argument("--warps", type=int, default=None,
                         help="compile at this many warps a program instead of the model's (what-if, with --resources)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="compile the backward at this many row blocks a program instead of the model's (what-if)")
     args = parser.parse_args()
     driver.set_active(OfflineDriver())
-    codes = [kernel_codes(tree, args.warps) for tree in args.trees]
+    codes = [kernel_codes(tree, args.warps, args.steps) for tree in args.trees]
     return show_resources(codes) if args.resources else compare(codes)
 
 
