@@ -5,9 +5,10 @@
     python bench/kernel_choices.py --only conv_backend   # one of the functions below
 
 - `k3lab.model.attn_res_kernel.BWD_ROWS` (token rows a backward block, one warp each) and
-  `PARTIAL_ROWS` (the most partial sums of dq/dw a backward leaves): the backward kernel alone at
-  N = 65,536 rows, D = 512 (a `small` trial's step), K = 2, 4 and 13 sources, storing every
-  source's gradient.
+  `PARTIAL_ROWS` (the most partial sums of dq/dw a backward leaves): the backward kernel and the
+  reduction of its partial sums at N = 65,536 rows, D = 512 (a `small` trial's step), K = 2, 4 and 13
+  sources, storing every source's gradient; up to one partial sum a row block, where the kernel
+  needs the fewest registers (`scripts/kernel_ptx.py --resources --steps 1`).
 - `k3lab.model.attn_res_kernel.EXACT_SOURCES` (up to how many sources a kernel is compiled per K;
   above, sources are padded and tested at run time): forward and backward at K = 5, 6 and 8,
   N = 32,768 rows, D = 1,024 (bench/bench_gpu.py's AttnRes model, whose last block has K = 5),
@@ -47,6 +48,7 @@ def mean_ms(fn, reps: int = 20, warmup: int = 3) -> float:
 def attn_res_backward_rows(N: int = 65536, D: int = 512) -> None:
     from bench.bench_attnres import inputs
     from k3lab.model import attn_res_kernel as ark  # Triton: imported once a GPU is known to be here
+    from k3lab.model.attn_res_fused import column_sums
 
     if not hasattr(ark, "BWD_ROWS"):  # an older checkout
         return
@@ -54,11 +56,16 @@ def attn_res_backward_rows(N: int = 65536, D: int = 512) -> None:
         residuals, q, w, ow, do = inputs(K, N, D, torch.device("cuda"), requires_grad=False)
         _, rstd, logit, lse = ark.forward(q, w, ow, residuals, 1e-6)
         targets = [torch.empty_like(r) for r in residuals]
+
+        def call():  # the kernel and the reduction of its partial sums, as the model's backward runs them
+            column_sums(ark.dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, 0, 1e-6), q, w, ow)
+
         for rows in (1, 2, 4):
-            for partial in (1024, 4096, 16384):
+            # N / partial = the row blocks a program walks: 16 at the model's 4,096; one at N (a program a
+            # row: the fewest registers, scripts/kernel_ptx.py --steps 1, but N partial sums to add up)
+            for partial in (1024, 4096, 16384, N // 2, N):
                 ark.BWD_ROWS, ark.PARTIAL_ROWS = rows, partial
-                ms = mean_ms(lambda: ark.dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, 0, 1e-6))
-                print(f"dv K={K} rows={rows} partial={partial}: {ms:.3f} ms", flush=True)
+                print(f"dv K={K} rows={rows} partial={partial}: {mean_ms(call):.3f} ms", flush=True)
 
 
 def attn_res_exact_sources(N: int = 32768, D: int = 1024) -> None:
