@@ -7,7 +7,7 @@ the GPU runs the same instructions, and the timings measured for the old text st
 Debug information (source file names and line numbers) is left out of the comparison.
 
     PYTHONPATH=/path/to/triton python scripts/kernel_ptx.py OLD_TREE NEW_TREE
-    PYTHONPATH=/path/to/triton python scripts/kernel_ptx.py --resources TREE [TREE ...] [--warps W] [--steps S]
+    PYTHONPATH=/path/to/triton python scripts/kernel_ptx.py --resources TREE [TREE ...] [--rows R] [--warps W] [--steps S]
 
 With --resources, each case's PTX goes through the ptxas that Triton ships (as Triton itself does
 to make the cubin) and the line gives what ptxas reports: registers a thread, spill bytes, and the
@@ -64,9 +64,10 @@ def code_of(ptx: str) -> str:
     return "\n".join(line for line in body.splitlines() if not line.strip().startswith((".loc", ".file", "//")))
 
 
-def kernel_codes(tree: str, warps: int | None = None, steps: int | None = None) -> dict[str, str]:
-    """{case: PTX} for the forward and backward kernels of the k3lab under `tree`, at the model's
-    rows a program on `warps` warps (default: the model's own, one warp a row), the backward
+def kernel_codes(tree: str, warps: int | None = None, steps: int | None = None,
+                 rows: int | None = None) -> dict[str, str]:
+    """{case: PTX} for the forward and backward kernels of the k3lab under `tree`, at `rows` token rows
+    a program (default: the model's) on `warps` warps (default: one a row, as the model), the backward
     walking `steps` row blocks a program (default: the model's `row_steps(N)`)."""
     sys.path.insert(0, tree)
     for name in [m for m in sys.modules if m == "k3lab" or m.startswith("k3lab.")]:
@@ -83,10 +84,11 @@ def kernel_codes(tree: str, warps: int | None = None, steps: int | None = None) 
             common = dict(L=L, PADDED=L != K, D=D, BD=triton.next_power_of_2(D), HAS_ONORM=onorm, grid=(1,))
             fwd = kernels.attn_res_fwd_kernel.warmup(
                 bf16(), bf16(), ow, res, bf16(), fp32(), fp32(), fp32(), N, K, 1e-6,
-                ROWS=kernels.FWD_ROWS, num_warps=warps or kernels.FWD_ROWS, **common)
+                ROWS=rows or kernels.FWD_ROWS, num_warps=warps or rows or kernels.FWD_ROWS, **common)
             bwd = kernels.attn_res_bwd_dv_kernel.warmup(
                 bf16(), bf16(), ow, res, tuple(bf16() for _ in range(L)), fp32(), fp32(), fp32(), bf16(), fp32(),
-                N, K, 3, 1e-6, ROWS=kernels.BWD_ROWS, STEPS=steps or kernels.row_steps(N), num_warps=warps or kernels.BWD_ROWS,
+                N, K, 3, 1e-6, ROWS=rows or kernels.BWD_ROWS, STEPS=steps or kernels.row_steps(N),
+                num_warps=warps or rows or kernels.BWD_ROWS,
                 **common)
             for kind, compiled in (("forward", fwd), ("backward", bwd)):
                 codes[f"{kind} K={K} slots={L} output norm={onorm}"] = compiled.asm["ptx"]
@@ -146,9 +148,11 @@ def main() -> int:
                         help="compile at this many warps a program instead of the model's (what-if, with --resources)")
     parser.add_argument("--steps", type=int, default=None,
                         help="compile the backward at this many row blocks a program instead of the model's (what-if)")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="compile at this many token rows a program, a warp each unless --warps (what-if)")
     args = parser.parse_args()
     driver.set_active(OfflineDriver())
-    codes = [kernel_codes(tree, args.warps, args.steps) for tree in args.trees]
+    codes = [kernel_codes(tree, args.warps, args.steps, args.rows) for tree in args.trees]
     return show_resources(codes) if args.resources else compare(codes)
 
 
