@@ -20,6 +20,39 @@ for var in RAY_AUTH_TOKEN POSTGRES_PASSWORD PGPASSWORD; do
     esac
 done
 
+# K3LAB_MPS=1 (the GPU workers of docker-compose.yml): an NVIDIA MPS control daemon for this
+# container's GPUs before the command, so trials that share a GPU run their kernels side by side
+# instead of taking turns (k3lab.tune.mps; a sweep on one machine starts its own). Its pipe and
+# log folders are exported, so Ray and every trial process it starts connect to it. Where it
+# cannot run (no NVIDIA driver programs in the container) it says so in one line and goes on.
+start_mps() {
+    dir="${K3LAB_MPS_DIR:-/tmp/k3lab-mps}"
+    export CUDA_MPS_PIPE_DIRECTORY="$dir/pipe" CUDA_MPS_LOG_DIRECTORY="$dir/log"
+    if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+        echo "k3lab-entrypoint: no MPS: nvidia-cuda-mps-control is not on PATH (no GPU reserved, or" \
+             "NVIDIA_DRIVER_CAPABILITIES without compute); trials that share a GPU take turns" >&2
+        return 0
+    fi
+    if echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1; then
+        echo "k3lab-entrypoint: MPS: the daemon at $CUDA_MPS_PIPE_DIRECTORY is running" >&2
+        return 0
+    fi
+    rm -rf "$dir"  # a restarted container's folders: their daemon ended with it
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+        echo "k3lab-entrypoint: MPS: control daemon started (CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY)" >&2
+    else
+        status=$?
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+        echo "k3lab-entrypoint: no MPS: nvidia-cuda-mps-control -d exited $status (its log: $dir/log);" \
+             "trials that share a GPU take turns" >&2
+    fi
+}
+if [ "${K3LAB_MPS:-0}" = 1 ] && [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+    start_mps
+fi
+
 if [ "$#" -gt 0 ] && command -v "$1" >/dev/null 2>&1; then
     exec "$@"
 fi

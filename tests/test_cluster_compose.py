@@ -421,6 +421,14 @@ def test_gpu_workers_and_their_cpu_variant(base, cpu):
         assert cpu["services"][name]["image"] != base["services"][name]["image"]
 
 
+def test_gpu_workers_start_an_mps_daemon_and_cpu_workers_do_not(base, cpu):
+    services = base["services"]
+    assert services["ray-worker"]["environment"]["K3LAB_MPS"] == "1"
+    assert services["ray-worker"]["environment"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"  # still the shared env
+    assert all("K3LAB_MPS" not in services[name]["environment"] for name in ("ray-head", "k3lab"))
+    assert cpu["services"]["ray-worker"]["environment"]["K3LAB_MPS"] == "0"
+
+
 def test_images_are_built_as_the_readme_installs(base, cpu):
     for config in (base, cpu):
         for name, service in config["services"].items():
@@ -519,3 +527,49 @@ def test_entrypoint_runs_programs_and_k3lab_commands():
     assert out.returncode == 0 and out.stdout.strip() == "program"
     out = run_entrypoint("variants", "--help")  # not a program: a k3lab command
     assert out.returncode == 0 and "usage: k3lab variants" in out.stdout
+
+
+def fake_mps_control(folder: Path, starts: bool = True) -> Path:
+    """An `nvidia-cuda-mps-control` that records its arguments and pipe folder, answers no
+    control command (no daemon runs yet) and, with -d, exits 0 (started) or 1."""
+    folder.mkdir()
+    program = folder / "nvidia-cuda-mps-control"
+    program.write_text("#!/bin/sh\n"
+                       f'echo "$* $CUDA_MPS_PIPE_DIRECTORY" >> "{folder}/calls"\n'
+                       '[ "$1" = -d ] || exit 1\n'
+                       f"exit {0 if starts else 1}\n")
+    program.chmod(0o755)
+    return folder
+
+
+def test_entrypoint_starts_an_mps_daemon_and_exports_its_folders(tmp_path):
+    bin_dir = fake_mps_control(tmp_path / "bin")
+    out = run_entrypoint("sh", "-c", 'echo "$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY"', K3LAB_MPS="1",
+                         K3LAB_MPS_DIR=str(tmp_path / "mps"), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert out.returncode == 0, out.stderr
+    pipe, log = out.stdout.split()
+    assert (pipe, log) == (str(tmp_path / "mps" / "pipe"), str(tmp_path / "mps" / "log"))
+    assert Path(pipe).is_dir() and Path(log).is_dir()
+    calls = (bin_dir / "calls").read_text().splitlines()
+    assert calls == [f" {pipe}", f"-d {pipe}"]  # asked whether one runs, then started with the exported folder
+    assert "control daemon started" in out.stderr
+
+
+@pytest.mark.parametrize("program", ["missing", "failing"])
+def test_entrypoint_without_an_mps_daemon_says_why_and_runs_the_command(tmp_path, program):
+    path = os.environ["PATH"]
+    if program == "failing":
+        path = f"{fake_mps_control(tmp_path / 'bin', starts=False)}{os.pathsep}{path}"
+    elif shutil.which("nvidia-cuda-mps-control"):
+        pytest.skip("this machine has nvidia-cuda-mps-control")
+    out = run_entrypoint("sh", "-c", 'echo "pipe=$CUDA_MPS_PIPE_DIRECTORY"', K3LAB_MPS="1",
+                         K3LAB_MPS_DIR=str(tmp_path / "mps"), PATH=path)
+    assert out.returncode == 0 and out.stdout.strip() == "pipe="
+    assert out.stderr.count("\n") == 1 and "no MPS" in out.stderr and "take turns" in out.stderr
+
+
+def test_entrypoint_starts_no_mps_daemon_unless_asked(tmp_path):
+    bin_dir = fake_mps_control(tmp_path / "bin")
+    out = run_entrypoint("sh", "-c", 'echo "pipe=$CUDA_MPS_PIPE_DIRECTORY"', K3LAB_MPS="0",
+                         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert out.stdout.strip() == "pipe=" and not (bin_dir / "calls").exists()

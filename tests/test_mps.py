@@ -91,7 +91,7 @@ def test_mps_true_where_no_daemon_can_run_is_one_line_naming_the_file_and_field(
             pytest.fail("the sweep ran")
     assert str(error.value) == f"experiments/x.yaml: resources.mps: true, but {CONTROL} is not on PATH (it comes " \
                                "with the NVIDIA driver)"
-    with pytest.raises(UserError, match="on a Ray cluster k3lab starts no daemon"):
+    with pytest.raises(UserError, match="on a Ray cluster the sweep starts no daemon"):
         with gpu_sharing(True, True, True, log_dir=tmp_path / "x.mps", where="experiments/x.yaml"):
             pytest.fail("the sweep ran")
 
@@ -112,8 +112,22 @@ def test_no_daemon_where_no_gpu_is_shared_on_a_cluster_or_when_told_not_to(tmp_p
     with gpu_sharing(None, False, False, log_dir=tmp_path / "x.mps", where="x.yaml", say=pytest.fail) as how:
         assert how is None
     assert sharing_off_because(False, False) == "resources.mps: false"
-    assert sharing_off_because(None, True).startswith("on a Ray cluster k3lab starts no daemon")
+    assert sharing_off_because(None, True).startswith("on a Ray cluster the sweep starts no daemon")
     assert not daemon.exists()
+
+
+def test_on_a_cluster_trials_use_their_nodes_daemon_not_the_drivers(tmp_path, daemon, monkeypatch):
+    lines = []
+    monkeypatch.setenv("CUDA_MPS_LOG_DIRECTORY", "/var/log/drivers-own")
+    with gpu_sharing(None, True, True, log_dir=tmp_path / "x.mps", where="x.yaml", say=lines.append) as how:
+        assert "CUDA_MPS_LOG_DIRECTORY" not in os.environ  # so the driver forwards none to the trials
+    assert os.environ["CUDA_MPS_LOG_DIRECTORY"] == "/var/log/drivers-own"
+    assert how.startswith("each node's own: on a Ray cluster the sweep starts no daemon")
+    assert lines == [f"GPU sharing: each node's own ({how.split(': ', 1)[1]})"]
+    assert not daemon.exists()
+    with gpu_sharing(False, True, True, log_dir=tmp_path / "x.mps", where="x.yaml", say=lines.append) as how:
+        pass
+    assert how == "time-slicing: resources.mps: false"
 
 
 def test_a_daemon_the_user_started_serves_the_trials_even_where_mps_is_required(tmp_path, daemon, monkeypatch):

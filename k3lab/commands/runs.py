@@ -396,6 +396,8 @@ def sharing_clause(run) -> str:
         return f"; trials on one GPU run side by side through the MPS daemon at {detail}"
     if kind == "own":
         return "; trials on one GPU run side by side through an MPS daemon of the sweep's own (resources.mps)"
+    if kind == "nodes":
+        return f"; trials on one GPU share it as their node has it ({detail})"
     if mps:
         return f"; resources.mps: true, but {detail}: the sweep would stop before its first trial"
     return f"; trials on one GPU take turns on it ({detail})"

@@ -15,7 +15,9 @@ driver's environment points at it, so Ray and every trial inherit it; it is told
 the sweep ends. `resources.mps`: unset, on where it can be (else the trials time-slice, and the
 sweep says why in one line); true, on or the sweep stops before it starts; false, off. A daemon
 the user started and exported CUDA_MPS_PIPE_DIRECTORY for is used instead of one of k3lab's. On a
-Ray cluster k3lab starts no daemon: start one on each GPU node, as NVIDIA's documentation says.
+Ray cluster the sweep starts no daemon: its trials inherit their node's (the entrypoint of
+k3lab's image starts one where K3LAB_MPS=1, as docker-compose.yml's workers set it), and the
+sweep says "each node's own" (`resources.mps: true` there is refused: the driver cannot check).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ ENV_KEYS = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 START_S = 10.0  # for the daemon's control socket to appear
 QUIT_S = 10.0  # for the daemon to end once told to quit
 TIME_SLICING = "time-slicing"
+NODES = "each node's own"
+ON_A_CLUSTER = ("on a Ray cluster the sweep starts no daemon: trials use their node's, where it runs one "
+                "(docker-compose.yml's workers start one), else take turns")
 
 
 def users_daemon() -> str | None:
@@ -50,7 +55,7 @@ def sharing_off_because(mps: bool | None, on_cluster: bool) -> str | None:
     if mps is False:
         return "resources.mps: false"
     if on_cluster:
-        return "on a Ray cluster k3lab starts no daemon (start nvidia-cuda-mps-control on each GPU node)"
+        return ON_A_CLUSTER
     if shutil.which(CONTROL) is None:
         return f"{CONTROL} is not on PATH (it comes with the NVIDIA driver)"
     return None
@@ -59,10 +64,13 @@ def sharing_off_because(mps: bool | None, on_cluster: bool) -> str | None:
 def sharing_plan(mps: bool | None, on_cluster: bool) -> tuple[str, str | None]:
     """How trials that share a GPU will run on it, for the sweep and its dry run alike:
     ("yours", pipe folder) through a daemon the user exported (unless mps: false), ("own", None)
-    through one of the sweep's, or ("turns", why) taking turns."""
+    through one of the sweep's, ("nodes", why) as their nodes of a Ray cluster have it, or
+    ("turns", why) taking turns."""
     pipe = users_daemon()
     if pipe and mps is not False:
         return "yours", pipe
+    if on_cluster and mps is None:
+        return "nodes", ON_A_CLUSTER
     why_not = sharing_off_because(mps, on_cluster)
     return ("own", None) if why_not is None else ("turns", why_not)
 
@@ -70,9 +78,9 @@ def sharing_plan(mps: bool | None, on_cluster: bool) -> tuple[str, str | None]:
 @contextlib.contextmanager
 def gpu_sharing(mps: bool | None, shares_gpu: bool, on_cluster: bool, log_dir: Path, where: str, say=print):
     """While the sweep runs: what `sharing_plan` says, a daemon of the sweep's own started here.
-    Yields how the trials share a GPU ("mps", "mps: PIPE" for the user's daemon, or
-    "time-slicing: WHY"; None where no GPU is shared). With `resources.mps: true` (named by
-    `where`), a daemon that cannot run is a UserError."""
+    Yields how the trials share a GPU ("mps", "mps: PIPE" for the user's daemon, "each node's
+    own: WHY" on a Ray cluster, or "time-slicing: WHY"; None where no GPU is shared). With
+    `resources.mps: true` (named by `where`), a daemon that cannot run is a UserError."""
     if not shares_gpu:
         yield None
         return
@@ -80,6 +88,11 @@ def gpu_sharing(mps: bool | None, shares_gpu: bool, on_cluster: bool, log_dir: P
     if kind == "yours":
         say(f"GPU sharing: MPS (the daemon at CUDA_MPS_PIPE_DIRECTORY={detail})")
         yield f"mps: {detail}"
+        return
+    if kind == "nodes":
+        with environment(dict.fromkeys(ENV_KEYS)):  # the driver's daemon is not the trials': theirs is the node's
+            say(f"GPU sharing: {NODES} ({detail})")
+            yield f"{NODES}: {detail}"
         return
     if kind == "turns":
         with environment(dict.fromkeys(ENV_KEYS)):  # mps: false with the user's daemon exported: not that one either
