@@ -17,7 +17,8 @@ sweep says why in one line); true, on or the sweep stops before it starts; false
 the user started and exported CUDA_MPS_PIPE_DIRECTORY for is used instead of one of k3lab's. On a
 Ray cluster the sweep starts no daemon: its trials inherit their node's (the entrypoint of
 k3lab's image starts one where K3LAB_MPS=1, as docker-compose.yml's workers set it), and the
-sweep says "each node's own" (`resources.mps: true` there is refused: the driver cannot check).
+sweep says "each node's own" (`resources.mps: true` there is refused: the driver cannot check;
+`false` does not reach a node's daemon).
 """
 
 from __future__ import annotations
