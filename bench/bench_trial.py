@@ -4,6 +4,7 @@
     python bench/bench_trial.py --rows small@16x512,small@64x1024:adamw --before .carry/before --write
     python bench/bench_trial.py --before .carry/before --before-rows small@16x512   # before for one row
     python bench/bench_trial.py --rows small@64x1024:compile --top 15        # the top kernels, every kernel by kind
+    python bench/bench_trial.py --rows small@64x1024:graph:compile --where eager,copies   # who launches them
 
 A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
 Muon + AdamW), compile (torch.compile'd blocks), nscompile (Muon's Newton-Schulz compiled once per
@@ -25,7 +26,10 @@ update) milliseconds per step from CUDA events (a whole step in one graph has no
 GPU time is under forward+backward, the optimizer column says "in graph"); GPU kernels per
 step and CUDA launch calls per step from torch.profiler over 2 steps; peak memory
 (torch.cuda.max_memory_allocated, weights and optimizer state included); the first step's
-seconds (compilation and any autotuning not in the kernel cache).
+seconds (compilation and any autotuning not in the kernel cache). `--where KIND,...` (kinds of
+KERNEL_KINDS by their first word: eager, copies, reductions, ...) adds, from one more step run
+eagerly under torch.profiler with Python stacks, those kernels' time by the op that launched them
+and the function of k3lab that ran it (bench/kernel_sources.py).
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--before-rows", default=None, help="the rows to measure with --before too (default: all)")
     parser.add_argument("--top", type=int, default=0,
                         help="print the N kernels with the most GPU time per row, then every kernel's time by kind")
+    parser.add_argument("--where", default="", help="comma-separated kinds of kernels (first words: eager, copies, "
+                        "...) to trace to the code that launches them, from one eager step")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     parser.add_argument("--from-logs", nargs="+", default=None, metavar="LOG",
                         help="write the table from saved outputs of earlier runs (each log's first line: its "
@@ -76,7 +82,20 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     for row in args.rows.split(","):
         parse_row(row, parser.error)
+    traced_kinds(args.where, parser.error)
     return args
+
+
+def traced_kinds(where: str, error=None) -> set[str]:
+    """--where's kinds: 'eager,copies' -> {'eager elementwise', 'copies and memsets'}."""
+    kinds = set()
+    for word in filter(None, (w.strip().lower() for w in where.split(","))):
+        matches = [kind for kind, _ in KERNEL_KINDS if kind.lower().split()[0] == word]
+        if not matches:
+            (error or sys.exit)(f"--where {word!r}: not a kind of kernel (first words: "
+                                f"{', '.join(kind.split()[0].lower() for kind, _ in KERNEL_KINDS)})")
+        kinds.update(matches)
+    return kinds
 
 
 def parse_row(row: str, error=None) -> dict:
@@ -105,7 +124,7 @@ def with_compiled_newton_schulz(muon):
                 eps=group["eps"], adjust_lr_fn=group["adjust_lr_fn"], compile=True)
 
 
-def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
+def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> dict:
     import torch
 
     from k3lab.model.counting import count_parameters
@@ -196,6 +215,17 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
     fwd_bwd = sum(s.elapsed_time(m or e) for s, m, e in timed) / steps
     opt = sum(m.elapsed_time(e) for _, m, e in timed) / steps if all(m for _, m, _ in timed) else None
     kernels, launches, top_kernels, kinds = profile_steps(step, 2, top)
+    sources = []
+    if where:  # after the timed and profiled steps: an eager step of the same model, traced
+        kernel_sources = sibling_module("kernel_sources")  # by path: a --before tree comes first on sys.path
+
+        def eager_step():
+            forward_backward(idx, targets)
+            update()
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+
+        sources = kernel_sources.profile_sources(eager_step, traced_kinds(where), kernel_kind)[:top or 20]
     tokens_per_s = row["batch"] * row["seq"] / step_s
     peak = peak_flops(torch.device("cuda"))
     return {
@@ -203,8 +233,18 @@ def measure(row: dict, steps: int, warmup: int, top: int) -> dict:
         "mfu": tokens_per_s * counts["flops_per_token"] / peak if peak else None,
         "kernels": kernels, "launches": launches, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
         "first_step_s": first_step, "loss": loss.item(), "params": counts["total"], "active": counts["active"],
-        "top_kernels": top_kernels, "kernel_kinds": kinds,
+        "top_kernels": top_kernels, "kernel_kinds": kinds, "sources": sources,
     }
+
+
+def sibling_module(name: str):
+    """bench/<name>.py of this checkout, loaded by its path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def graph_option(options: list[str]) -> str | None:
@@ -274,7 +314,7 @@ def by_kind(device_time: list[tuple[str, float, float]]) -> list[tuple[str, floa
 def run_row(row: str, args: argparse.Namespace, code_dir: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code_dir), os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, __file__, "--child", row, "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--top", str(args.top)]
+               "--top", str(args.top), "--where", args.where]
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=code_dir)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
@@ -364,7 +404,7 @@ def main() -> None:
         write_from_logs(args.from_logs)
         return
     if args.child:
-        print(json.dumps(measure(parse_row(args.child), args.steps, args.warmup, args.top)))
+        print(json.dumps(measure(parse_row(args.child), args.steps, args.warmup, args.top, args.where)))
         return
     import torch
 
@@ -387,6 +427,10 @@ def main() -> None:
                 print("    every kernel by kind:", flush=True)
                 for kind, ms, count in result.get("kernel_kinds", []):
                     print(f"    {ms:8.2f} ms/step  {count:6.0f}x  {kind}", flush=True)
+            if args.where:
+                print(f"    launched by (one eager step, --where {args.where}):", flush=True)
+                for kind, us, count, op, where in result.get("sources", []):
+                    print(f"    {us / 1e3:8.2f} ms/step  {count:6.0f}x  {kind}: {op} at {where}", flush=True)
     body = (f"{torch.cuda.get_device_name()}: {args.warmup} warm-up + {args.steps} timed steps per row, random "
             "tokens, bf16 autocast over fp32 weights, fused KDA (FLA) unless `chunkwise`, Muon + AdamW unless "
             "`adamw`, the residual stream in fp32 unless `bf16res`. Optimizer share = optimizer / (fwd+bwd + "
