@@ -26,14 +26,13 @@ done
 # log folders are exported, so Ray and every trial process it starts connect to it. Where it
 # cannot run (no NVIDIA driver programs in the container) it says so in one line and goes on.
 start_mps() {
-    dir="${K3LAB_MPS_DIR:-/tmp/k3lab-mps}"
-    export CUDA_MPS_PIPE_DIRECTORY="$dir/pipe" CUDA_MPS_LOG_DIRECTORY="$dir/log"
     if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
-        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
         echo "k3lab-entrypoint: no MPS: nvidia-cuda-mps-control is not on PATH (no GPU reserved, or" \
              "NVIDIA_DRIVER_CAPABILITIES without compute); trials that share a GPU take turns" >&2
         return 0
     fi
+    dir="${K3LAB_MPS_DIR:-/tmp/k3lab-mps}"
+    export CUDA_MPS_PIPE_DIRECTORY="$dir/pipe" CUDA_MPS_LOG_DIRECTORY="$dir/log"
     if echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1; then
         echo "k3lab-entrypoint: MPS: the daemon at $CUDA_MPS_PIPE_DIRECTORY is running" >&2
         return 0

@@ -1,4 +1,4 @@
-"""bench/kernel_sources.py: GPU kernels traced to the op and the line of k3lab that launched them.
+"""bench/kernel_sources.py: GPU kernels traced to the op and the function of k3lab that launched them.
 
 A CPU profile has no GPU kernels, so the tests profile k3lab's own SiTU-GLU forward and backward
 on the CPU (real events, real Python frames, real autograd nodes) and hang a named kernel on the
@@ -17,8 +17,6 @@ from torch.profiler import ProfilerActivity, profile
 from k3lab.model import ffn
 
 sources = bench_script("kernel_sources")
-
-
 SITU_GLU = f"k3lab/model/ffn.py({inspect.getsourcelines(ffn.situ_glu)[1]}): situ_glu"  # as the profiler names it
 
 
