@@ -9,7 +9,8 @@
   reduction of its partial sums at N = 65,536 rows, D = 512 (a `small` trial's step), K = 2, 4 and 13
   sources, storing every source's gradient; 1 to 8 rows a program (a warp each), up to one partial sum
   a program, where the kernel has no row loop and needs the fewest registers
-  (`scripts/kernel_ptx.py --resources --steps 1`).
+  (`scripts/kernel_ptx.py --resources --steps 1`); and so `LOOP_SLOTS` (above how many source
+  slots the backward has no row loop at all), which this overrides while it times.
 - `k3lab.model.attn_res_kernel.EXACT_SOURCES` (up to how many sources a kernel is compiled per K;
   above, sources are padded and tested at run time): forward and backward at K = 5, 6 and 8,
   N = 32,768 rows, D = 1,024 (bench/bench_gpu.py's AttnRes model, whose last block has K = 5),
@@ -61,6 +62,7 @@ def attn_res_backward_rows(N: int = 65536, D: int = 512) -> None:
         def call():  # the kernel and the reduction of its partial sums, as the model's backward runs them
             column_sums(ark.dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, 0, 1e-6), q, w, ow)
 
+        ark.LOOP_SLOTS = 32  # PARTIAL_ROWS decides the row loop at every K here
         for rows in (1, 2, 4, 8):
             # a program walks N / (rows x partial) row blocks: 16 at the model's 1 row and 4,096; one at
             # partial = N / rows, with no loop and the fewest registers (scripts/kernel_ptx.py --steps 1),

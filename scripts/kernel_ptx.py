@@ -68,7 +68,7 @@ def kernel_codes(tree: str, warps: int | None = None, steps: int | None = None,
                  rows: int | None = None) -> dict[str, str]:
     """{case: PTX} for the forward and backward kernels of the k3lab under `tree`, at `rows` token rows
     a program (default: the model's) on `warps` warps (default: one a row, as the model), the backward
-    walking `steps` row blocks a program (default: the model's `row_steps(N)`)."""
+    walking `steps` row blocks a program (default: the model's `row_steps(N, K)`)."""
     sys.path.insert(0, tree)
     for name in [m for m in sys.modules if m == "k3lab" or m.startswith("k3lab.")]:
         del sys.modules[name]
@@ -87,7 +87,7 @@ def kernel_codes(tree: str, warps: int | None = None, steps: int | None = None,
                 ROWS=rows or kernels.FWD_ROWS, num_warps=warps or rows or kernels.FWD_ROWS, **common)
             bwd = kernels.attn_res_bwd_dv_kernel.warmup(
                 bf16(), bf16(), ow, res, tuple(bf16() for _ in range(L)), fp32(), fp32(), fp32(), bf16(), fp32(),
-                N, K, 3, 1e-6, ROWS=rows or kernels.BWD_ROWS, STEPS=steps or kernels.row_steps(N),
+                N, K, 3, 1e-6, ROWS=rows or kernels.BWD_ROWS, STEPS=steps or kernels.row_steps(N, K),
                 num_warps=warps or rows or kernels.BWD_ROWS,
                 **common)
             for kind, compiled in (("forward", fwd), ("backward", bwd)):

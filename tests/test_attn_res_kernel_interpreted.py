@@ -97,5 +97,6 @@ def test_backward_programs_walk_several_blocks_of_rows_when_rows_are_many(errors
 if __name__ == "__main__":
     from k3lab.model import attn_res_kernel
 
-    attn_res_kernel.PARTIAL_ROWS = 3  # so that N = 37 rows take several steps a program
+    attn_res_kernel.PARTIAL_ROWS = 3  # so that N = 37 rows take several steps a program,
+    attn_res_kernel.LOOP_SLOTS = 32  # at every K
     print(json.dumps({str(case): case_errors(*case) for case in CASES}))

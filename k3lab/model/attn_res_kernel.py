@@ -54,6 +54,7 @@ import triton.language as tl
 FWD_ROWS = 1  # token rows a forward program, one warp each (2 and 4 were slower, module docstring)
 BWD_ROWS = 1  # token rows a backward block, one warp each (2, 4 and 8 were slower)
 PARTIAL_ROWS = 4096  # the backward walks blocks of rows until at most this many partial sums are left
+LOOP_SLOTS = 8  # a backward of more source slots walks one row block a program: no row loop (below)
 EXACT_SOURCES = 4  # up to this many sources a kernel per K; above, sources padded (`source_slots`)
 
 
@@ -170,9 +171,15 @@ def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, partials, 
         tl.store(partials + (tl.num_programs(0) + program) * D + d, tl.sum(dow_sum, axis=0), mask=inside)
 
 
-def row_steps(N: int) -> int:
+def row_steps(N: int, K: int) -> int:
     """Row blocks a backward program walks: the fewest (a power of two) that leave at most
-    PARTIAL_ROWS partial sums, so a small N still spreads over the whole GPU."""
+    PARTIAL_ROWS partial sums, so a small N still spreads over the whole GPU; one for K sources
+    in more than LOOP_SLOTS slots, whose row loop costs more than N partial sums do (K = 13 at
+    65,536 x 512: 1.04 ms a call with one block, 1.38 ms with 16; K = 2 and 4: 0.26 / 0.37 ms with
+    one block, 0.15 / 0.25 ms with 16; `bench/kernel_choices.py --only attn_res_backward_rows`,
+    H200, 2026-12-04)."""
+    if source_slots(K) > LOOP_SLOTS:
+        return 1
     steps = 1
     while triton.cdiv(N, BWD_ROWS * steps) > PARTIAL_ROWS:
         steps *= 2
@@ -188,7 +195,7 @@ def dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, ep
     """
     K, (N, D) = len(residuals), do.shape
     L = source_slots(K)
-    steps = row_steps(N)
+    steps = row_steps(N, K)
     programs = triton.cdiv(N, BWD_ROWS * steps)
     partials = torch.empty(1 + (ow is not None), programs, D, dtype=torch.float32, device=do.device)
     attn_res_bwd_dv_kernel[(programs,)](
