@@ -9,8 +9,9 @@ names a Python function by its file and first line, not the line running). An op
 autograd engine runs in the backward has no frame of ours around it; it is named by its backward
 node (`autograd::engine::evaluate_function: MulBackward0`) and placed at the forward op that
 recorded that node, matched by sequence number, as PyTorch's profiler links the two. Where the
-profiler records no Python frames (an H200 machine with torch 2.11 and Python 3.12 recorded none,
-compiled or not, 2026-12-04), every place reads "(no Python frame)" and the op or node names it.
+profiler records no Python function events, the stack it keeps on each op is read instead; where
+it has neither (an H200 machine with torch 2.11 and Python 3.12, 2026-12-04, compiled or not, before
+stacks were read), every place reads "(no Python frame)" and the op or node names it.
 
     bench/bench_trial.py --rows small@64x1024:graph:compile:bf16res --top 15 --where eager,copies
 """
@@ -27,13 +28,16 @@ NO_STACK = "(no Python frame)"
 
 def source_frame(event) -> str:
     """The innermost function of our code among the Python function events that enclose `event`,
-    as 'k3lab/model/moe.py(123): forward' (its def line); else the innermost Python function; else
-    NO_STACK."""
-    frames = []
+    as 'k3lab/model/moe.py(123): forward' (its def line), or else in the stack the profiler keeps on
+    the op (`FunctionEvent.stack`, innermost first, where a profile has no Python function events);
+    else the innermost Python function; else NO_STACK."""
+    frames, stack = [], []
     while event is not None:
         if PYTHON_FRAME.search(event.name):
             frames.append(event.name)
+        stack = stack or list(getattr(event, "stack", None) or ())
         event = event.cpu_parent
+    frames = frames or stack
     for frame in frames:
         for root in OUR_CODE:
             at = frame.find(root)

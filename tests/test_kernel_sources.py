@@ -58,6 +58,22 @@ def test_a_backward_kernel_is_placed_at_the_forward_op_that_recorded_its_node(si
     assert [row[1] for row in found] == sorted((row[1] for row in found), reverse=True)
 
 
+class StackedOp:
+    """An op as a profile without Python function events gives it: its stack on the event itself."""
+
+    def __init__(self, name, stack, parent=None):
+        self.name, self.stack, self.cpu_parent = name, stack, parent
+
+
+def test_without_python_function_events_the_ops_own_stack_names_the_place():
+    stack = ["torch/nn/functional.py(2100): silu", "k3lab/model/ffn.py(40): situ_glu", "k3lab/model/ffn.py(80): forward"]
+    assert sources.source_frame(StackedOp("aten::mul", stack)) == "k3lab/model/ffn.py(40): situ_glu"
+    assert sources.source_frame(StackedOp("aten::mul", None, StackedOp("aten::silu", stack))) == \
+        "k3lab/model/ffn.py(40): situ_glu"  # an inner op without a stack: its enclosing op's
+    assert sources.source_frame(StackedOp("aten::mul", stack[:1])) == stack[0]  # none of ours: the innermost
+    assert sources.source_frame(StackedOp("aten::mul", [])) == sources.NO_STACK
+
+
 def test_kinds_not_asked_for_are_left_out(situ_glu_events):
     assert sources.launch_sources(situ_glu_events, {"other"}, kind_of) == []
 
