@@ -84,3 +84,4 @@ def test_bench_trial_where_names_kinds_by_their_first_word():
     assert bench_trial.traced_kinds("") == set()
     with pytest.raises(SystemExit, match="--where 'memcpy': not a kind of kernel"):
         bench_trial.traced_kinds("memcpy")
+
