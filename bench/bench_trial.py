@@ -81,7 +81,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     rows = [parse_row(row, parser.error) for row in args.rows.split(",")]
-    if args.warmup < 3 and any(graph_option(row["options"], known=True) for row in rows):
+    if args.warmup < 3 and any(graph_option(row["options"]) for row in rows):
         parser.error(f"--warmup {args.warmup}: a graph or graphfb row captures its step on the third step, "
                      "after two eager ones; with fewer than 3 warm-up steps the capture would be timed")
     traced_kinds(args.where, parser.error)
@@ -249,16 +249,13 @@ def sibling_module(name: str):
     return module
 
 
-def graph_option(options: list[str], known: bool = False) -> str | None:
+def graph_option(options: list[str]) -> str | None:
     """What a row captures: "step" (the whole step, as trials do), "forward_backward", or None.
-    `graph` in a checkout from before `GraphedStep` captures forward+backward, as its trials did
-    (known: "step" without looking at the checkout)."""
+    `graph` in a checkout from before `GraphedStep` captures forward+backward, as its trials did."""
     if "graphfb" in options:
         return "forward_backward"
     if "graph" not in options:
         return None
-    if known:
-        return "step"
     import k3lab.train.graphs as graphs
 
     return "step" if hasattr(graphs, "GraphedStep") else "forward_backward"

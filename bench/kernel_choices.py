@@ -54,6 +54,7 @@ def attn_res_backward_rows(N: int = 65536, D: int = 512) -> None:
 
     if not hasattr(ark, "BWD_ROWS"):  # an older checkout
         return
+    ark.LOOP_SLOTS = 32  # PARTIAL_ROWS decides the row loop at every K here
     for K in (2, 4, 13):
         residuals, q, w, ow, do = inputs(K, N, D, torch.device("cuda"), requires_grad=False)
         _, rstd, logit, lse = ark.forward(q, w, ow, residuals, 1e-6)
@@ -62,7 +63,6 @@ def attn_res_backward_rows(N: int = 65536, D: int = 512) -> None:
         def call():  # the kernel and the reduction of its partial sums, as the model's backward runs them
             column_sums(ark.dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, 0, 1e-6), q, w, ow)
 
-        ark.LOOP_SLOTS = 32  # PARTIAL_ROWS decides the row loop at every K here
         for rows in (1, 2, 4, 8):
             # a program walks N / (rows x partial) row blocks: 16 at the model's 1 row and 4,096; one at
             # partial = N / rows, with no loop and the fewest registers (scripts/kernel_ptx.py --steps 1),
