@@ -7,9 +7,8 @@
     python bench/bench_trial.py --rows small@64x1024:graph:compile --where eager,copies   # who launches them
 
 A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
-Muon + AdamW), compile (torch.compile'd blocks), nscompile (Muon's Newton-Schulz compiled once per
-bucket shape, `Muon(compile=True)`, which trials do not use yet), chunkwise (plain-PyTorch KDA instead of
-FLA's), graph (the whole step replayed as one CUDA graph after two eager steps, as trials do
+Muon + AdamW), compile (torch.compile'd blocks and Muon steps, as trials with `compile` run),
+chunkwise (plain-PyTorch KDA instead of FLA's), graph (the whole step replayed as one CUDA graph after two eager steps, as trials do
 with `cuda_graph`; in a --before checkout without `GraphedStep`, forward+backward only, as its
 trials did), graphfb (forward+backward only in the graph, the optimizers eager), ckpt
 (activation checkpointing of every decoder layer), bf16res (`residual_in_fp32: false`: the
@@ -44,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = "small@16x512,small@64x1024,small@64x1024:adamw,base@16x2048"
-OPTIONS = ("adamw", "compile", "nscompile", "chunkwise", "graph", "graphfb", "ckpt", "bf16res")
+OPTIONS = ("adamw", "compile", "chunkwise", "graph", "graphfb", "ckpt", "bf16res")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
 KERNEL_KINDS = (  # (kind, substrings of a kernel's name): the first kind that matches, in this order
     ("AttnRes (k3lab)", ("attn_res_",)),
@@ -116,16 +115,6 @@ def parse_row(row: str, error=None) -> dict:
 
 # -- one row, in a child process -------------------------------------------------------------
 
-def with_compiled_newton_schulz(muon):
-    """The same Muon over the same parameters and settings, with its Newton-Schulz compiled."""
-    from k3lab.model.muon import Muon
-
-    (group,) = muon.param_groups
-    return Muon(group["params"], lr=group["lr"], weight_decay=group["weight_decay"], momentum=group["momentum"],
-                nesterov=group["nesterov"], ns_coefficients=group["ns_coefficients"], ns_steps=group["ns_steps"],
-                eps=group["eps"], adjust_lr_fn=group["adjust_lr_fn"], compile=True)
-
-
 def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> dict:
     import torch
 
@@ -152,9 +141,11 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     if "adamw" in options:
         optimizers = [torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, fused=True, **capturable)]
     else:
-        optimizers = build_optimizers(model, lr=3e-3, weight_decay=0.1, **capturable)
-        if "nscompile" in options:
-            optimizers[0] = with_compiled_newton_schulz(optimizers[0])
+        import inspect  # a before checkout may lack `compile` (its Muon was eager in every trial)
+
+        compiled_muon = {"compile": True} if "compile" in options and "compile" in inspect.signature(
+            build_optimizers).parameters else {}
+        optimizers = build_optimizers(model, lr=3e-3, weight_decay=0.1, **capturable, **compiled_muon)
     idx = torch.randint(0, config.vocab_size, (row["batch"], row["seq"]), device="cuda")
     targets = torch.roll(idx, -1, dims=1)
     events = []

@@ -172,3 +172,34 @@ def test_resuming_a_per_expert_moe_checkpoint_is_refused_with_a_clear_message(is
     state["model"] = per_expert_state_dict(trainer.model)
     with pytest.raises(UserError, match="one matrix per expert"):
         Trainer(tiny_config(), spec).load_state_dict(state)
+
+
+def test_compiled_muon_gives_the_eager_updates_and_a_new_learning_rate_is_no_new_graph():
+    """compile=True fuses each bucket's elementwise passes (Inductor rounds lerp its own way, and
+    the bf16 Newton-Schulz carries that on, so not bit for bit); the learning rate enters the compiled update as a tensor, so a schedule
+    compiles nothing after the first step."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    shapes = [(32, 64), (64, 32), (32, 64)]  # two buckets, one wide, one tall
+    eager, compiled = matrices(shapes), matrices(shapes)
+    settings = dict(lr=0.02, weight_decay=0.1, momentum=0.95)
+    eager_muon, compiled_muon = Muon(eager, **settings), Muon(compiled, compile=True, **settings)
+    generator = torch.Generator().manual_seed(1)
+    for step, lr in enumerate((0.02, 0.01, 0.005)):
+        for p, q in zip(eager, compiled):
+            p.grad = torch.randn(p.shape, generator=generator)
+            q.grad = p.grad.clone()
+        for optimizer in (eager_muon, compiled_muon):
+            optimizer.param_groups[0]["lr"] = lr
+            optimizer.step()
+        if step == 0:
+            graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 6  # three stages for each of the two bucket shapes
+    assert counters["stats"]["unique_graphs"] == graphs  # two more steps at new rates: no recompilation
+    start = matrices(shapes)
+    for p, q, p0 in zip(compiled, eager, start):
+        update, expected = p.detach() - p0, q.detach() - p0
+        # bf16 Newton-Schulz from inputs rounded otherwise: the tolerance of the torch.optim.Muon test
+        torch.testing.assert_close(update, expected, atol=2e-3, rtol=2e-2)
+        assert (update - expected).norm() < 0.02 * expected.norm()

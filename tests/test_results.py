@@ -353,21 +353,6 @@ def test_bench_trial_table_from_logs_takes_rows_a_stopped_run_printed_and_names_
     assert [r.split("|")[2:4] for r in rows] == [[" after [1] ", " 1 "], [" before [2] ", " 3 "]]
 
 
-def test_bench_trial_nscompile_rebuilds_muon_over_the_same_parameters_with_newton_schulz_compiled():
-    import torch
-
-    from k3lab.model.muon import Muon, newton_schulz
-
-    weights = [torch.nn.Parameter(torch.randn(8, 16)), torch.nn.Parameter(torch.randn(2, 8, 16))]
-    eager = Muon(weights, lr=0.02, weight_decay=0.05, momentum=0.9, ns_steps=4, adjust_lr_fn="original")
-    compiled = bench_script("bench_trial").with_compiled_newton_schulz(eager)
-    assert compiled.param_groups[0]["params"] == weights
-    assert {k: v for k, v in compiled.param_groups[0].items() if k != "params"} == \
-        {k: v for k, v in eager.param_groups[0].items() if k != "params"}
-    assert eager.orthogonalise is newton_schulz and compiled.orthogonalise is not newton_schulz
-    assert bench_script("bench_trial").parse_row("small@64x1024:graph:compile:nscompile")["options"][-1] == "nscompile"
-
-
 def test_bench_trial_sums_every_kernel_by_kind_and_each_kernel_counts_once():
     """Kernel names as an H200 profile of a `small` step gave them (bench_trial-2026-12-03-top-all.log)."""
     device_time = [("attn_res_bwd_dv_kernel", 1.38, 24), ("chunk_kda_bwd_kernel_intra", 0.98, 9),

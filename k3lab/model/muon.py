@@ -17,9 +17,15 @@ the update it would get as a 2-D parameter of its own.
 
 The state is torch.optim.Muon's (`momentum_buffer` per parameter), so state dicts look
 the same. The learning rate is read from the param group each step and never enters a
-compiled function: schedules cost no recompilation. It may be a device scalar, as in a
-training step captured as a CUDA graph: then nothing in the step waits on the host.
-`compile=True` compiles the Newton-Schulz iteration once per bucket shape.
+compiled function as a number: schedules cost no recompilation. It may be a device scalar, as
+in a training step captured as a CUDA graph: then nothing in the step waits on the host.
+
+A bucket's step is three functions: `stacked_updates` (momentum, Nesterov, the matrices stacked
+in bf16), `newton_schulz` and `apply_update` (decay and update). Eagerly they are multi-tensor
+ops, a concatenation and batched matmuls; `compile=True` compiles each once per bucket shape,
+so Inductor fuses the elementwise passes: the momentum, the Nesterov lerp, the stacking and the
+bf16 cast become one pass over the gradients and buffers, the decay and the update one pass over
+the weights (with the learning rate as a device scalar, so a new rate is no new graph).
 
 On CUDA the buckets run on `streams` side streams, round robin. Each bucket is a chain of
 ~25 short kernels (most of them the Newton-Schulz matmuls) that depend only on each other,
@@ -91,9 +97,12 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"Muon takes matrices (2-D) and stacks of matrices (3-D), got shape {tuple(p.shape)}")
         self.streams = streams
         self.side_streams: dict[torch.device, list[torch.cuda.Stream]] = {}
-        self.orthogonalise = newton_schulz
+        self.compiled = compile
+        self.stack, self.orthogonalise, self.apply = stacked_updates, newton_schulz, apply_update
         if compile:
-            self.orthogonalise = torch.compile(newton_schulz, dynamic=False)
+            self.stack = torch.compile(stacked_updates, dynamic=False, fullgraph=True)
+            self.orthogonalise = torch.compile(newton_schulz, dynamic=False, fullgraph=True)
+            self.apply = torch.compile(apply_update, dynamic=False, fullgraph=True)
             raise_recompile_limit(64)
 
     @torch.no_grad()
@@ -132,26 +141,43 @@ class Muon(torch.optim.Optimizer):
         rows, cols = params[0].shape[-2:]
         grads = [p.grad for p in params]
         buffers = [self.momentum_buffer(p) for p in params]
-        momentum = group["momentum"]
-        torch._foreach_lerp_(buffers, grads, 1 - momentum)
-        updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
-        stacked = torch.cat([u.reshape(-1, rows, cols) for u in updates])  # (S, rows, cols)
+        stacked = self.stack(grads, buffers, group["momentum"], group["nesterov"])  # (S, rows, cols) bf16
         ortho = self.orthogonalise(stacked, group["ns_coefficients"], group["ns_steps"], group["eps"])
-        ortho = ortho.to(params[0].dtype)
         lr = group["lr"]  # a float, or a device scalar in a step captured as a CUDA graph (k3lab.train.graphs)
-        step = -adjusted_lr(lr, group["adjust_lr_fn"], rows, cols)
-        if isinstance(lr, torch.Tensor):  # foreach's alpha takes only numbers
-            ortho, step = ortho.mul_(step), 1
-        if group["weight_decay"]:
-            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-        ortho = ortho.split([u.numel() // (rows * cols) for u in updates])
-        torch._foreach_add_(params, [o.view_as(p) for o, p in zip(ortho, params)], alpha=step)
+        if self.compiled and not isinstance(lr, torch.Tensor):  # a number would be a constant of the graph
+            lr = torch.tensor(lr, device=ortho.device)
+        self.apply(params, ortho, lr, group["weight_decay"], group["adjust_lr_fn"])
 
     def momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return state["momentum_buffer"]
+
+
+def stacked_updates(grads: list[torch.Tensor], buffers: list[torch.Tensor], momentum: float,
+                    nesterov: bool) -> torch.Tensor:
+    """Momentum into `buffers` (in place), then the update of each matrix, stacked in bf16:
+    (S, rows, cols) for matrices (rows, cols) and stacks (E, rows, cols) of one shape."""
+    rows, cols = grads[0].shape[-2:]
+    torch._foreach_lerp_(buffers, grads, 1 - momentum)
+    updates = torch._foreach_lerp(grads, buffers, momentum) if nesterov else buffers
+    return torch.cat([u.reshape(-1, rows, cols) for u in updates]).bfloat16()
+
+
+def apply_update(params: list[torch.Tensor], ortho: torch.Tensor, lr, weight_decay: float,
+                 adjust_lr_fn: str | None) -> None:
+    """W = W (1 - lr wd) - adjusted lr * O for each parameter and its slices of ortho (S, rows, cols);
+    lr a number or a device scalar (foreach's alpha takes only numbers, so then O is scaled first)."""
+    rows, cols = ortho.shape[-2:]
+    ortho = ortho.to(params[0].dtype)
+    step = -adjusted_lr(lr, adjust_lr_fn, rows, cols)
+    if isinstance(lr, torch.Tensor):
+        ortho, step = ortho.mul_(step), 1
+    if weight_decay:
+        torch._foreach_mul_(params, 1 - lr * weight_decay)
+    ortho = ortho.split([p.numel() // (rows * cols) for p in params])
+    torch._foreach_add_(params, [o.view_as(p) for o, p in zip(ortho, params)], alpha=step)
 
 
 def shape_buckets(params) -> dict[tuple, list[torch.Tensor]]:

@@ -34,13 +34,14 @@ def split_parameters(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], 
 
 def build_optimizers(model: nn.Module, lr: float = 3e-3, muon_lr: float | None = None, weight_decay: float = 0.1,
                      betas: tuple[float, float] = (0.9, 0.95), fused: bool | None = None,
-                     capturable: bool = False) -> list[torch.optim.Optimizer]:
+                     capturable: bool = False, compile: bool = False) -> list[torch.optim.Optimizer]:
     """[Muon, AdamW] (Muon omitted when the model has no hidden matrices).
 
     Muon (k3lab's batched one, `k3lab.model.muon`) uses `adjust_lr_fn="match_rms_adamw"`
     so its update RMS matches AdamW's, which lets one learning-rate schedule drive both;
     muon_lr defaults to lr. `capturable`: AdamW keeps its step counts on the device, so that
-    both steps can be captured in a CUDA graph (k3lab's Muon always can).
+    both steps can be captured in a CUDA graph (k3lab's Muon always can). `compile`: Muon's
+    per-bucket steps torch.compile'd (`k3lab.model.muon`), as trials with compiled blocks run it.
     """
     muon_params, adamw_params = split_parameters(model)
     decay = [p for n, p in adamw_params if p.ndim >= 2]
@@ -50,7 +51,7 @@ def build_optimizers(model: nn.Module, lr: float = 3e-3, muon_lr: float | None =
     optimizers = []
     if muon_params:
         optimizers.append(Muon([p for _, p in muon_params], lr=lr if muon_lr is None else muon_lr,
-                               weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"))
+                               weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw", compile=compile))
     optimizers.append(torch.optim.AdamW(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=lr, betas=betas, fused=fused, capturable=capturable,

@@ -163,7 +163,8 @@ class Trainer:
         self.tokens_per_step = spec.tokens_per_step * world_size  # global: all ranks together
         self.graph_blocker = self._graph_blocker()
         self.optimizers = build_optimizers(self.model, lr=spec.lr, muon_lr=spec.muon_lr,
-                                           weight_decay=spec.weight_decay, capturable=self.graph_blocker is None)
+                                           weight_decay=spec.weight_decay, capturable=self.graph_blocker is None,
+                                           compile=spec.compile)
         self._start_run(seed)
         self.graphed, self.cuda_graph = self._graphed_step()
         self.eager_steps = 0  # in this process: the graph is captured after EAGER_STEPS_BEFORE_CAPTURE
