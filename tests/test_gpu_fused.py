@@ -784,9 +784,11 @@ def test_a_captured_step_runs_both_optimizers_at_each_steps_learning_rate():
 
 
 @gpu
-def test_muon_buckets_on_side_streams_update_exactly_as_on_one_stream():
+@pytest.mark.parametrize("compile", [False, True])
+def test_muon_buckets_on_side_streams_update_exactly_as_on_one_stream(compile):
     """The buckets' kernel chains overlap on side streams; each chain is the same kernels on
-    the same inputs, so the weights and momenta match the one-stream step bit for bit."""
+    the same inputs, so the weights and momenta match the one-stream step bit for bit (eager,
+    and with each bucket's steps compiled)."""
     from k3lab.model.muon import Muon
 
     shapes = [(64, 128), (128, 64), (96, 96), (64, 128), (8, 128), (4, 96, 96)]
@@ -794,7 +796,7 @@ def test_muon_buckets_on_side_streams_update_exactly_as_on_one_stream():
     for streams in (0, 4):
         generator = torch.Generator(device="cuda").manual_seed(0)
         params = [torch.nn.Parameter(torch.randn(*s, device="cuda", generator=generator) * 0.1) for s in shapes]
-        optimizer = Muon(params, lr=0.02, weight_decay=0.1, streams=streams)
+        optimizer = Muon(params, lr=0.02, weight_decay=0.1, streams=streams, compile=compile)
         for _ in range(3):
             for p in params:
                 p.grad = torch.randn(p.shape, device="cuda", generator=generator)
