@@ -100,9 +100,12 @@ class Muon(torch.optim.Optimizer):
         self.compiled = compile
         self.stack, self.orthogonalise, self.apply = stacked_updates, newton_schulz, apply_update
         if compile:
-            self.stack = torch.compile(stacked_updates, dynamic=False, fullgraph=True)
+            # combo kernels: Inductor puts the per-matrix kernels of a bucket's lists side by side in one
+            # kernel (on GPUs; without them a `small` model's Muon compiled 447 kernels on CPU)
+            lists = dict(dynamic=False, fullgraph=True, options={"combo_kernels": True})
+            self.stack = torch.compile(stacked_updates, **lists)
             self.orthogonalise = torch.compile(newton_schulz, dynamic=False, fullgraph=True)
-            self.apply = torch.compile(apply_update, dynamic=False, fullgraph=True)
+            self.apply = torch.compile(apply_update, **lists)
             raise_recompile_limit(64)
 
     @torch.no_grad()
