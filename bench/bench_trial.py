@@ -7,7 +7,8 @@
     python bench/bench_trial.py --rows small@64x1024:graph:compile --where eager,copies   # who launches them
 
 A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
-Muon + AdamW), compile (torch.compile'd blocks and Muon steps, as trials with `compile` run),
+Muon + AdamW), compile (torch.compile'd blocks, as trials with `compile` run), compilemuon (Muon's
+per-bucket steps torch.compile'd too, as trials with `compile_muon` run),
 chunkwise (plain-PyTorch KDA instead of FLA's), graph (the whole step replayed as one CUDA graph after two eager steps, as trials do
 with `cuda_graph`; in a --before checkout without `GraphedStep`, forward+backward only, as its
 trials did), graphfb (forward+backward only in the graph, the optimizers eager), ckpt
@@ -43,7 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = "small@16x512,small@64x1024,small@64x1024:adamw,base@16x2048"
-OPTIONS = ("adamw", "compile", "chunkwise", "graph", "graphfb", "ckpt", "bf16res")
+OPTIONS = ("adamw", "compile", "compilemuon", "chunkwise", "graph", "graphfb", "ckpt", "bf16res")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
 KERNEL_KINDS = (  # (kind, substrings of a kernel's name): the first kind that matches, in this order
     ("AttnRes (k3lab)", ("attn_res_",)),
@@ -143,7 +144,7 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     else:
         import inspect  # a before checkout may lack `compile` (its Muon was eager in every trial)
 
-        compiled_muon = {"compile": True} if "compile" in options and "compile" in inspect.signature(
+        compiled_muon = {"compile": True} if "compilemuon" in options and "compile" in inspect.signature(
             build_optimizers).parameters else {}
         optimizers = build_optimizers(model, lr=3e-3, weight_decay=0.1, **capturable, **compiled_muon)
     idx = torch.randint(0, config.vocab_size, (row["batch"], row["seq"]), device="cuda")
@@ -380,7 +381,7 @@ def write_from_logs(paths: list[str]) -> None:
             + "3 warm-up + 10 timed steps per row, random tokens, bf16 autocast over fp32 weights, fused KDA "
             "(FLA), Muon + AdamW unless `adamw`; `graph`: the step replayed as a CUDA graph (forward+backward only in "
             "code from before k3lab.train.graphs.GraphedStep, and with `graphfb`), `compile`: "
-            "torch.compile'd blocks, `ckpt`: activation checkpointing, `bf16res`: the residual stream in bf16 "
+            "torch.compile'd blocks, `compilemuon`: Muon's steps compiled too, `ckpt`: activation checkpointing, `bf16res`: the residual stream in bf16 "
             "(`residual_in_fp32: false`). Optimizer share = optimizer / (fwd+bwd + optimizer) GPU time. Kernels "
             "and launch calls from torch.profiler (2 steps).\n\n"
             + "\n".join(header + rows))

@@ -203,3 +203,14 @@ def test_compiled_muon_gives_the_eager_updates_and_a_new_learning_rate_is_no_new
         # bf16 Newton-Schulz from inputs rounded otherwise: the tolerance of the torch.optim.Muon test
         torch.testing.assert_close(update, expected, atol=2e-3, rtol=2e-2)
         assert (update - expected).norm() < 0.02 * expected.norm()
+
+
+@pytest.mark.parametrize("compile_muon", [False, True])
+def test_a_trial_compiles_muon_only_when_its_train_section_asks(isolated_data, compile_muon):
+    """`train.compile` compiles the blocks, `train.compile_muon` Muon's steps: a compiled Muon
+    costs a new machine about a minute per set of matrix shapes, so blocks alone must not bring it."""
+    spec = TrainSpec(steps=2, batch_size=2, seq_len=32, warmup_steps=1, compile_muon=compile_muon)
+    muon = Trainer(tiny_config(), spec).optimizers[0]
+    assert isinstance(muon, Muon)
+    assert muon.compiled is compile_muon
+    assert (muon.orthogonalise is newton_schulz) is not compile_muon

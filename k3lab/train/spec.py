@@ -34,7 +34,11 @@ class TrainSpec:
     validation batches; each evaluation is one Ray Tune report. `final_eval_batches` (null:
     `eval_batches`): the batches of the last evaluation, whose val_loss the verdicts compare,
     so that the curve's points can cost less GPU time than the answer's.
-    `compile` torch.compiles the decoder blocks; `cuda_graph` captures the whole step
+    `compile` torch.compiles the decoder blocks; `compile_muon` Muon's per-bucket steps too
+    (`k3lab.model.muon`): on an H200 1.4% (64 x 1024 tokens) to 4.4% (16 x 512) shorter steps of
+    the `small` preset, for 43 s more compilation the first time a machine meets its matrix
+    shapes, so it pays in long runs, or where the compiled graphs ship (the flagship's gpu
+    profiles; docs/benchmarks.md, 2026-12-04 14:37). `cuda_graph` captures the whole step
     (forward, backward, clipping, both optimizers, MoE bias update) as one CUDA graph (null:
     wherever it can run -- CUDA, no gradient accumulation, one process); `activation_checkpointing` recomputes each decoder layer in backward
     instead of storing its activations (less memory for large batches, ~1/3 more compute).
@@ -69,6 +73,7 @@ class TrainSpec:
     dataset: str = attrs.field(default="stdlib", validator=non_empty)
     tokenizer: str = attrs.field(default="byte", validator=non_empty)
     compile: bool = False
+    compile_muon: bool = False
     cuda_graph: bool | None = None
     activation_checkpointing: bool = False
     dtype: str = attrs.field(default="float32", validator=one_of(*DTYPES))

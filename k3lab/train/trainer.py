@@ -164,7 +164,7 @@ class Trainer:
         self.graph_blocker = self._graph_blocker()
         self.optimizers = build_optimizers(self.model, lr=spec.lr, muon_lr=spec.muon_lr,
                                            weight_decay=spec.weight_decay, capturable=self.graph_blocker is None,
-                                           compile=spec.compile)
+                                           compile=spec.compile_muon)
         self._start_run(seed)
         self.graphed, self.cuda_graph = self._graphed_step()
         self.eager_steps = 0  # in this process: the graph is captured after EAGER_STEPS_BEFORE_CAPTURE
