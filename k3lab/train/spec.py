@@ -36,7 +36,7 @@ class TrainSpec:
     so that the curve's points can cost less GPU time than the answer's.
     `compile` torch.compiles the decoder blocks; `compile_muon` Muon's per-bucket steps too
     (`k3lab.model.muon`): on an H200 1.4% (64 x 1024 tokens) to 4.4% (16 x 512) shorter steps of
-    the `small` preset, for 43 s more compilation the first time a machine meets its matrix
+    the `small` preset, for up to 43 s more compilation the first time a machine meets its matrix
     shapes, so it pays in long runs, or where the compiled graphs ship (the flagship's gpu
     profiles; docs/benchmarks.md, 2026-12-04 14:37). `cuda_graph` captures the whole step
     (forward, backward, clipping, both optimizers, MoE bias update) as one CUDA graph (null:
