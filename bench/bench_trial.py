@@ -8,7 +8,8 @@
 
 A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
 Muon + AdamW), compile (torch.compile'd blocks, as trials with `compile` run), compilemuon (Muon's
-per-bucket steps torch.compile'd too, as trials with `compile_muon` run),
+per-bucket steps torch.compile'd too, as trials with `compile_muon` run; eager in a --before checkout whose
+Muon cannot compile them),
 chunkwise (plain-PyTorch KDA instead of FLA's), graph (the whole step replayed as one CUDA graph after two eager steps, as trials do
 with `cuda_graph`; in a --before checkout without `GraphedStep`, forward+backward only, as its
 trials did), graphfb (forward+backward only in the graph, the optimizers eager), ckpt

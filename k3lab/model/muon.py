@@ -102,8 +102,8 @@ class Muon(torch.optim.Optimizer):
         self.compiled = compile
         self.stack, self.orthogonalise, self.apply = stacked_updates, newton_schulz, apply_update
         if compile:
-            # combo kernels: Inductor puts the per-matrix kernels of a bucket's lists side by side in one
-            # kernel (on GPUs; without them a `small` model's Muon compiled 447 kernels on CPU)
+            # combo kernels (Triton only; ignored on CPU): Inductor puts the per-matrix kernels of a bucket's
+            # lists side by side in one kernel (a `small` model's Muon compiled 447 kernels without them, on CPU)
             lists = dict(dynamic=False, fullgraph=True, options={"combo_kernels": True})
             self.stack = torch.compile(stacked_updates, **lists)
             self.orthogonalise = torch.compile(newton_schulz, dynamic=False, fullgraph=True)
