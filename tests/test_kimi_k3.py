@@ -312,5 +312,8 @@ def test_generation_with_compiled_blocks_runs_them_eagerly(model):
     expected = generate(model, idx, max_new_tokens=4, temperature=0)
     assert isinstance(eager_if_compiled(model), contextlib.nullcontext)
     compile_blocks(model)
-    assert not isinstance(eager_if_compiled(model), contextlib.nullcontext)
+    stance = eager_if_compiled(model)  # torch.compiler.set_stance acts when called ...
+    with stance:  # ... and restores the stance before it on leaving
+        assert not isinstance(stance, contextlib.nullcontext)
+    assert torch._dynamo.eval_frame._stance.stance == "default"  # later tests compile again
     assert torch.equal(generate(model, idx, max_new_tokens=4, temperature=0), expected)
