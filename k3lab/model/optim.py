@@ -41,7 +41,7 @@ def build_optimizers(model: nn.Module, lr: float = 3e-3, muon_lr: float | None =
     so its update RMS matches AdamW's, which lets one learning-rate schedule drive both;
     muon_lr defaults to lr. `capturable`: AdamW keeps its step counts on the device, so that
     both steps can be captured in a CUDA graph (k3lab's Muon always can). `compile`: Muon's
-    per-bucket steps torch.compile'd (`k3lab.model.muon`), as trials with compiled blocks run it.
+    per-bucket steps torch.compile'd (`k3lab.model.muon`), as trials with `train.compile_muon` run it.
     """
     muon_params, adamw_params = split_parameters(model)
     decay = [p for n, p in adamw_params if p.ndim >= 2]
