@@ -808,6 +808,27 @@ def test_muon_buckets_on_side_streams_update_exactly_as_on_one_stream(compile):
 
 
 @gpu
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_muon_step_with_a_float_learning_rate_never_waits_on_the_gpu(compile):
+    """Outside a CUDA graph (gradient accumulation, DDP, a failed capture) the learning rate is a
+    float; compiled, Muon hands it to its update as a device scalar, which must be filled by a
+    kernel, not copied from the host (a copy waits for the stream: a stall per bucket)."""
+    from k3lab.model.muon import Muon
+
+    params = [torch.nn.Parameter(torch.randn(*s, device="cuda") * 0.1) for s in [(64, 128), (96, 96), (4, 96, 96)]]
+    optimizer = Muon(params, lr=0.02, weight_decay=0.1, compile=compile)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer.step()  # the first step compiles, which may wait
+    optimizer.param_groups[0]["lr"] = 0.01
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        optimizer.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@gpu
 def test_a_restarted_trainer_replays_its_graph_and_trains_as_a_new_trainer_of_its_seed(isolated_data, fresh_compiler):
     """Trainer.restart (a variant's next seed in a reused sweep process) keeps the compiled
     blocks and the captured CUDA graph, and trains and evaluates the new seed as a Trainer

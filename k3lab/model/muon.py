@@ -150,7 +150,7 @@ class Muon(torch.optim.Optimizer):
         ortho = self.orthogonalise(stacked, group["ns_coefficients"], group["ns_steps"], group["eps"])
         lr = group["lr"]  # a float, or a device scalar in a step captured as a CUDA graph (k3lab.train.graphs)
         if self.compiled and not isinstance(lr, torch.Tensor):  # a number would be a constant of the graph
-            lr = torch.tensor(lr, device=ortho.device)
+            lr = torch.full((), lr, device=ortho.device)  # a fill kernel: torch.tensor would copy and wait
         self.apply(params, ortho, lr, group["weight_decay"], group["adjust_lr_fn"])
 
     def momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
