@@ -14,7 +14,8 @@ chunkwise (plain-PyTorch KDA instead of FLA's), graph (the whole step replayed a
 with `cuda_graph`; in a --before checkout without `GraphedStep`, forward+backward only, as its
 trials did), graphfb (forward+backward only in the graph, the optimizers eager), ckpt
 (activation checkpointing of every decoder layer), bf16res (`residual_in_fp32: false`: the
-residual stream and AttnRes sources in bf16). Each row runs in its own process with the
+residual stream and AttnRes sources in bf16), kdastates (KDA's backward reads the chunk states
+its forward kept instead of recomputing them, as trials with `kda_keep_states` run). Each row runs in its own process with the
 trial's step: bf16 autocast over fp32 weights, the loss without logits, gradient clipping at
 1.0, every optimizer, the MoE bias update. `--before DIR` runs every row a second time with
 DIR (an older checkout of k3lab, e.g. `git archive <commit> | tar x -C DIR`) first on
@@ -45,7 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = "small@16x512,small@64x1024,small@64x1024:adamw,base@16x2048"
-OPTIONS = ("adamw", "compile", "compilemuon", "chunkwise", "graph", "graphfb", "ckpt", "bf16res")
+OPTIONS = ("adamw", "compile", "compilemuon", "chunkwise", "graph", "graphfb", "ckpt", "bf16res", "kdastates")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
 KERNEL_KINDS = (  # (kind, substrings of a kernel's name): the first kind that matches, in this order
     ("AttnRes (k3lab)", ("attn_res_",)),
@@ -135,6 +136,10 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     torch.manual_seed(0)
     model = KimiK3(config).cuda().train()
     model.checkpoint_layers = "ckpt" in options
+    if "kdastates" in options:
+        from k3lab.model.kda_fused import keep_kda_states
+
+        keep_kda_states(model, True)
     counts = count_parameters(model, row["seq"])
     if "compile" in options:
         compile_blocks(model)
@@ -382,7 +387,7 @@ def write_from_logs(paths: list[str]) -> None:
             + "3 warm-up + 10 timed steps per row, random tokens, bf16 autocast over fp32 weights, fused KDA "
             "(FLA), Muon + AdamW unless `adamw`; `graph`: the step replayed as a CUDA graph (forward+backward only in "
             "code from before k3lab.train.graphs.GraphedStep, and with `graphfb`), `compile`: "
-            "torch.compile'd blocks, `compilemuon`: Muon's steps compiled too, `ckpt`: activation checkpointing, `bf16res`: the residual stream in bf16 "
+            "torch.compile'd blocks, `compilemuon`: Muon's steps compiled too, `kdastates`: KDA's chunk states kept for the backward, `ckpt`: activation checkpointing, `bf16res`: the residual stream in bf16 "
             "(`residual_in_fp32: false`). Optimizer share = optimizer / (fwd+bwd + optimizer) GPU time. Kernels "
             "and launch calls from torch.profiler (2 steps).\n\n"
             + "\n".join(header + rows))

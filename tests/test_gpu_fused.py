@@ -444,13 +444,15 @@ def test_fla_gluon_convolution_is_chosen_unless_the_user_set_fla_conv_gluon():
 
 
 @gpu
+@pytest.mark.parametrize("keep_states", [False, True], ids=["states_recomputed", "states_kept"])
 @pytest.mark.parametrize("conv", ["0", "1"], ids=["triton_conv", "gluon_conv"])
 @pytest.mark.parametrize("k3_gate", [False, True], ids=["low_rank_gate", "k3_full_rank_gate"])
-def test_fused_kda_layer_matches_chunkwise(fp32_truth, k3_gate, conv, monkeypatch):
+def test_fused_kda_layer_matches_chunkwise(fp32_truth, k3_gate, conv, keep_states, monkeypatch):
     needs_fla()
     monkeypatch.setenv("FLA_CONV_GLUON", conv)  # FLA reads it at each call
     config = gpu_config(kda_implementation="fused", **K3_GATE if k3_gate else {})
     fused = KDAFused(config).cuda()
+    fused.keep_states = keep_states  # chunk_kda's disable_recompute (train.kda_keep_states)
     chunkwise = KDAChunkwise(config).cuda()
     chunkwise.load_state_dict(fused.state_dict())
     x = torch.randn(2, 512, 1024, device="cuda")

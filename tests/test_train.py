@@ -270,6 +270,15 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
             torch.testing.assert_close(q.grad, p.grad, msg=name)
 
 
+def test_kda_keep_states_reaches_every_fused_kda_layer_of_the_trial():
+    from k3lab.model.kda_fused import KDAFused
+
+    config = load_preset("tiny").replace(kda_implementation="fused", kda_chunk_size=32)  # run by the CPU reference here
+    for keep in (False, True):
+        layers = [m for m in Trainer(config, tiny_spec(kda_keep_states=keep)).model.modules() if isinstance(m, KDAFused)]
+        assert len(layers) == config.layer_types.count("kda") and {layer.keep_states for layer in layers} == {keep}
+
+
 def test_trial_run_records_how_it_ran(tmp_path):
     from k3lab.tune.trial import TrialSpec, run_trial
 

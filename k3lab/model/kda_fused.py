@@ -56,6 +56,9 @@ class KDAFused(KDAChunkwise):
     vectors of norm ~1).
     """
 
+    keep_states = False  # chunk_kda's disable_recompute: the backward reads the chunk states (w, u, h, ...)
+    # the forward computed instead of recomputing them; set per model by `keep_kda_states`
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
             return self.forward_fla(x)
@@ -82,6 +85,7 @@ class KDAFused(KDAChunkwise):
             A_log=self.A_log, dt_bias=self.dt_bias,
             use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
             safe_gate=True, lower_bound=self.lower_bound, chunk_size=self.chunk_size,
+            disable_recompute=self.keep_states,
         )  # (B, T, H, d) in q's dtype
         o = rms_norm_gated(o, gate.view(B, T, H, d), self.o_norm.weight, None, activation="sigmoid",
                            eps=self.o_norm.eps)
@@ -122,3 +126,15 @@ def short_conv(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
 
     y, _ = causal_conv1d(x=x, weight=conv.weight.squeeze(1), bias=conv.bias, activation="silu")
     return y
+
+
+def keep_kda_states(model: nn.Module, keep: bool) -> None:
+    """Whether the fused KDA layers of `model` keep their forward's chunk states for the backward.
+
+    Keeping them spares the backward FLA's recomputation of the gate cumsum, w, u and the
+    state recurrence h, for more activation memory: per layer about B*T*H*d*(5*2 + 4) bytes for
+    w, u, qg, kg, v_new (bf16) and the gate (fp32), plus h's B*(T/chunk)*H*d*d*2.
+    """
+    for module in model.modules():
+        if isinstance(module, KDAFused):
+            module.keep_states = keep

@@ -41,7 +41,10 @@ class TrainSpec:
     profiles; docs/benchmarks.md, 2026-12-04 14:37). `cuda_graph` captures the whole step
     (forward, backward, clipping, both optimizers, MoE bias update) as one CUDA graph (null:
     wherever it can run -- CUDA, no gradient accumulation, one process); `activation_checkpointing` recomputes each decoder layer in backward
-    instead of storing its activations (less memory for large batches, ~1/3 more compute).
+    instead of storing its activations (less memory for large batches, ~1/3 more compute);
+    `kda_keep_states` the other way round for FLA's KDA alone: its backward reads the chunk states
+    the forward computed instead of recomputing them (more memory, less compute;
+    `k3lab.model.kda_fused.keep_kda_states`).
     `init`: `paired` draws each module's starting weights from (seed, its name), so trials
     of one seed start alike in every module they share (`k3lab.train.init`); `sequential`
     draws the whole model from one stream seeded by the seed.
@@ -76,6 +79,7 @@ class TrainSpec:
     compile_muon: bool = False
     cuda_graph: bool | None = None
     activation_checkpointing: bool = False
+    kda_keep_states: bool = False
     dtype: str = attrs.field(default="float32", validator=one_of(*DTYPES))
     autocast: str | None = attrs.field(default=None, validator=one_of(None, *AUTOCAST_DTYPES))
     log_interval: int = attrs.field(default=10, validator=positive)

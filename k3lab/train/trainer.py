@@ -27,6 +27,7 @@ from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.model.counting import count_parameters
 from k3lab.model.inference import eager_if_compiled
+from k3lab.model.kda_fused import keep_kda_states
 from k3lab.model.model import KimiK3, compile_blocks
 from k3lab.model.optim import build_optimizers
 from k3lab.train.spec import TrainSpec
@@ -152,6 +153,7 @@ class Trainer:
         self.model = initial_model(config, spec, seed).to(device=self.device)
         self.counts = count_parameters(self.model, spec.seq_len)
         self.model.checkpoint_layers = spec.activation_checkpointing
+        keep_kda_states(self.model, spec.kda_keep_states)
         if spec.compile:
             compile_blocks(self.model)
         self.distributed = world_size > 1
