@@ -4,6 +4,7 @@
     python bench/bench_gpu.py --only fla_kda,k3_kda --steps 5 --warmup 2      # a subset
     python bench/bench_gpu.py --compile --only k3_kimi_linear                  # torch.compile'd KimiK3 blocks
     python bench/bench_gpu.py --graph --compile --write                        # as trials run on a GPU
+    python bench/bench_gpu.py --graph --compile --kda-keep-states              # as the flagship's gpu trials run
 
 One process runs the configurations one after another on the same shapes, each with
 random tokens (B x T), bf16 autocast over fp32 weights and fused AdamW. TF32 is on for
@@ -79,6 +80,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="torch.compile KimiK3's decoder blocks")
     parser.add_argument("--graph", action="store_true",
                         help="replay the whole step as one CUDA graph (k3lab.train.graphs), both models")
+    parser.add_argument("--kda-keep-states", action="store_true",
+                        help="KimiK3's KDA backward reads the chunk states its forward kept (train.kda_keep_states); "
+                             "FLA's model always recomputes them")
     parser.add_argument("--cache-dir", default=None,
                         help="kernel cache folder (default: $K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels)")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
@@ -147,13 +151,14 @@ def k3_config(name: str, seq: int):
     )
 
 
-def k3_model(name: str, seq: int, compile_blocks_: bool):
+def k3_model(name: str, seq: int, compile_blocks_: bool, keep_states: bool = False):
     from k3lab.model.counting import count_parameters
-    from k3lab.model.kda_fused import KDAFused
+    from k3lab.model.kda_fused import KDAFused, keep_kda_states
     from k3lab.model.model import KimiK3, compile_blocks
 
     model = KimiK3(k3_config(name, seq))
     assert all(isinstance(layer.attn, KDAFused) for layer in model.layers if layer.layer_type == "kda")
+    keep_kda_states(model, keep_states)
     if compile_blocks_:
         compile_blocks(model)
     counts = count_parameters(model, seq)
@@ -231,7 +236,7 @@ def measure(name: str, args: argparse.Namespace) -> Result:
     if is_fla:
         model, flops, n = fla_model(args.seq, attn_res=name.endswith("attnres"))
     else:
-        model, flops, n = k3_model(name, args.seq, args.compile)
+        model, flops, n = k3_model(name, args.seq, args.compile, args.kda_keep_states)
     model = model.cuda().train()
     params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True, capturable=args.graph)
@@ -329,7 +334,8 @@ def main() -> None:
         free_memory()
     body = (f"B={args.batch}, T={args.seq}, {args.warmup} warm-up + {args.steps} timed steps, bf16 autocast, "
             f"fused AdamW, random tokens, KimiK3 blocks {'torch.compile' if args.compile else 'eager'}"
-            f"{', the whole step as a CUDA graph' if args.graph else ''}. "
+            f"{', the whole step as a CUDA graph' if args.graph else ''}"
+            f"{', KimiK3 with KDA chunk states kept for the backward' if args.kda_keep_states else ''}. "
             f"AttnRes block size {BLOCK} decoder layers (FLA: {2 * BLOCK} sub-layers). "
             f"FLA's {conv} causal convolution in every row. "
             "MFU against 989 TFLOP/s; FLOPs per token as in bench/bench_gpu.py's docstring. First step: "
