@@ -15,7 +15,8 @@ with `cuda_graph`; in a --before checkout without `GraphedStep`, forward+backwar
 trials did), graphfb (forward+backward only in the graph, the optimizers eager), ckpt
 (activation checkpointing of every decoder layer), bf16res (`residual_in_fp32: false`: the
 residual stream and AttnRes sources in bf16), kdastates (KDA's backward reads the chunk states
-its forward kept instead of recomputing them, as trials with `kda_keep_states` run). Each row runs in its own process with the
+its forward kept instead of recomputing them, as trials with `kda_keep_states` run; recomputed in a
+--before checkout without it). Each row runs in its own process with the
 trial's step: bf16 autocast over fp32 weights, the loss without logits, gradient clipping at
 1.0, every optimizer, the MoE bias update. `--before DIR` runs every row a second time with
 DIR (an older checkout of k3lab, e.g. `git archive <commit> | tar x -C DIR`) first on
@@ -137,9 +138,12 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     model = KimiK3(config).cuda().train()
     model.checkpoint_layers = "ckpt" in options
     if "kdastates" in options:
-        from k3lab.model.kda_fused import keep_kda_states
-
-        keep_kda_states(model, True)
+        try:
+            from k3lab.model.kda_fused import keep_kda_states
+        except ImportError:  # a --before checkout without it: its trials recomputed the states
+            pass
+        else:
+            keep_kda_states(model, True)
     counts = count_parameters(model, row["seq"])
     if "compile" in options:
         compile_blocks(model)

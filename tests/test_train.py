@@ -9,7 +9,8 @@ from mlflow.tracking import MlflowClient
 from k3lab.cli import main
 from k3lab.registry import TrainSpec, load_preset
 from k3lab.train.checkpoint import load_checkpoint
-from k3lab.train.trainer import DIVERGED, FINISHED, Trainer, lr_factor, save_trainer, train
+from k3lab.train.trainer import (DIVERGED, FINISHED, Trainer, keep_states_where_kda_is_fused, lr_factor,
+                                 save_trainer, train)
 from k3lab.store.tracking import MemoryTracker, MLflowTracker
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
@@ -275,8 +276,15 @@ def test_kda_keep_states_reaches_every_fused_kda_layer_of_the_trial():
 
     config = load_preset("tiny").replace(kda_implementation="fused", kda_chunk_size=32)  # run by the CPU reference here
     for keep in (False, True):
-        layers = [m for m in Trainer(config, tiny_spec(kda_keep_states=keep)).model.modules() if isinstance(m, KDAFused)]
+        trainer = Trainer(config, tiny_spec(kda_keep_states=keep))
+        layers = [m for m in trainer.model.modules() if isinstance(m, KDAFused)]
         assert len(layers) == config.layer_types.count("kda") and {layer.keep_states for layer in layers} == {keep}
+        assert trainer.execution()["kda_keep_states"] == "False"  # on CPU the reference runs: nothing is kept
+    cuda = torch.device("cuda")  # what a GPU trial would log (only the device's type is read)
+    assert keep_states_where_kda_is_fused(trainer.model, True, cuda)
+    assert not keep_states_where_kda_is_fused(trainer.model, False, cuda)
+    chunkwise = Trainer(load_preset("tiny").replace(kda_implementation="chunkwise"), tiny_spec()).model
+    assert not keep_states_where_kda_is_fused(chunkwise, True, cuda)
 
 
 def test_trial_run_records_how_it_ran(tmp_path):

@@ -27,7 +27,6 @@ from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.model.counting import count_parameters
 from k3lab.model.inference import eager_if_compiled
-from k3lab.model.kda_fused import keep_kda_states
 from k3lab.model.model import KimiK3, compile_blocks
 from k3lab.model.optim import build_optimizers
 from k3lab.train.spec import TrainSpec
@@ -136,6 +135,16 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     return tensor / dist.get_world_size()
 
 
+
+def keep_states_where_kda_is_fused(model: KimiK3, keep: bool, device: torch.device) -> bool:
+    """Sets `train.kda_keep_states` on the model's fused KDA layers; whether it takes effect:
+    only FLA's kernels on CUDA keep states (the CPU reference and chunkwise KDA have none)."""
+    from k3lab.model.kda_fused import keep_kda_states  # imported here: it sets FLA_CONV_GLUON
+
+    keep_kda_states(model, keep)
+    return keep and device.type == "cuda" and model.config.kda_implementation == "fused"
+
+
 class Trainer:
     """Model, optimizers, schedules and samplers of one trial, with their full state."""
 
@@ -153,7 +162,7 @@ class Trainer:
         self.model = initial_model(config, spec, seed).to(device=self.device)
         self.counts = count_parameters(self.model, spec.seq_len)
         self.model.checkpoint_layers = spec.activation_checkpointing
-        keep_kda_states(self.model, spec.kda_keep_states)
+        self.kda_states_kept = keep_states_where_kda_is_fused(self.model, spec.kda_keep_states, self.device)
         if spec.compile:
             compile_blocks(self.model)
         self.distributed = world_size > 1
@@ -219,6 +228,7 @@ class Trainer:
         """How this trial runs, resolved for its device: logged with every trial."""
         resolved = {"kda_implementation": self.config.kda_implementation,
                     "cuda_graph": self.cuda_graph, "compile": str(self.spec.compile),
+                    "kda_keep_states": str(self.kda_states_kept),
                     "trainer": "restarted" if self.restarted else "built"}
         if os.environ.get("TRITON_CACHE_DIR"):  # set by GPU sweeps for every trial and DDP worker
             resolved["kernel_cache"] = str(Path(os.environ["TRITON_CACHE_DIR"]).parent)
