@@ -135,7 +135,6 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     return tensor / dist.get_world_size()
 
 
-
 def keep_states_where_kda_is_fused(model: KimiK3, keep: bool, device: torch.device) -> bool:
     """Sets `train.kda_keep_states` on the model's fused KDA layers; whether it takes effect:
     only FLA's kernels on CUDA keep states (the CPU reference and chunkwise KDA have none)."""
