@@ -234,11 +234,20 @@ def test_train_command_runs_without_tracking(capsys):
     ("train.stepz=3", "--set train.stepz: not a train field"),
     ("train.seq_len=40", "train.seq_len: 40 is not a multiple of kda_chunk_size=16"),
     ("hidden_size", "expected FIELD=VALUE"),
+    ("train.kda_keep_states=maybe", "--set train.kda_keep_states: expected true or false, got string 'maybe'"),
+    ("train.compile=1", "--set train.compile: expected true or false, got integer 1"),
+    ("train.lr=fast", "--set train.lr: expected a number, got string 'fast'"),
 ])
 def test_train_command_rejects_bad_settings_in_one_line(flag, message, capsys):
     assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--set", flag]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_train_command_rejects_steps_that_are_not_a_number_in_one_line(capsys):
+    assert main(["train", "tiny", "--no-tracking", "--set", "train.steps=abc"]) == 2
+    err = capsys.readouterr().err
+    assert "--set train.steps: expected an integer, got string 'abc'" in err and err.count("\n") == 1
 
 
 def test_cuda_graph_is_off_with_the_reason_where_it_cannot_run():

@@ -109,7 +109,10 @@ def build_train_inputs(args):
 
     from k3lab.model.config import KimiK3Config, config_fields
     from k3lab.registry import load_preset
+    from k3lab.registry.convert import structure
+    from k3lab.registry.keypath import SpecError
     from k3lab.train.spec import TrainSpec
+    from k3lab.train.trainer import check_seq_len
 
     model_overrides, train_overrides = parse_overrides(args.overrides)
     config = load_preset(args.model)
@@ -130,14 +133,15 @@ def build_train_inputs(args):
     if args.steps is not None:
         train_overrides["steps"] = args.steps
     defaults = TrainSpec()
-    if "steps" in train_overrides:  # keep warmup and eval inside a short run
-        steps = train_overrides["steps"]
+    steps = train_overrides.get("steps")
+    if isinstance(steps, int):  # keep warmup and eval inside a short run (any other value: an error below)
         train_overrides.setdefault("warmup_steps", min(defaults.warmup_steps, max(0, steps // 10)))
         train_overrides.setdefault("eval_interval", min(defaults.eval_interval, steps))
-    try:
-        spec = TrainSpec(**train_overrides)
-    except (ValueError, TypeError) as error:
-        raise UserError(f"--set train: {error}") from None
+    try:  # as a sweep file's train section: typed strictly (a bool is true or false, not any string)
+        spec = structure(train_overrides, TrainSpec)
+    except SpecError as error:
+        raise UserError(f"--set {error.under('train')}") from None
+    check_seq_len(config, spec)  # before the preflight prepares the corpus
     return config, spec
 
 

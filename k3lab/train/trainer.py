@@ -110,13 +110,22 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def check_shapes(config: KimiK3Config, spec: TrainSpec, vocab_size: int) -> None:
     """Reject a trial that cannot run, with the field that breaks it, before building anything."""
-    if vocab_size > config.vocab_size:
-        raise UserError(f"vocab_size: the tokenizer has {vocab_size} ids, more than the model's "
-                        f"vocab_size={config.vocab_size}")
+    check_seq_len(config, spec)
+    check_vocab(config, vocab_size)
+
+
+def check_seq_len(config: KimiK3Config, spec: TrainSpec) -> None:
+    """The checks that need no data: run before a corpus is prepared (minutes for a large one)."""
     if spec.seq_len > config.max_seq_len:
         raise UserError(f"train.seq_len: {spec.seq_len} exceeds the model's max_seq_len={config.max_seq_len}")
     if spec.seq_len % config.seq_len_multiple:
         raise UserError(f"train.seq_len: {spec.seq_len} is not a multiple of kda_chunk_size={config.kda_chunk_size}")
+
+
+def check_vocab(config: KimiK3Config, vocab_size: int) -> None:
+    if vocab_size > config.vocab_size:
+        raise UserError(f"vocab_size: the tokenizer has {vocab_size} ids, more than the model's "
+                        f"vocab_size={config.vocab_size}")
 
 
 def reset_in_place(optimizer: torch.optim.Optimizer) -> None:
@@ -154,10 +163,11 @@ class Trainer:
         config = self.config = config.resolve_kda(cuda=self.device.type == "cuda")
         if spec.deterministic:
             use_deterministic_algorithms()
+        check_seq_len(config, spec)
         started = time.perf_counter()
         self.dataset = dataset or prepare_dataset(spec.dataset, spec.tokenizer, progress=progress)
         self.data_s = time.perf_counter() - started  # opening the prepared corpus: part of a trial's start-up
-        check_shapes(config, spec, self.dataset.vocab_size)
+        check_vocab(config, self.dataset.vocab_size)
         self.model = initial_model(config, spec, seed).to(device=self.device)
         self.counts = count_parameters(self.model, spec.seq_len)
         self.model.checkpoint_layers = spec.activation_checkpointing
