@@ -237,6 +237,7 @@ def test_train_command_runs_without_tracking(capsys):
     ("train.kda_keep_states=maybe", "--set train.kda_keep_states: expected true or false, got string 'maybe'"),
     ("train.compile=1", "--set train.compile: expected true or false, got integer 1"),
     ("train.lr=fast", "--set train.lr: expected a number, got string 'fast'"),
+    ("rms_norm_eps=x", "--set rms_norm_eps: expected a number, got string 'x'"),
 ])
 def test_train_command_rejects_bad_settings_in_one_line(flag, message, capsys):
     assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--set", flag]) == 2

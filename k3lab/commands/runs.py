@@ -110,6 +110,7 @@ def build_train_inputs(args):
     from k3lab.model.config import KimiK3Config, config_fields
     from k3lab.registry import load_preset
     from k3lab.registry.convert import structure
+    from k3lab.registry.fields import check_fields
     from k3lab.registry.keypath import SpecError
     from k3lab.train.spec import TrainSpec
     from k3lab.train.trainer import check_seq_len
@@ -119,6 +120,10 @@ def build_train_inputs(args):
     unknown = sorted(set(model_overrides) - set(config_fields()))
     if unknown:
         raise UserError(f"--set {unknown[0]}: not a KimiK3Config field (train fields are written train.NAME)")
+    try:  # typed as a sweep file's base overrides are (a float is a number, not any string)
+        model_overrides = check_fields(model_overrides, ())
+    except SpecError as error:
+        raise UserError(f"--set {error}") from None
     fields = config.to_dict()
     if args.fidelity:
         fields |= fidelity_fields(args.fidelity, model_overrides.get("mla_qk_head_dim", config.mla_qk_head_dim))
