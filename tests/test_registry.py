@@ -364,6 +364,14 @@ def test_model_yaml_path_works_like_a_preset(tmp_path):
     assert load_preset(str(tmp_path / "models/m.yaml")) == sweep.base
 
 
+def test_numbers_written_with_an_exponent_and_no_dot_are_numbers(tmp_path):
+    """PyYAML reads YAML 1.1, where `1e-3` is a string; researchers write learning rates that way."""
+    sweep = load_sweep(write(tmp_path, "name: t\nbase: {preset: tiny, rms_norm_eps: 1e-5}\n"
+                                       "axes: {init_std: [2e-2, 1E-2]}\ntrain: {lr: 1e-3, min_lr_ratio: 5e-2}\n"))
+    assert (sweep.train.lr, sweep.train.min_lr_ratio, sweep.base.rms_norm_eps) == (1e-3, 5e-2, 1e-5)
+    assert [v.config.init_std for v in sweep.variants] == [2e-2, 1e-2]
+
+
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
 def test_shipped_experiments_expand_under_every_profile(path):
     sweep = load_sweep(path)

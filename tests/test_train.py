@@ -247,6 +247,13 @@ def test_train_command_rejects_bad_settings_in_one_line(flag, message, capsys):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_train_command_reads_a_learning_rate_with_an_exponent_as_a_number():
+    from k3lab.commands.runs import parse_overrides
+
+    assert parse_overrides(["train.lr=1e-3", "rms_norm_eps=1E-5", "train.dataset=1e3x"]) == (
+        {"rms_norm_eps": 1e-5}, {"lr": 1e-3, "dataset": "1e3x"})
+
+
 def test_train_command_rejects_steps_that_are_not_a_number_in_one_line(capsys):
     assert main(["train", "tiny", "--no-tracking", "--set", "train.steps=abc"]) == 2
     err = capsys.readouterr().err

@@ -87,14 +87,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- k3lab train -----------------------------------------------------------------------
 
 def parse_overrides(items: list[str]) -> tuple[dict, dict]:
-    """['hidden_size=128', 'train.steps=50'] -> ({'hidden_size': 128}, {'steps': 50}); values as YAML."""
+    """['hidden_size=128', 'train.steps=50'] -> ({'hidden_size': 128}, {'steps': 50}); values as YAML
+    (as sweep files read it: `1e-3` is a number)."""
+    from k3lab.registry.yamlfile import load_text
+
     model, train = {}, {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise UserError(f"--set {item!r}: expected FIELD=VALUE")
         try:
-            value = yaml.safe_load(raw)
+            value = load_text(raw)
         except yaml.YAMLError:
             raise UserError(f"--set {item!r}: the value is not valid YAML") from None
         if key.startswith("train."):

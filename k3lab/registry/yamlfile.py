@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from k3lab.registry.keypath import SpecError
+
+
+class Loader(yaml.SafeLoader):
+    """yaml.SafeLoader that reads `1e-3` as a number, as YAML 1.2 and Python do (PyYAML follows
+    YAML 1.1, where a float needs a dot: `lr: 1e-3` was the string '1e-3')."""
+
+
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),  # the form YAML 1.1 lacks; SafeLoader's own rules still apply
+    list("-+0123456789"))
+
+
+def load_text(text: str) -> Any:
+    """`text` parsed by `Loader`."""
+    return yaml.load(text, Loader=Loader)  # noqa: S506 - Loader is a SafeLoader
 
 
 def read_yaml(path: Path) -> Any:
@@ -22,7 +39,7 @@ def read_yaml(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as error:
         raise SpecError((), f"cannot read: {error}") from None
     try:
-        return yaml.safe_load(text)
+        return load_text(text)
     except yaml.YAMLError as error:
         raise SpecError((), _describe_yaml_error(error)) from None
 
