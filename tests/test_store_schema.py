@@ -56,3 +56,12 @@ def test_a_report_on_a_store_from_a_newer_mlflow_exits_2_with_one_line(written, 
     code = main(["report", str(ROOT / "experiments/attnres_block.yaml"), "--profile", "cpu", "--tracking-uri", uri])
     err = capsys.readouterr().err
     assert code == 2 and "written by a newer MLflow" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_report_on_a_store_that_does_not_exist_creates_nothing(tmp_path, capsys):
+    missing = tmp_path / "elsewhere" / "mlflow.db"
+    code = main(["report", str(ROOT / "experiments/attnres_block.yaml"), "--profile", "cpu",
+                 "--storage", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{missing}"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"no store at {missing}" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "elsewhere").exists()

@@ -258,6 +258,8 @@ def test_train_command_rejects_steps_that_are_not_a_number_in_one_line(capsys):
     assert main(["train", "tiny", "--no-tracking", "--set", "train.steps=abc"]) == 2
     err = capsys.readouterr().err
     assert "--set train.steps: expected an integer, got string 'abc'" in err and err.count("\n") == 1
+    assert main(["train", "tiny", "--no-tracking", "--steps", "-1"]) == 2
+    assert capsys.readouterr().err == "error: --steps: must be positive, got -1\n"
 
 
 def test_cuda_graph_is_off_with_the_reason_where_it_cannot_run():

@@ -139,6 +139,8 @@ def build_train_inputs(args):
     if unknown:
         raise UserError(f"--set train.{unknown[0]}: not a train field ({', '.join(sorted(train_fields))})")
     if args.steps is not None:
+        if args.steps < 1:
+            raise UserError(f"--steps: must be positive, got {args.steps}")
         train_overrides["steps"] = args.steps
     defaults = TrainSpec()
     steps = train_overrides.get("steps")
@@ -521,7 +523,12 @@ def find_parent_run(run) -> str:
     if run.state_file.exists():
         return run.parent_run_id()
     from k3lab.store.runs import latest_sweep_run
+    from k3lab.store.tracking import sqlite_path
 
+    store = sqlite_path(run.tracking_uri)
+    if store is not None and not store.exists():  # opening it would create an empty store (and its folder)
+        raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage}, and no store "
+                        f"at {store} (--tracking-uri {run.tracking_uri})")
     run_id = latest_sweep_run(run.tracking_uri, run.experiment)
     if run_id is None:
         raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage} or in {run.tracking_uri}")
