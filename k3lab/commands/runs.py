@@ -116,7 +116,6 @@ def build_train_inputs(args):
     from k3lab.registry.fields import check_fields
     from k3lab.registry.keypath import SpecError
     from k3lab.train.spec import TrainSpec
-    from k3lab.train.trainer import check_seq_len
 
     model_overrides, train_overrides = parse_overrides(args.overrides)
     config = load_preset(args.model)
@@ -151,7 +150,6 @@ def build_train_inputs(args):
         spec = structure(train_overrides, TrainSpec)
     except SpecError as error:
         raise UserError(f"--set {error.under('train')}") from None
-    check_seq_len(config, spec)  # before the preflight prepares the corpus
     return config, spec
 
 

@@ -108,14 +108,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
-def check_shapes(config: KimiK3Config, spec: TrainSpec, vocab_size: int) -> None:
-    """Reject a trial that cannot run, with the field that breaks it, before building anything."""
-    check_seq_len(config, spec)
-    check_vocab(config, vocab_size)
-
-
 def check_seq_len(config: KimiK3Config, spec: TrainSpec) -> None:
-    """The checks that need no data: run before a corpus is prepared (minutes for a large one)."""
+    """Reject a trial whose sequences the model cannot take, with the field that breaks it: needs no
+    data, so it runs before a corpus is prepared (minutes for a large one)."""
     if spec.seq_len > config.max_seq_len:
         raise UserError(f"train.seq_len: {spec.seq_len} exceeds the model's max_seq_len={config.max_seq_len}")
     if spec.seq_len % config.seq_len_multiple:
@@ -123,6 +118,7 @@ def check_seq_len(config: KimiK3Config, spec: TrainSpec) -> None:
 
 
 def check_vocab(config: KimiK3Config, vocab_size: int) -> None:
+    """Reject a model whose embedding has fewer ids than the tokenizer."""
     if vocab_size > config.vocab_size:
         raise UserError(f"vocab_size: the tokenizer has {vocab_size} ids, more than the model's "
                         f"vocab_size={config.vocab_size}")

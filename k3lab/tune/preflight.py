@@ -45,6 +45,7 @@ class Preflight:
 def run_preflight(plan: Preflight) -> Dataset:
     """Every check, in order; returns the prepared dataset."""
     run_checks(plan)
+    check_models(plan.models, plan.train)  # what needs no data, before a corpus is tokenized (minutes)
     dataset = prepared_dataset(plan.train, plan.progress)
     check_models(plan.models, plan.train, dataset.vocab_size)
     return dataset
@@ -57,6 +58,7 @@ def run_preflight_overlapped(plan: Preflight) -> "PendingDataset":
     vocabulary, which the byte and file tokenizers know beforehand (a `bpe:` one is trained
     on the corpus, so its corpus is prepared here, as by `run_preflight`)."""
     run_checks(plan)
+    check_models(plan.models, plan.train)  # before a `bpe:` tokenizer is trained below
     from k3lab.data import cache_root, get_tokenizer, load_dataset_info, prepare_dataset
     from k3lab.data.bpe import is_bpe
 
@@ -196,12 +198,15 @@ def prepared_dataset(train: TrainSpec, progress: bool) -> Dataset:
     return prepare_dataset(train.dataset, train.tokenizer, progress=progress)
 
 
-def check_models(models: dict[str, KimiK3Config], train: TrainSpec, vocab_size: int) -> None:
-    """Every model can train on this data (vocabulary, sequence length, KDA chunks)."""
-    from k3lab.train.trainer import check_shapes
+def check_models(models: dict[str, KimiK3Config], train: TrainSpec, vocab_size: int | None = None) -> None:
+    """Every model can train on this data: sequence length and KDA chunks, and the vocabulary
+    where `vocab_size` is known."""
+    from k3lab.train.trainer import check_seq_len, check_vocab
 
     for label, config in models.items():
         try:
-            check_shapes(config, train, vocab_size)
+            check_seq_len(config, train)
+            if vocab_size is not None:
+                check_vocab(config, vocab_size)
         except UserError as error:
             raise UserError(f"{label}: {error}" if label else str(error)) from None
