@@ -85,7 +85,7 @@ class KDAFused(KDAChunkwise):
             A_log=self.A_log, dt_bias=self.dt_bias,
             use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
             safe_gate=True, lower_bound=self.lower_bound, chunk_size=self.chunk_size,
-            disable_recompute=self.keep_states,
+            disable_recompute=self.keep_states and torch.is_grad_enabled(),  # evaluation keeps nothing
         )  # (B, T, H, d) in q's dtype
         o = rms_norm_gated(o, gate.view(B, T, H, d), self.o_norm.weight, None, activation="sigmoid",
                            eps=self.o_norm.eps)
