@@ -32,12 +32,19 @@ first_steps() {  # the sweep's own trials, seed 0, four steps each (two eager, t
         --tracking-uri "sqlite:///$work/first_steps.db" --no-live
 }
 flagship=$(mktemp -d)
-rm -f "$tunings/nvidia-h200-attnres_block.tar.xz"  # re-measured below; its old kernels are not carried on
+# Re-measured below, and its old kernels are not carried on: the old archive is moved aside while the flagship is
+# tuned, and put back if the run fails or is killed before the new one is written.
+archive="$tunings/nvidia-h200-attnres_block.tar.xz"
+aside=$(mktemp -d)
+[ -e "$archive" ] && mv "$archive" "$aside/"
+restore_archive() { rm -f "$tunings/.$(basename "$archive").partial"; [ -e "$archive" ] || [ ! -e "$aside/$(basename "$archive")" ] || mv "$aside/$(basename "$archive")" "$archive"; }
+trap restore_archive EXIT
+trap 'exit 143' TERM INT
 echo "== k3lab kernels warm experiments/attnres_block.yaml --profile gpu (compiled, cache $flagship)"
 K3LAB_KERNEL_CACHE="$flagship" $k3lab kernels warm experiments/attnres_block.yaml --profile gpu || exit 1
 echo "== the same trials' first steps as a sweep (cache $flagship)"
 K3LAB_KERNEL_CACHE="$flagship" first_steps experiments/attnres_block.yaml || exit 1
-K3LAB_KERNEL_CACHE="$flagship" $k3lab kernels export --compiled "$tunings/nvidia-h200-attnres_block.tar.xz" || exit 1
+K3LAB_KERNEL_CACHE="$flagship" $k3lab kernels export --compiled "$archive" || exit 1
 [ "${1:-}" = compiled ] && exit 0
 warm_profiles experiments/attnres_block.yaml   # the flagship first, then the GPU tests: what a first hour runs
 echo "== GPU tests"
