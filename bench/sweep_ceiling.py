@@ -201,6 +201,7 @@ def sweep_figures(store: Path) -> dict:
     for t in trials:
         variant = t.data.tags.get(runs.VARIANT_ID)
         tokens_by_variant[variant] = tokens_by_variant.get(variant, 0) + (t.data.metrics.get("tokens") or 0)
+    compiled = compiled_graphs(client, trials)
     first = min(firsts, key=lambda f: f["first_step_at"], default=None)
     metrics = {key: parent.data.metrics.get(key) for key in keep}
     overlap = training_overlap([trial_windows(client, t.info.run_id) for t in trials])
@@ -212,7 +213,28 @@ def sweep_figures(store: Path) -> dict:
             "first_step_in_sweep_s": first_in_sweep,
             "tokens_per_s_after_first_step": after_first_step(metrics["sweep_tokens"], metrics["sweep_wall_s"],
                                                               first_in_sweep),
-            "training_overlap": {str(n): figures for n, figures in overlap.items()}}
+            "training_overlap": {str(n): figures for n, figures in overlap.items()}, "compiled_graphs": compiled}
+
+
+COMPILE_COUNTS = ("fxgraph_cache_hits", "fxgraph_cache_misses", "aot_cache_hits", "aot_cache_misses")
+
+
+def compiled_graphs(client, trials) -> dict[str, float]:
+    """torch.compile's cache hits and misses summed over the trials (k3lab.train.metrics): at each
+    trial's first step (`first_step_*`, its first attempt's) and by its last evaluation
+    (`trial_*`, the largest count of any attempt). Misses are graphs a trial compiled because
+    the kernel cache did not have them: a fresh sweep that misses did not find them in the
+    shipped tunings."""
+    sums = {f"{when}_{name}": 0.0 for when in ("first_step", "trial") for name in COMPILE_COUNTS}
+    for t in trials:
+        for name in COMPILE_COUNTS:
+            first = client.get_metric_history(t.info.run_id, f"startup_{name}")
+            if first:
+                sums[f"first_step_{name}"] += min(first, key=lambda metric: metric.timestamp).value
+            whole = client.get_metric_history(t.info.run_id, f"compile_{name}")
+            if whole:
+                sums[f"trial_{name}"] += max(metric.value for metric in whole)
+    return sums
 
 
 def trial_windows(client, run_id: str) -> list[tuple[float, float, float]]:
@@ -366,7 +388,25 @@ def table(results: dict) -> str:
                     notes.append(f"From its first training step ({r['first_step_in_sweep_s']:.1f} s into the sweep) "
                                  f"to its end: {number(steady)} tokens/s, {steady / ceiling:.0%} of that.")
     return ("\n".join(lines) + ("\n\n" + " ".join(notes) if notes else "") + "\n\n" + timeline_table(results)
-            + overlap_table(results))
+            + overlap_table(results) + compiled_table(results))
+
+
+def compiled_table(results: dict) -> str:
+    """Per phase: the graphs its trials loaded from the kernel cache and the ones they compiled
+    (`compiled_graphs`), at their first steps and by their last evaluations."""
+    phases = [name for name in sweep_phases(results) if (results[name] or {}).get("compiled_graphs")]
+    if not phases:
+        return ""
+    lines = ["", "", "torch.compile's caches, summed over the trials (loaded / compiled: cache hits / misses; at each "
+             "trial's first step, then by its last evaluation, evaluation graphs and recompiles included):", "",
+             "| phase | FX graphs, first steps | FX graphs, whole trials | AOT autograd, first steps | "
+             "AOT autograd, whole trials |", "|---|---|---|---|---|"]
+    for name in phases:
+        c = results[name]["compiled_graphs"]
+        cells = [f"{c[f'{when}_{kind}_cache_hits']:.0f} / {c[f'{when}_{kind}_cache_misses']:.0f}"
+                 for kind in ("fxgraph", "aot") for when in ("first_step", "trial")]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def overlap_table(results: dict) -> str:

@@ -246,3 +246,31 @@ def test_time_slicing_and_fresh_processes_are_rows_of_their_own_with_their_comma
 def test_the_flagships_gpu_profile_reuses_processes_unless_told_not_to(tmp_path):
     args = ceiling_args(FLAGSHIP, "--seeds", "0,1")
     assert load_sweep_for(sweep_file_for(args, tmp_path, "fresh"), "gpu").resources.reuse_actors is True
+
+
+def test_the_compiled_graphs_table_sums_the_trials_cache_hits_and_misses_first_attempt_and_whole_trial():
+    """A fresh sweep whose trials compile graphs did not find them in the shipped tunings: the
+    first steps' misses come from each trial's first attempt, the whole trials' from its largest count."""
+    from types import SimpleNamespace as NS
+
+    from bench.sweep_ceiling import compiled_graphs, compiled_table
+
+    def history(*points):  # (timestamp ms, value)
+        return [NS(timestamp=t, value=v) for t, v in points]
+
+    logged = {  # trial a crashed once: its second attempt logged again, later, with more misses
+        ("a", "startup_fxgraph_cache_misses"): history((2000, 7.0), (1000, 3.0)),
+        ("a", "startup_fxgraph_cache_hits"): history((1000, 10.0), (2000, 0.0)),
+        ("a", "compile_fxgraph_cache_misses"): history((1500, 4.0), (3000, 9.0)),
+        ("b", "startup_fxgraph_cache_misses"): history((1000, 1.0)),
+        ("b", "compile_fxgraph_cache_misses"): history((1500, 2.0)),
+    }
+    client = NS(get_metric_history=lambda run_id, key: logged.get((run_id, key), []))
+    sums = compiled_graphs(client, [NS(info=NS(run_id="a")), NS(info=NS(run_id="b")), NS(info=NS(run_id="c"))])
+    assert sums["first_step_fxgraph_cache_misses"] == 4.0  # a's first attempt (3) and b's (1)
+    assert sums["first_step_fxgraph_cache_hits"] == 10.0
+    assert sums["trial_fxgraph_cache_misses"] == 11.0  # a's largest (9) and b's (2)
+    assert sums["trial_aot_cache_misses"] == 0.0
+    text = compiled_table({"fresh": {"compiled_graphs": sums}, "warm": {"exit": 0}})
+    assert text.splitlines()[-1] == "| fresh | 10 / 4 | 0 / 11 | 0 / 0 | 0 / 0 |"
+    assert compiled_table({"warm": {"exit": 0}}) == ""  # a results.json from before the figure

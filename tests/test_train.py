@@ -451,19 +451,29 @@ def test_a_trial_sends_its_metrics_before_each_report_a_scheduler_may_stop_it_at
     assert seen == [(6, 6, "RUNNING", False, True), (12, 12, "FINISHED", True, True)]  # the final model kept
 
 
-def test_a_trials_first_step_logs_torch_compiles_cache_hits_and_misses():
+def test_a_trial_logs_its_own_torch_compile_cache_hits_and_misses_not_its_process_earlier_ones(monkeypatch):
     import torch._dynamo.utils as dynamo_utils
 
     from k3lab.train.metrics import compile_cache_counts
 
     dynamo_utils.counters.clear()
-    dynamo_utils.counters["inductor"]["fxgraph_cache_hit"] += 3
+    dynamo_utils.counters["inductor"]["fxgraph_cache_hit"] += 3  # an earlier trial of this (reused) process
     dynamo_utils.counters["aot_autograd"]["autograd_cache_miss"] += 1
     assert compile_cache_counts() == {"startup_aot_cache_hits": 0.0, "startup_aot_cache_misses": 1.0,
                                       "startup_fxgraph_cache_hits": 3.0, "startup_fxgraph_cache_misses": 0.0}
+    step = Trainer.train_step
+
+    def compiling_step(self):  # this trial compiles 2 graphs in its first step, 1 more in its third
+        dynamo_utils.counters["inductor"]["fxgraph_cache_miss"] += {0: 2, 2: 1}.get(self.step, 0)
+        return step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", compiling_step)
     tracker = MemoryTracker()
-    train(load_preset("tiny"), tiny_spec(steps=2, eval_interval=2), tracker=tracker, started_at=time.time())
-    assert tracker.metrics["startup_fxgraph_cache_hits"] == [(1, 3.0)]  # logged with startup_s, at step 1
+    train(load_preset("tiny"), tiny_spec(steps=4, eval_interval=2), tracker=tracker, started_at=time.time())
+    assert tracker.metrics["startup_fxgraph_cache_misses"] == [(1, 2.0)]  # logged with startup_s, at step 1
+    assert tracker.metrics["startup_fxgraph_cache_hits"] == [(1, 0.0)]
+    assert tracker.metrics["startup_aot_cache_misses"] == [(1, 0.0)]
+    assert tracker.metrics["compile_fxgraph_cache_misses"] == [(2, 2.0), (4, 3.0)]  # at each evaluation
     dynamo_utils.counters.clear()
 
 

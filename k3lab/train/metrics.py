@@ -38,22 +38,29 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count()} cores)"
 
 
-COMPILE_CACHE_COUNTERS = {  # torch's counter -> the metric a trial logs at its first step
-    ("aot_autograd", "autograd_cache_hit"): "startup_aot_cache_hits",
-    ("aot_autograd", "autograd_cache_miss"): "startup_aot_cache_misses",
-    ("inductor", "fxgraph_cache_hit"): "startup_fxgraph_cache_hits",
-    ("inductor", "fxgraph_cache_miss"): "startup_fxgraph_cache_misses",
+COMPILE_CACHE_COUNTERS = {  # torch's counter -> the metric's name after its prefix
+    ("aot_autograd", "autograd_cache_hit"): "aot_cache_hits",
+    ("aot_autograd", "autograd_cache_miss"): "aot_cache_misses",
+    ("inductor", "fxgraph_cache_hit"): "fxgraph_cache_hits",
+    ("inductor", "fxgraph_cache_miss"): "fxgraph_cache_misses",
 }
 
 
-def compile_cache_counts() -> dict[str, float]:
-    """torch.compile's cache hits and misses in this process so far: whether a trial's first
-    step loaded its compiled graphs (hits) or compiled them again (misses). {} when nothing
-    was compiled (torch._dynamo never imported)."""
+def compile_cache_snapshot() -> dict[str, float]:
+    """torch.compile's cache hits and misses in this process so far, {fxgraph_cache_misses: n, ...};
+    {} when nothing was compiled (torch._dynamo never imported)."""
     utils = sys.modules.get("torch._dynamo.utils")
     if utils is None:
         return {}
-    return {metric: float(utils.counters[group][key]) for (group, key), metric in COMPILE_CACHE_COUNTERS.items()}
+    return {name: float(utils.counters[group][key]) for (group, key), name in COMPILE_CACHE_COUNTERS.items()}
+
+
+def compile_cache_counts(since: dict[str, float] | None = None, prefix: str = "startup") -> dict[str, float]:
+    """The hits and misses since `since` (an earlier snapshot; default: the process's start) as
+    metrics, {prefix_fxgraph_cache_misses: n, ...}: whether a trial loaded its compiled graphs
+    (hits) or compiled them again (misses)."""
+    since = since or {}
+    return {f"{prefix}_{name}": count - since.get(name, 0.0) for name, count in compile_cache_snapshot().items()}
 
 
 def moe_loads(window_loads: list[dict[int, torch.Tensor]]) -> dict[int, dict]:

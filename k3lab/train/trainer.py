@@ -34,7 +34,7 @@ from k3lab.train.ddp import DDPOptions, wrap_ddp
 from k3lab.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from k3lab.train.graphs import GraphedStep, cuda_graph_blocker
 from k3lab.train.init import init_paired
-from k3lab.train.metrics import compile_cache_counts, diagnostics, log_diagnostics, peak_flops
+from k3lab.train.metrics import compile_cache_counts, compile_cache_snapshot, diagnostics, log_diagnostics, peak_flops
 
 FINISHED, DIVERGED = "finished", "diverged"
 EAGER_STEPS_BEFORE_CAPTURE = 2  # kernels compiled and autotuned, allocator warm
@@ -462,7 +462,9 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
     on_eval(trainer, metrics) is called after every evaluation (Ray Tune reports and saves
     checkpoints there); progress(step, metrics) after every logging window.
     started_at (time.time() when the trial process began) adds `startup_s`: the time from
-    then until the first optimizer step had finished (imports, data, model, kernels).
+    then until the first optimizer step had finished (imports, data, model, kernels), with
+    torch.compile's cache hits and misses since this call began; every evaluation logs them
+    too (`compile_*`: evaluation graphs, CUDA-graph captures and recompiles come after the first step).
     wait_to_train() is called once, when the trainer has `warmed_up` (or before its first
     evaluation, if that comes sooner), and returns the seconds it waited (a training slot,
     `k3lab.tune.slots`): logged as `slot_wait_s`, and not counted as training time.
@@ -474,6 +476,7 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
     result = TrainResult(status=FINISHED, step=trainer.step, tokens=trainer.step * trainer.tokens_per_step,
                          counts=trainer.counts)
     window = Window(trainer)
+    counts_before = compile_cache_snapshot()  # a reused trial process has counts from its earlier trials
     while trainer.step < spec.steps:
         values = trainer.train_step()
         window.add(trainer.step, values)
@@ -481,7 +484,7 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
             values["train_loss"].item()  # one sync: the first step has really finished
             result.startup_s = time.time() - started_at
             if tracker is not None:
-                tracker.log_metrics({"startup_s": result.startup_s} | compile_cache_counts(), trainer.step)
+                tracker.log_metrics({"startup_s": result.startup_s} | compile_cache_counts(counts_before), trainer.step)
             started_at = None
         at_eval = trainer.step % spec.eval_interval == 0 or trainer.step == spec.steps
         if wait_to_train is not None and (trainer.warmed_up or at_eval):  # at_eval: a trial too short to warm up
@@ -515,7 +518,8 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
             evaluation = trainer.evaluate()
             result.val_loss, result.val_bpb = evaluation["val_loss"], evaluation["val_bpb"]
             if tracker is not None:
-                tracker.log_metrics(evaluation | {"tokens": result.tokens}, trainer.step)
+                tracker.log_metrics(evaluation | {"tokens": result.tokens} | compile_cache_counts(counts_before, "compile"),
+                                    trainer.step)
             if on_eval is not None:
                 on_eval(trainer, evaluation | {"train_loss": result.train_loss, "tokens": result.tokens,
                                                "tokens_per_s": result.tokens_per_s, "step": trainer.step})
