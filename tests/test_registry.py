@@ -180,6 +180,8 @@ ERRORS = {
     "baseline_not_run": ("name: t\nbase: {preset: tiny, num_layers: 4}\naxes: {attn_res_block_size: [off, 4, 8]}\n"
                          "baseline: attnres_bs8\n",
                          ["baseline: variant attnres_bs8 is not run (duplicate: duplicate of attnres_bs4)"]),
+    "name_too_long": ("name: " + "n" * 101 + "\nbase: tiny\naxes: {num_layers: [4]}\n",
+                      ["name: must be at most 100 characters (it names files), got 101"]),
     "too_many": ("name: t\nbase: tiny\naxes: {hidden_size: " + str(list(range(8, 8 + 40))) + ", num_layers: "
                  + str(list(range(1, 31))) + "}\n", ["axes: 1,200 variants is more than 1,000"]),
 }

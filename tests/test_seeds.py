@@ -66,6 +66,10 @@ def test_a_profile_may_set_the_policy_and_the_budget(tmp_path):
     ("seeds: {start: 2}\nbudget: {wall: soon}", "budget.wall: expected a duration such as 30m, 1h30m or 90s"),
     ("seeds: [0]\nbudget: {wall: 30m}", "budget: needs a seeds policy (seeds: {start: ..., max: ...})"),
     ("seeds: {start: 2}\nscheduler: asha", "scheduler: must be none with a seeds policy"),
+    ("seeds: [0, -1]", "seeds[1]: must be 0 .. 2147483647, got -1"),
+    ("seeds: {start: 2, max: 100000000}", "seeds.max: must be at most 1000 seeds, got 100000000"),
+    ("seeds: {start: 2, max: 4, first: 2147483646}",
+     "seeds.first: its seeds 2147483646 .. 2147483649 must stay at most 2147483647"),
 ])
 def test_policy_errors_name_the_file_the_field_and_the_rule_in_one_line(tmp_path, capsys, replacement, message):
     path = write(tmp_path, mini_sweep("bad", "x").replace("seeds: [0]", replacement))

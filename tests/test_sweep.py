@@ -135,6 +135,19 @@ def test_sweep_refuses_to_mix_runs_and_to_resume_nothing(tmp_path, sweep_file, c
     assert "pass --resume to continue it or --overwrite" in capsys.readouterr().err
 
 
+def test_resume_and_overwrite_together_are_refused_before_the_earlier_run_is_touched(tmp_path, sweep_file, capsys):
+    (tmp_path / "runs" / "mini").mkdir(parents=True)
+    (tmp_path / "runs" / "mini.k3lab.json").write_text('{"parent_run_id": "x"}')
+    assert main(sweep_args(tmp_path, sweep_file, "--resume", "--overwrite")) == 2
+    assert "--resume and --overwrite: pass one" in capsys.readouterr().err
+    assert (tmp_path / "runs" / "mini").is_dir() and (tmp_path / "runs" / "mini.k3lab.json").is_file()
+
+
+def test_a_negative_number_of_retries_is_refused(tmp_path, sweep_file, capsys):
+    assert main(sweep_args(tmp_path, sweep_file, "--max-failures", "-1")) == 2
+    assert "--max-failures must be 0 or more" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("result, errored, status", [
     ({"done_steps": 8, "total_steps": 8}, False, "FINISHED"),
     ({"done_steps": 4, "total_steps": 8}, False, "KILLED"),

@@ -247,6 +247,12 @@ def test_train_command_rejects_bad_settings_in_one_line(flag, message, capsys):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("seed", ["-1", "99999999999999999999"])
+def test_train_command_refuses_a_seed_torch_and_numpy_cannot_take(seed, capsys):
+    assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--seed", seed]) == 2
+    assert capsys.readouterr().err == f"error: --seed: must be 0 .. 2147483647, got {seed}\n"
+
+
 def test_train_command_reads_a_learning_rate_with_an_exponent_as_a_number():
     from k3lab.commands.runs import parse_overrides
 

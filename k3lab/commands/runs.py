@@ -16,7 +16,7 @@ import yaml
 from k3lab.errors import UserError
 from k3lab.model.fidelity import FIDELITIES, fidelity_fields
 from k3lab.registry.commands import add_profile_argument
-from k3lab.registry.spec import METRICS, duration_seconds
+from k3lab.registry.spec import METRICS, SEED_MAX, duration_seconds
 
 STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
@@ -137,6 +137,8 @@ def build_train_inputs(args):
     unknown = sorted(set(train_overrides) - train_fields)
     if unknown:
         raise UserError(f"--set train.{unknown[0]}: not a train field ({', '.join(sorted(train_fields))})")
+    if not 0 <= args.seed <= SEED_MAX:
+        raise UserError(f"--seed: must be 0 .. {SEED_MAX}, got {args.seed}")
     if args.steps is not None:
         if args.steps < 1:
             raise UserError(f"--steps: must be positive, got {args.steps}")
@@ -316,6 +318,11 @@ def run_sweep_command(args) -> int:
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
+    if args.max_failures < 0:
+        raise UserError(f"--max-failures must be 0 or more (retries of a crashed trial), got {args.max_failures}")
+    if args.resume and args.overwrite:  # --overwrite would delete the very state --resume continues
+        raise UserError("--resume and --overwrite: pass one (--resume continues the earlier run, --overwrite "
+                        "discards it)")
     stop_after = stop_after_seconds(args.stop_after)
     run = sweep_run_from_args(args, address=args.address, resume=args.resume, overwrite=args.overwrite,
                               max_failures=args.max_failures, max_concurrent=args.max_concurrent,

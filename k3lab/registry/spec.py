@@ -30,6 +30,9 @@ STRATEGIES = ("ddp",)
 MATCH_BY = ("active_params", "total_params")
 ADJUSTABLE_FIELDS = ("intermediate_size", "moe_intermediate_size", "moe_latent_size")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+NAME_MAX = 100  # a sweep's name is part of file names (its folder, state file, log), with suffixes
+SEED_MAX = 2**31 - 1  # torch, numpy and the data sampler all take seeds 0 .. 2**31 - 1
+SEEDS_POLICY_MAX = 1000  # seeds a policy may add per variant: more is a typo (and a long plan to list)
 
 
 # -- sections -------------------------------------------------------------------
@@ -74,6 +77,11 @@ class SeedsSpec:
     def __attrs_post_init__(self) -> None:
         if self.max < self.start:
             raise FieldError("max", f"must be at least start={self.start}, got {self.max}")
+        if self.max > SEEDS_POLICY_MAX:
+            raise FieldError("max", f"must be at most {SEEDS_POLICY_MAX} seeds, got {self.max}")
+        if self.first + self.max - 1 > SEED_MAX:
+            raise FieldError("first", f"its seeds {self.first} .. {self.first + self.max - 1} must stay at most "
+                                      f"{SEED_MAX}")
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -262,6 +270,9 @@ class SweepSpec:
     def _check_name(self, attribute, value) -> None:
         if not NAME_PATTERN.match(value):
             raise FieldError(attribute.name, f"must be letters, digits, '_', '.' or '-', got {value!r}")
+        if len(value) > NAME_MAX:
+            raise FieldError(attribute.name, f"must be at most {NAME_MAX} characters (it names files), "
+                                             f"got {len(value)}")
 
     @seeds.validator
     def _check_seeds(self, attribute, value) -> None:
@@ -271,6 +282,9 @@ class SweepSpec:
             raise FieldError(attribute.name, "must list at least one seed")
         if len(set(value)) != len(value):
             raise FieldError(attribute.name, f"must not repeat a seed, got {value}")
+        bad = next((i for i, seed in enumerate(value) if not 0 <= seed <= SEED_MAX), None)
+        if bad is not None:
+            raise FieldError(f"{attribute.name}[{bad}]", f"must be 0 .. {SEED_MAX}, got {value[bad]}")
 
     @baseline.validator
     def _check_baseline(self, attribute, value) -> None:
