@@ -55,6 +55,31 @@ def test_train_with_an_unreachable_tracking_server_fails_in_seconds_in_one_line(
     assert not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.parametrize("uri, message", [
+    ("{tmp}/mlflow.db", "expected an MLflow server (http://host:5000) or a database (sqlite:///mlflow.db, "
+                        "postgresql://user@host/db); for a SQLite file: sqlite:///{tmp}/mlflow.db"),
+    ("file://{tmp}/mlruns", "expected an MLflow server"),
+    ("sqlite://", "names no database file"),
+    ("sqlite:///{tmp}", "{tmp} is a folder, not a database file"),
+    ("sqlite:///{tmp}/notes.txt", "{tmp}/notes.txt is not an SQLite database"),
+    ("mysql+nosuchdriver://u@h/db", "not a database URL SQLAlchemy reads"),
+])
+def test_a_tracking_uri_mlflow_cannot_use_is_refused_in_one_line_before_anything_is_written(
+        tmp_path, sweep_file, capsys, uri, message):
+    (tmp_path / "notes.txt").write_text("not a database")
+    uri, message = uri.format(tmp=tmp_path), message.format(tmp=tmp_path)
+    assert main(sweep_args(tmp_path, sweep_file, "--tracking-uri", uri)) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: --tracking-uri {uri}: ") and message in err
+    assert not {"runs", "mlflow.db", "mlartifacts"} & {p.name for p in tmp_path.iterdir()}  # nothing written
+
+
+def test_the_tracking_uri_in_the_environment_is_checked_and_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "mlflow.db"))
+    assert main(["train", "tiny", "--steps", "2"]) == 2
+    assert one_line_error(capsys).startswith(f"error: MLFLOW_TRACKING_URI {tmp_path / 'mlflow.db'}: expected")
+
+
 def test_sweep_into_an_unwritable_storage_folder_stops_before_any_mlflow_run(tmp_path, sweep_file, capsys):
     storage = unwritable_folder(tmp_path) / "k3lab_runs"
     assert main(sweep_args(tmp_path, sweep_file, storage=storage)) == 2

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from k3lab.store.tracking import default_tracking_uri
+from k3lab.store.tracking import check_tracking_uri, default_tracking_uri
 
 
 def default_storage() -> Path:
@@ -20,7 +20,12 @@ def default_storage() -> Path:
 
 
 def tracking_uri_or_default(uri: str | None) -> str:
-    return uri or default_tracking_uri()
+    """--tracking-uri's value, else MLFLOW_TRACKING_URI, else ./mlflow.db; checked for what MLflow
+    cannot use (`check_tracking_uri`)."""
+    named_by = "--tracking-uri" if uri else "MLFLOW_TRACKING_URI"
+    uri = uri or default_tracking_uri()
+    check_tracking_uri(uri, named_by)
+    return uri
 
 
 def state_file(storage: Path, experiment: str) -> Path:

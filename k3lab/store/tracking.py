@@ -47,6 +47,55 @@ def sqlite_path(tracking_uri: str | None) -> Path | None:
     return None
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")  # SQLAlchemy URLs MLflow stores runs in (with +driver)
+
+
+def check_tracking_uri(uri: str, named_by: str) -> None:
+    """A one-line UserError for a tracking URI MLflow would fail on later, after a sweep's checks
+    passed and Ray had started: a plain path, an unknown scheme, a SQLite URI naming no file, a
+    folder or a file that is not a database, a database whose driver is not installed. Nothing is
+    contacted or created; an HTTP server's answer is checked in the preflight. named_by: where the
+    URI came from (--tracking-uri, MLFLOW_TRACKING_URI), for the message."""
+    from k3lab.errors import UserError
+
+    scheme = uri.partition(":")[0].lower() if "://" in uri else ""
+    where = f"{named_by} {uri}"
+    if scheme in ("http", "https", "databricks"):
+        return
+    if scheme == "sqlite":
+        path = sqlite_path(uri)
+        if path is None or not str(path):
+            raise UserError(f"{where}: names no database file (sqlite:///mlflow.db in this folder, "
+                            "sqlite:////absolute/path/mlflow.db)")
+        if path.is_dir():
+            raise UserError(f"{where}: {path} is a folder, not a database file")
+        if path.is_file() and path.stat().st_size and path.open("rb").read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+            raise UserError(f"{where}: {path} is not an SQLite database")
+        return
+    if scheme.partition("+")[0] in DATABASE_SCHEMES:
+        check_database_driver(uri, where)
+        return
+    hint = f"; for a SQLite file: sqlite:///{Path(uri).resolve()}" if not scheme else ""
+    raise UserError(f"{where}: expected an MLflow server (http://host:5000) or a database "
+                    f"(sqlite:///mlflow.db, postgresql://user@host/db){hint}")
+
+
+def check_database_driver(uri: str, where: str) -> None:
+    """SQLAlchemy builds the engine of a database URL without connecting: that imports its driver."""
+    import sqlalchemy
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    from k3lab.errors import UserError
+
+    try:
+        sqlalchemy.create_engine(uri).dispose()
+    except ImportError as error:
+        raise UserError(f"{where}: its database driver is not installed ({error})") from None
+    except (ArgumentError, NoSuchModuleError) as error:
+        raise UserError(f"{where}: not a database URL SQLAlchemy reads ({error})") from None
+
+
 def holds_mlflow_runs(path: Path) -> bool:
     """Whether a file is a SQLite database with MLflow's tables, looked at read-only (MLflow itself
     would create its tables in an empty or foreign file; a dry run must write nothing)."""
