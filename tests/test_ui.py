@@ -127,6 +127,41 @@ def test_a_copied_compressed_store_opens_with_its_artifacts_and_report(tmp_path,
     assert capsys.readouterr().out == ""
 
 
+def test_ui_refuses_what_its_server_could_not_serve_in_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """Where MLflow's server would print its error and still exit 0, or turn a file into a database."""
+    import socket
+
+    from k3lab.cli import main
+    from k3lab.commands import ui
+
+    def server_started(*args):
+        raise AssertionError("the server was started")
+
+    monkeypatch.setattr(ui.os, "execve", server_started)
+
+    store = tmp_path / "mlflow.db"
+    fake_sweep(f"sqlite:///{store}")
+    (tmp_path / "notes.txt").write_text("")
+    (tmp_path / "broken.db.xz").write_bytes(b"not xz")
+    capsys.readouterr()  # MLflow's notices while the store was made
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        cases = [([str(store), "--port", "99999"], "--port: must be 1 .. 65535, got 99999"),
+                 ([str(store), "--port", str(busy)], f"--port {busy}: the UI cannot listen there (Address already in use)"),
+                 ([str(tmp_path / "notes.txt")], "notes.txt: not an MLflow store (no MLflow tables in it)"),
+                 ([str(tmp_path / "broken.db.xz"), "--unpack-dir", str(tmp_path / "opened")],
+                  "broken.db.xz: not a complete .xz archive"),
+                 ([str(tmp_path / "broken.db.xz"), "--unpack-dir", str(tmp_path / "notes.txt")],
+                  "notes.txt: is a file, not a folder")]
+        for argv, message in cases:
+            assert main(["ui", *argv]) == 2
+            err = capsys.readouterr().err
+            assert message in err and err.count("\n") == 1, (argv, err)
+    assert (tmp_path / "notes.txt").read_text() == "" and not (tmp_path / "opened").exists()
+
+
 @pytest.mark.parametrize("driver, trials_running, ended_ago_s, expected", [
     ("{host}:{dead}", False, 5, "interrupted"),  # this host, the process is gone
     ("{host}:{alive}", False, 5, "RUNNING"),

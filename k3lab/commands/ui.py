@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ui.add_argument("store", nargs="?", help="mlflow.db, its folder, or a *.db.xz (default: --tracking-uri)")
     ui.add_argument("--tracking-uri", help="the store (default: MLFLOW_TRACKING_URI or ./mlflow.db)")
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--port", type=int, default=5000, help="the server's port (default 5000)")
     ui.add_argument("--workers", type=int, help="server processes (default: MLflow's, 4)")
     ui.add_argument("--unpack-dir", help=f"where a *.db.xz is unpacked (default: {UI_CACHE}/<name>)")
     ui.add_argument("--no-prepare", action="store_true",
@@ -67,9 +67,18 @@ def unpack(archive: Path, folder: Path) -> Path:
     database = folder / "mlflow.db"
     if database.exists() and database.stat().st_mtime >= archive.stat().st_mtime:
         return database
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--unpack-dir {folder}: is a file, not a folder")
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    with lzma.open(archive) as source, tempfile.NamedTemporaryFile(dir=folder, delete=False) as target:
-        shutil.copyfileobj(source, target)
+    try:
+        with lzma.open(archive) as source, tempfile.NamedTemporaryFile(dir=folder, delete=False) as target:
+            shutil.copyfileobj(source, target)
+    except (lzma.LZMAError, EOFError) as error:  # nothing left behind: the partial file, the folder made for it
+        Path(target.name).unlink(missing_ok=True)
+        if created:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise UserError(f"{archive}: not a complete .xz archive ({error})") from None
     os.replace(target.name, database)
     print(f"unpacked {archive} to {database}")
     return database
@@ -145,14 +154,34 @@ def server_command(args, uri: str) -> list[str]:
     return command + (["--workers", str(args.workers)] if args.workers else [])
 
 
+def check_address(host: str, port: int) -> None:
+    """The server can listen at host:port: a port in range, free, on an address of this machine
+    (MLflow's server prints its own error there and still exits 0)."""
+    import socket
+
+    if not 1 <= port <= 65535:
+        raise UserError(f"--port: must be 1 .. 65535, got {port}")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own socket
+            probe.bind((host, port))
+    except OSError as error:
+        raise UserError(f"--host {host} --port {port}: the UI cannot listen there ({error.strerror or error})") from None
+
+
 def run_ui(args) -> int:
-    from k3lab.store.tracking import sqlite_path
+    from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
 
     uri = store_uri(args)
     if uri.startswith(("http://", "https://")):
         raise UserError(f"--tracking-uri {uri} is already a server: open it in a browser")
-    if sqlite_path(uri) is not None and not sqlite_path(uri).exists():
-        raise UserError(f"{sqlite_path(uri)}: no such store")
+    database = sqlite_path(uri)
+    if database is not None and not database.exists():
+        raise UserError(f"{database}: no such store")
+    if database is not None and not holds_mlflow_runs(database):
+        raise UserError(f"{database}: not an MLflow store (no MLflow tables in it)")
+    check_address(args.host, args.port)
     if not args.no_prepare and sqlite_path(uri) is not None:
         prepare_store(uri)
     command = server_command(args, uri)
