@@ -182,6 +182,10 @@ ERRORS = {
                          ["baseline: variant attnres_bs8 is not run (duplicate: duplicate of attnres_bs4)"]),
     "name_too_long": ("name: " + "n" * 101 + "\nbase: tiny\naxes: {num_layers: [4]}\n",
                       ["name: must be at most 100 characters (it names files), got 101"]),
+    "metric_last_beyond_the_evaluations": (
+        "name: t\nbase: tiny\naxes: {num_layers: [4]}\ntrain: {steps: 40, eval_interval: 20}\nmetric: {last: 3}\n",
+        ["metric.last: must be at most the 2 evaluation(s) a trial makes (train.steps 40, train.eval_interval 20), "
+         "got 3"]),
     "too_many": ("name: t\nbase: tiny\naxes: {hidden_size: " + str(list(range(8, 8 + 40))) + ", num_layers: "
                  + str(list(range(1, 31))) + "}\n", ["axes: 1,200 variants is more than 1,000"]),
 }

@@ -472,15 +472,16 @@ def test_a_sweep_that_ran_to_its_end_says_budget_though_its_parent_is_still_open
     assert stopping() == {"running"}  # the store alone: a parent still open whose trials ended just now
 
 
-@pytest.mark.parametrize("content", [b"", b"not a database at all"])
-def test_a_dry_run_leaves_an_empty_or_foreign_store_file_untouched(tmp_path, content, capsys):
+@pytest.mark.parametrize("content, code", [(b"", 0), (b"not a database at all", 2)])
+def test_a_dry_run_leaves_an_empty_or_foreign_store_file_untouched(tmp_path, content, code, capsys):
     store = tmp_path / "mlflow.db"
     store.write_bytes(content)
     file = str(Path(__file__).resolve().parents[1] / "experiments/attnres_block.yaml")
     assert main(["sweep", file, "--profile", "gpu", "--dry-run", "--tracking-uri", f"sqlite:///{store}",
-                 "--storage", str(tmp_path / "runs")]) == 0
+                 "--storage", str(tmp_path / "runs")]) == code  # a file that is not SQLite: refused
     assert store.read_bytes() == content  # MLflow was not let at it: it would have created its tables
-    assert "earlier run" not in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "earlier run" not in out and (code == 0 or "is not an SQLite database" in err)
 
 
 def test_the_report_splits_the_trial_build_into_corpus_model_and_mlflow_where_trials_logged_them():

@@ -300,3 +300,8 @@ class SweepSpec:
         if isinstance(self.seeds, SeedsSpec) and self.scheduler.kind != "none":
             raise FieldError("scheduler", f"must be none with a seeds policy (a trial that {self.scheduler.kind} "
                                           f"stops early has no final metric to compare), got {self.scheduler.kind}")
+        evaluations = -(-self.train.steps // self.train.eval_interval)  # every eval_interval steps, and the last
+        if self.metric.last > evaluations:
+            raise FieldError("metric.last", f"must be at most the {evaluations} evaluation(s) a trial makes "
+                                            f"(train.steps {self.train.steps}, train.eval_interval "
+                                            f"{self.train.eval_interval}), got {self.metric.last}")
