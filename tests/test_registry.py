@@ -186,6 +186,10 @@ ERRORS = {
         "name: t\nbase: tiny\naxes: {num_layers: [4]}\ntrain: {steps: 40, eval_interval: 20}\nmetric: {last: 3}\n",
         ["metric.last: must be at most the 2 evaluation(s) a trial makes (train.steps 40, train.eval_interval 20), "
          "got 3"]),
+    # a section written as a scalar: one line naming it (cattrs said "'str' object has no attribute 'keys'")
+    "budget_scalar": (MINIMAL + "seeds: {start: 2}\nbudget: 30m\n", ["budget: expected a mapping, got string '30m'"]),
+    "match_scalar": (MINIMAL + "match: 3\n", ["match: expected a mapping, got integer 3"]),
+    "until_scalar": (MINIMAL + "seeds: {start: 2, until: 0.01}\n", ["seeds.until: expected a mapping, got number 0.01"]),
     "too_many": ("name: t\nbase: tiny\naxes: {hidden_size: " + str(list(range(8, 8 + 40))) + ", num_layers: "
                  + str(list(range(1, 31))) + "}\n", ["axes: 1,200 variants is more than 1,000"]),
 }

@@ -142,6 +142,22 @@ def _scheduler_hook(converter: cattrs.Converter):
     return structure
 
 
+def _mapping_hook_factory(converter: cattrs.Converter):
+    """Every other attrs class (train, budget, match, until, ...) is written as a mapping: a
+    scalar there is a type error in one line, not cattrs' 'no attribute keys'."""
+    def factory(cls):
+        inner = cattrs.gen.make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
+
+        def structure(value, _type):
+            if not isinstance(value, dict):
+                raise StrictTypeError(f"expected a mapping, got {describe(value)}")
+            return inner(value, _type)
+
+        return structure
+
+    return factory
+
+
 def _seeds_hook(converter: cattrs.Converter):
     """`seeds:` is a list of seeds or a policy mapping (SeedsSpec)."""
     def structure(value, _type):
@@ -159,6 +175,7 @@ def make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     for type_, hook in ((int, _int), (float, _float), (bool, _bool), (str, _str), (Any, _any)):
         converter.register_structure_hook(type_, hook)
+    converter.register_structure_hook_factory(attrs.has, _mapping_hook_factory(converter))
     converter.register_structure_hook(BaseSpec, _structure_base)
     converter.register_structure_hook_factory(
         lambda t: get_origin(t) is list, _sequence_factory(converter, cattrs.cols.list_structure_factory))
