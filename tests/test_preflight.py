@@ -74,6 +74,23 @@ def test_a_tracking_uri_mlflow_cannot_use_is_refused_in_one_line_before_anything
     assert not {"runs", "mlflow.db", "mlartifacts"} & {p.name for p in tmp_path.iterdir()}  # nothing written
 
 
+@pytest.mark.parametrize("setting, message", [
+    ("dataset: no_such_corpus", "train.dataset: source 'no_such_corpus': no such file or directory"),
+    ("tokenizer: 'bpe:3'", "train.tokenizer: tokenizer 'bpe:3': expected bpe:VOCAB with VOCAB >= 260"),
+    ("tokenizer: 'tokenizer:/no/such.json'", "train.tokenizer: tokenizer 'tokenizer:/no/such.json': no such file"),
+])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_corpus_or_tokenizer_this_machine_lacks_is_named_with_its_file_and_field_before_anything_starts(
+        tmp_path, capsys, setting, message, dry_run):
+    from conftest import mini_sweep
+
+    path = tmp_path / "mini.yaml"
+    path.write_text(mini_sweep("mini", "x").replace("eval_batches: 1,", f"eval_batches: 1, {setting},"))
+    assert main(sweep_args(tmp_path, path, *(["--dry-run"] if dry_run else []))) == 2
+    assert one_line_error(capsys).startswith(f"error: {path}: {message}")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
 def test_the_tracking_uri_in_the_environment_is_checked_and_named(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "mlflow.db"))
     assert main(["train", "tiny", "--steps", "2"]) == 2

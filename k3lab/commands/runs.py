@@ -331,6 +331,9 @@ def run_sweep_command(args) -> int:
     console = wide_console()
     print_plan(console, sweep)
     if args.dry_run:
+        from k3lab.tune.preflight import check_data_specs
+
+        check_data_specs(sweep.train, f"{sweep.path}: ")
         console.print(variant_table(sweep))
         console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
                       f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}"

@@ -40,6 +40,7 @@ class Preflight:
     gpus_from: str = ""  # where that number comes from, for messages ("--device cuda")
     local: bool = True  # the trials run on this machine (not on a Ray cluster)
     progress: bool = True  # a progress bar while the data is tokenized
+    train_from: str = ""  # where the train spec comes from, for messages ("x.yaml: ", or "")
 
 
 def run_preflight(plan: Preflight) -> Dataset:
@@ -105,12 +106,29 @@ class PendingDataset:
 
 def run_checks(plan: Preflight) -> None:
     """The checks that need no data: tracking server, folders, GPUs and FLA."""
+    check_data_specs(plan.train, plan.train_from)
     check_tracking_server(plan.tracking_uri)
     for what, folder in (plan.folders | tracking_folders(plan.tracking_uri)).items():
         check_writable(what, folder)
     if plan.local:
         check_gpus(plan.gpus, plan.gpus_from)
         check_fla(plan.models, plan.gpus)
+
+
+def check_data_specs(train: TrainSpec, where: str = "") -> None:
+    """train.dataset names a corpus this machine has (or hf:NAME, read later) and train.tokenizer a
+    tokenizer it can build, checked before anything starts (without it, a missing path failed
+    with the source's message alone, naming neither the file nor the field). Nothing is read."""
+    from k3lab.data.bpe import is_bpe, vocab_of
+    from k3lab.data.sources import get_source
+    from k3lab.data.tokenizer import get_tokenizer
+
+    for field, check in (("dataset", get_source),
+                         ("tokenizer", lambda spec: vocab_of(spec) if is_bpe(spec) else get_tokenizer(spec))):
+        try:
+            check(getattr(train, field))
+        except UserError as error:
+            raise UserError(f"{where}train.{field}: {error}") from None
 
 
 def check_tracking_server(uri: str | None) -> None:

@@ -233,7 +233,8 @@ def sweep_preflight(run: SweepRun, progress: bool) -> Preflight:
     return Preflight(tracking_uri=run.tracking_uri, train=sweep.train,
                      models={f"{sweep.path}: variant {v.name}": v.config for v in sweep.valid_variants},
                      folders={"storage folder": run.storage}, gpus=gpus_per_trial(sweep.resources, cuda_gpus() > 0),
-                     gpus_from=f"{sweep.path}: {gpu_field(sweep)}", local=not run.on_cluster, progress=progress)
+                     gpus_from=f"{sweep.path}: {gpu_field(sweep)}", local=not run.on_cluster, progress=progress,
+                     train_from=f"{sweep.path}: ")
 
 
 def gpus_per_trial(resources: ResourceSpec, has_gpus: bool) -> float:
