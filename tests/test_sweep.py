@@ -143,6 +143,22 @@ def test_resume_and_overwrite_together_are_refused_before_the_earlier_run_is_tou
     assert (tmp_path / "runs" / "mini").is_dir() and (tmp_path / "runs" / "mini.k3lab.json").is_file()
 
 
+def test_report_names_a_state_file_whose_parent_run_is_not_in_the_store_given(tmp_path, sweep_file, capsys):
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(store).create_experiment("another")  # a store, but not the sweep's
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "mini.k3lab.json").write_text('{"parent_run_id": "0123abc", "tracking_uri": "sqlite:///elsewhere.db"}')
+    capsys.readouterr()
+    assert main(["report", str(sweep_file), "--storage", str(tmp_path / "runs"), "--tracking-uri", store]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {tmp_path / 'runs' / 'mini.k3lab.json'}: its parent run 0123abc is not in {store} "
+                   "(the sweep logged to sqlite:///elsewhere.db)\n")
+    assert main(["report", str(sweep_file), "--out", str(sweep_file)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
 def test_a_negative_number_of_retries_is_refused(tmp_path, sweep_file, capsys):
     assert main(sweep_args(tmp_path, sweep_file, "--max-failures", "-1")) == 2
     assert "--max-failures must be 0 or more" in capsys.readouterr().err

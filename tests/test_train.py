@@ -247,6 +247,15 @@ def test_train_command_rejects_bad_settings_in_one_line(flag, message, capsys):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_train_command_checks_its_save_folder_before_training(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--save", str(tmp_path / "a_file")]) == 2
+    assert capsys.readouterr().err == f"error: --save {tmp_path / 'a_file'}: {tmp_path / 'a_file'} is a file, not a folder\n"
+    assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--set", "train.batch_size=2",
+                 "--set", "train.seq_len=32", "--save", str(tmp_path / "out" / "last.pt")]) == 0  # a .pt: the file
+    assert (tmp_path / "out" / "last.pt").is_file()
+
+
 @pytest.mark.parametrize("seed", ["-1", "99999999999999999999"])
 def test_train_command_refuses_a_seed_torch_and_numpy_cannot_take(seed, capsys):
     assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--seed", seed]) == 2

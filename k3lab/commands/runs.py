@@ -169,8 +169,10 @@ def train_preflight(args, config, spec, tracking_uri: str | None, device, log_fi
     """What `k3lab train` needs, for `run_preflight`."""
     from k3lab.tune.preflight import Preflight
 
-    return Preflight(tracking_uri=tracking_uri, train=spec, models={"": config},
-                     folders={"log folder": log_file.parent} if log_file else {},
+    folders = {"log folder": log_file.parent} if log_file else {}
+    if args.save:  # before training, not at its first evaluation; a .pt path is the checkpoint file itself
+        folders["--save"] = Path(args.save).parent if args.save.endswith(".pt") else Path(args.save)
+    return Preflight(tracking_uri=tracking_uri, train=spec, models={"": config}, folders=folders,
                      gpus=1 if device.type == "cuda" else 0, gpus_from=f"--device {args.device or device}")
 
 
@@ -471,16 +473,23 @@ def run_report(args) -> int:
     from k3lab.tune.seeds import report_options
     from k3lab.tune.parent import present
 
+    from k3lab.tune.preflight import check_tracking_server
+
     run = sweep_run_from_args(args)
     sweep = run.sweep
-    parent_run_id = find_parent_run(run)
-    metric = args.metric or sweep.metric.name
     out = Path(args.out) if args.out else run.storage / f"{run.experiment}_report"
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: is a file, not a folder (the report writes its plots and summary.json there)")
+    if args.markdown and Path(args.markdown).is_dir():
+        raise UserError(f"--markdown {args.markdown}: is a folder, not a markdown file")
     if args.gpu_log and not Path(args.gpu_log).exists():
         raise UserError(f"--gpu-log {args.gpu_log}: no such file")
     names = {v.name for v in sweep.valid_variants}
     if args.baseline and args.baseline not in names:
         raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
+    check_tracking_server(run.tracking_uri)
+    parent_run_id = find_parent_run(run)
+    metric = args.metric or sweep.metric.name
     options = {} if args.baseline else report_options(sweep)  # --baseline: one baseline for every variant
     console = wide_console()
     state = check_interrupted(console, run, parent_run_id, close=args.close)
@@ -528,15 +537,25 @@ def check_interrupted(console, run, parent_run_id: str, close: bool) -> str:
 def find_parent_run(run) -> str:
     """The sweep's parent run: from its state file under --storage, else the latest sweep run
     of its experiment in the tracking store (a store copied from another machine)."""
-    if run.state_file.exists():
-        return run.parent_run_id()
-    from k3lab.store.runs import latest_sweep_run
+    from mlflow.exceptions import MlflowException
+
+    from k3lab.store.runs import get_run, latest_sweep_run
+    from k3lab.store.state import read_state
     from k3lab.store.tracking import sqlite_path
 
     store = sqlite_path(run.tracking_uri)
     if store is not None and not store.exists():  # opening it would create an empty store (and its folder)
-        raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage}, and no store "
-                        f"at {store} (--tracking-uri {run.tracking_uri})")
+        raise UserError(f"{run.sweep.path}: no store at {store} (--tracking-uri {run.tracking_uri})"
+                        + ("" if run.state_file.exists() else f", and no run of {run.experiment} under {run.storage}"))
+    if run.state_file.exists():
+        parent_run_id = run.parent_run_id()
+        try:
+            get_run(run.tracking_uri, parent_run_id)
+        except MlflowException:  # "Run with id=... not found"
+            logged_to = read_state(run.state_file).get("tracking_uri")
+            raise UserError(f"{run.state_file}: its parent run {parent_run_id} is not in {run.tracking_uri}"
+                            + (f" (the sweep logged to {logged_to})" if logged_to else "")) from None
+        return parent_run_id
     run_id = latest_sweep_run(run.tracking_uri, run.experiment)
     if run_id is None:
         raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage} or in {run.tracking_uri}")
