@@ -226,3 +226,14 @@ def test_export_of_a_k3_model_is_refused_in_one_line(tmp_path, capsys):
 def test_export_names_a_source_that_is_neither_path_nor_run(tmp_path, capsys):
     assert main(["export", "no_such_run", "--hf", str(tmp_path / "hf")]) == 2
     assert "neither a checkpoint" in capsys.readouterr().err
+
+
+def test_export_refuses_a_file_that_is_no_checkpoint_and_an_output_that_is_a_file_in_one_line(tmp_path, capsys):
+    (tmp_path / "notes.pt").write_text("not a checkpoint")
+    (tmp_path / "taken").write_text("")
+    assert main(["export", str(tmp_path / "notes.pt"), "--hf", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'notes.pt'}: not a k3lab trainer checkpoint (") and err.count("\n") == 1
+    assert main(["export", str(tmp_path / "notes.pt"), "--hf", str(tmp_path / "taken")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists() and (tmp_path / "taken").read_text() == ""

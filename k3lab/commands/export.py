@@ -25,8 +25,22 @@ def run_export(args) -> int:
     from k3lab.store.state import default_storage
     from k3lab.train.checkpoint import load_checkpoint
 
+    from k3lab.errors import UserError
+    from k3lab.tune.preflight import check_writable
+
+    if not args.hf:
+        raise UserError("--hf: names no folder")
+    check_writable("--hf", Path(args.hf))  # before the checkpoint is read
+    if Path(args.hf).exists() and not Path(args.hf).is_dir():
+        raise UserError(f"--hf {args.hf}: is a file, not a folder")
     path = locate_checkpoint(args.source, Path(args.storage) if args.storage else default_storage())
-    state = load_checkpoint(path)
+    try:
+        state = load_checkpoint(path)
+    except Exception as error:  # torch.load on a file that is no checkpoint raises many kinds (unpickling, struct, ...)
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:120]
+        raise UserError(f"{path}: not a k3lab trainer checkpoint ({first})") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise UserError(f"{path}: not a k3lab trainer checkpoint (no model state in it)")
     config = checkpoint_config(state, path, args.tracking_uri)
     check_exportable(config)
     model = KimiK3(config)
