@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,21 @@ def test_report_names_a_state_file_whose_parent_run_is_not_in_the_store_given(tm
                    "(the sweep logged to sqlite:///elsewhere.db)\n")
     assert main(["report", str(sweep_file), "--out", str(sweep_file)]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_a_ray_address_that_is_malformed_or_unanswered_is_refused_in_seconds(tmp_path, sweep_file, capsys):
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on once the socket is closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    assert main(sweep_args(tmp_path, sweep_file, "--address", "garbage")) == 2
+    assert "--address garbage: expected HOST:PORT" in capsys.readouterr().err
+    started = time.monotonic()
+    assert main(sweep_args(tmp_path, sweep_file, "--address", f"127.0.0.1:{port}")) == 2
+    assert f"--address 127.0.0.1:{port}: no Ray head answers there" in capsys.readouterr().err
+    assert time.monotonic() - started < 30  # ray.init retried for minutes
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
 
 
 def test_a_negative_number_of_retries_is_refused(tmp_path, sweep_file, capsys):

@@ -261,8 +261,31 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
     corpus still to be tokenized is tokenized while Ray starts."""
     end_leftovers(run.ray_record, say=say)
     check_experiment_dir(run)
+    if run.on_cluster:
+        check_ray_address(run.address or os.environ["RAY_ADDRESS"], "--address" if run.address else "RAY_ADDRESS")
     with share_gpus(run, say) as sharing:  # before anything initialises CUDA: it connects to MPS then
         return run_checked_sweep(run, live, say, sharing)
+
+
+RAY_ADDRESS_TIMEOUT_S = 3.0
+
+
+def check_ray_address(address: str, named_by: str) -> None:
+    """A Ray head answers at HOST:PORT (or ray://HOST:PORT) within RAY_ADDRESS_TIMEOUT_S; ray.init
+    would raise a traceback for a malformed address and retry an unanswered one for minutes.
+    `auto` (a cluster of this machine, found by Ray) is left to Ray."""
+    import socket
+
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"{named_by} {address}: expected HOST:PORT (the Ray head's port, 6379 by default), "
+                        "ray://HOST:10001 or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=RAY_ADDRESS_TIMEOUT_S).close()
+    except OSError as error:
+        raise UserError(f"{named_by} {address}: no Ray head answers there ({error.strerror or error})") from None
 
 
 def share_gpus(run: SweepRun, say=print):
