@@ -190,6 +190,8 @@ ERRORS = {
     "budget_scalar": (MINIMAL + "seeds: {start: 2}\nbudget: 30m\n", ["budget: expected a mapping, got string '30m'"]),
     "match_scalar": (MINIMAL + "match: 3\n", ["match: expected a mapping, got integer 3"]),
     "until_scalar": (MINIMAL + "seeds: {start: 2, until: 0.01}\n", ["seeds.until: expected a mapping, got number 0.01"]),
+    "duplicate_key": ("name: t\nbase: tiny\naxes: {num_layers: [4]}\naxes: {num_layers: [2]}\n",
+                      ["invalid YAML at line 4, column 1: key 'axes' written twice in one mapping (first at line 3)"]),
     "too_many": ("name: t\nbase: tiny\naxes: {hidden_size: " + str(list(range(8, 8 + 40))) + ", num_layers: "
                  + str(list(range(1, 31))) + "}\n", ["axes: 1,200 variants is more than 1,000"]),
 }
@@ -497,3 +499,9 @@ def test_counting_a_config_does_not_import_torch_dynamo():
             "count(load_preset('small'), 1024); print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_merged_mapping_may_still_be_overridden_by_its_own_keys(tmp_path):
+    text = MINIMAL + "train: &t {steps: 40, lr: 0.01}\nprofiles: {cpu: {train: {<<: *t, steps: 20}}}\n"
+    sweep = load_sweep(write(tmp_path, text), "cpu")
+    assert (sweep.train.steps, sweep.train.lr) == (20, 0.01)

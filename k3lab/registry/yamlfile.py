@@ -13,7 +13,25 @@ from k3lab.registry.keypath import SpecError
 
 class Loader(yaml.SafeLoader):
     """yaml.SafeLoader that reads `1e-3` as a number, as YAML 1.2 and Python do (PyYAML follows
-    YAML 1.1, where a float needs a dot: `lr: 1e-3` was the string '1e-3')."""
+    YAML 1.1, where a float needs a dot: `lr: 1e-3` was the string '1e-3'), and refuses a key
+    written twice in one mapping (PyYAML keeps the last: a second `axes:` silently replaced the
+    first). Keys a `<<:` merge brings in may still be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if not isinstance(key, (str, int, float, bool)) and key is not None:
+                    continue  # an unhashable key: SafeLoader's own error
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} written twice in one mapping (first at line {first_line[key]})",
+                        key_node.start_mark)
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 Loader.add_implicit_resolver(
