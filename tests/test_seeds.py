@@ -67,6 +67,8 @@ def test_a_profile_may_set_the_policy_and_the_budget(tmp_path):
     ("seeds: [0]\nbudget: {wall: 30m}", "budget: needs a seeds policy (seeds: {start: ..., max: ...})"),
     ("seeds: {start: 2}\nscheduler: asha", "scheduler: must be none with a seeds policy"),
     ("seeds: [0, -1]", "seeds[1]: must be 0 .. 2147483647, got -1"),
+    ("seeds: {start: 3}\nbudget: {trials: 5}",
+     "budget.trials: must be at least the 6 trials of the start seeds (3 for each of 2 variants), got 5"),
     ("seeds: {start: 2, max: 100000000}", "seeds.max: must be at most 1000 seeds, got 100000000"),
     ("seeds: {start: 2, max: 4, first: 2147483646}",
      "seeds.first: its seeds 2147483646 .. 2147483649 must stay at most 2147483647"),

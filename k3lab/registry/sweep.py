@@ -311,6 +311,11 @@ def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved:
         baseline = next(iter(baselines.values()))
     else:
         baselines = {v.name: baseline for v in variants if v.ok and v.name != baseline}
+    start_trials = policy.start * sum(v.ok for v in variants) if policy is not None else 0
+    if spec.budget is not None and spec.budget.trials is not None and spec.budget.trials < start_trials:
+        raise UserError(f"{path}: budget.trials: must be at least the {start_trials} trials of the start seeds "
+                        f"({policy.start} for each of {start_trials // policy.start} variants), got "
+                        f"{spec.budget.trials}: fewer leave comparisons without an interval{_profile_note(profile)}")
     return Sweep(
         name=spec.name, description=spec.description, path=str(path), profile=profile, profiles=profiles,
         base=resolved.base, axes=resolved.axes, seeds=seeds, train=spec.train, metric=spec.metric,
