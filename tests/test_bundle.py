@@ -519,3 +519,18 @@ def test_bundle_command_is_registered_and_rejects_bad_sizes(tmp_path, capsys):
     assert main(["bundle", str(tmp_path / "b"), "--max-size", "lots"]) == 2
     assert capsys.readouterr().err.startswith("error: cannot read the size 'lots'")
     assert main(["bundle", str(tmp_path / "b"), "--python-version", "twelve"]) == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--extras", "gpu,nosuch"], "--extras nosuch: not an extra of k3lab (extras: compose, gpu, hf, test, tokenizers)"),
+    (["--part-size", "0"], "--part-size 0: must be at least 1MiB"),
+    (["--project", "{tmp}"], "--project {tmp}: not a k3lab source tree"),
+])
+def test_bundle_options_are_checked_before_anything_is_downloaded_or_written(tmp_path, capsys, argv, message):
+    from k3lab.cli import main
+
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main(["bundle", str(tmp_path / "b"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message.format(tmp=tmp_path)}") and err.count("\n") == 1
+    assert not (tmp_path / "b").exists()

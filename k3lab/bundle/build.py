@@ -61,6 +61,20 @@ def project_root() -> Path:
     return root
 
 
+def check_project(project: Path | None, extras: tuple[str, ...]) -> None:
+    """--project is a k3lab source tree and every --extras name one of its extras, before anything is
+    downloaded or written (an unknown extra resolved to nothing after the downloads)."""
+    import tomllib
+
+    root = project or project_root()
+    if not (root / "pyproject.toml").is_file() or not (root / "k3lab").is_dir():
+        raise UserError(f"--project {root}: not a k3lab source tree (no pyproject.toml and k3lab/ in it)")
+    declared = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {}).get("optional-dependencies", {})
+    unknown = [extra for extra in extras if canonical(extra) not in {canonical(name) for name in declared}]
+    if unknown:
+        raise UserError(f"--extras {unknown[0]}: not an extra of k3lab (extras: {', '.join(sorted(declared))})")
+
+
 def build_project_wheel(project: Path, dest: Path, log=print) -> Path:
     """`pip wheel --no-deps` of a clean copy of the project: its top-level files and the k3lab package,
     so the work tree's build/, caches and run folders stay out (and are not written to)."""
@@ -353,11 +367,16 @@ def run(args: argparse.Namespace) -> int:
         except Exception as error:
             raise UserError(f"--with: cannot read {line!r} ({error})") from None
     substitutes = {} if args.full_mlflow else dict(SUBSTITUTES)
+    extras = tuple(e.strip() for e in args.extras.split(",") if e.strip())
+    check_project(args.project, extras)
+    part_size = None if args.part_size is None else parse_size(args.part_size)
+    if part_size is not None and part_size < 2**20:
+        raise UserError(f"--part-size {args.part_size}: must be at least 1MiB")
     options = BundleOptions(
         out=Path(args.out),
         target=Target(args.python_version, tuple(args.platform)),
         exclude=parse_excludes(args.exclude),
-        extras=tuple(e.strip() for e in args.extras.split(",") if e.strip()),
+        extras=extras,
         with_requirements=with_requirements,
         max_size=None if str(args.max_size).lower() in ("none", "0", "") else parse_size(args.max_size),
         substitutes=substitutes,
@@ -366,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         strip=not args.no_strip,
         spare_max=0 if str(args.spare_max_size).lower() in ("none", "0", "") else parse_size(args.spare_max_size),
-        part_size=None if args.part_size is None else parse_size(args.part_size),
+        part_size=part_size,
         include_project=not args.without_project,
     )
     manifest = build_bundle(options)
