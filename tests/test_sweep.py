@@ -175,9 +175,11 @@ def test_a_ray_address_that_is_malformed_or_unanswered_is_refused_in_seconds(tmp
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
 
 
-def test_a_negative_number_of_retries_is_refused(tmp_path, sweep_file, capsys):
+def test_a_negative_number_of_retries_and_an_empty_storage_are_refused(tmp_path, sweep_file, capsys):
     assert main(sweep_args(tmp_path, sweep_file, "--max-failures", "-1")) == 2
     assert "--max-failures must be 0 or more" in capsys.readouterr().err
+    assert main(sweep_args(tmp_path, sweep_file, "--dry-run", "--storage", "")) == 2  # it fell back to ./k3lab_runs
+    assert "--storage: names no folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("result, errored, status", [

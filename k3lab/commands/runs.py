@@ -252,6 +252,8 @@ def sweep_run_from_args(args, **options):
     from k3lab.store.state import default_storage, tracking_uri_or_default
     from k3lab.tune.run import SweepRun
 
+    if args.storage is not None and not args.storage.strip():
+        raise UserError("--storage: names no folder (leave it out for K3LAB_STORAGE or ./k3lab_runs)")
     return SweepRun(sweep=load_sweep_for(args.file, args.profile),
                     storage=Path(args.storage) if args.storage else default_storage(),
                     tracking_uri=tracking_uri_or_default(args.tracking_uri), **options)
