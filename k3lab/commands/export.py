@@ -22,17 +22,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_export(args) -> int:
     from k3lab.model.hf import check_exportable, save_hf
     from k3lab.model.model import KimiK3
+    from k3lab.errors import UserError
     from k3lab.store.state import default_storage
     from k3lab.train.checkpoint import load_checkpoint
-
-    from k3lab.errors import UserError
     from k3lab.tune.preflight import check_writable
 
     if not args.hf:
         raise UserError("--hf: names no folder")
-    check_writable("--hf", Path(args.hf))  # before the checkpoint is read
-    if Path(args.hf).exists() and not Path(args.hf).is_dir():
-        raise UserError(f"--hf {args.hf}: is a file, not a folder")
+    check_writable("--hf", Path(args.hf))  # a folder, or one that can be made, before the checkpoint is read
     path = locate_checkpoint(args.source, Path(args.storage) if args.storage else default_storage())
     try:
         state = load_checkpoint(path)

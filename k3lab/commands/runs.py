@@ -472,10 +472,9 @@ def resume_command(command_line: str) -> str:
 
 def run_report(args) -> int:
     from k3lab.report.summary import build_report
-    from k3lab.tune.seeds import report_options
     from k3lab.tune.parent import present
-
     from k3lab.tune.preflight import check_tracking_server
+    from k3lab.tune.seeds import report_options
 
     run = sweep_run_from_args(args)
     sweep = run.sweep

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from k3lab.errors import UserError
 from k3lab.store.metrics import diagnostic_metrics, diagnostic_tables
 from k3lab.store.runs import EXPERIMENT_KIND, MODEL_TRAINING, client, flatten  # noqa: F401  (flatten: for callers)
 
@@ -57,8 +58,6 @@ def check_tracking_uri(uri: str, named_by: str) -> None:
     folder or a file that is not a database, a database whose driver is not installed. Nothing is
     contacted or created; an HTTP server's answer is checked in the preflight. named_by: where the
     URI came from (--tracking-uri, MLFLOW_TRACKING_URI), for the message."""
-    from k3lab.errors import UserError
-
     scheme = uri.partition(":")[0].lower() if "://" in uri else ""
     where = f"{named_by} {uri}"
     if scheme in ("http", "https", "databricks"):
@@ -70,7 +69,7 @@ def check_tracking_uri(uri: str, named_by: str) -> None:
                             "sqlite:////absolute/path/mlflow.db)")
         if path.is_dir():
             raise UserError(f"{where}: {path} is a folder, not a database file")
-        if path.is_file() and path.stat().st_size and path.open("rb").read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+        if path.is_file() and path.stat().st_size and read_header(path) != SQLITE_HEADER:
             raise UserError(f"{where}: {path} is not an SQLite database")
         return
     if scheme.partition("+")[0] in DATABASE_SCHEMES:
@@ -81,12 +80,15 @@ def check_tracking_uri(uri: str, named_by: str) -> None:
                     f"(sqlite:///mlflow.db, postgresql://user@host/db){hint}")
 
 
+def read_header(path: Path) -> bytes:
+    with path.open("rb") as file:
+        return file.read(len(SQLITE_HEADER))
+
+
 def check_database_driver(uri: str, where: str) -> None:
     """SQLAlchemy builds the engine of a database URL without connecting: that imports its driver."""
     import sqlalchemy
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-    from k3lab.errors import UserError
 
     try:
         sqlalchemy.create_engine(uri).dispose()

@@ -105,7 +105,7 @@ class PendingDataset:
 
 
 def run_checks(plan: Preflight) -> None:
-    """The checks that need no data: tracking server, folders, GPUs and FLA."""
+    """The checks that need no data: corpus and tokenizer names, tracking server, folders, GPUs and FLA."""
     check_data_specs(plan.train, plan.train_from)
     check_tracking_server(plan.tracking_uri)
     for what, folder in (plan.folders | tracking_folders(plan.tracking_uri)).items():
@@ -118,7 +118,8 @@ def run_checks(plan: Preflight) -> None:
 def check_data_specs(train: TrainSpec, where: str = "") -> None:
     """train.dataset names a corpus this machine has (or hf:NAME, read later) and train.tokenizer a
     tokenizer it can build, checked before anything starts (without it, a missing path failed
-    with the source's message alone, naming neither the file nor the field). Nothing is read."""
+    with the source's message alone, naming neither the file nor the field). Nothing is downloaded
+    or tokenized (a tokenizer file is read)."""
     from k3lab.data.bpe import is_bpe, vocab_of
     from k3lab.data.sources import get_source
     from k3lab.data.tokenizer import get_tokenizer
