@@ -58,6 +58,12 @@ def test_an_unwritable_kernel_cache_is_one_clear_error(tmp_path):
         use_kernel_cache(tmp_path / "file" / "kc")
 
 
+def test_a_kernel_cache_that_is_a_file_is_one_clear_error_not_an_empty_cache(tmp_path, capsys):
+    (tmp_path / "cache").write_text("")
+    assert main(["kernels", "info", "--kernel-cache", str(tmp_path / "cache")]) == 2
+    assert capsys.readouterr().err == f"error: kernel cache {tmp_path / 'cache'}: is a file, not a folder\n"
+
+
 def test_cache_info_counts_tuned_shapes_per_kernel(tmp_path):
     for i, name in enumerate(["chunk_kda_bwd_kernel_intra", "chunk_kda_bwd_kernel_intra", "l2norm_fwd_kernel"]):
         (tmp_path / "triton" / f"H{i}").mkdir(parents=True)

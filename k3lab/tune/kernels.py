@@ -56,8 +56,12 @@ def default_kernel_cache() -> Path:
 
 
 def resolve_kernel_cache(flag: str | None = None, sweep_value: str | None = None) -> Path:
-    """The kernel cache folder (see the module docstring for the order), absolute."""
-    return Path(flag or sweep_value or default_kernel_cache()).expanduser().resolve()
+    """The kernel cache folder (see the module docstring for the order), absolute; a file there is
+    a one-line error (read as a cache, it looked empty)."""
+    cache = Path(flag or sweep_value or default_kernel_cache()).expanduser().resolve()
+    if cache.exists() and not cache.is_dir():
+        raise UserError(f"kernel cache {cache}: is a file, not a folder")
+    return cache
 
 
 def cache_env(cache: Path) -> dict[str, str]:
