@@ -229,9 +229,9 @@ _ran_a_trial = False  # this process ran a trial before (Ray reused it: `resourc
 
 
 def forget_earlier_trial(restarting: bool = False) -> None:
-    """In a process an earlier trial used (`resources.reuse_actors`): restart the counts this
-    trial reports (peak memory, compile-cache hits) and, unless the earlier trial's trainer is
-    `restarting` for this one, drop torch.compile's code caches, which would otherwise keep
+    """In a process an earlier trial used (`resources.reuse_actors`): restart the peak memory this
+    trial reports (its compile-cache hits are counted from its own start, in `fit`) and, unless the
+    earlier trial's trainer is `restarting` for this one, drop torch.compile's code caches, which would otherwise keep
     guarding on that trial's model and count towards the recompile limit.
     A fresh process has nothing to forget and skips the work (gc alone takes ~0.2 s)."""
     global _ran_a_trial
@@ -243,8 +243,6 @@ def forget_earlier_trial(restarting: bool = False) -> None:
         gc.collect()  # the earlier trial's model and CUDA graphs, if a reference cycle still held them
         if "torch._dynamo" in sys.modules:
             torch._dynamo.reset()
-    if "torch._dynamo" in sys.modules:
-        torch._dynamo.utils.counters.clear()  # the compile-cache hits a trial logs are its own
     if torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
 
