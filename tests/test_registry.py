@@ -291,10 +291,16 @@ def test_ids_are_stable_and_distinct(tmp_path):
     assert [v.id for v in first] == [v.id for v in load_sweep(write(tmp_path, MINIMAL)).variants]
 
 
-def test_names_stay_unique(tmp_path):
-    path = write(tmp_path, "name: t\nbase: tiny\nvariants: [{name: a, hidden_size: 96}, {name: a, hidden_size: 128}]\n")
+def test_generated_names_stay_unique(tmp_path):
+    path = write(tmp_path, "name: t\nbase: tiny\nvariants: [{hidden_size: 96}, {hidden_size: 96}]\n")
     names = [v.name for v in load_sweep(path).variants]
-    assert names == ["a", "a_2"]
+    assert names[1] == names[0] + "_2"
+
+
+def test_two_variants_given_the_same_name_are_refused_naming_both(tmp_path):
+    path = write(tmp_path, "name: t\nbase: tiny\nvariants: [{name: a, hidden_size: 96}, {name: a, hidden_size: 128}]\n")
+    with pytest.raises(SpecError, match=r"variants\[1\]\.name: 'a' is already the name of variants\[0\]"):
+        load_sweep(path)
 
 
 def test_baseline_defaults_to_the_standard_residual_variant(tmp_path):

@@ -182,7 +182,7 @@ def _jsonable(overrides: dict[str, Any]) -> dict[str, Any]:
 def parse_explicit(raw: list[Any], path: Path = ("variants",)) -> tuple[Point, ...]:
     """The `variants` list: mappings of axis names to single values, with an
     optional `name`."""
-    explicit = []
+    explicit, named = [], {}
     for i, entry in enumerate(raw):
         where = path + (i,)
         if not isinstance(entry, dict):
@@ -191,6 +191,11 @@ def parse_explicit(raw: list[Any], path: Path = ("variants",)) -> tuple[Point, .
         name = entry.get("name")
         if name is not None and not (isinstance(name, str) and NAME_PATTERN.match(name)):
             raise SpecError(where + ("name",), f"expected a name of letters, digits, '_', '.' or '-', got {describe(name)}")
+        if name in named:
+            raise SpecError(where + ("name",), f"{name!r} is already the name of variants[{named[name]}]; "
+                                               f"a variant's name must be unique (it names its runs and results)")
+        if name is not None:
+            named[name] = i
         parsed = {key: axis_kind(key, where + (key,)).parse(value, where + (key,)) for key, value in overrides.items()}
         check_no_conflicts(list(parsed), where)
         explicit.append(Point(parsed, name))
