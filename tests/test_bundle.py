@@ -371,6 +371,20 @@ def test_bundle_over_max_size_fails_with_one_line(tmp_path):
     assert (tmp_path / "bundle" / "manifest.json").is_file()  # left for a look
 
 
+def test_a_failed_build_leaves_nothing_behind_and_a_second_run_is_not_refused(tmp_path):
+    """A download that fails mid-build (here: a requirement no index has) removes the wheels already
+    copied and the folder the build created; a rebuild over an old bundle that fails leaves no half."""
+    with pytest.raises(UserError, match="nosuchpkg"):
+        fake_bundle(tmp_path, root_requires=["ray[tune]>=2.50", "nosuchpkg>=1"])
+    assert not (tmp_path / "bundle").exists()
+    options, _ = fake_bundle(tmp_path)
+    with pytest.raises(UserError, match="nosuchpkg"):
+        fake_bundle(tmp_path, root_requires=["ray[tune]>=2.50", "nosuchpkg>=1"])
+    assert options.out.is_dir() and not any(options.out.iterdir())
+    fake_bundle(tmp_path)
+    assert (options.out / "manifest.json").is_file()
+
+
 def test_rebuild_replaces_an_old_bundle_but_not_a_foreign_folder(tmp_path):
     options, _ = fake_bundle(tmp_path)
     stale = options.out / "wheels" / "stale-1.0-py3-none-any.whl"

@@ -131,11 +131,7 @@ def prepare_out_dir(out: Path) -> None:
     if out.is_dir() and any(out.iterdir()):
         if not (out / MANIFEST).is_file():
             raise UserError(f"{out} is not empty and holds no {MANIFEST}: not overwriting it")
-        for path in [out / name for name in (WHEELS, SPARES, INSTALL_SH, MANIFEST)] + sorted(out.glob("part-*")):
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+        remove_bundle_files(out)
     (out / WHEELS).mkdir(parents=True, exist_ok=True)
 
 
@@ -160,10 +156,33 @@ class BundleOptions:
 
 def build_bundle(options: BundleOptions, log=print, fetcher: Fetcher | None = None) -> dict:
     """Build the bundle in options.out; returns the manifest. A UserError when it is over max_size
-    (the bundle stays on disk for a look)."""
-    started = time.time()
+    (the bundle stays on disk for a look). A build that fails before its manifest is written
+    (a download, the resolution, Ctrl-C) removes what it wrote, so the folder is as a first run
+    finds it and a second run is not refused as "not empty"."""
     out = options.out
+    existed = out.exists()
     prepare_out_dir(out)
+    try:
+        return _build_into(out, options, log, fetcher)
+    except BaseException:
+        if not (out / MANIFEST).is_file():
+            remove_bundle_files(out)
+            if not existed and not any(out.iterdir()):
+                out.rmdir()
+        raise
+
+
+def remove_bundle_files(out: Path) -> None:
+    """What a bundle build writes into `out` (its wheels, spares, parts, install.sh, manifest)."""
+    for path in [out / name for name in (WHEELS, SPARES, INSTALL_SH, MANIFEST)] + sorted(out.glob("part-*")):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def _build_into(out: Path, options: BundleOptions, log, fetcher: Fetcher | None) -> dict:
+    started = time.time()
     with tempfile.TemporaryDirectory(prefix="k3lab-bundle-") as tmp:
         work = Path(tmp)
         if options.project_wheel is not None:
