@@ -95,6 +95,19 @@ def test_nan_loss_stops_the_trial_with_a_clear_status():
     assert trainer.step < spec.steps  # stopped, did not train on to the end
 
 
+def test_a_non_finite_validation_loss_stops_the_trial_as_diverged():
+    """A finite training loss can still evaluate to nan (lr 1e9 did): the trial must not finish as if it had
+    a value to compare."""
+    config, spec = load_preset("tiny"), tiny_spec()
+    trainer = Trainer(config, spec)
+    original = trainer.evaluate
+    trainer.evaluate = lambda *a, **k: original(*a, **k) | {"val_loss": float("nan")}
+    result = train(config, spec, trainer=trainer)
+    assert result.status == DIVERGED
+    assert result.error == f"non-finite validation loss at step {spec.eval_interval}"
+    assert trainer.step == spec.eval_interval < spec.steps
+
+
 def test_resumed_run_continues_bitwise_identically(tmp_path):
     config, spec = load_preset("tiny"), tiny_spec()
     straight_tracker = MemoryTracker()

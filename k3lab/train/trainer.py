@@ -520,6 +520,9 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
             if tracker is not None:
                 tracker.log_metrics(evaluation | {"tokens": result.tokens} | compile_cache_counts(counts_before, "compile"),
                                     trainer.step)
+            if not math.isfinite(result.val_loss):  # finite training losses can still evaluate to inf or nan
+                result.status, result.error = DIVERGED, f"non-finite validation loss at step {trainer.step}"
+                break
             if on_eval is not None:
                 on_eval(trainer, evaluation | {"train_loss": result.train_loss, "tokens": result.tokens,
                                                "tokens_per_s": result.tokens_per_s, "step": trainer.step})
