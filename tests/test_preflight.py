@@ -142,6 +142,12 @@ def test_train_on_cuda_without_a_gpu_is_reported_in_one_line(capsys):
     assert "--device cuda: this machine has no CUDA GPU" in one_line_error(capsys)
 
 
+@pytest.mark.parametrize("device", ["meta", "mps", "xpu", "nosuch"])
+def test_a_device_k3lab_does_not_train_on_is_one_line_naming_the_choices(capsys, device):
+    assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--device", device]) == 2
+    assert f"--device {device}: expected cpu, cuda or cuda:N" in one_line_error(capsys)
+
+
 def parent_run(tmp_path):
     state = json.loads((tmp_path / "runs" / "mini.k3lab.json").read_text())
     return MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(state["parent_run_id"])

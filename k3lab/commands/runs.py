@@ -160,9 +160,12 @@ def parse_device(name: str | None):
     from k3lab.train.trainer import resolve_device
 
     try:
-        return resolve_device(name)
+        device = resolve_device(name)
     except RuntimeError:
-        raise UserError(f"--device {name}: expected cpu, cuda or cuda:N") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):  # meta, mps, xpu...: k3lab trains on neither
+        raise UserError(f"--device {name}: expected cpu, cuda or cuda:N")
+    return device
 
 
 def train_preflight(args, config, spec, tracking_uri: str | None, device, log_file: Path | None):
