@@ -222,6 +222,17 @@ def test_missing_file_and_missing_profile(tmp_path, capsys):
     assert err.strip() == f"error: {path}: profiles: no profile named 'gpu' (profiles: cpu)"
 
 
+@pytest.mark.parametrize("name, rule", [("a/b", "letters, digits"), ("../../evil", "letters, digits"),
+                                        ("p" * 101, "at most 100 characters"), ("auto", "could never be picked"),
+                                        ("none", "could never be picked")])
+def test_a_profile_name_that_would_shape_paths_or_cannot_be_picked_is_refused(tmp_path, capsys, name, rule):
+    """Profile names join the sweep's in folder and store paths (`a/b` made nested folders)."""
+    path = write(tmp_path, MINIMAL + f"profiles: {{'{name}': {{seeds: [1]}}}}\n")
+    code, out, err = cli(capsys, str(path))
+    assert code == 2 and out == "" and err.startswith(f"error: {path}: profiles.") and rule in err
+    assert err.count("\n") == 1
+
+
 # -- derived axes -------------------------------------------------------------------
 
 
@@ -299,7 +310,7 @@ def test_generated_names_stay_unique(tmp_path):
 
 def test_two_variants_given_the_same_name_are_refused_naming_both(tmp_path):
     path = write(tmp_path, "name: t\nbase: tiny\nvariants: [{name: a, hidden_size: 96}, {name: a, hidden_size: 128}]\n")
-    with pytest.raises(SpecError, match=r"variants\[1\]\.name: 'a' is already the name of variants\[0\]"):
+    with pytest.raises(UserError, match=r"variants\[1\]\.name: 'a' is already the name of variants\[0\]"):
         load_sweep(path)
 
 

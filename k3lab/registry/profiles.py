@@ -20,10 +20,12 @@ from typing import Any
 
 from k3lab.registry.convert import describe
 from k3lab.registry.keypath import Path, SpecError
+from k3lab.registry.spec import NAME_MAX, NAME_PATTERN
 
 PROFILE_KEYS = ("base", "axes", "variants", "seeds", "baseline", "budget", "train", "metric", "resources", "scheduler",
                 "match")
 _SECTIONS = ("train", "metric", "resources", "match", "budget")
+RESERVED = ("auto", "none")  # --profile's own choices: a profile named so could never be picked
 
 
 def profile_names(document: dict[str, Any]) -> list[str]:
@@ -39,8 +41,7 @@ def check_profiles(document: dict[str, Any]) -> None:
     if not isinstance(profiles, dict):
         raise SpecError(("profiles",), f"expected a mapping of profile names to overrides, got {describe(profiles)}")
     for name, profile in profiles.items():
-        if not isinstance(name, str):
-            raise SpecError(("profiles", name), "profile names must be strings")
+        check_profile_name(name)
         if not isinstance(profile, dict):
             raise SpecError(("profiles", name), f"expected a mapping of overrides, got {describe(profile)}")
         for key in profile:
@@ -86,3 +87,19 @@ def locate(path: Path, profile: dict[str, Any], name: str) -> Path:
         else:  # the profile replaced this value wholesale (a list or a scalar)
             break
     return ("profiles", name) + path if path else path
+
+
+def check_profile_name(name: Any) -> None:
+    """A profile's name joins the sweep's in file names (`<sweep>-<profile>`, its folder and store
+    paths), so it follows the sweep name's rule; `auto` and `none` are `--profile`'s own choices."""
+    if not isinstance(name, str):
+        raise SpecError(("profiles", name), "profile names must be strings")
+    if not NAME_PATTERN.match(name):
+        raise SpecError(("profiles", name), "a profile name must be letters, digits, '_', '.' or '-' (it names files)")
+    if len(name) > NAME_MAX:
+        raise SpecError(("profiles", name[:20] + "..."), f"a profile name must be at most {NAME_MAX} characters, "
+                                                          f"got {len(name)}")
+    if name in RESERVED:
+        meaning = "the gpu or cpu profile" if name == "auto" else "the top-level settings"
+        raise SpecError(("profiles", name), f"--profile {name} means {meaning}, so a profile named {name!r} "
+                                            f"could never be picked: rename it")
