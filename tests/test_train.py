@@ -260,6 +260,20 @@ def test_train_command_rejects_bad_settings_in_one_line(flag, message, capsys):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_train_set_num_layers_builds_the_same_model_as_a_sweep_base_with_it(tmp_path):
+    """`--set num_layers=8` on tiny failed with "layer_types must have num_layers=8 entries, got 4": the
+    preset's resolved schedule was carried over. It now reads the preset as written, as a sweep's base does."""
+    from k3lab.cli import build_parser
+    from k3lab.commands.runs import build_train_inputs
+    from k3lab.registry import load_sweep
+
+    args = build_parser().parse_args(["train", "tiny", "--fidelity", "k3", "--set", "num_layers=8"])
+    config, _ = build_train_inputs(args)
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("name: s\nbase: {preset: tiny, fidelity: k3, num_layers: 8}\nvariants: [{name: v}]\n")
+    assert config.num_layers == 8 and config == load_sweep(sweep).variants[0].config
+
+
 def test_train_command_checks_its_save_folder_before_training(tmp_path, capsys):
     (tmp_path / "a_file").write_text("")
     assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--save", str(tmp_path / "a_file")]) == 2

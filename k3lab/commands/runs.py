@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from k3lab.errors import UserError
-from k3lab.model.fidelity import FIDELITIES, fidelity_fields
+from k3lab.model.fidelity import FIDELITIES
 from k3lab.registry.commands import add_profile_argument
 from k3lab.registry.spec import METRICS, SEED_MAX, duration_seconds
 
@@ -112,13 +112,15 @@ def build_train_inputs(args):
 
     from k3lab.model.config import KimiK3Config, config_fields
     from k3lab.registry import load_preset
+    from k3lab.registry.axes import apply_fidelity
     from k3lab.registry.convert import structure
     from k3lab.registry.fields import check_fields
     from k3lab.registry.keypath import SpecError
+    from k3lab.registry.presets import model_fields
     from k3lab.train.spec import TrainSpec
 
     model_overrides, train_overrides = parse_overrides(args.overrides)
-    config = load_preset(args.model)
+    load_preset(args.model)  # a preset that does not validate is named in its own error
     unknown = sorted(set(model_overrides) - set(config_fields()))
     if unknown:
         raise UserError(f"--set {unknown[0]}: not a KimiK3Config field (train fields are written train.NAME)")
@@ -126,9 +128,9 @@ def build_train_inputs(args):
         model_overrides = check_fields(model_overrides, ())
     except SpecError as error:
         raise UserError(f"--set {error}") from None
-    fields = config.to_dict()
+    fields = model_fields(args.model, Path.cwd())  # as written: a derived field (layer_types) follows --set num_layers
     if args.fidelity:
-        fields |= fidelity_fields(args.fidelity, model_overrides.get("mla_qk_head_dim", config.mla_qk_head_dim))
+        fields |= apply_fidelity(args.fidelity, fields | model_overrides)
     try:
         config = KimiK3Config(**(fields | model_overrides))
     except (ValueError, TypeError) as error:
