@@ -148,6 +148,13 @@ def test_a_device_k3lab_does_not_train_on_is_one_line_naming_the_choices(capsys,
     assert f"--device {device}: expected cpu, cuda or cuda:N" in one_line_error(capsys)
 
 
+def test_an_unanswered_server_from_mlflow_tracking_uri_is_named_by_the_variable(monkeypatch, capsys):
+    """The server check named --tracking-uri for a URI the user never typed as a flag."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://")
+    assert main(["train", "tiny", "--steps", "2"]) == 2
+    assert one_line_error(capsys).startswith("error: MLFLOW_TRACKING_URI http://: the MLflow server does not answer")
+
+
 def parent_run(tmp_path):
     state = json.loads((tmp_path / "runs" / "mini.k3lab.json").read_text())
     return MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(state["parent_run_id"])

@@ -182,6 +182,17 @@ def test_a_negative_number_of_retries_and_an_empty_storage_are_refused(tmp_path,
     assert "--storage: names no folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["", "   "])
+def test_a_blank_k3lab_storage_is_refused_like_an_empty_storage_flag(tmp_path, sweep_file, capsys, monkeypatch, value):
+    """K3LAB_STORAGE='' put a sweep's folders into the current folder, '   ' into a folder named by spaces."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("K3LAB_STORAGE", value)
+    before = set(tmp_path.iterdir())
+    assert main(["sweep", str(sweep_file), "--no-live", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 2
+    assert capsys.readouterr().err == f"error: K3LAB_STORAGE={value!r}: names no folder (unset it for ./k3lab_runs)\n"
+    assert set(tmp_path.iterdir()) == before
+
+
 @pytest.mark.parametrize("result, errored, status", [
     ({"done_steps": 8, "total_steps": 8}, False, "FINISHED"),
     ({"done_steps": 4, "total_steps": 8}, False, "KILLED"),

@@ -12,11 +12,19 @@ import json
 import os
 from pathlib import Path
 
+from k3lab.errors import UserError
 from k3lab.store.tracking import check_tracking_uri, default_tracking_uri
 
 
 def default_storage() -> Path:
-    return Path(os.environ.get("K3LAB_STORAGE", "k3lab_runs"))
+    """K3LAB_STORAGE, else ./k3lab_runs. A blank K3LAB_STORAGE is an error: it would put a sweep's
+    folders into the current folder (or one named by spaces), as `--storage ''` would."""
+    value = os.environ.get("K3LAB_STORAGE")
+    if value is None:
+        return Path("k3lab_runs")
+    if not value.strip():
+        raise UserError(f"K3LAB_STORAGE={value!r}: names no folder (unset it for ./k3lab_runs)")
+    return Path(value)
 
 
 def tracking_uri_or_default(uri: str | None) -> str:

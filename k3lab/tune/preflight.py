@@ -13,6 +13,7 @@ model fits the data. A problem is a one-line `UserError` naming what and where.
 from __future__ import annotations
 
 import importlib.util
+import os
 import tempfile
 import threading
 from pathlib import Path
@@ -146,7 +147,8 @@ def check_tracking_server(uri: str | None) -> None:
             problem = f"HTTP {response.status}"
     except (urllib.error.URLError, OSError, ValueError) as error:
         problem = str(getattr(error, "reason", error))
-    raise UserError(f"--tracking-uri {uri}: the MLflow server does not answer ({problem})")
+    named_by = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") == uri else "--tracking-uri"
+    raise UserError(f"{named_by} {uri}: the MLflow server does not answer ({problem})")
 
 
 def tracking_folders(uri: str | None) -> dict[str, Path]:
