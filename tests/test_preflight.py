@@ -10,12 +10,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from conftest import sweep_args
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
+from k3lab.registry import load_preset
+from k3lab.train.spec import TrainSpec
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
 
@@ -153,6 +156,27 @@ def test_an_unanswered_server_from_mlflow_tracking_uri_is_named_by_the_variable(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://")
     assert main(["train", "tiny", "--steps", "2"]) == 2
     assert one_line_error(capsys).startswith("error: MLFLOW_TRACKING_URI http://: the MLflow server does not answer")
+
+
+@pytest.mark.parametrize("setting", ["train.batch_size=10000000", "hidden_size=100000000", "vocab_size=100000000000"])
+def test_a_cpu_step_that_cannot_fit_in_memory_is_refused_before_training(capsys, setting):
+    """Such steps were killed by the OOM killer (rc 137) or asked the allocator for 25.6 TB (floors of
+    2.4, 7 and 70 TiB: beyond any machine the tests run on)."""
+    assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--device", "cpu", "--set", setting]) == 2
+    err = one_line_error(capsys)
+    assert "a training step needs at least" in err and "lower train.batch_size, train.seq_len or the model's size" in err
+
+
+def test_the_memory_floor_counts_weights_and_each_layers_saved_inputs():
+    from k3lab.registry.counts import count
+    from k3lab.tune.preflight import step_memory_floor
+
+    config = load_preset("tiny")
+    spec = TrainSpec(batch_size=8, seq_len=128)
+    floor, _ = step_memory_floor(config, spec)
+    activations = 8 * 128 * config.hidden_size * 2 * config.num_layers * 4
+    assert floor == 12 * count(config, 128).total + activations
+    assert step_memory_floor(config, attrs.evolve(spec, autocast="bfloat16"))[0] == floor - activations // 2
 
 
 def parent_run(tmp_path):

@@ -114,6 +114,7 @@ def run_checks(plan: Preflight) -> None:
     if plan.local:
         check_gpus(plan.gpus, plan.gpus_from)
         check_fla(plan.models, plan.gpus)
+        check_cpu_memory(plan.models, plan.train, plan.gpus)
 
 
 def check_data_specs(train: TrainSpec, where: str = "") -> None:
@@ -206,6 +207,38 @@ def check_fla(models: dict[str, KimiK3Config], gpus: float) -> None:
         where = f"{fused[0]}: " if fused[0] else ""
         raise UserError(f"{where}kda_implementation=fused on a GPU needs the FLA kernels, and "
                         f"{' and '.join(missing)} is not installed (pip install -e '.[gpu]')")
+
+
+def check_cpu_memory(models: dict[str, KimiK3Config], train: TrainSpec, gpus: float) -> None:
+    """A trial on the CPU fits in this machine's memory at least by `step_memory_floor`: a step that
+    cannot fit was killed by the OOM killer (train.batch_size 100000) or asked the allocator for
+    terabytes (hidden_size 1e6, vocab_size 1e11), with no word of which field did it. The floor
+    is well below what a step takes, so only what cannot run is refused. GPU trials are not
+    checked here: their device would be initialised by the check, and CUDA names its own OOM."""
+    if gpus > 0:
+        return
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for label, config in models.items():
+        floor, parts = step_memory_floor(config, train)
+        if floor > memory:
+            raise UserError(f"{label + ': ' if label else ''}a training step needs at least {floor / 2**30:,.1f} GiB "
+                            f"({parts}) and this machine has {memory / 2**30:,.1f} GiB: lower train.batch_size, "
+                            f"train.seq_len or the model's size")
+
+
+def step_memory_floor(config: KimiK3Config, train: TrainSpec) -> tuple[int, str]:
+    """Bytes a training step cannot do without, and what they are: every parameter with its
+    gradient and one optimizer state (3 x its dtype's size), and the input of each layer's two
+    sub-layers, which their norms keep for the backward (in the autocast dtype, if any)."""
+    from k3lab.registry.counts import count
+
+    params = count(config, train.seq_len).total
+    weight = 4 if train.dtype == "float32" else 2
+    element = 2 if train.autocast else weight
+    saved = train.batch_size * train.seq_len * config.hidden_size * 2 * config.num_layers * element
+    return 3 * weight * params + saved, (f"{params:,} parameters x {3 * weight} bytes, and train.batch_size x "
+                                         f"train.seq_len x hidden_size x 2 x num_layers x {element} bytes of "
+                                         f"saved activations")
 
 
 def prepared_dataset(train: TrainSpec, progress: bool) -> Dataset:
