@@ -158,6 +158,32 @@ def test_bad_source_is_user_error(tmp_path, cache, make, problem):
     assert str(path.name) in str(info.value) and "\n" not in str(info.value)
 
 
+def _damaged_parquet(path):
+    """A parquet file whose footer is intact and whose first data page is overwritten."""
+    pq.write_table(pa.table({"text": ["hello world " * 100] * 1000}), path)
+    data = bytearray(path.read_bytes())
+    data[100:400] = b"U" * 300
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda d: (d / "x.parquet").write_text("junk\n") and d / "x.parquet", "not a parquet file ("),
+    (lambda d: pq.write_table(pa.table({"text": [1, 2, 3]}), d / "x.parquet") or d / "x.parquet",
+     "column 'text' must hold strings, got int64"),
+    (lambda d: _damaged_parquet(d / "x.parquet") or d / "x.parquet", "a damaged parquet file ("),
+])
+@pytest.mark.parametrize("in_folder", [False, True])
+def test_a_parquet_file_that_is_not_parquet_or_not_text_is_one_line_naming_it(tmp_path, cache, make, problem,
+                                                                              in_folder):
+    (tmp_path / "corpus").mkdir()
+    path = make(tmp_path / "corpus")
+    (tmp_path / "corpus" / "a.txt").write_text("a document beside it")
+    with pytest.raises(UserError) as info:
+        prepare_dataset(str(path.parent if in_folder else path), cache_dir=cache, progress=False)
+    assert str(info.value).startswith(f"source '{path}': {problem}") and "\n" not in str(info.value)
+    assert [p for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+
+
 def test_bad_settings_are_user_errors(corpus, cache):
     for fraction in (0.0, 1.0, -0.1):
         with pytest.raises(UserError, match="val_fraction"):
