@@ -122,6 +122,51 @@ def test_bad_tokenizer_spec():
             get_tokenizer(spec)
 
 
+def _no_training(*args):
+    raise AssertionError("a bpe tokenizer was trained")
+
+
+@pytest.mark.parametrize("spec", ["bpe:1048577", "bpe:99999999999"])
+def test_a_bpe_vocabulary_above_2_to_the_20_is_refused_before_training(tmp_path, cache, monkeypatch, spec):
+    from k3lab.data import bpe
+
+    monkeypatch.setattr(bpe, "train_bpe", _no_training)  # the real one aborted the process in Rust
+    with pytest.raises(UserError, match=rf"tokenizer '{spec}': expected bpe:VOCAB with VOCAB >= 260 and "
+                                        r"<= 1,048,576 \(2\*\*20\)"):
+        prepare_dataset(str(_two_documents(tmp_path)), spec, cache_dir=cache, progress=False)
+    assert not cache.exists()
+
+
+def test_a_bpe_tokenizer_of_a_one_document_source_is_refused_before_it_is_trained(tmp_path, cache, monkeypatch):
+    from k3lab.data import bpe
+
+    (tmp_path / "one.txt").write_text("a\nb\n")
+    monkeypatch.setattr(bpe, "train_bpe", _no_training)
+    with pytest.raises(UserError, match="one.txt': 1 non-empty document.*needs at least 2"):
+        prepare_dataset(str(tmp_path / "one.txt"), "bpe:300", cache_dir=cache, progress=False)
+    assert not cache.exists()  # no tokenizer cached, no folder made
+
+
+def test_a_bpe_training_that_fails_or_is_interrupted_leaves_no_temporary_folder(tmp_path, cache, monkeypatch):
+    from k3lab.data import bpe
+
+    def interrupted(source, vocab, val_fraction, out):
+        out.write_text("half a tokenizer")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bpe, "train_bpe", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_dataset(str(_two_documents(tmp_path)), "bpe:300", cache_dir=cache, progress=False)
+    assert [p.name for p in (cache / "tokenizers").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def _two_documents(tmp_path):
+    (tmp_path / "two").mkdir()
+    for name in ("a", "b"):
+        (tmp_path / "two" / f"{name}.txt").write_text(f"text of {name}")
+    return tmp_path / "two"
+
+
 # ---------------------------------------------------------------- sources
 
 

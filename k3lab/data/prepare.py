@@ -26,7 +26,7 @@ from k3lab.data.dataset import MANIFEST, TOKENIZER_FILE, Dataset
 from k3lab.data.progress import progress_bar
 from k3lab.data.shards import DEFAULT_SHARD_TOKENS, ShardWriter, token_dtype
 from k3lab.data.sources import Document, Source, get_source
-from k3lab.data.split import SPLITS, SplitTracker, assign
+from k3lab.data.split import SPLITS, SplitTracker, assign, check_documents
 from k3lab.data.tokenizer import FileTokenizer, get_tokenizer
 from k3lab.errors import UserError
 
@@ -116,9 +116,7 @@ def _build(src: Source, tok, directory: Path, identity: dict, progress: bool, sh
     """Write shards and manifest.json into `directory`; a second pass runs only when the
     split rule left a split empty (tiny corpora)."""
     splits, tracker = _tokenize(src, tok, directory, identity["val_fraction"], {}, progress, shard_tokens)
-    if sum(tracker.counts.values()) < 2:
-        raise UserError(f"source '{src.spec}': {sum(tracker.counts.values())} non-empty document(s); "
-                        "a train/validation split by document needs at least 2")
+    check_documents(src.spec, sum(tracker.counts.values()))
     if forced := tracker.forced():
         for shard in directory.iterdir():
             shard.unlink()
