@@ -514,3 +514,32 @@ def test_cli_prepare_and_info(corpus, cache, capsys):
     assert _cli(["data", "info", "--cache-dir", str(cache)]) == 0
     with pytest.raises(UserError, match="not prepared with val fraction 0.3"):
         _cli(["data", "info", str(corpus), "--cache-dir", str(cache), "--val-fraction", "0.3"])
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--val-fraction", "5", "--tokenizer", "bpe:abc"], "val_fraction 5.0: must lie strictly between 0 and 1"),
+    (["--tokenizer", "bpe:abc"], "tokenizer 'bpe:abc': expected bpe:VOCAB"),
+    (["--tokenizer", "tokenizer:/no/such.json"], "tokenizer 'tokenizer:/no/such.json': no such file"),
+])
+@pytest.mark.parametrize("source", [[], ["stdlib"]])
+def test_data_info_refuses_the_options_data_prepare_refuses(cache, options, message, source):
+    with pytest.raises(UserError, match="^" + message) as prepare:
+        _cli(["data", "prepare", *source, "--cache-dir", str(cache), *options])
+    with pytest.raises(UserError, match="^" + message) as info:
+        _cli(["data", "info", *source, "--cache-dir", str(cache), *options])
+    assert str(info.value) == str(prepare.value) and not cache.exists()
+
+
+@pytest.mark.parametrize("command", [["info"], ["info", "stdlib"], ["prepare", "stdlib"]])
+@pytest.mark.parametrize("below", [False, True])
+def test_a_cache_dir_that_is_a_file_is_one_line_naming_the_flag_or_the_variable(tmp_path, monkeypatch, command,
+                                                                                 below):
+    (tmp_path / "afile").write_text("")
+    root = tmp_path / "afile" / "sub" if below else tmp_path / "afile"
+    with pytest.raises(UserError) as flag:
+        _cli(["data", *command, "--cache-dir", str(root)])
+    assert str(flag.value) == f"--cache-dir {root}: {tmp_path / 'afile'} is a file, not a folder"
+    monkeypatch.setenv("K3LAB_DATA_DIR", str(root))
+    with pytest.raises(UserError) as variable:
+        _cli(["data", *command])
+    assert str(variable.value) == f"K3LAB_DATA_DIR {root}: {tmp_path / 'afile'} is a file, not a folder"

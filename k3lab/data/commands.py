@@ -9,7 +9,7 @@ from rich.table import Table
 
 from k3lab.data.bpe import MAX_VOCAB, MIN_VOCAB
 from k3lab.data.dataset import Dataset
-from k3lab.data.prepare import DEFAULT_VAL_FRACTION, find_datasets, list_datasets, prepare_dataset
+from k3lab.data.prepare import DEFAULT_VAL_FRACTION, check_options, find_datasets, list_datasets, prepare_dataset
 from k3lab.data.split import SPLITS
 from k3lab.errors import UserError
 
@@ -53,6 +53,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    check_options(args.tokenizer, args.val_fraction)  # as prepare does, with or without a source
     if args.source is None:
         found = list_datasets(args.cache_dir)
     else:
