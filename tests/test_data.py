@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -235,6 +238,22 @@ def test_bad_settings_are_user_errors(corpus, cache):
             prepare_dataset(str(corpus), cache_dir=cache, val_fraction=fraction, progress=False)
     with pytest.raises(UserError, match="hf:NAME"):
         get_source("hf:")
+
+
+@pytest.mark.parametrize("make", [lambda d: os.mkfifo(d / "fifo") or d / "fifo", lambda d: Path("/dev/zero")])
+def test_a_fifo_or_device_as_source_is_not_a_regular_file_or_folder(tmp_path, make):
+    path = make(tmp_path)
+    with pytest.raises(UserError, match=rf"^source '{path}': not a regular file or folder$"):
+        get_source(str(path))
+
+
+@pytest.mark.parametrize("spec, empty", [("hf:", "NAME"), ("hf:@test", "NAME"),
+                                         ("hf:org/corpus@", "SPLIT after '@'"),
+                                         ("hf:org/corpus:@test", "CONFIG after ':'")])
+def test_an_hf_source_with_an_empty_part_is_refused_naming_the_form(spec, empty):
+    with pytest.raises(UserError, match=re.escape(f"source '{spec}': expected hf:NAME[:CONFIG][@SPLIT], and "
+                                                  f"{empty} is empty")):
+        get_source(spec)
 
 
 def test_hf_source_through_datasets(monkeypatch, cache):

@@ -91,6 +91,8 @@ class LocalSource:
         self.spec = str(self.path)
         if not self.path.exists():
             raise UserError(f"source '{path}': no such file or directory")
+        if not (self.path.is_file() or self.path.is_dir()):  # a FIFO or /dev/zero was searched as a folder
+            raise UserError(f"source '{path}': not a regular file or folder")
         if self.path.is_file() and self.path.suffix not in FILE_SUFFIXES:
             raise UserError(f"source '{path}': unsupported file type '{self.path.suffix}' "
                             f"(use {', '.join(FILE_SUFFIXES)} or a directory of them)")
@@ -207,11 +209,12 @@ class HFSource:
 
     def __init__(self, spec: str):
         self.spec = spec
-        body = spec[len("hf:"):]
-        body, _, split = body.partition("@")
-        name, _, config = body.partition(":")
-        if not name:
-            raise UserError(f"source '{spec}': expected hf:NAME[:CONFIG][@SPLIT]")
+        body, at, split = spec[len("hf:"):].partition("@")
+        name, colon, config = body.partition(":")
+        empty = [part for part, missing in (("NAME", not name), ("CONFIG after ':'", colon and not config),
+                                            ("SPLIT after '@'", at and not split)) if missing]
+        if empty:  # an empty CONFIG or SPLIT after its separator was taken for the default
+            raise UserError(f"source '{spec}': expected hf:NAME[:CONFIG][@SPLIT], and {empty[0]} is empty")
         self.name, self.config, self.split = name, config or None, split or "train"
         self._dataset = None
 
