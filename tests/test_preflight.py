@@ -91,6 +91,40 @@ def test_a_corpus_or_tokenizer_this_machine_lacks_is_named_with_its_file_and_fie
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
 
 
+def small_corpus(tmp_path) -> Path:
+    """50 one-line documents: 2% of them (1) for validation, 24 tokens, fewer than seq_len 32 + 1."""
+    corpus = tmp_path / "small"
+    corpus.mkdir()
+    for i in range(1, 51):
+        (corpus / f"d{i}.txt").write_text(f"doc {i} some words here\n")
+    return corpus
+
+
+VAL_TOO_SHORT = "its val split has 24 tokens, fewer than train.seq_len + 1 = 33 (a larger corpus or a shorter seq_len)"
+
+
+def test_a_prepared_corpus_whose_split_is_shorter_than_seq_len_stops_the_sweep_before_it_starts(tmp_path, capsys):
+    from conftest import mini_sweep
+
+    from k3lab.data import prepare_dataset
+
+    corpus = small_corpus(tmp_path)
+    prepare_dataset(str(corpus), progress=False)
+    path = tmp_path / "mini.yaml"
+    path.write_text(mini_sweep("mini", "x").replace("eval_batches: 1,", f"eval_batches: 1, dataset: '{corpus}',"))
+    assert main(sweep_args(tmp_path, path)) == 2
+    assert one_line_error(capsys) == f"error: {path}: train.dataset {corpus}: {VAL_TOO_SHORT}\n"
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_train_on_a_corpus_whose_split_is_shorter_than_seq_len_is_refused_before_training(tmp_path, capsys):
+    corpus = small_corpus(tmp_path)
+    assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--device", "cpu",
+                 "--set", f"train.dataset={corpus}", "--set", "train.seq_len=32"]) == 2
+    err = capsys.readouterr().err  # the corpus' tokenizing progress, then the error
+    assert err.splitlines()[-1] == f"error: train.dataset {corpus}: {VAL_TOO_SHORT}" and "Traceback" not in err
+
+
 def test_the_tracking_uri_in_the_environment_is_checked_and_named(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "mlflow.db"))
     assert main(["train", "tiny", "--steps", "2"]) == 2

@@ -48,7 +48,7 @@ def run_preflight(plan: Preflight) -> Dataset:
     run_checks(plan)
     check_models(plan.models, plan.train)  # what needs no data, before a corpus is tokenized (minutes)
     dataset = prepared_dataset(plan.train, plan.progress)
-    check_models(plan.models, plan.train, dataset.vocab_size)
+    check_prepared(plan, dataset)
     return dataset
 
 
@@ -71,7 +71,7 @@ def run_preflight_overlapped(plan: Preflight) -> "PendingDataset":
             check_models(plan.models, train, get_tokenizer(train.tokenizer).vocab_size)
             return PendingDataset(prepare_dataset, train.dataset, train.tokenizer, progress=plan.progress)
         dataset = prepare_dataset(train.dataset, train.tokenizer, progress=plan.progress)
-    check_models(plan.models, train, dataset.vocab_size)
+    check_prepared(plan, dataset)  # a corpus prepared earlier is refused before Ray starts
     return PendingDataset(lambda: dataset)
 
 
@@ -215,6 +215,18 @@ def prepared_dataset(train: TrainSpec, progress: bool) -> Dataset:
         return dataset
     check_writable("data cache", cache_root())
     return prepare_dataset(train.dataset, train.tokenizer, progress=progress)
+
+
+def check_prepared(plan: Preflight, dataset: Dataset) -> None:
+    """The prepared corpus suits the trials: every model holds its vocabulary, and each split
+    a window of train.seq_len + 1 tokens (from its manifest)."""
+    from k3lab.train.trainer import check_splits
+
+    check_models(plan.models, plan.train, dataset.vocab_size)
+    try:
+        check_splits(plan.train, dataset)
+    except UserError as error:
+        raise UserError(f"{plan.train_from}{error}") from None
 
 
 def check_models(models: dict[str, KimiK3Config], train: TrainSpec, vocab_size: int | None = None) -> None:

@@ -25,7 +25,7 @@ from k3lab.tune.logs import library_logs
 from k3lab.tune.mps import ENV_KEYS as MPS_ENV
 from k3lab.tune.mps import gpu_sharing
 from k3lab.tune.parent import ParentRun, record_sweep
-from k3lab.tune.preflight import Preflight, cuda_gpus, run_preflight_overlapped
+from k3lab.tune.preflight import Preflight, check_prepared, cuda_gpus, run_preflight_overlapped
 from k3lab.tune.reaper import Watchdog, end_leftovers
 from k3lab.tune.run import SweepRun, check_experiment_dir, discard_earlier_run
 from k3lab.tune.trial import TrialSpec, tune_trainable
@@ -296,7 +296,8 @@ def share_gpus(run: SweepRun, say=print):
 
 def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> dict:
     """`run_sweep` once the experiment folder has passed its checks and the GPU sharing is set up."""
-    dataset = run_preflight_overlapped(sweep_preflight(run, progress=live))  # tokenizing while Ray starts
+    plan = sweep_preflight(run, progress=live)
+    dataset = run_preflight_overlapped(plan)  # tokenizing while Ray starts
     if run.uses_gpus:
         use_kernel_cache(run.kernel_cache)  # created, writable, and this process points at it
     if run.overwrite:
@@ -306,7 +307,9 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
         if not run.verbose:  # named here, once the checks have passed and the file exists
             say(f"Ray and MLflow notices: {run.log_file}")
         with ray_session(run):
-            dataset_dir = str(dataset.result().path.resolve())
+            prepared = dataset.result()
+            check_prepared(plan, prepared)  # a corpus tokenized on the thread: before any trial
+            dataset_dir = str(prepared.path.resolve())
             with ParentRun(run) as parent:
                 if not run.resume:
                     record_sweep(run, parent)
