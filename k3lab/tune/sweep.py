@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from k3lab.errors import UserError
+from k3lab.model.config import KimiK3Config
 from k3lab.registry import ResourceSpec, Sweep
 from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_shares
 from k3lab.report.sequential import BUDGET
@@ -230,11 +231,15 @@ def restore_tuner(run: SweepRun, trainable, run_config):
 def sweep_preflight(run: SweepRun, progress: bool) -> Preflight:
     """What the sweep's trials need, for `run_preflight`."""
     sweep = run.sweep
-    return Preflight(tracking_uri=run.tracking_uri, train=sweep.train,
-                     models={f"{sweep.path}: variant {v.name}": v.config for v in sweep.valid_variants},
+    return Preflight(tracking_uri=run.tracking_uri, train=sweep.train, models=sweep_models(sweep),
                      folders={"storage folder": run.storage}, gpus=gpus_per_trial(sweep.resources, cuda_gpus() > 0),
                      gpus_from=f"{sweep.path}: {gpu_field(sweep)}", local=not run.on_cluster, progress=progress,
                      train_from=f"{sweep.path}: ")
+
+
+def sweep_models(sweep: Sweep) -> dict[str, KimiK3Config]:
+    """The models the sweep's trials train, by label for messages ("x.yaml: variant a")."""
+    return {f"{sweep.path}: variant {v.name}": v.config for v in sweep.valid_variants}
 
 
 def gpus_per_trial(resources: ResourceSpec, has_gpus: bool) -> float:
