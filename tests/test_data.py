@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -122,6 +125,51 @@ def test_bad_tokenizer_spec():
             get_tokenizer(spec)
 
 
+def _no_training(*args):
+    raise AssertionError("a bpe tokenizer was trained")
+
+
+@pytest.mark.parametrize("spec", ["bpe:1048577", "bpe:99999999999"])
+def test_a_bpe_vocabulary_above_2_to_the_20_is_refused_before_training(tmp_path, cache, monkeypatch, spec):
+    from k3lab.data import bpe
+
+    monkeypatch.setattr(bpe, "train_bpe", _no_training)  # the real one aborted the process in Rust
+    with pytest.raises(UserError, match=rf"tokenizer '{spec}': expected bpe:VOCAB with VOCAB >= 260 and "
+                                        r"<= 1,048,576 \(2\*\*20\)"):
+        prepare_dataset(str(_two_documents(tmp_path)), spec, cache_dir=cache, progress=False)
+    assert not cache.exists()
+
+
+def test_a_bpe_tokenizer_of_a_one_document_source_is_refused_before_it_is_trained(tmp_path, cache, monkeypatch):
+    from k3lab.data import bpe
+
+    (tmp_path / "one.txt").write_text("a\nb\n")
+    monkeypatch.setattr(bpe, "train_bpe", _no_training)
+    with pytest.raises(UserError, match="one.txt': 1 non-empty document.*needs at least 2"):
+        prepare_dataset(str(tmp_path / "one.txt"), "bpe:300", cache_dir=cache, progress=False)
+    assert not cache.exists()  # no tokenizer cached, no folder made
+
+
+def test_a_bpe_training_that_fails_or_is_interrupted_leaves_no_temporary_folder(tmp_path, cache, monkeypatch):
+    from k3lab.data import bpe
+
+    def interrupted(source, vocab, val_fraction, out):
+        out.write_text("half a tokenizer")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bpe, "train_bpe", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_dataset(str(_two_documents(tmp_path)), "bpe:300", cache_dir=cache, progress=False)
+    assert [p.name for p in (cache / "tokenizers").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def _two_documents(tmp_path):
+    (tmp_path / "two").mkdir()
+    for name in ("a", "b"):
+        (tmp_path / "two" / f"{name}.txt").write_text(f"text of {name}")
+    return tmp_path / "two"
+
+
 # ---------------------------------------------------------------- sources
 
 
@@ -158,12 +206,54 @@ def test_bad_source_is_user_error(tmp_path, cache, make, problem):
     assert str(path.name) in str(info.value) and "\n" not in str(info.value)
 
 
+def _damaged_parquet(path):
+    """A parquet file whose footer is intact and whose first data page is overwritten."""
+    pq.write_table(pa.table({"text": ["hello world " * 100] * 1000}), path)
+    data = bytearray(path.read_bytes())
+    data[100:400] = b"U" * 300
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda d: (d / "x.parquet").write_text("junk\n") and d / "x.parquet", "not a parquet file ("),
+    (lambda d: pq.write_table(pa.table({"text": [1, 2, 3]}), d / "x.parquet") or d / "x.parquet",
+     "column 'text' must hold strings, got int64"),
+    (lambda d: _damaged_parquet(d / "x.parquet") or d / "x.parquet", "a damaged parquet file ("),
+])
+@pytest.mark.parametrize("in_folder", [False, True])
+def test_a_parquet_file_that_is_not_parquet_or_not_text_is_one_line_naming_it(tmp_path, cache, make, problem,
+                                                                              in_folder):
+    (tmp_path / "corpus").mkdir()
+    path = make(tmp_path / "corpus")
+    (tmp_path / "corpus" / "a.txt").write_text("a document beside it")
+    with pytest.raises(UserError) as info:
+        prepare_dataset(str(path.parent if in_folder else path), cache_dir=cache, progress=False)
+    assert str(info.value).startswith(f"source '{path}': {problem}") and "\n" not in str(info.value)
+    assert [p for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+
+
 def test_bad_settings_are_user_errors(corpus, cache):
     for fraction in (0.0, 1.0, -0.1):
         with pytest.raises(UserError, match="val_fraction"):
             prepare_dataset(str(corpus), cache_dir=cache, val_fraction=fraction, progress=False)
     with pytest.raises(UserError, match="hf:NAME"):
         get_source("hf:")
+
+
+@pytest.mark.parametrize("make", [lambda d: os.mkfifo(d / "fifo") or d / "fifo", lambda d: Path("/dev/zero")])
+def test_a_fifo_or_device_as_source_is_not_a_regular_file_or_folder(tmp_path, make):
+    path = make(tmp_path)
+    with pytest.raises(UserError, match=rf"^source '{path}': not a regular file or folder$"):
+        get_source(str(path))
+
+
+@pytest.mark.parametrize("spec, empty", [("hf:", "NAME"), ("hf:@test", "NAME"),
+                                         ("hf:org/corpus@", "SPLIT after '@'"),
+                                         ("hf:org/corpus:@test", "CONFIG after ':'")])
+def test_an_hf_source_with_an_empty_part_is_refused_naming_the_form(spec, empty):
+    with pytest.raises(UserError, match=re.escape(f"source '{spec}': expected hf:NAME[:CONFIG][@SPLIT], and "
+                                                  f"{empty} is empty")):
+        get_source(spec)
 
 
 def test_hf_source_through_datasets(monkeypatch, cache):
@@ -443,3 +533,32 @@ def test_cli_prepare_and_info(corpus, cache, capsys):
     assert _cli(["data", "info", "--cache-dir", str(cache)]) == 0
     with pytest.raises(UserError, match="not prepared with val fraction 0.3"):
         _cli(["data", "info", str(corpus), "--cache-dir", str(cache), "--val-fraction", "0.3"])
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--val-fraction", "5", "--tokenizer", "bpe:abc"], "val_fraction 5.0: must lie strictly between 0 and 1"),
+    (["--tokenizer", "bpe:abc"], "tokenizer 'bpe:abc': expected bpe:VOCAB"),
+    (["--tokenizer", "tokenizer:/no/such.json"], "tokenizer 'tokenizer:/no/such.json': no such file"),
+])
+@pytest.mark.parametrize("source", [[], ["stdlib"]])
+def test_data_info_refuses_the_options_data_prepare_refuses(cache, options, message, source):
+    with pytest.raises(UserError, match="^" + message) as prepare:
+        _cli(["data", "prepare", *source, "--cache-dir", str(cache), *options])
+    with pytest.raises(UserError, match="^" + message) as info:
+        _cli(["data", "info", *source, "--cache-dir", str(cache), *options])
+    assert str(info.value) == str(prepare.value) and not cache.exists()
+
+
+@pytest.mark.parametrize("command", [["info"], ["info", "stdlib"], ["prepare", "stdlib"]])
+@pytest.mark.parametrize("below", [False, True])
+def test_a_cache_dir_that_is_a_file_is_one_line_naming_the_flag_or_the_variable(tmp_path, monkeypatch, command,
+                                                                                 below):
+    (tmp_path / "afile").write_text("")
+    root = tmp_path / "afile" / "sub" if below else tmp_path / "afile"
+    with pytest.raises(UserError) as flag:
+        _cli(["data", *command, "--cache-dir", str(root)])
+    assert str(flag.value) == f"--cache-dir {root}: {tmp_path / 'afile'} is a file, not a folder"
+    monkeypatch.setenv("K3LAB_DATA_DIR", str(root))
+    with pytest.raises(UserError) as variable:
+        _cli(["data", *command])
+    assert str(variable.value) == f"K3LAB_DATA_DIR {root}: {tmp_path / 'afile'} is a file, not a folder"

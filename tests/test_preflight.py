@@ -4,6 +4,7 @@ MLflow run never left RUNNING, driven through the command line as a user runs it
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,66 @@ def test_a_corpus_or_tokenizer_this_machine_lacks_is_named_with_its_file_and_fie
     assert main(sweep_args(tmp_path, path, *(["--dry-run"] if dry_run else []))) == 2
     assert one_line_error(capsys).startswith(f"error: {path}: {message}")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def small_corpus(tmp_path) -> Path:
+    """50 one-line documents: 2% of them (1) for validation, 24 tokens, fewer than seq_len 32 + 1."""
+    corpus = tmp_path / "small"
+    corpus.mkdir()
+    for i in range(1, 51):
+        (corpus / f"d{i}.txt").write_text(f"doc {i} some words here\n")
+    return corpus
+
+
+VAL_TOO_SHORT = "its val split has 24 tokens, fewer than train.seq_len + 1 = 33 (a larger corpus or a shorter seq_len)"
+
+
+def test_a_prepared_corpus_whose_split_is_shorter_than_seq_len_stops_the_sweep_before_it_starts(tmp_path, capsys):
+    from conftest import mini_sweep
+
+    from k3lab.data import prepare_dataset
+
+    corpus = small_corpus(tmp_path)
+    prepare_dataset(str(corpus), progress=False)
+    path = tmp_path / "mini.yaml"
+    path.write_text(mini_sweep("mini", "x").replace("eval_batches: 1,", f"eval_batches: 1, dataset: '{corpus}',"))
+    assert main(sweep_args(tmp_path, path)) == 2
+    assert one_line_error(capsys) == f"error: {path}: train.dataset {corpus}: {VAL_TOO_SHORT}\n"
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_train_on_a_corpus_whose_split_is_shorter_than_seq_len_is_refused_before_training(tmp_path, capsys):
+    corpus = small_corpus(tmp_path)
+    assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--device", "cpu",
+                 "--set", f"train.dataset={corpus}", "--set", "train.seq_len=32"]) == 2
+    err = capsys.readouterr().err  # the corpus' tokenizing progress, then the error
+    assert err.splitlines()[-1] == f"error: train.dataset {corpus}: {VAL_TOO_SHORT}" and "Traceback" not in err
+
+
+BPE_TOO_LARGE = r"variant \S+: vocab_size: the tokenizer has 4096 ids, more than the model's vocab_size=320$"
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_bpe_vocabulary_larger_than_the_models_stops_a_sweep_before_any_data_work(tmp_path, monkeypatch, capsys,
+                                                                                     dry_run):
+    from conftest import mini_sweep
+
+    monkeypatch.setenv("K3LAB_DATA_DIR", str(tmp_path / "data"))
+    path = tmp_path / "mini.yaml"
+    path.write_text(mini_sweep("mini", "x").replace("eval_batches: 1,", "eval_batches: 1, tokenizer: 'bpe:4096',"))
+    assert main(sweep_args(tmp_path, path, *(["--dry-run"] if dry_run else []))) == 2
+    assert re.match(f"error: {re.escape(str(path))}: {BPE_TOO_LARGE}", one_line_error(capsys))
+    assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()
+
+
+def test_train_with_a_bpe_vocabulary_larger_than_the_models_stops_before_any_data_work(tmp_path, monkeypatch,
+                                                                                        capsys):
+    monkeypatch.setenv("K3LAB_DATA_DIR", str(tmp_path / "data"))
+    assert main(["train", "tiny", "--steps", "2", "--no-tracking", "--device", "cpu",
+                 "--set", "train.tokenizer=bpe:4096"]) == 2
+    assert one_line_error(capsys) == "error: vocab_size: the tokenizer has 4096 ids, more than the model's " \
+                                     "vocab_size=320\n"
+    assert not (tmp_path / "data").exists()
 
 
 def test_the_tracking_uri_in_the_environment_is_checked_and_named(tmp_path, monkeypatch, capsys):

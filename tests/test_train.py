@@ -541,3 +541,14 @@ def test_the_last_evaluation_uses_final_eval_batches_and_the_others_eval_batches
 def test_final_eval_batches_must_be_positive():
     with pytest.raises(Exception, match="final_eval_batches must be positive, got 0"):
         tiny_spec(final_eval_batches=0)
+
+
+def test_a_corpus_whose_split_is_shorter_than_seq_len_is_refused_naming_the_corpus_split_and_field(tmp_path):
+    from k3lab.errors import UserError
+
+    (tmp_path / "two").mkdir()
+    for name in ("a", "b"):  # one short document per split
+        (tmp_path / "two" / f"{name}.txt").write_text(f"text of {name}")
+    with pytest.raises(UserError, match=rf"^train.dataset {tmp_path / 'two'}: its train split has 10 tokens, "
+                                        r"fewer than train.seq_len \+ 1 = 33 \(a larger corpus or a shorter seq_len\)$"):
+        Trainer(load_preset("tiny"), tiny_spec(dataset=str(tmp_path / "two")), device="cpu")

@@ -340,9 +340,10 @@ def run_sweep_command(args) -> int:
     console = wide_console()
     print_plan(console, sweep)
     if args.dry_run:
-        from k3lab.tune.preflight import check_data_specs
+        from k3lab.tune.preflight import check_inputs
+        from k3lab.tune.sweep import sweep_models
 
-        check_data_specs(sweep.train, f"{sweep.path}: ")
+        check_inputs(sweep.train, sweep_models(sweep), f"{sweep.path}: ")
         console.print(variant_table(sweep))
         console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
                       f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}"

@@ -1,8 +1,9 @@
 """A byte-level BPE tokenizer trained locally on a corpus' training split, cached beside its tokens.
 
-`train.tokenizer: bpe:VOCAB` (e.g. `bpe:4096`) names the tokenizer that the `tokenizers` library's
-byte-level BPE trainer learns from the training documents of `train.dataset` (never the validation
-ones: validation text stays unseen), with `<|endoftext|>` as its end-of-document token. It is
+`train.tokenizer: bpe:VOCAB` (e.g. `bpe:4096`; 260 <= VOCAB <= 2**20) names the tokenizer that the
+`tokenizers` library's byte-level BPE trainer learns from the training documents of `train.dataset`
+(never the validation ones: validation text stays unseen), with `<|endoftext|>` as its
+end-of-document token. A source of fewer than 2 documents is refused before training. It is
 trained once and kept in the token cache, `<cache root>/tokenizers/<source>-bpe<VOCAB>-<key>/
 tokenizer.json` (the key hashes the source's fingerprint, the vocabulary size and the validation
 share); the dataset tokenized with it then lives beside it, under its own name, as for any
@@ -13,17 +14,19 @@ Needs the `tokenizers` package (the test extra has it).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from pathlib import Path
 
 from k3lab.data.cache import cache_root, locked, staging
-from k3lab.data.split import TRAIN, assign
+from k3lab.data.split import TRAIN, assign, check_documents
 from k3lab.data.tokenizer import EOT_TEXT, FileTokenizer
 from k3lab.errors import UserError
 
 SPEC = re.compile(r"^bpe:(\d+)$")
 MIN_VOCAB = 260  # 256 bytes, the end-of-document token and a few merges
+MAX_VOCAB = 1 << 20  # 1,048,576; the trainer allocates by VOCAB (bpe:99999999999 aborted in Rust)
 FORMAT = 1
 
 
@@ -33,8 +36,9 @@ def is_bpe(spec: str) -> bool:
 
 def vocab_of(spec: str) -> int:
     match = SPEC.match(spec)
-    if match is None or int(match.group(1)) < MIN_VOCAB:
-        raise UserError(f"tokenizer '{spec}': expected bpe:VOCAB with VOCAB >= {MIN_VOCAB}, e.g. bpe:4096")
+    if match is None or not MIN_VOCAB <= int(match.group(1)) <= MAX_VOCAB:
+        raise UserError(f"tokenizer '{spec}': expected bpe:VOCAB with VOCAB >= {MIN_VOCAB} and <= {MAX_VOCAB:,} "
+                        "(2**20), e.g. bpe:4096")
     return int(match.group(1))
 
 
@@ -54,6 +58,7 @@ def bpe_tokenizer(spec: str, source, val_fraction: float, cache_dir=None, train:
     if not path.exists():
         if not train:
             return None
+        check_documents(source.spec, non_empty_documents(source, 2))
         folder = path.parent
         folder.parent.mkdir(parents=True, exist_ok=True)
         with locked(folder.parent, folder.name):
@@ -61,6 +66,11 @@ def bpe_tokenizer(spec: str, source, val_fraction: float, cache_dir=None, train:
                 with staging(folder.parent, folder.name) as tmp:
                     train_bpe(source, vocab_of(spec), val_fraction, tmp / "tokenizer.json")
     return FileTokenizer(path)
+
+
+def non_empty_documents(source, most: int) -> int:
+    """The source's non-empty documents, counted up to `most` (reads only as far as that)."""
+    return sum(1 for _ in itertools.islice((doc for doc in source.documents() if doc.text), most))
 
 
 def train_bpe(source, vocab: int, val_fraction: float, out: Path) -> Path:

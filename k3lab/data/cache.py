@@ -28,9 +28,24 @@ DEFAULT_ROOT = Path("~/.cache/k3lab/data")
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """The cache root: the argument, else $K3LAB_DATA_DIR, else ~/.cache/k3lab/data."""
-    root = cache_dir or os.environ.get(ENV_VAR) or DEFAULT_ROOT
-    return Path(root).expanduser()
+    """The cache root: the argument (--cache-dir), else $K3LAB_DATA_DIR, else ~/.cache/k3lab/data."""
+    if cache_dir:
+        return _folder(cache_dir, "--cache-dir")
+    if os.environ.get(ENV_VAR):
+        return _folder(os.environ[ENV_VAR], ENV_VAR)
+    return _folder(DEFAULT_ROOT, "data cache")
+
+
+def _folder(root: str | Path, named_by: str) -> Path:
+    """`root`, refused naming `named_by` when it is, or lies below, a file (`data info` called
+    such a cache empty, and `data prepare` said only that it cannot create it)."""
+    root = Path(root).expanduser()
+    existing = root.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{named_by} {root}: {existing} is a file, not a folder")
+    return root
 
 
 def dataset_name(source_spec: str, tokenizer_name: str, identity: dict) -> str:

@@ -7,8 +7,9 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from k3lab.data.bpe import MAX_VOCAB, MIN_VOCAB
 from k3lab.data.dataset import Dataset
-from k3lab.data.prepare import DEFAULT_VAL_FRACTION, find_datasets, list_datasets, prepare_dataset
+from k3lab.data.prepare import DEFAULT_VAL_FRACTION, check_options, find_datasets, list_datasets, prepare_dataset
 from k3lab.data.split import SPLITS
 from k3lab.errors import UserError
 
@@ -33,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(parser: argparse.ArgumentParser, val_default: float | None = DEFAULT_VAL_FRACTION) -> None:
-    parser.add_argument("--tokenizer", default="byte", help="'byte' (default) or tokenizer:PATH/tokenizer.json")
+    parser.add_argument("--tokenizer", default="byte",
+                        help="'byte' (default), tokenizer:PATH/tokenizer.json, or bpe:VOCAB: a byte-level BPE of "
+                             f"VOCAB ids ({MIN_VOCAB} to {MAX_VOCAB:,}) trained on the source's training split")
     parser.add_argument("--cache-dir", default=None, help="cache root (default $K3LAB_DATA_DIR or ~/.cache/k3lab/data)")
     parser.add_argument("--val-fraction", type=float, default=val_default,
                         help="share of documents held out for validation "
@@ -50,6 +53,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    check_options(args.tokenizer, args.val_fraction)  # as prepare does, with or without a source
     if args.source is None:
         found = list_datasets(args.cache_dir)
     else:

@@ -26,8 +26,8 @@ from k3lab.data.dataset import MANIFEST, TOKENIZER_FILE, Dataset
 from k3lab.data.progress import progress_bar
 from k3lab.data.shards import DEFAULT_SHARD_TOKENS, ShardWriter, token_dtype
 from k3lab.data.sources import Document, Source, get_source
-from k3lab.data.split import SPLITS, SplitTracker, assign
-from k3lab.data.tokenizer import FileTokenizer, get_tokenizer
+from k3lab.data.split import SPLITS, SplitTracker, assign, check_documents
+from k3lab.data.tokenizer import FileTokenizer, get_tokenizer, tokenizer_vocab
 from k3lab.errors import UserError
 
 FORMAT_VERSION = 1
@@ -44,6 +44,7 @@ def prepare_dataset(source: str = "stdlib", tokenizer: str = "byte", cache_dir: 
     so it is not part of the cache key. Returns a `Dataset` whose `cached` is
     True when nothing had to be written.
     """
+    check_options(tokenizer, val_fraction)
     src = get_source(source)
     tok = _tokenizer(tokenizer, src, cache_dir, val_fraction, train=True)
     root, name, identity = _locate(src, tok, cache_dir, val_fraction)
@@ -60,6 +61,7 @@ def prepare_dataset(source: str = "stdlib", tokenizer: str = "byte", cache_dir: 
 def load_dataset_info(source: str = "stdlib", tokenizer: str = "byte", cache_dir: str | Path | None = None,
                       val_fraction: float = DEFAULT_VAL_FRACTION) -> Dataset | None:
     """The prepared dataset for these arguments, or None when it has not been prepared."""
+    check_options(tokenizer, val_fraction)
     src = get_source(source)
     tok = _tokenizer(tokenizer, src, cache_dir, val_fraction, train=False)
     if tok is None:  # bpe:VOCAB not trained yet: nothing prepared with it either
@@ -72,6 +74,7 @@ def find_datasets(source: str = "stdlib", tokenizer: str = "byte", cache_dir: st
                   val_fraction: float | None = None) -> list[Dataset]:
     """Prepared datasets of this source content and tokenizer, of any validation fraction
     unless one is given."""
+    check_options(tokenizer, val_fraction)
     src = get_source(source)
     if is_bpe(tokenizer):  # a trained tokenizer is per validation share: look for each prepared one
         found = []
@@ -95,18 +98,23 @@ def list_datasets(cache_dir: str | Path | None = None) -> list[Dataset]:
     return [Dataset.open(p) for p in paths]
 
 
+def check_options(tokenizer: str, val_fraction: float | None) -> None:
+    """The tokenizer spec and the validation share (None: any, as `data info` takes it), checked
+    before the source is read, by `data prepare` and `data info` alike (info ignored both, and
+    prepare hashed the whole corpus before it looked at the share)."""
+    if val_fraction is not None and not 0.0 < val_fraction < 1.0:
+        raise UserError(f"val_fraction {val_fraction}: must lie strictly between 0 and 1")
+    tokenizer_vocab(tokenizer)
+
+
 def _tokenizer(spec: str, src: Source, cache_dir, val_fraction: float, train: bool):
     """The tokenizer a spec names; `bpe:VOCAB` is trained on `src` (see k3lab.data.bpe)."""
     if is_bpe(spec):
-        if not 0.0 < val_fraction < 1.0:
-            raise UserError(f"val_fraction {val_fraction}: must lie strictly between 0 and 1")
         return bpe_tokenizer(spec, src, val_fraction, cache_dir, train=train)
     return get_tokenizer(spec)
 
 
 def _locate(src: Source, tok, cache_dir, val_fraction: float) -> tuple[Path, str, dict]:
-    if not 0.0 < val_fraction < 1.0:
-        raise UserError(f"val_fraction {val_fraction}: must lie strictly between 0 and 1")
     identity = {"format": FORMAT_VERSION, "source": src.spec, "fingerprint": src.fingerprint(),
                 "tokenizer": tok.fingerprint, "val_fraction": val_fraction}
     return cache_root(cache_dir), dataset_name(src.spec, tok.name, identity), identity
@@ -116,9 +124,7 @@ def _build(src: Source, tok, directory: Path, identity: dict, progress: bool, sh
     """Write shards and manifest.json into `directory`; a second pass runs only when the
     split rule left a split empty (tiny corpora)."""
     splits, tracker = _tokenize(src, tok, directory, identity["val_fraction"], {}, progress, shard_tokens)
-    if sum(tracker.counts.values()) < 2:
-        raise UserError(f"source '{src.spec}': {sum(tracker.counts.values())} non-empty document(s); "
-                        "a train/validation split by document needs at least 2")
+    check_documents(src.spec, sum(tracker.counts.values()))
     if forced := tracker.forced():
         for shard in directory.iterdir():
             shard.unlink()

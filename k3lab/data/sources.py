@@ -91,6 +91,8 @@ class LocalSource:
         self.spec = str(self.path)
         if not self.path.exists():
             raise UserError(f"source '{path}': no such file or directory")
+        if not (self.path.is_file() or self.path.is_dir()):  # a FIFO or /dev/zero was searched as a folder
+            raise UserError(f"source '{path}': not a regular file or folder")
         if self.path.is_file() and self.path.suffix not in FILE_SUFFIXES:
             raise UserError(f"source '{path}': unsupported file type '{self.path.suffix}' "
                             f"(use {', '.join(FILE_SUFFIXES)} or a directory of them)")
@@ -118,8 +120,7 @@ class LocalSource:
             if path.suffix == ".txt":
                 total += 1
             elif path.suffix == ".parquet":
-                import pyarrow.parquet as pq
-                total += pq.ParquetFile(path).metadata.num_rows
+                total += _parquet_file(path).metadata.num_rows
             else:
                 return None
         return total
@@ -150,18 +151,48 @@ def _jsonl_documents(path: Path, rel: str) -> Iterator[Document]:
 
 
 def _parquet_documents(path: Path, rel: str) -> Iterator[Document]:
+    row = 0
+    for texts in _parquet_texts(_parquet_file(path), path):
+        for text in texts:
+            yield Document(f"{rel}:{row}", text or "")
+            row += 1
+
+
+def _parquet_file(path: Path):
+    """The open `pyarrow.parquet.ParquetFile`, checked to hold a string column 'text': `count()` and
+    `documents()` both open it here (a file that is no parquet raised pyarrow's traceback from
+    `count()`, and a column of numbers reached the tokenizer as ints)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
     try:
         file = pq.ParquetFile(path)
     except Exception as error:  # pyarrow raises ArrowInvalid/OSError for anything malformed
-        raise UserError(f"source '{path}': not a readable parquet file ({error})") from None
-    if "text" not in file.schema_arrow.names:
-        raise UserError(f"source '{path}': no column 'text' (columns: {', '.join(file.schema_arrow.names)})")
-    row = 0
-    for batch in file.iter_batches(columns=["text"], batch_size=1024):
-        for text in batch.column(0).to_pylist():
-            yield Document(f"{rel}:{row}", text or "")
-            row += 1
+        raise UserError(f"source '{path}': not a parquet file ({_first_line(error)})") from None
+    schema = file.schema_arrow
+    if "text" not in schema.names:
+        raise UserError(f"source '{path}': no column 'text' (columns: {', '.join(schema.names)})")
+    kind = schema.field("text").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+        raise UserError(f"source '{path}': column 'text' must hold strings, got {kind}")
+    return file
+
+
+def _parquet_texts(file, path: Path) -> Iterator[list]:
+    """The column 'text' in batches of rows; a page pyarrow cannot read (a damaged file whose
+    footer is intact) is the file's one-line error, not pyarrow's traceback."""
+    batches = file.iter_batches(columns=["text"], batch_size=1024)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as error:  # OSError/ArrowInvalid, as when opening it
+            raise UserError(f"source '{path}': a damaged parquet file ({_first_line(error)})") from None
+        yield batch.column(0).to_pylist()
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _valid_unicode(text: str) -> str:
@@ -178,11 +209,12 @@ class HFSource:
 
     def __init__(self, spec: str):
         self.spec = spec
-        body = spec[len("hf:"):]
-        body, _, split = body.partition("@")
-        name, _, config = body.partition(":")
-        if not name:
-            raise UserError(f"source '{spec}': expected hf:NAME[:CONFIG][@SPLIT]")
+        body, at, split = spec[len("hf:"):].partition("@")
+        name, colon, config = body.partition(":")
+        empty = [part for part, missing in (("NAME", not name), ("CONFIG after ':'", colon and not config),
+                                            ("SPLIT after '@'", at and not split)) if missing]
+        if empty:  # an empty CONFIG or SPLIT after its separator was taken for the default
+            raise UserError(f"source '{spec}': expected hf:NAME[:CONFIG][@SPLIT], and {empty[0]} is empty")
         self.name, self.config, self.split = name, config or None, split or "train"
         self._dataset = None
 
@@ -199,8 +231,7 @@ class HFSource:
         try:
             ds = datasets.load_dataset(self.name, self.config, split=self.split)
         except Exception as error:  # network, missing dataset, bad config or split: all the user's to fix
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise UserError(f"source '{self.spec}': cannot load ({first})") from error
+            raise UserError(f"source '{self.spec}': cannot load ({_first_line(error)})") from error
         if "text" not in ds.column_names:
             raise UserError(f"source '{self.spec}': no column 'text' (columns: {', '.join(ds.column_names)})")
         return ds

@@ -12,8 +12,19 @@ from __future__ import annotations
 
 import hashlib
 
+from k3lab.errors import UserError
+
 TRAIN, VAL = "train", "val"
 SPLITS = (TRAIN, VAL)
+
+
+def check_documents(source_spec: str, documents: int) -> None:
+    """Refuse a source of fewer than 2 non-empty documents: each split needs one of its own. Both
+    a dataset build and a `bpe:VOCAB` training check it (the training, before it starts: it
+    cached a tokenizer of such a source, which the build then refused)."""
+    if documents < 2:
+        raise UserError(f"source '{source_spec}': {documents} non-empty document(s); "
+                        "a train/validation split by document needs at least 2")
 
 
 def doc_hash(doc_id: str) -> float:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from k3lab.data import BatchSampler, prepare_dataset
+from k3lab.data.split import SPLITS
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.model.counting import count_parameters
@@ -124,6 +125,17 @@ def check_vocab(config: KimiK3Config, vocab_size: int) -> None:
                         f"vocab_size={config.vocab_size}")
 
 
+def check_splits(spec: TrainSpec, dataset) -> None:
+    """Reject a prepared corpus whose training or validation split holds no window of
+    train.seq_len + 1 tokens, naming the corpus, the split and the field (the sampler said only
+    'split has 24 tokens', from inside each trial). Reads the manifest's counts: cheap."""
+    for split in SPLITS:
+        tokens = dataset.manifest["splits"][split]["tokens"]
+        if tokens < spec.seq_len + 1:
+            raise UserError(f"train.dataset {spec.dataset}: its {split} split has {tokens:,} tokens, fewer than "
+                            f"train.seq_len + 1 = {spec.seq_len + 1} (a larger corpus or a shorter seq_len)")
+
+
 def reset_in_place(optimizer: torch.optim.Optimizer) -> None:
     """Zero every state tensor of `optimizer` (moments, step counts) where it lies: the state a
     new optimizer starts from, at the addresses a captured CUDA graph updates."""
@@ -164,6 +176,7 @@ class Trainer:
         self.dataset = dataset or prepare_dataset(spec.dataset, spec.tokenizer, progress=progress)
         self.data_s = time.perf_counter() - started  # opening the prepared corpus: part of a trial's start-up
         check_vocab(config, self.dataset.vocab_size)
+        check_splits(spec, self.dataset)
         self.model = initial_model(config, spec, seed).to(device=self.device)
         self.counts = count_parameters(self.model, spec.seq_len)
         self.model.checkpoint_layers = spec.activation_checkpointing

@@ -47,21 +47,19 @@ class Preflight:
 def run_preflight(plan: Preflight) -> Dataset:
     """Every check, in order; returns the prepared dataset."""
     run_checks(plan)
-    check_models(plan.models, plan.train)  # what needs no data, before a corpus is tokenized (minutes)
     dataset = prepared_dataset(plan.train, plan.progress)
-    check_models(plan.models, plan.train, dataset.vocab_size)
+    check_prepared(plan, dataset)
     return dataset
 
 
 def run_preflight_overlapped(plan: Preflight) -> "PendingDataset":
     """`run_preflight`, except that a corpus still to be tokenized is tokenized on a thread, so
     that its time (13.5 s for `packages` on a fresh H200 machine) overlaps what the caller does
-    next (a sweep starts Ray). Every check is made first: the models against the tokenizer's
-    vocabulary, which the byte and file tokenizers know beforehand (a `bpe:` one is trained
-    on the corpus, so its corpus is prepared here, as by `run_preflight`)."""
+    next (a sweep starts Ray). Every check is made first (among them the models against the
+    vocabulary the tokenizer spec gives, `check_inputs`); a `bpe:` tokenizer is trained, and its
+    corpus prepared, here, as by `run_preflight`."""
     run_checks(plan)
-    check_models(plan.models, plan.train)  # before a `bpe:` tokenizer is trained below
-    from k3lab.data import cache_root, get_tokenizer, load_dataset_info, prepare_dataset
+    from k3lab.data import cache_root, load_dataset_info, prepare_dataset
     from k3lab.data.bpe import is_bpe
 
     train = plan.train
@@ -69,10 +67,9 @@ def run_preflight_overlapped(plan: Preflight) -> "PendingDataset":
     if dataset is None:
         check_writable("data cache", cache_root())
         if not is_bpe(train.tokenizer):
-            check_models(plan.models, train, get_tokenizer(train.tokenizer).vocab_size)
             return PendingDataset(prepare_dataset, train.dataset, train.tokenizer, progress=plan.progress)
         dataset = prepare_dataset(train.dataset, train.tokenizer, progress=plan.progress)
-    check_models(plan.models, train, dataset.vocab_size)
+    check_prepared(plan, dataset)  # a corpus prepared earlier is refused before Ray starts
     return PendingDataset(lambda: dataset)
 
 
@@ -106,8 +103,9 @@ class PendingDataset:
 
 
 def run_checks(plan: Preflight) -> None:
-    """The checks that need no data: corpus and tokenizer names, tracking server, folders, GPUs and FLA."""
-    check_data_specs(plan.train, plan.train_from)
+    """The checks that need no data: corpus and tokenizer names and the models (`check_inputs`), tracking
+    server, folders, GPUs and FLA."""
+    check_inputs(plan.train, plan.models, plan.train_from)
     check_tracking_server(plan.tracking_uri)
     for what, folder in (plan.folders | tracking_folders(plan.tracking_uri)).items():
         check_writable(what, folder)
@@ -117,21 +115,28 @@ def run_checks(plan: Preflight) -> None:
         check_cpu_memory(plan.models, plan.train, plan.gpus)
 
 
-def check_data_specs(train: TrainSpec, where: str = "") -> None:
+def check_inputs(train: TrainSpec, models: dict[str, KimiK3Config], where: str = "") -> None:
+    """What the sweep file or command line alone decides, checked first and by `k3lab sweep --dry-run`:
+    the corpus and tokenizer names, and every model against train.seq_len and the vocabulary the
+    tokenizer spec gives (a bpe:4096 for a model of 320 ids was refused only after tokenizing)."""
+    check_models(models, train, check_data_specs(train, where))
+
+
+def check_data_specs(train: TrainSpec, where: str = "") -> int:
     """train.dataset names a corpus this machine has (or hf:NAME, read later) and train.tokenizer a
     tokenizer it can build, checked before anything starts (without it, a missing path failed
     with the source's message alone, naming neither the file nor the field). Nothing is downloaded
-    or tokenized (a tokenizer file is read)."""
-    from k3lab.data.bpe import is_bpe, vocab_of
+    or tokenized (a tokenizer file is read). Returns the tokenizer's vocabulary size (`tokenizer_vocab`)."""
     from k3lab.data.sources import get_source
-    from k3lab.data.tokenizer import get_tokenizer
+    from k3lab.data.tokenizer import tokenizer_vocab
 
-    for field, check in (("dataset", get_source),
-                         ("tokenizer", lambda spec: vocab_of(spec) if is_bpe(spec) else get_tokenizer(spec))):
+    checked = {}
+    for field, check in (("dataset", get_source), ("tokenizer", tokenizer_vocab)):
         try:
-            check(getattr(train, field))
+            checked[field] = check(getattr(train, field))
         except UserError as error:
             raise UserError(f"{where}train.{field}: {error}") from None
+    return checked["tokenizer"]
 
 
 def check_tracking_server(uri: str | None) -> None:
@@ -250,6 +255,18 @@ def prepared_dataset(train: TrainSpec, progress: bool) -> Dataset:
         return dataset
     check_writable("data cache", cache_root())
     return prepare_dataset(train.dataset, train.tokenizer, progress=progress)
+
+
+def check_prepared(plan: Preflight, dataset: Dataset) -> None:
+    """The prepared corpus suits the trials: every model holds its vocabulary, and each split
+    a window of train.seq_len + 1 tokens (from its manifest)."""
+    from k3lab.train.trainer import check_splits
+
+    check_models(plan.models, plan.train, dataset.vocab_size)
+    try:
+        check_splits(plan.train, dataset)
+    except UserError as error:
+        raise UserError(f"{plan.train_from}{error}") from None
 
 
 def check_models(models: dict[str, KimiK3Config], train: TrainSpec, vocab_size: int | None = None) -> None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from k3lab.errors import UserError
+from k3lab.model.config import KimiK3Config
 from k3lab.registry import ResourceSpec, Sweep
 from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_shares
 from k3lab.report.sequential import BUDGET
@@ -25,7 +26,7 @@ from k3lab.tune.logs import library_logs
 from k3lab.tune.mps import ENV_KEYS as MPS_ENV
 from k3lab.tune.mps import gpu_sharing
 from k3lab.tune.parent import ParentRun, record_sweep
-from k3lab.tune.preflight import Preflight, cuda_gpus, run_preflight_overlapped
+from k3lab.tune.preflight import Preflight, check_prepared, cuda_gpus, run_preflight_overlapped
 from k3lab.tune.reaper import Watchdog, end_leftovers
 from k3lab.tune.run import SweepRun, check_experiment_dir, discard_earlier_run
 from k3lab.tune.trial import TrialSpec, tune_trainable
@@ -230,11 +231,15 @@ def restore_tuner(run: SweepRun, trainable, run_config):
 def sweep_preflight(run: SweepRun, progress: bool) -> Preflight:
     """What the sweep's trials need, for `run_preflight`."""
     sweep = run.sweep
-    return Preflight(tracking_uri=run.tracking_uri, train=sweep.train,
-                     models={f"{sweep.path}: variant {v.name}": v.config for v in sweep.valid_variants},
+    return Preflight(tracking_uri=run.tracking_uri, train=sweep.train, models=sweep_models(sweep),
                      folders={"storage folder": run.storage}, gpus=gpus_per_trial(sweep.resources, cuda_gpus() > 0),
                      gpus_from=f"{sweep.path}: {gpu_field(sweep)}", local=not run.on_cluster, progress=progress,
                      train_from=f"{sweep.path}: ")
+
+
+def sweep_models(sweep: Sweep) -> dict[str, KimiK3Config]:
+    """The models the sweep's trials train, by label for messages ("x.yaml: variant a")."""
+    return {f"{sweep.path}: variant {v.name}": v.config for v in sweep.valid_variants}
 
 
 def gpus_per_trial(resources: ResourceSpec, has_gpus: bool) -> float:
@@ -296,7 +301,8 @@ def share_gpus(run: SweepRun, say=print):
 
 def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> dict:
     """`run_sweep` once the experiment folder has passed its checks and the GPU sharing is set up."""
-    dataset = run_preflight_overlapped(sweep_preflight(run, progress=live))  # tokenizing while Ray starts
+    plan = sweep_preflight(run, progress=live)
+    dataset = run_preflight_overlapped(plan)  # tokenizing while Ray starts
     if run.uses_gpus:
         use_kernel_cache(run.kernel_cache)  # created, writable, and this process points at it
     if run.overwrite:
@@ -306,7 +312,9 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
         if not run.verbose:  # named here, once the checks have passed and the file exists
             say(f"Ray and MLflow notices: {run.log_file}")
         with ray_session(run):
-            dataset_dir = str(dataset.result().path.resolve())
+            prepared = dataset.result()
+            check_prepared(plan, prepared)  # a corpus tokenized on the thread: before any trial
+            dataset_dir = str(prepared.path.resolve())
             with ParentRun(run) as parent:
                 if not run.resume:
                     record_sweep(run, parent)
