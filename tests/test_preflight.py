@@ -228,6 +228,18 @@ def test_a_cpu_step_that_cannot_fit_in_memory_is_refused_before_training(capsys,
     assert "a training step needs at least" in err and "lower train.batch_size, train.seq_len or the model's size" in err
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_sweep_whose_cpu_step_cannot_fit_is_refused_naming_the_variant_dry_run_or_not(tmp_path, capsys, dry_run):
+    from conftest import mini_sweep
+
+    path = tmp_path / "mini.yaml"
+    path.write_text(mini_sweep("mini", "x").replace("batch_size: 2,", "batch_size: 100000000,"))
+    assert main(sweep_args(tmp_path, path, *(["--dry-run"] if dry_run else []))) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: {path}: variant ") and "a training step needs at least" in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
 def test_the_memory_floor_counts_weights_and_each_layers_saved_inputs():
     from k3lab.registry.counts import count
     from k3lab.tune.preflight import step_memory_floor

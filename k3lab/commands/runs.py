@@ -340,10 +340,13 @@ def run_sweep_command(args) -> int:
     console = wide_console()
     print_plan(console, sweep)
     if args.dry_run:
-        from k3lab.tune.preflight import check_inputs
-        from k3lab.tune.sweep import sweep_models
+        from k3lab.tune.preflight import check_cpu_memory, check_inputs
+        from k3lab.tune.sweep import sweep_preflight
 
-        check_inputs(sweep.train, sweep_models(sweep), f"{sweep.path}: ")
+        plan = sweep_preflight(run, progress=False)
+        check_inputs(plan.train, plan.models, plan.train_from)
+        if plan.local:
+            check_cpu_memory(plan.models, plan.train, plan.gpus)
         console.print(variant_table(sweep))
         console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
                       f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}"
