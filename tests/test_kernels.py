@@ -225,6 +225,16 @@ def test_an_archive_named_neither_tar_xz_nor_tar_gz_is_refused_before_anything_i
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("where", ["under_a_file/t.tar.gz", "a_folder.tar.gz"])
+def test_an_archive_path_under_a_file_or_on_a_folder_is_refused_in_one_line(tmp_path, capsys, where):
+    (tmp_path / "under_a_file").write_text("")
+    (tmp_path / "a_folder.tar.gz").mkdir()
+    assert main(["kernels", "export", str(tmp_path / where), "--kernel-cache", str(tuned_cache(tmp_path / "a")),
+                 "--gpu", "NVIDIA H200"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(r"(under_a_file is a file|a_folder.tar.gz: is a folder), not a", err)
+
+
 def test_tunings_from_another_gpu_or_library_version_import_nothing(tmp_path, monkeypatch):
     tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "t.tar.gz", "NVIDIA H200")
     with pytest.raises(UserError, match=r"t.tar.gz: measured with GPU NVIDIA H200 \(here NVIDIA H100\): nothing"):

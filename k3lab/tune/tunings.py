@@ -87,7 +87,7 @@ def mismatch(manifest: dict, gpu: str, versions: dict) -> str | None:
 def export_tunings(cache: Path, file: Path, gpu: str, compiled: bool = False) -> dict:
     """Write `cache`'s autotune results and warm record to `file` (.tar.xz or .tar.gz), and with
     `compiled` its compiled kernels too (see the module docstring); the manifest."""
-    compression_of(file)  # a wrong name is refused before any work
+    check_archive_path(file)  # before any work
     triton = cache / "triton"
     results = sorted(triton.rglob("*.autotune.json")) if triton.is_dir() else []
     if not results:
@@ -112,6 +112,17 @@ def export_tunings(cache: Path, file: Path, gpu: str, compiled: bool = False) ->
             add_member(tar, name, data)
     partial.replace(file)
     return manifest
+
+
+def check_archive_path(file: Path) -> None:
+    """`file` can be written as an archive: its name (`compression_of`), and its folder one that is,
+    or can be made, and written (a file in its path failed after the work, with a traceback)."""
+    from k3lab.tune.preflight import check_writable
+
+    compression_of(file)
+    if file.is_dir():
+        raise UserError(f"{file}: is a folder, not an archive file")
+    check_writable("archive folder", file.parent)
 
 
 def compression_of(file: Path) -> str:
