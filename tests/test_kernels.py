@@ -235,6 +235,20 @@ def test_an_archive_path_under_a_file_or_on_a_folder_is_refused_in_one_line(tmp_
     assert err.count("\n") == 1 and re.search(r"(under_a_file is a file|a_folder.tar.gz: is a folder), not a", err)
 
 
+def test_an_export_that_fails_while_writing_leaves_no_partial_archive(tmp_path, monkeypatch):
+    written = []
+
+    def disk_full(tar, name, data):
+        written.append(name)
+        if len(written) > 1:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tunings, "add_member", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "out" / "t.tar.gz", "NVIDIA H200")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_tunings_from_another_gpu_or_library_version_import_nothing(tmp_path, monkeypatch):
     tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "t.tar.gz", "NVIDIA H200")
     with pytest.raises(UserError, match=r"t.tar.gz: measured with GPU NVIDIA H200 \(here NVIDIA H100\): nothing"):

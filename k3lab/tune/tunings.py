@@ -106,11 +106,14 @@ def export_tunings(cache: Path, file: Path, gpu: str, compiled: bool = False) ->
                                 "bytes": sum(len(data) for data in kernels.values())}
     file.parent.mkdir(parents=True, exist_ok=True)
     partial = file.with_name(f".{file.name}.partial")
-    with archive_writer(partial, file) as tar:
-        add_member(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
-        for name, data in members.items():
-            add_member(tar, name, data)
-    partial.replace(file)
+    try:
+        with archive_writer(partial, file) as tar:
+            add_member(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
+            for name, data in members.items():
+                add_member(tar, name, data)
+        partial.replace(file)
+    finally:  # a write that failed (a full disk, Ctrl-C) leaves no half archive
+        partial.unlink(missing_ok=True)
     return manifest
 
 
