@@ -180,7 +180,7 @@ def read_manifest(file: Path) -> dict:
         first = tar.next()
         if first is None or first.name != MANIFEST:
             raise KeyError(MANIFEST)
-        return json.loads(tar.extractfile(first).read())
+        return parse_manifest(tar.extractfile(first).read())
 
 
 def read_archive(file: Path) -> tuple[dict, dict[str, bytes]]:
@@ -188,13 +188,28 @@ def read_archive(file: Path) -> tuple[dict, dict[str, bytes]]:
     where torch is the version they were compiled with); a broken archive is one line."""
     with broken_archive_is_one_line(file), tarfile.open(file, "r:*") as tar:
         files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
-        manifest = json.loads(files.pop(MANIFEST))
+        manifest = parse_manifest(files.pop(MANIFEST))
     compiled = manifest.get("compiled") or {}
     with_kernels = bool(compiled) and compiled.get("torch_build") == torch_build()
     members = {name: data for name, data in files.items()
                if AUTOTUNE_MEMBER.match(name) or name == f"triton/{WARM_RECORD_NAME}"
                or (with_kernels and COMPILED_MEMBER.match(name))}
     return manifest, members
+
+
+def parse_manifest(data: bytes) -> dict:
+    """The manifest, of the shape the import reads (a list or a string there crashed it); a
+    ValueError, which `broken_archive_is_one_line` reports, names what is wrong."""
+    try:
+        manifest = json.loads(data)
+    except ValueError as error:
+        raise ValueError(f"{MANIFEST}: not JSON ({error})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{MANIFEST}: expected a mapping, got {type(manifest).__name__}")
+    for key in ("versions", "compiled"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            raise ValueError(f"{MANIFEST}: {key}: expected a mapping, got {type(manifest[key]).__name__}")
+    return manifest
 
 
 @contextlib.contextmanager
