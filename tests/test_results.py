@@ -294,6 +294,33 @@ def test_report_command_writes_markdown_with_plots_beside_it(tmp_path, capsys):
     assert f"wrote {markdown}: section mini (replaced), linking 4 plots" in capsys.readouterr().out
 
 
+def mini_report_args(tmp_path) -> list[str]:
+    """`k3lab report` of a two-variant sweep in a store of its runs, under tmp_path/runs."""
+    sweep_file = tmp_path / "mini.yaml"
+    sweep_file.write_text(mini_sweep("mini", "two variants"))
+    uri, parent, _ = make_store(tmp_path, {("attnres_off", 0): 2.0, ("attnres_bs1", 0): 1.9})
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "mini.k3lab.json").write_text(json.dumps({"parent_run_id": parent}))
+    return ["report", str(sweep_file), "--profile", "none", "--storage", str(tmp_path / "runs"), "--tracking-uri", uri]
+
+
+@pytest.mark.parametrize("markdown, problem", [
+    ("a_file/results.md", "a_file is a file, not a folder"),
+    ("binary.md", "binary.md: not UTF-8 text (byte 0xff at offset 1)"),
+    ("a_file", "--markdown's plots folder"),  # docs/results.md's plots go to docs/results/: here a file
+])
+def test_a_markdown_file_the_report_cannot_write_is_refused_before_the_report_is_written(tmp_path, capsys,
+                                                                                          markdown, problem):
+    args = mini_report_args(tmp_path)
+    (tmp_path / "a_file").write_text("notes\n")
+    (tmp_path / "binary.md").write_bytes(b"x\xff")
+    capsys.readouterr()  # MLflow's notices as it made the store
+    assert main(args + ["--markdown", str(tmp_path / markdown)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and problem in err and "--markdown" in err
+    assert not (tmp_path / "runs" / "mini_report").exists()  # no summary.json or plots without their markdown
+
+
 def test_report_refuses_an_unknown_baseline(tmp_path, capsys):
     sweep_file = tmp_path / "mini.yaml"
     sweep_file.write_text(mini_sweep("mini", "two variants"))
