@@ -75,7 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--out", help="folder for the plots and summary.json")
     report.add_argument("--markdown", help="also write the results as a section of this markdown file")
     report.add_argument("--metric", choices=METRICS, help="compare this metric instead of the sweep file's")
-    report.add_argument("--gpu-log", help="GPU utilisation samples (epoch_seconds,percent per line) for --markdown")
+    report.add_argument("--gpu-log", help="GPU utilisation samples, one epoch_seconds,percent line each (percent "
+                                          "0-100, e.g. from nvidia-smi: see k3lab.report.results), for the GPU-busy "
+                                          "share in the --markdown section's timing; needs --markdown")
     report.add_argument("--baseline", help="the variant the others are compared against, paired by seed "
                                             "(default: the sweep file's baseline)")
     report.add_argument("--close", action="store_true",
@@ -505,11 +507,22 @@ def check_report_flags(args, run, out: Path) -> None:
         raise UserError(f"--out {out}: is a file, not a folder (the report writes its plots and summary.json there)")
     if args.markdown:
         check_markdown(Path(args.markdown), run.experiment)
-    if args.gpu_log and not Path(args.gpu_log).exists():
-        raise UserError(f"--gpu-log {args.gpu_log}: no such file")
+    if args.gpu_log:
+        check_gpu_log(args)
     names = {v.name for v in run.sweep.valid_variants}
     if args.baseline and args.baseline not in names:
         raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
+
+
+def check_gpu_log(args) -> None:
+    """--gpu-log: with --markdown, whose timing section is the one place its figure goes (without
+    it the log was ignored), and every line a sample (`read_gpu_log`)."""
+    from k3lab.report.results import read_gpu_log
+
+    if not args.markdown:
+        raise UserError(f"--gpu-log {args.gpu_log}: its GPU-busy share goes in the --markdown section's timing; "
+                        "pass --markdown too")
+    read_gpu_log(args.gpu_log)
 
 
 def check_markdown(markdown: Path, experiment: str) -> None:
