@@ -10,13 +10,31 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from k3lab.errors import UserError
+
+
+def check_section_file(path: Path, flag: str) -> None:
+    """`replace_section` can add a section to `path`: a file or none yet, and text; checked before
+    the work whose section it is (a folder, or bytes that are not UTF-8, failed after it)."""
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a folder, not a markdown file")
+    if not path.exists():
+        return
+    try:
+        path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(f"{flag} {path}: not UTF-8 text (byte {error.object[error.start]:#04x} at offset "
+                        f"{error.start}): not a markdown file to add a section to") from None
+    except OSError as error:
+        raise UserError(f"{flag} {path}: cannot read it ({error.strerror})") from None
+
 
 def replace_section(path: str | Path, name: str, body: str, header: str = "") -> bool:
     """Write `body` as the section `name` of `path`, replacing an earlier one of that name
     (returns True) or added at the end (False)."""
     path = Path(path)
     section = f"<!-- section:{name} -->\n{body.strip()}\n<!-- /section:{name} -->\n"
-    text = path.read_text() if path.exists() else header
+    text = path.read_text(encoding="utf-8") if path.exists() else header
     pattern = re.compile(rf"<!-- section:{re.escape(name)} -->.*?<!-- /section:{re.escape(name)} -->\n", re.S)
     replaced = bool(pattern.search(text))
     if replaced:
@@ -24,5 +42,5 @@ def replace_section(path: str | Path, name: str, body: str, header: str = "") ->
     else:
         text = text.rstrip("\n") + ("\n\n" if text.strip() else "") + section
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text(text, encoding="utf-8")
     return replaced

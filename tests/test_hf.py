@@ -237,3 +237,25 @@ def test_export_refuses_a_file_that_is_no_checkpoint_and_an_output_that_is_a_fil
     assert main(["export", str(tmp_path / "notes.pt"), "--hf", str(tmp_path / "taken")]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
     assert not (tmp_path / "hf").exists() and (tmp_path / "taken").read_text() == ""
+
+
+def test_export_refuses_a_non_empty_folder_that_holds_no_earlier_export_and_replaces_one_that_does(tmp_path, capsys):
+    model = KimiK3(kimi_linear_config())
+    torch.save({"step": 3, "config": model.config.to_dict(), "model": model.state_dict()}, tmp_path / "trainer.pt")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "llama"}')
+    (other / "model.safetensors").write_text("someone else's weights")
+    assert main(["export", str(tmp_path / "trainer.pt"), "--hf", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --hf {other}: not empty and holds no earlier export (a config.json of model_type "
+                   "kimi_linear beside model.safetensors): not overwriting it\n")
+    assert (other / "model.safetensors").read_text() == "someone else's weights"
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    assert main(["export", str(tmp_path / "trainer.pt"), "--hf", str(tmp_path / "notes")]) == 2
+    assert "not overwriting it" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "trainer.pt"), "--hf", str(tmp_path / "hf")]) == 0
+    (tmp_path / "hf" / "tokenizer.json").write_text("{}")  # an earlier export, with what was added to it
+    assert main(["export", str(tmp_path / "trainer.pt"), "--hf", str(tmp_path / "hf")]) == 0
+    assert "wrote" in capsys.readouterr().out and (tmp_path / "hf" / "tokenizer.json").exists()

@@ -225,6 +225,55 @@ def test_an_archive_named_neither_tar_xz_nor_tar_gz_is_refused_before_anything_i
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("where", ["under_a_file/t.tar.gz", "a_folder.tar.gz"])
+def test_an_archive_path_under_a_file_or_on_a_folder_is_refused_in_one_line(tmp_path, capsys, where):
+    (tmp_path / "under_a_file").write_text("")
+    (tmp_path / "a_folder.tar.gz").mkdir()
+    assert main(["kernels", "export", str(tmp_path / where), "--kernel-cache", str(tuned_cache(tmp_path / "a")),
+                 "--gpu", "NVIDIA H200"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(r"(under_a_file is a file|a_folder.tar.gz: is a folder), not a", err)
+
+
+def test_an_export_that_fails_while_writing_leaves_no_partial_archive(tmp_path, monkeypatch):
+    written = []
+
+    def disk_full(tar, name, data):
+        written.append(name)
+        if len(written) > 1:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tunings, "add_member", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "out" / "t.tar.gz", "NVIDIA H200")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def archive_with_manifest(path: Path, manifest: bytes) -> Path:
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        tunings.add_member(tar, tunings.MANIFEST, manifest)
+        tunings.add_member(tar, "triton/AB12/k.autotune.json", b"{}")
+    return path
+
+
+@pytest.mark.parametrize("manifest, problem", [
+    (b"[]", "expected a mapping, got list"),
+    (b'{"gpu": "NVIDIA H200", "versions": "torch 2.11"}', "versions: expected a mapping, got str"),
+    (b'{"gpu": "NVIDIA H200", "versions": {}, "compiled": [1]}', "compiled: expected a mapping, got list"),
+    (b"{", "not JSON"),
+])
+def test_an_archive_whose_manifest_has_the_wrong_shape_is_refused_in_one_line(tmp_path, capsys, manifest, problem):
+    archive = archive_with_manifest(tmp_path / "t.tar.gz", manifest)
+    assert main(["kernels", "import", str(archive), "--kernel-cache", str(tmp_path / "b"), "--gpu", "NVIDIA H200"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"t.tar.gz: not a k3lab kernel tunings archive (k3lab-tunings.json: {problem}" in err
+    assert not (tmp_path / "b").exists()
+    with pytest.raises(UserError, match=re.escape(problem)):  # the shipped archives are read by the same check
+        tunings.read_archive(archive)
+
+
 def test_tunings_from_another_gpu_or_library_version_import_nothing(tmp_path, monkeypatch):
     tunings.export_tunings(tuned_cache(tmp_path / "a"), tmp_path / "t.tar.gz", "NVIDIA H200")
     with pytest.raises(UserError, match=r"t.tar.gz: measured with GPU NVIDIA H200 \(here NVIDIA H100\): nothing"):

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
+from k3lab.errors import UserError
 from k3lab.report.summary import build_report, load_trials, summarize
 from k3lab.report.results import busy_fraction, load_parent, read_gpu_log, results_markdown
 
@@ -294,6 +296,33 @@ def test_report_command_writes_markdown_with_plots_beside_it(tmp_path, capsys):
     assert f"wrote {markdown}: section mini (replaced), linking 4 plots" in capsys.readouterr().out
 
 
+def mini_report_args(tmp_path) -> list[str]:
+    """`k3lab report` of a two-variant sweep in a store of its runs, under tmp_path/runs."""
+    sweep_file = tmp_path / "mini.yaml"
+    sweep_file.write_text(mini_sweep("mini", "two variants"))
+    uri, parent, _ = make_store(tmp_path, {("attnres_off", 0): 2.0, ("attnres_bs1", 0): 1.9})
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "mini.k3lab.json").write_text(json.dumps({"parent_run_id": parent}))
+    return ["report", str(sweep_file), "--profile", "none", "--storage", str(tmp_path / "runs"), "--tracking-uri", uri]
+
+
+@pytest.mark.parametrize("markdown, problem", [
+    ("a_file/results.md", "a_file is a file, not a folder"),
+    ("binary.md", "binary.md: not UTF-8 text (byte 0xff at offset 1)"),
+    ("a_file", "--markdown's plots folder"),  # docs/results.md's plots go to docs/results/: here a file
+])
+def test_a_markdown_file_the_report_cannot_write_is_refused_before_the_report_is_written(tmp_path, capsys,
+                                                                                          markdown, problem):
+    args = mini_report_args(tmp_path)
+    (tmp_path / "a_file").write_text("notes\n")
+    (tmp_path / "binary.md").write_bytes(b"x\xff")
+    capsys.readouterr()  # MLflow's notices as it made the store
+    assert main(args + ["--markdown", str(tmp_path / markdown)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and problem in err and "--markdown" in err
+    assert not (tmp_path / "runs" / "mini_report").exists()  # no summary.json or plots without their markdown
+
+
 def test_report_refuses_an_unknown_baseline(tmp_path, capsys):
     sweep_file = tmp_path / "mini.yaml"
     sweep_file.write_text(mini_sweep("mini", "two variants"))
@@ -311,10 +340,39 @@ def test_busy_fraction_weights_utilisation_by_time():
     assert busy_fraction(samples, 10.0, 20.0) is None
 
 
-def test_gpu_log_skips_unparsable_lines(tmp_path):
+def test_gpu_log_reads_its_samples_in_time_order_past_blank_lines(tmp_path):
     log = tmp_path / "gpu.csv"
-    log.write_text("1.5,40\nnvidia-smi: garbage\n0.5,20\n")
+    log.write_text("1.5,40\n\n0.5, 20\n")
     assert read_gpu_log(log) == [(0.5, 20.0), (1.5, 40.0)]
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("0.5,20\nnvidia-smi: garbage\n", "gpu.csv, line 2: expected epoch_seconds,percent (e.g. 1733356800.25,87), "
+                                       "got 'nvidia-smi: garbage'"),
+    ("0.5,20\n1.5\n", "gpu.csv, line 2: expected epoch_seconds,percent"),
+    ("0.5,20\n1.5,500\n", "gpu.csv, line 2: utilisation 500 is not a percentage (0 to 100)"),
+    ("0.5,-5\n", "gpu.csv, line 1: utilisation -5 is not a percentage"),
+    ("inf,5\n", "gpu.csv, line 1: the time inf is not a number of epoch seconds"),
+    ("\n", "gpu.csv: no samples in it"),
+])
+def test_a_gpu_log_line_that_is_not_a_sample_is_an_error_naming_the_file_and_line(tmp_path, text, problem):
+    log = tmp_path / "gpu.csv"
+    log.write_text(text)
+    with pytest.raises(UserError, match=re.escape(f"--gpu-log {tmp_path / problem}")):
+        read_gpu_log(log)
+
+
+def test_a_bad_gpu_log_or_one_without_markdown_is_refused_before_the_report_is_written(tmp_path, capsys):
+    args = mini_report_args(tmp_path)
+    (tmp_path / "gpu.csv").write_text("0.5,20\n1.5,500\n")
+    capsys.readouterr()
+    assert main(args + ["--markdown", str(tmp_path / "results.md"), "--gpu-log", str(tmp_path / "gpu.csv")]) == 2
+    assert capsys.readouterr().err == f"error: --gpu-log {tmp_path / 'gpu.csv'}, line 2: utilisation 500 is not a " \
+                                      "percentage (0 to 100)\n"
+    (tmp_path / "gpu.csv").write_text("0.5,20\n")
+    assert main(args + ["--gpu-log", str(tmp_path / "gpu.csv")]) == 2  # its one use is the markdown's timing
+    assert "pass --markdown too" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "mini_report").exists() and not (tmp_path / "results.md").exists()
 
 
 def test_sweep_sizing_counts_what_a_stopped_sweeps_trials_trained_and_keeps_a_finished_sweeps_totals(tmp_path):

@@ -345,6 +345,18 @@ def test_a_trial_larger_than_the_ray_cluster_is_refused_with_the_field(tmp_path,
         check_cluster_fits(load_sweep(path), cluster)
 
 
+def test_a_sweep_refused_once_ray_is_up_leaves_no_log_file_or_storage_folder(tmp_path, capsys):
+    path = tmp_path / "big.yaml"
+    path.write_text(mini_sweep("big", "too large").replace("resources: {cpu: 1, gpu: 0}", "resources: {cpu: 1000}"))
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "big.log").write_text("an earlier run's notices\n")
+    assert main(sweep_args(tmp_path, path, storage=tmp_path / "runs" / "new")) == 2
+    assert "resources.cpu: one trial needs 1000 CPUs" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # its log, and the storage folders made for it
+    assert main(sweep_args(tmp_path, path, storage=tmp_path / "kept")) == 2
+    assert (tmp_path / "kept" / "big.log").read_text().startswith("an earlier run's notices\n")  # a log it found stays
+
+
 def test_trials_that_fit_the_ray_cluster_pass_and_ddp_workers_fall_back_to_cpu_without_gpus(tmp_path):
     from k3lab.registry.sweep import load_sweep
     from k3lab.tune.sweep import check_cluster_fits

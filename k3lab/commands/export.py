@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from k3lab.report.export import checkpoint_config, locate_checkpoint
+from k3lab.report.export import check_hf_folder, checkpoint_config, locate_checkpoint
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     export = subparsers.add_parser("export", help="a trained model as a Hugging Face Kimi Linear checkpoint")
     export.add_argument("source", metavar="RUN_OR_CHECKPOINT",
                         help="a checkpoint (trainer.pt or a folder holding one) or an MLflow run id")
-    export.add_argument("--hf", required=True, metavar="DIR", help="output folder: config.json, model.safetensors")
+    export.add_argument("--hf", required=True, metavar="DIR",
+                        help="output folder for config.json and model.safetensors: a new or empty one, or an earlier "
+                             "export's (replaced)")
     export.add_argument("--storage", help="where a run's checkpoints are (default: K3LAB_STORAGE or ./k3lab_runs)")
     export.add_argument("--tracking-uri", help="MLflow store, for checkpoints that hold no model config "
                                                "(default: MLFLOW_TRACKING_URI or ./mlflow.db)")
@@ -30,6 +32,7 @@ def run_export(args) -> int:
     if not args.hf:
         raise UserError("--hf: names no folder")
     check_writable("--hf", Path(args.hf))  # a folder, or one that can be made, before the checkpoint is read
+    check_hf_folder(Path(args.hf))
     path = locate_checkpoint(args.source, Path(args.storage) if args.storage else default_storage())
     try:
         state = load_checkpoint(path)

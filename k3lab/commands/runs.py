@@ -75,7 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--out", help="folder for the plots and summary.json")
     report.add_argument("--markdown", help="also write the results as a section of this markdown file")
     report.add_argument("--metric", choices=METRICS, help="compare this metric instead of the sweep file's")
-    report.add_argument("--gpu-log", help="GPU utilisation samples (epoch_seconds,percent per line) for --markdown")
+    report.add_argument("--gpu-log", help="GPU utilisation samples, one epoch_seconds,percent line each (percent "
+                                          "0-100, e.g. from nvidia-smi: see k3lab.report.results), for the GPU-busy "
+                                          "share in the --markdown section's timing; needs --markdown")
     report.add_argument("--baseline", help="the variant the others are compared against, paired by seed "
                                             "(default: the sweep file's baseline)")
     report.add_argument("--close", action="store_true",
@@ -488,15 +490,7 @@ def run_report(args) -> int:
     run = sweep_run_from_args(args)
     sweep = run.sweep
     out = Path(args.out) if args.out else run.storage / f"{run.experiment}_report"
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: is a file, not a folder (the report writes its plots and summary.json there)")
-    if args.markdown and Path(args.markdown).is_dir():
-        raise UserError(f"--markdown {args.markdown}: is a folder, not a markdown file")
-    if args.gpu_log and not Path(args.gpu_log).exists():
-        raise UserError(f"--gpu-log {args.gpu_log}: no such file")
-    names = {v.name for v in sweep.valid_variants}
-    if args.baseline and args.baseline not in names:
-        raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
+    check_report_flags(args, run, out)
     check_tracking_server(run.tracking_uri)
     parent_run_id = find_parent_run(run)
     metric = args.metric or sweep.metric.name
@@ -513,6 +507,47 @@ def run_report(args) -> int:
     if written is not None:
         console.print(written, markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def check_report_flags(args, run, out: Path) -> None:
+    """`k3lab report`'s flags, before any work: what fails only when the report is written would
+    leave summary.json and the plots written and the markdown not."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: is a file, not a folder (the report writes its plots and summary.json there)")
+    if args.markdown:
+        check_markdown(Path(args.markdown), run.experiment)
+    if args.gpu_log:
+        check_gpu_log(args)
+    names = {v.name for v in run.sweep.valid_variants}
+    if args.baseline and args.baseline not in names:
+        raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
+
+
+def check_gpu_log(args) -> None:
+    """--gpu-log: with --markdown, whose timing section is the one place its figure goes (without
+    it the log was ignored), and every line a sample (`read_gpu_log`)."""
+    from k3lab.report.results import read_gpu_log
+
+    if not args.markdown:
+        raise UserError(f"--gpu-log {args.gpu_log}: its GPU-busy share goes in the --markdown section's timing; "
+                        "pass --markdown too")
+    read_gpu_log(args.gpu_log)
+
+
+def check_markdown(markdown: Path, experiment: str) -> None:
+    """--markdown: a text file or none yet (`check_section_file`), in a folder that is, or can be
+    made (as --out's), and written, as can its plots folder beside it."""
+    from k3lab.markdown import check_section_file
+    from k3lab.tune.preflight import check_writable
+
+    check_section_file(markdown, "--markdown")
+    check_writable("--markdown", markdown.parent)
+    check_writable("--markdown's plots folder", plots_folder(markdown, experiment))
+
+
+def plots_folder(markdown: Path, experiment: str) -> Path:
+    """Where the markdown's plots are copied: docs/results.md -> docs/results/<experiment>/."""
+    return markdown.parent / markdown.stem / experiment
 
 
 def check_interrupted(console, run, parent_run_id: str, close: bool) -> str:
@@ -580,12 +615,12 @@ def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> str:
     from k3lab.report.results import copy_plots, load_parent, results_markdown
 
     markdown = Path(args.markdown)
-    plots = copy_plots(summary["files"], markdown.parent / markdown.stem / run.experiment, markdown.parent)
+    folder = plots_folder(markdown, run.experiment)
+    plots = copy_plots(summary["files"], folder, markdown.parent)
     title = f"{run.experiment}: {run.sweep.description}" if run.sweep.description else run.experiment
     body = results_markdown(summary, load_parent(run.tracking_uri, parent_run_id), title,
                             report_command=args.command_line, gpu_log=args.gpu_log, plots=plots)
     replaced = replace_section(markdown, run.experiment, body, header="# Results\n")
-    folder = markdown.parent / markdown.stem / run.experiment
     names = ", ".join(Path(p).name for p in plots)
     return (f"wrote {markdown}: section {run.experiment} ({'replaced' if replaced else 'added'})"
             + (f", linking {len(plots)} plot{'s' if len(plots) != 1 else ''} copied to {folder}/ ({names})"

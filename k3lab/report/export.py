@@ -17,6 +17,7 @@ naming the field: train with `--fidelity kimi_linear` (or `fidelity: kimi_linear
 
 from __future__ import annotations
 
+import json
 import re
 import typing
 from pathlib import Path
@@ -62,6 +63,28 @@ def checkpoint_summary(path: Path) -> tuple[int, str | None]:
 def newest(paths: list[Path]) -> Path:
     """The checkpoint with the most training steps."""
     return max(paths, key=lambda p: checkpoint_summary(p)[0])
+
+
+# -- the output folder --------------------------------------------------------------------
+
+
+def check_hf_folder(folder: Path) -> None:
+    """--hf is missing, empty or an earlier export, which is replaced: the files of any other
+    folder are not overwritten (its config.json and model.safetensors were, without a word)."""
+    if folder.is_dir() and any(folder.iterdir()) and not is_earlier_export(folder):
+        raise UserError(f"--hf {folder}: not empty and holds no earlier export (a config.json of model_type "
+                        "kimi_linear beside model.safetensors): not overwriting it")
+
+
+def is_earlier_export(folder: Path) -> bool:
+    """`folder` holds what `save_hf` writes: model.safetensors, and a config.json of Kimi Linear's
+    model type (a downloaded Kimi Linear model, its weights in shards, has no model.safetensors)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    kimi_linear = isinstance(config, dict) and config.get("model_type") == "kimi_linear"
+    return kimi_linear and (folder / "model.safetensors").is_file()
 
 
 # -- the model config ---------------------------------------------------------------------

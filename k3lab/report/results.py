@@ -28,23 +28,44 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from k3lab.errors import UserError
 from k3lab.report import stats
 from k3lab.report.efficiency import sweep_efficiency, wall_to_the_end
 from k3lab.report.summary import TrialRecord, mean_std
 from k3lab.store import runs
 from k3lab.store.tracking import BUILD_PARTS
 
+GPU_LOG_LINE = "epoch_seconds,percent"  # a GPU log's sample: see the module docstring
+
 
 def read_gpu_log(path: str | Path) -> list[tuple[float, float]]:
-    """[(epoch seconds, utilisation %)], sorted; unparsable lines are skipped."""
-    samples = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            t, u = line.split(",")[:2]
-            samples.append((float(t), float(u)))
-        except ValueError:
-            continue
+    """[(epoch seconds, utilisation %)], sorted; blank lines are skipped. Any other line that is
+    not a sample, and a log without one, is a one-line error (such lines were skipped, so the log of
+    another program gave "n/a%", and 500% counted five times)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"--gpu-log {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"--gpu-log {path}: cannot be read as text ({error})") from None
+    samples = [gpu_sample(line, path, number) for number, line in enumerate(lines, 1) if line.strip()]
+    if not samples:
+        raise UserError(f"--gpu-log {path}: no samples in it (expected {GPU_LOG_LINE} lines)")
     return sorted(samples)
+
+
+def gpu_sample(line: str, path: str | Path, number: int) -> tuple[float, float]:
+    """One line of a GPU log as (epoch seconds, utilisation %): two numbers, the second 0 to 100."""
+    where = f"--gpu-log {path}, line {number}"
+    try:
+        t, u = map(float, line.split(","))
+    except ValueError:
+        raise UserError(f"{where}: expected {GPU_LOG_LINE} (e.g. 1733356800.25,87), got {line.strip()!r}") from None
+    if not math.isfinite(t):
+        raise UserError(f"{where}: the time {line.split(',')[0].strip()} is not a number of epoch seconds")
+    if not 0 <= u <= 100:
+        raise UserError(f"{where}: utilisation {u:g} is not a percentage (0 to 100)")
+    return t, u
 
 
 def busy_fraction(samples: list[tuple[float, float]], start: float, end: float) -> float | None:

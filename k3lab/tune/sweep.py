@@ -307,7 +307,7 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
         use_kernel_cache(run.kernel_cache)  # created, writable, and this process points at it
     if run.overwrite:
         discard_earlier_run(run)
-    with library_logs(None if run.verbose else run.log_file, ray=True):
+    with sweep_log(run):
         say(f"MLflow {run.tracking_uri} (experiment {run.experiment}); Tune state in {run.tune_dir}")
         if not run.verbose:  # named here, once the checks have passed and the file exists
             say(f"Ray and MLflow notices: {run.log_file}")
@@ -327,6 +327,44 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
     summary["errors"] = errors
     summary["parent_run_id"] = parent.run_id
     return summary
+
+
+@contextlib.contextmanager
+def sweep_log(run: SweepRun):
+    """Ray's and MLflow's notices in the sweep's log file (`library_logs`), from before Ray starts
+    (its start-up notices go there). A sweep refused once Ray is up (one trial larger than the
+    cluster: a UserError before its state file is written) removes the file and the folders made
+    for it: a refused sweep leaves nothing (it left the log of a sweep that never ran)."""
+    if run.verbose:
+        yield
+        return
+    made = missing_from(run.log_file)
+    try:
+        with library_logs(run.log_file, ray=True):
+            yield
+    except UserError:
+        if not run.state_file.exists():  # written once the parent run is open (`record_sweep`)
+            remove_made(made)
+        raise
+
+
+def missing_from(path: Path) -> list[Path]:
+    """`path` and the folders above it that do not exist yet, deepest first: what writing it makes."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def remove_made(paths: list[Path]) -> None:
+    """Remove what `missing_from` listed, deepest first: the file, then each folder left empty."""
+    for path in paths:
+        with contextlib.suppress(OSError):  # a folder something else has written to since stays
+            if path.is_dir():
+                path.rmdir()
+            else:
+                path.unlink(missing_ok=True)
 
 
 def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:

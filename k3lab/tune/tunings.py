@@ -87,7 +87,7 @@ def mismatch(manifest: dict, gpu: str, versions: dict) -> str | None:
 def export_tunings(cache: Path, file: Path, gpu: str, compiled: bool = False) -> dict:
     """Write `cache`'s autotune results and warm record to `file` (.tar.xz or .tar.gz), and with
     `compiled` its compiled kernels too (see the module docstring); the manifest."""
-    compression_of(file)  # a wrong name is refused before any work
+    check_archive_path(file)  # before any work
     triton = cache / "triton"
     results = sorted(triton.rglob("*.autotune.json")) if triton.is_dir() else []
     if not results:
@@ -106,12 +106,26 @@ def export_tunings(cache: Path, file: Path, gpu: str, compiled: bool = False) ->
                                 "bytes": sum(len(data) for data in kernels.values())}
     file.parent.mkdir(parents=True, exist_ok=True)
     partial = file.with_name(f".{file.name}.partial")
-    with archive_writer(partial, file) as tar:
-        add_member(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
-        for name, data in members.items():
-            add_member(tar, name, data)
-    partial.replace(file)
+    try:
+        with archive_writer(partial, file) as tar:
+            add_member(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
+            for name, data in members.items():
+                add_member(tar, name, data)
+        partial.replace(file)
+    finally:  # a write that failed (a full disk, Ctrl-C) leaves no half archive
+        partial.unlink(missing_ok=True)
     return manifest
+
+
+def check_archive_path(file: Path) -> None:
+    """`file` can be written as an archive: its name (`compression_of`), and its folder one that is,
+    or can be made, and written (a file in its path failed after the work, with a traceback)."""
+    from k3lab.tune.preflight import check_writable
+
+    compression_of(file)
+    if file.is_dir():
+        raise UserError(f"{file}: is a folder, not an archive file")
+    check_writable("archive folder", file.parent)
 
 
 def compression_of(file: Path) -> str:
@@ -166,7 +180,7 @@ def read_manifest(file: Path) -> dict:
         first = tar.next()
         if first is None or first.name != MANIFEST:
             raise KeyError(MANIFEST)
-        return json.loads(tar.extractfile(first).read())
+        return parse_manifest(tar.extractfile(first).read())
 
 
 def read_archive(file: Path) -> tuple[dict, dict[str, bytes]]:
@@ -174,13 +188,28 @@ def read_archive(file: Path) -> tuple[dict, dict[str, bytes]]:
     where torch is the version they were compiled with); a broken archive is one line."""
     with broken_archive_is_one_line(file), tarfile.open(file, "r:*") as tar:
         files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
-        manifest = json.loads(files.pop(MANIFEST))
+        manifest = parse_manifest(files.pop(MANIFEST))
     compiled = manifest.get("compiled") or {}
     with_kernels = bool(compiled) and compiled.get("torch_build") == torch_build()
     members = {name: data for name, data in files.items()
                if AUTOTUNE_MEMBER.match(name) or name == f"triton/{WARM_RECORD_NAME}"
                or (with_kernels and COMPILED_MEMBER.match(name))}
     return manifest, members
+
+
+def parse_manifest(data: bytes) -> dict:
+    """The manifest, of the shape the import reads (a list or a string there crashed it); a
+    ValueError, which `broken_archive_is_one_line` reports, names what is wrong."""
+    try:
+        manifest = json.loads(data)
+    except ValueError as error:
+        raise ValueError(f"{MANIFEST}: not JSON ({error})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{MANIFEST}: expected a mapping, got {type(manifest).__name__}")
+    for key in ("versions", "compiled"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            raise ValueError(f"{MANIFEST}: {key}: expected a mapping, got {type(manifest[key]).__name__}")
+    return manifest
 
 
 @contextlib.contextmanager
