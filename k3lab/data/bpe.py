@@ -21,7 +21,7 @@ from pathlib import Path
 
 from k3lab.data.cache import cache_root, locked, staging
 from k3lab.data.split import TRAIN, assign, check_documents
-from k3lab.data.tokenizer import EOT_TEXT, FileTokenizer
+from k3lab.data.tokenizer import EOT_TEXT, FileTokenizer, get_tokenizer
 from k3lab.errors import UserError
 
 SPEC = re.compile(r"^bpe:(\d+)$")
@@ -32,6 +32,14 @@ FORMAT = 1
 
 def is_bpe(spec: str) -> bool:
     return spec.startswith("bpe:")
+
+
+def tokenizer_vocab(spec: str) -> int:
+    """The vocabulary size of the tokenizer `spec` names, known before any corpus is read (`bpe:VOCAB`:
+    at most VOCAB, the 256 bytes and the end-of-document token included), so that a model too small
+    for it is refused before a corpus is tokenized (bpe:4096 was trained and used first); a bad spec
+    raises UserError."""
+    return vocab_of(spec) if is_bpe(spec) else get_tokenizer(spec).vocab_size
 
 
 def vocab_of(spec: str) -> int:

@@ -111,16 +111,6 @@ class FileTokenizer:
         return "".join(pieces)
 
 
-def tokenizer_vocab(spec: str) -> int:
-    """The vocabulary size of the tokenizer `spec` names, known before any corpus is read (`bpe:VOCAB`:
-    at most VOCAB, the 256 bytes and the end-of-document token included), so that a model too small
-    for it is refused before a corpus is tokenized (bpe:4096 was trained and used first); a bad spec
-    raises UserError."""
-    from k3lab.data.bpe import is_bpe, vocab_of  # k3lab.data.bpe imports this module
-
-    return vocab_of(spec) if is_bpe(spec) else get_tokenizer(spec).vocab_size
-
-
 def get_tokenizer(spec: str = "byte") -> ByteTokenizer | FileTokenizer:
     """Build the tokenizer a spec string names ("byte" or "tokenizer:PATH")."""
     if spec == "byte":

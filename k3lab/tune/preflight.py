@@ -128,7 +128,7 @@ def check_data_specs(train: TrainSpec, where: str = "") -> int:
     with the source's message alone, naming neither the file nor the field). Nothing is downloaded
     or tokenized (a tokenizer file is read). Returns the tokenizer's vocabulary size (`tokenizer_vocab`)."""
     from k3lab.data.sources import get_source
-    from k3lab.data.tokenizer import tokenizer_vocab
+    from k3lab.data.bpe import tokenizer_vocab
 
     checked = {}
     for field, check in (("dataset", get_source), ("tokenizer", tokenizer_vocab)):
