@@ -561,3 +561,40 @@ def test_a_grid_starts_seed_by_seed_so_a_sweep_stopped_early_holds_whole_pairs()
     assert started == [(seed, name) for seed in range(8) for name in variants]
     first_six = started[:6]  # e.g. a budget that ends after six trials: two whole seeds, a pair per comparison
     assert {seed for seed, _ in first_six} == {0, 1} and len(set(first_six)) == 6
+
+
+def test_a_sigterm_signal_stops_a_sweep_as_ctrl_c_does_with_exit_143_and_the_resume_hint(tmp_path, sweep_file,
+                                                                                         monkeypatch, capsys):
+    """A scheduler's SIGTERM (SLURM, `kill`) mid-sweep: Tune is sent SIGINT (it saves its state), and
+    the command says how to go on and exits 143; it died in Ray's crash dump with exit 1."""
+    import signal
+
+    import k3lab.tune.sweep as sweep_module
+
+    def sweep_that_gets_sigterm(run, live, say):
+        run.tune_dir.mkdir(parents=True)
+        run.state_file.write_text("{}")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the SIGINT the handler sends ends this
+        raise AssertionError("SIGTERM did not stop the sweep")
+
+    monkeypatch.setattr(sweep_module, "run_sweep", sweep_that_gets_sigterm)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(sweep_args(tmp_path, sweep_file)) == 143
+    err = capsys.readouterr().err
+    assert "sweep stopped by SIGTERM, its state saved: continue it with `k3lab sweep" in err
+    assert err.rstrip().endswith("--resume`")
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the sweep's only
+
+
+def test_the_sigterm_signal_handler_is_put_back_after_ray_init_replaces_it():
+    """ray.init installs its own SIGTERM handler (a crash dump, exit 1): the sweep's comes back after it."""
+    import signal
+
+    from k3lab.tune.sigterm import keep_sigterm_handler, on_sigterm, stop_on_sigterm
+
+    with stop_on_sigterm():
+        with keep_sigterm_handler():
+            signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as ray.init does
+        assert signal.getsignal(signal.SIGTERM) is on_sigterm
+    assert signal.getsignal(signal.SIGTERM) is not on_sigterm

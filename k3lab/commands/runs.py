@@ -325,6 +325,7 @@ SHARE_LABELS = {"starting": "starting up"}
 
 def run_sweep_command(args) -> int:
     from k3lab.registry.commands import print_plan, variant_table
+    from k3lab.tune.sigterm import stop_on_sigterm
     from k3lab.tune.sweep import run_sweep
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
@@ -362,20 +363,10 @@ def run_sweep_command(args) -> int:
 
     timer = stop_timer(stop_after)
     try:
-        summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
+        with stop_on_sigterm():  # a scheduler's SIGTERM stops it as Ctrl-C does
+            summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
     except KeyboardInterrupt:
-        on_time = timer is not None and timer.fired.is_set()
-        stopped = f"sweep stopped after {args.stop_after} (--stop-after)" if on_time else "sweep stopped"
-        resumable = run.state_file.exists() and run.tune_dir.exists()  # what --resume needs to go on
-        if resumable:
-            print(f"{stopped}, its state saved: continue it with `{resume_command(args.command_line)}`",
-                  file=sys.stderr)
-        if not on_time:
-            raise
-        if not resumable:  # not exit 3: a job script that resumes on 3 would find nothing to resume
-            print(f"{stopped} before its trials started: nothing to resume; give it more time", file=sys.stderr)
-            return 1
-        return STOPPED_ON_TIME
+        return stopped_sweep(args, run, on_time=timer is not None and timer.fired.is_set())
     finally:
         if timer is not None:
             timer.cancel()
@@ -384,6 +375,31 @@ def run_sweep_command(args) -> int:
     for error in summary["errors"]:
         console.print(f"[red]trial error: {error}")
     return 1 if summary["errors"] else 0
+
+
+def stopped_sweep(args, run, on_time: bool) -> int:
+    """The exit of a sweep stopped by Ctrl-C, SIGTERM or --stop-after: the `--resume` command that
+    continues it where its state was saved, and the exit code (130 for Ctrl-C, re-raised; 143 for
+    SIGTERM; 3 for --stop-after, or 1 when it stopped before anything could be resumed)."""
+    from k3lab.tune import sigterm
+
+    terminated = not on_time and sigterm.received.is_set()
+    stopped = (f"sweep stopped after {args.stop_after} (--stop-after)" if on_time
+               else "sweep stopped by SIGTERM" if terminated else "sweep stopped")
+    resumable = run.state_file.exists() and run.tune_dir.exists()  # what --resume needs to go on
+    if resumable:
+        print(f"{stopped}, its state saved: continue it with `{resume_command(args.command_line)}`",
+              file=sys.stderr)
+    if terminated:
+        if not resumable:
+            print(f"{stopped} before its trials started: nothing to resume", file=sys.stderr)
+        return sigterm.EXIT_CODE
+    if not on_time:
+        raise KeyboardInterrupt
+    if not resumable:  # not exit 3: a job script that resumes on 3 would find nothing to resume
+        print(f"{stopped} before its trials started: nothing to resume; give it more time", file=sys.stderr)
+        return 1
+    return STOPPED_ON_TIME
 
 
 def earlier_run_line(run) -> str | None:

@@ -29,6 +29,7 @@ from k3lab.tune.parent import ParentRun, record_sweep
 from k3lab.tune.preflight import Preflight, check_prepared, cuda_gpus, run_preflight_overlapped
 from k3lab.tune.reaper import Watchdog, end_leftovers
 from k3lab.tune.run import SweepRun, check_experiment_dir, discard_earlier_run
+from k3lab.tune.sigterm import keep_sigterm_handler
 from k3lab.tune.trial import TrialSpec, tune_trainable
 from k3lab.tune.tunings import start_from_shipped
 
@@ -400,7 +401,8 @@ def ray_session(run: SweepRun):
     try:
         if not run.on_cluster:  # a Ray instance of the sweep's own: it ends with this process (k3lab.tune.reaper)
             watchdog = Watchdog.start(run.ray_record, run.log_file)
-        start_ray(run)
+        with keep_sigterm_handler():  # ray.init installs its own
+            start_ray(run)
         if watchdog is not None:
             watchdog.session(ray_session_dir())
         check_cluster_fits(run.sweep, ray.cluster_resources())
