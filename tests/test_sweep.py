@@ -598,3 +598,42 @@ def test_the_sigterm_signal_handler_is_put_back_after_ray_init_replaces_it():
             signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as ray.init does
         assert signal.getsignal(signal.SIGTERM) is on_sigterm
     assert signal.getsignal(signal.SIGTERM) is not on_sigterm
+
+
+def test_a_second_sweep_while_one_holds_the_experiment_lock_is_refused_in_one_line_and_writes_nothing(
+        tmp_path, sweep_file, capsys):
+    """Two sweeps started seconds apart both passed the folder checks (the Ray record and the state
+    file come seconds after the start) and ran into one Tune folder with two parent runs; the lock,
+    taken before any check or write, refuses the second at once."""
+    import subprocess
+
+    storage = tmp_path / "runs"
+    storage.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               f"fd = os.open({str(storage / 'mini.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'%d\\n' % os.getpid())\n"
+                               "print('locked', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main(sweep_args(tmp_path, sweep_file)) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"error: {storage / 'mini.lock'}: a sweep of this experiment is running (driver PID "
+                       f"{holder.pid}): wait for it to end, or stop it, before starting another")
+        assert sorted(p.name for p in storage.iterdir()) == ["mini.lock"]  # the holder's, untouched
+        assert not (tmp_path / "mlflow.db").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_sweep_lock_is_released_and_removed_and_a_folder_made_for_it_is_removed_again(tmp_path):
+    """A sweep refused after taking the lock (its folder checks) leaves nothing, and the next one gets the lock."""
+    from k3lab.tune.lock import sweep_lock
+
+    path = tmp_path / "runs" / "mini.lock"
+    with pytest.raises(RuntimeError), sweep_lock(path):
+        assert path.read_text() == f"{os.getpid()}\n"
+        raise RuntimeError
+    assert not (tmp_path / "runs").exists()
+    with sweep_lock(path):
+        pass

@@ -22,6 +22,7 @@ from k3lab.store.colours import variant_colours
 from k3lab.store.runs import GPU_SHARING, trial_runs
 from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_shapes, shipped_line,
                                 use_kernel_cache, warm_kernels)
+from k3lab.tune.lock import sweep_lock
 from k3lab.tune.logs import library_logs
 from k3lab.tune.mps import ENV_KEYS as MPS_ENV
 from k3lab.tune.mps import gpu_sharing
@@ -261,16 +262,18 @@ def gpu_field(sweep: Sweep) -> str:
 def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
     """Run (or resume) the sweep; returns the report summary (see `k3lab.report.summary`).
 
-    Everything that can be checked is checked first (`check_experiment_dir`, the preflight);
+    The experiment's lock (`k3lab.tune.lock`) is taken first and held to the end. Everything
+    that can be checked is checked then (`check_experiment_dir`, the preflight);
     only then is the parent MLflow run opened, and whatever happens after, it is closed.
     Before that, what an earlier run's killed driver left of its Ray instance is ended. A
     corpus still to be tokenized is tokenized while Ray starts."""
-    end_leftovers(run.ray_record, say=say)
-    check_experiment_dir(run)
-    if run.on_cluster:
-        check_ray_address(run.address or os.environ["RAY_ADDRESS"], "--address" if run.address else "RAY_ADDRESS")
-    with share_gpus(run, say) as sharing:  # before anything initialises CUDA: it connects to MPS then
-        return run_checked_sweep(run, live, say, sharing)
+    with sweep_lock(run.lock_file):  # one sweep of an experiment at a time, from before its checks
+        end_leftovers(run.ray_record, say=say)
+        check_experiment_dir(run)
+        if run.on_cluster:
+            check_ray_address(run.address or os.environ["RAY_ADDRESS"], "--address" if run.address else "RAY_ADDRESS")
+        with share_gpus(run, say) as sharing:  # before anything initialises CUDA: it connects to MPS then
+            return run_checked_sweep(run, live, say, sharing)
 
 
 RAY_ADDRESS_TIMEOUT_S = 3.0
