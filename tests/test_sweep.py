@@ -637,3 +637,35 @@ def test_the_sweep_lock_is_released_and_removed_and_a_folder_made_for_it_is_remo
     assert not (tmp_path / "runs").exists()
     with sweep_lock(path):
         pass
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, "UserError"])
+def test_a_sweep_stopped_before_its_state_file_leaves_neither_its_log_nor_an_empty_store_file(tmp_path, stop):
+    """--stop-after (or Ctrl-C, SIGTERM) before anything ran said "nothing to resume" and left
+    <storage>/<name>.log and the 0-byte SQLite file MLflow had begun."""
+    from types import SimpleNamespace
+
+    from k3lab.errors import UserError
+    from k3lab.tune.sweep import sweep_log
+
+    (tmp_path / "runs").mkdir()
+    run = SimpleNamespace(verbose=False, log_file=tmp_path / "runs" / "mini.log", state_file=tmp_path / "runs" / "x",
+                          tracking_uri=f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
+    with pytest.raises(KeyboardInterrupt if stop is KeyboardInterrupt else UserError), sweep_log(run):
+        (tmp_path / "store").mkdir()
+        (tmp_path / "store" / "mlflow.db").touch()  # as MLflow's engine does before its tables
+        raise KeyboardInterrupt if stop is KeyboardInterrupt else UserError("refused")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"] and not any((tmp_path / "runs").iterdir())
+
+
+def test_a_sweep_stopped_early_keeps_a_store_file_it_did_not_make_or_that_holds_data(tmp_path):
+    from types import SimpleNamespace
+
+    from k3lab.tune.sweep import sweep_log
+
+    run = SimpleNamespace(verbose=True, log_file=tmp_path / "mini.log", state_file=tmp_path / "x",
+                          tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (tmp_path / "mlflow.db").touch()  # there before the sweep
+    with pytest.raises(KeyboardInterrupt), sweep_log(run):
+        raise KeyboardInterrupt
+    assert (tmp_path / "mlflow.db").exists()

@@ -20,6 +20,7 @@ from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_
 from k3lab.report.sequential import BUDGET
 from k3lab.store.colours import variant_colours
 from k3lab.store.runs import GPU_SHARING, trial_runs
+from k3lab.store.tracking import sqlite_path
 from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_shapes, shipped_line,
                                 use_kernel_cache, warm_kernels)
 from k3lab.tune.lock import sweep_lock
@@ -337,18 +338,20 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
 def sweep_log(run: SweepRun):
     """Ray's and MLflow's notices in the sweep's log file (`library_logs`), from before Ray starts
     (its start-up notices go there). A sweep refused once Ray is up (one trial larger than the
-    cluster: a UserError before its state file is written) removes the file and the folders made
-    for it: a refused sweep leaves nothing (it left the log of a sweep that never ran)."""
-    if run.verbose:
-        yield
-        return
-    made = missing_from(run.log_file)
+    cluster), or stopped (--stop-after, Ctrl-C, SIGTERM) before its state file is written, removes
+    the file, the folders made for it, and an SQLite store file it made that is still empty: it
+    left the log of a sweep that never ran, and a 0-byte store."""
+    made = [] if run.verbose else missing_from(run.log_file)
+    store = sqlite_path(run.tracking_uri)
+    made_store = missing_from(store) if store is not None else []
     try:
-        with library_logs(run.log_file, ray=True):
+        with contextlib.nullcontext() if run.verbose else library_logs(run.log_file, ray=True):
             yield
-    except UserError:
+    except (UserError, KeyboardInterrupt):
         if not run.state_file.exists():  # written once the parent run is open (`record_sweep`)
             remove_made(made)
+            if made_store and made_store[0].is_file() and made_store[0].stat().st_size == 0:
+                remove_made(made_store)  # an empty file: no other sweep's runs in it
         raise
 
 
