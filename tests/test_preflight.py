@@ -424,3 +424,15 @@ def test_the_sqlite_store_check_reads_a_healthy_store_quickly_and_writes_nothing
     assert sqlite_damage(store) is None
     assert time.monotonic() - started < 1
     assert store.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+
+
+def test_report_on_an_empty_store_file_is_one_line_and_leaves_the_file_empty(tmp_path, sweep_file, capsys):
+    """MLflow created its tables in a 0-byte file ("Creating initial MLflow database tables...")
+    before the report said the run was not there."""
+    store = tmp_path / "mlflow.db"
+    store.touch()
+    args = ["report", str(sweep_file), "--storage", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{store}"]
+    assert main(args) == 2
+    assert one_line_error(capsys) == (f"error: {sweep_file}: {store} holds no MLflow store (--tracking-uri "
+                                      f"sqlite:///{store}), and no run of mini under {tmp_path / 'runs'}\n")
+    assert store.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["mini.yaml", "mlflow.db"]

@@ -595,6 +595,20 @@ def check_interrupted(console, run, parent_run_id: str, close: bool) -> str:
     return state
 
 
+def check_store_to_read(run) -> None:
+    """A local SQLite store a report reads exists and holds MLflow's tables: MLflow opening a
+    missing or empty (0-byte) file, or one of other tables, would create its tables there (and
+    the file and its folder) before saying that the run is not in it."""
+    from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
+
+    store = sqlite_path(run.tracking_uri)
+    if store is None or holds_mlflow_runs(store):
+        return
+    what = f"no store at {store}" if not store.exists() else f"{store} holds no MLflow store"
+    raise UserError(f"{run.sweep.path}: {what} (--tracking-uri {run.tracking_uri})"
+                    + ("" if run.state_file.exists() else f", and no run of {run.experiment} under {run.storage}"))
+
+
 def find_parent_run(run) -> str:
     """The sweep's parent run: from its state file under --storage, else the latest sweep run
     of its experiment in the tracking store (a store copied from another machine)."""
@@ -602,12 +616,8 @@ def find_parent_run(run) -> str:
 
     from k3lab.store.runs import get_run, latest_sweep_run
     from k3lab.store.state import read_state
-    from k3lab.store.tracking import sqlite_path
 
-    store = sqlite_path(run.tracking_uri)
-    if store is not None and not store.exists():  # opening it would create an empty store (and its folder)
-        raise UserError(f"{run.sweep.path}: no store at {store} (--tracking-uri {run.tracking_uri})"
-                        + ("" if run.state_file.exists() else f", and no run of {run.experiment} under {run.storage}"))
+    check_store_to_read(run)
     if run.state_file.exists():
         parent_run_id = run.parent_run_id()
         try:
