@@ -669,3 +669,19 @@ def test_a_sweep_stopped_early_keeps_a_store_file_it_did_not_make_or_that_holds_
     with pytest.raises(KeyboardInterrupt), sweep_log(run):
         raise KeyboardInterrupt
     assert (tmp_path / "mlflow.db").exists()
+
+
+def test_tunes_sigint_handler_left_after_a_finished_fit_no_longer_swallows_a_sigterm_signal():
+    """Tune's `fit` leaves its SIGINT handler installed after a normal end: a SIGTERM (sent on as
+    SIGINT) during the report set its event and was ignored."""
+    import signal
+
+    from k3lab.tune.sigterm import on_sigterm, sigint_kept, stop_on_sigterm
+
+    with stop_on_sigterm():
+        with sigint_kept():
+            signal.signal(signal.SIGINT, lambda signum, frame: None)  # as Tune's fit does
+        with pytest.raises(KeyboardInterrupt):
+            on_sigterm(signal.SIGTERM, None)
+            time.sleep(5)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

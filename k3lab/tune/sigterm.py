@@ -43,9 +43,24 @@ def stop_on_sigterm():
     received.clear()
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        yield
+        with sigint_kept():
+            yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def sigint_kept():
+    """The SIGINT handler as it was, after the block: Tune's `fit` installs one it never takes back
+    after a run that ends normally, which swallowed the next Ctrl-C (or SIGTERM) unseen."""
+    if not _main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from k3lab.tune.parent import ParentRun, record_sweep
 from k3lab.tune.preflight import Preflight, check_prepared, cuda_gpus, run_preflight_overlapped
 from k3lab.tune.reaper import Watchdog, end_leftovers
 from k3lab.tune.run import SweepRun, check_experiment_dir, discard_earlier_run
-from k3lab.tune.sigterm import keep_sigterm_handler
+from k3lab.tune.sigterm import keep_sigterm_handler, sigint_kept
 from k3lab.tune.trial import TrialSpec, tune_trainable
 from k3lab.tune.tunings import start_from_shipped
 
@@ -456,7 +456,8 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
         tuner = (make_tuner(run, specs, callbacks) if searcher is None else make_tuner(run, specs, callbacks, searcher))
         if searcher is not None and run.resume:  # the searcher Tune restores (its state: from the folder)
             searcher = tuner._local_tuner._tune_config.search_alg
-        results = tuner.fit()
+        with sigint_kept():  # Tune's handler is for the fit only: a SIGTERM in the report still stops
+            results = tuner.fit()
     if searcher.unfinished() if searcher is not None else progress.unfinished():  # Tune catches the first
         raise KeyboardInterrupt  # Ctrl-C, saves its state and returns
     return [str(r.error).splitlines()[0] for r in results if r.error is not None], hardware
