@@ -377,3 +377,62 @@ def test_an_error_while_tokenizing_on_the_thread_reaches_the_sweep(monkeypatch, 
                                                  models={"": load_preset("tiny")}, progress=False))
     with pytest.raises(UserError, match="1 non-empty document"):
         pending.result()
+
+
+def damaged_store(path: Path, how: str) -> bytes:
+    """An SQLite file of ~100 pages, cut short (a copy that stopped) or with pages overwritten."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT)")
+        db.executemany("INSERT INTO runs (name) VALUES (?)", [("x" * 200,)] * 2000)
+        db.execute("CREATE INDEX by_name ON runs (name)")
+        db.commit()
+    data = path.read_bytes()
+    data = data[:len(data) // 2] if how == "truncated" else data[:8192] + b"\xff" * 16384 + data[8192 + 16384:]
+    path.write_bytes(data)
+    return data
+
+
+@pytest.mark.parametrize("how", ["truncated", "overwritten"])
+@pytest.mark.parametrize("command", [["report"], ["sweep", "--resume"]])
+def test_a_malformed_sqlite_store_is_one_line_naming_the_file_and_is_left_as_it_was(tmp_path, sweep_file, capsys,
+                                                                                   how, command):
+    """MLflow failed on a damaged store with a SQLAlchemy traceback ("database disk image is malformed")."""
+    store = tmp_path / "mlflow.db"
+    data = damaged_store(store, how)
+    args = [command[0], str(sweep_file), "--storage", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{store}",
+            *command[1:]]
+    assert main(args) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"error: --tracking-uri sqlite:///{store}: {store} is not a readable SQLite database (")
+    assert "malformed" in err
+    assert store.read_bytes() == data and sorted(p.name for p in tmp_path.iterdir()) == ["mini.yaml", "mlflow.db"]
+
+
+def test_the_sqlite_store_check_reads_a_healthy_store_quickly_and_writes_nothing(tmp_path):
+    import sqlite3
+
+    from k3lab.store.tracking import sqlite_damage
+
+    store = tmp_path / "mlflow.db"
+    with contextlib.closing(sqlite3.connect(store)) as db:
+        db.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT)")
+        db.executemany("INSERT INTO runs (name) VALUES (?)", [("x" * 200,)] * 50000)
+        db.commit()
+    before, started = store.read_bytes(), time.monotonic()
+    assert sqlite_damage(store) is None
+    assert time.monotonic() - started < 1
+    assert store.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+
+
+def test_report_on_an_empty_store_file_is_one_line_and_leaves_the_file_empty(tmp_path, sweep_file, capsys):
+    """MLflow created its tables in a 0-byte file ("Creating initial MLflow database tables...")
+    before the report said the run was not there."""
+    store = tmp_path / "mlflow.db"
+    store.touch()
+    args = ["report", str(sweep_file), "--storage", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{store}"]
+    assert main(args) == 2
+    assert one_line_error(capsys) == (f"error: {sweep_file}: {store} holds no MLflow store (--tracking-uri "
+                                      f"sqlite:///{store}), and no run of mini under {tmp_path / 'runs'}\n")
+    assert store.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["mini.yaml", "mlflow.db"]

@@ -561,3 +561,127 @@ def test_a_grid_starts_seed_by_seed_so_a_sweep_stopped_early_holds_whole_pairs()
     assert started == [(seed, name) for seed in range(8) for name in variants]
     first_six = started[:6]  # e.g. a budget that ends after six trials: two whole seeds, a pair per comparison
     assert {seed for seed, _ in first_six} == {0, 1} and len(set(first_six)) == 6
+
+
+def test_a_sigterm_signal_stops_a_sweep_as_ctrl_c_does_with_exit_143_and_the_resume_hint(tmp_path, sweep_file,
+                                                                                         monkeypatch, capsys):
+    """A scheduler's SIGTERM (SLURM, `kill`) mid-sweep: Tune is sent SIGINT (it saves its state), and
+    the command says how to go on and exits 143; it died in Ray's crash dump with exit 1."""
+    import signal
+
+    import k3lab.tune.sweep as sweep_module
+
+    def sweep_that_gets_sigterm(run, live, say):
+        run.tune_dir.mkdir(parents=True)
+        run.state_file.write_text("{}")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the SIGINT the handler sends ends this
+        raise AssertionError("SIGTERM did not stop the sweep")
+
+    monkeypatch.setattr(sweep_module, "run_sweep", sweep_that_gets_sigterm)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(sweep_args(tmp_path, sweep_file)) == 143
+    err = capsys.readouterr().err
+    assert "sweep stopped by SIGTERM, its state saved: continue it with `k3lab sweep" in err
+    assert err.rstrip().endswith("--resume`")
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the sweep's only
+
+
+def test_the_sigterm_signal_handler_is_put_back_after_ray_init_replaces_it():
+    """ray.init installs its own SIGTERM handler (a crash dump, exit 1): the sweep's comes back after it."""
+    import signal
+
+    from k3lab.tune.sigterm import keep_sigterm_handler, on_sigterm, stop_on_sigterm
+
+    with stop_on_sigterm():
+        with keep_sigterm_handler():
+            signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as ray.init does
+        assert signal.getsignal(signal.SIGTERM) is on_sigterm
+    assert signal.getsignal(signal.SIGTERM) is not on_sigterm
+
+
+def test_a_second_sweep_while_one_holds_the_experiment_lock_is_refused_in_one_line_and_writes_nothing(
+        tmp_path, sweep_file, capsys):
+    """Two sweeps started seconds apart both passed the folder checks (the Ray record and the state
+    file come seconds after the start) and ran into one Tune folder with two parent runs; the lock,
+    taken before any check or write, refuses the second at once."""
+    import subprocess
+
+    storage = tmp_path / "runs"
+    storage.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               f"fd = os.open({str(storage / 'mini.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'%d\\n' % os.getpid())\n"
+                               "print('locked', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main(sweep_args(tmp_path, sweep_file)) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"error: {storage / 'mini.lock'}: a sweep of this experiment is running (driver PID "
+                       f"{holder.pid}): wait for it to end, or stop it, before starting another")
+        assert sorted(p.name for p in storage.iterdir()) == ["mini.lock"]  # the holder's, untouched
+        assert not (tmp_path / "mlflow.db").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_sweep_lock_is_released_and_removed_and_a_folder_made_for_it_is_removed_again(tmp_path):
+    """A sweep refused after taking the lock (its folder checks) leaves nothing, and the next one gets the lock."""
+    from k3lab.tune.lock import sweep_lock
+
+    path = tmp_path / "runs" / "mini.lock"
+    with pytest.raises(RuntimeError), sweep_lock(path):
+        assert path.read_text() == f"{os.getpid()}\n"
+        raise RuntimeError
+    assert not (tmp_path / "runs").exists()
+    with sweep_lock(path):
+        pass
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, "UserError"])
+def test_a_sweep_stopped_before_its_state_file_leaves_neither_its_log_nor_an_empty_store_file(tmp_path, stop):
+    """--stop-after (or Ctrl-C, SIGTERM) before anything ran said "nothing to resume" and left
+    <storage>/<name>.log and the 0-byte SQLite file MLflow had begun."""
+    from types import SimpleNamespace
+
+    from k3lab.errors import UserError
+    from k3lab.tune.sweep import sweep_log
+
+    (tmp_path / "runs").mkdir()
+    run = SimpleNamespace(verbose=False, log_file=tmp_path / "runs" / "mini.log", state_file=tmp_path / "runs" / "x",
+                          tracking_uri=f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
+    with pytest.raises(KeyboardInterrupt if stop is KeyboardInterrupt else UserError), sweep_log(run):
+        (tmp_path / "store").mkdir()
+        (tmp_path / "store" / "mlflow.db").touch()  # as MLflow's engine does before its tables
+        raise KeyboardInterrupt if stop is KeyboardInterrupt else UserError("refused")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"] and not any((tmp_path / "runs").iterdir())
+
+
+def test_a_sweep_stopped_early_keeps_a_store_file_it_did_not_make_or_that_holds_data(tmp_path):
+    from types import SimpleNamespace
+
+    from k3lab.tune.sweep import sweep_log
+
+    run = SimpleNamespace(verbose=True, log_file=tmp_path / "mini.log", state_file=tmp_path / "x",
+                          tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (tmp_path / "mlflow.db").touch()  # there before the sweep
+    with pytest.raises(KeyboardInterrupt), sweep_log(run):
+        raise KeyboardInterrupt
+    assert (tmp_path / "mlflow.db").exists()
+
+
+def test_tunes_sigint_handler_left_after_a_finished_fit_no_longer_swallows_a_sigterm_signal():
+    """Tune's `fit` leaves its SIGINT handler installed after a normal end: a SIGTERM (sent on as
+    SIGINT) during the report set its event and was ignored."""
+    import signal
+
+    from k3lab.tune.sigterm import on_sigterm, sigint_kept, stop_on_sigterm
+
+    with stop_on_sigterm():
+        with sigint_kept():
+            signal.signal(signal.SIGINT, lambda signum, frame: None)  # as Tune's fit does
+        with pytest.raises(KeyboardInterrupt):
+            on_sigterm(signal.SIGTERM, None)
+            time.sleep(5)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

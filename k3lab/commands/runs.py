@@ -325,6 +325,7 @@ SHARE_LABELS = {"starting": "starting up"}
 
 def run_sweep_command(args) -> int:
     from k3lab.registry.commands import print_plan, variant_table
+    from k3lab.tune.sigterm import stop_on_sigterm
     from k3lab.tune.sweep import run_sweep
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
@@ -362,20 +363,10 @@ def run_sweep_command(args) -> int:
 
     timer = stop_timer(stop_after)
     try:
-        summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
+        with stop_on_sigterm():  # a scheduler's SIGTERM stops it as Ctrl-C does
+            summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
     except KeyboardInterrupt:
-        on_time = timer is not None and timer.fired.is_set()
-        stopped = f"sweep stopped after {args.stop_after} (--stop-after)" if on_time else "sweep stopped"
-        resumable = run.state_file.exists() and run.tune_dir.exists()  # what --resume needs to go on
-        if resumable:
-            print(f"{stopped}, its state saved: continue it with `{resume_command(args.command_line)}`",
-                  file=sys.stderr)
-        if not on_time:
-            raise
-        if not resumable:  # not exit 3: a job script that resumes on 3 would find nothing to resume
-            print(f"{stopped} before its trials started: nothing to resume; give it more time", file=sys.stderr)
-            return 1
-        return STOPPED_ON_TIME
+        return stopped_sweep(args, run, on_time=timer is not None and timer.fired.is_set())
     finally:
         if timer is not None:
             timer.cancel()
@@ -384,6 +375,31 @@ def run_sweep_command(args) -> int:
     for error in summary["errors"]:
         console.print(f"[red]trial error: {error}")
     return 1 if summary["errors"] else 0
+
+
+def stopped_sweep(args, run, on_time: bool) -> int:
+    """The exit of a sweep stopped by Ctrl-C, SIGTERM or --stop-after: the `--resume` command that
+    continues it where its state was saved, and the exit code (130 for Ctrl-C, re-raised; 143 for
+    SIGTERM; 3 for --stop-after, or 1 when it stopped before anything could be resumed)."""
+    from k3lab.tune import sigterm
+
+    terminated = not on_time and sigterm.received.is_set()
+    stopped = (f"sweep stopped after {args.stop_after} (--stop-after)" if on_time
+               else "sweep stopped by SIGTERM" if terminated else "sweep stopped")
+    resumable = run.state_file.exists() and run.tune_dir.exists()  # what --resume needs to go on
+    if resumable:
+        print(f"{stopped}, its state saved: continue it with `{resume_command(args.command_line)}`",
+              file=sys.stderr)
+    if terminated:
+        if not resumable:
+            print(f"{stopped} before its trials started: nothing to resume", file=sys.stderr)
+        return sigterm.EXIT_CODE
+    if not on_time:
+        raise KeyboardInterrupt
+    if not resumable:  # not exit 3: a job script that resumes on 3 would find nothing to resume
+        print(f"{stopped} before its trials started: nothing to resume; give it more time", file=sys.stderr)
+        return 1
+    return STOPPED_ON_TIME
 
 
 def earlier_run_line(run) -> str | None:
@@ -579,6 +595,20 @@ def check_interrupted(console, run, parent_run_id: str, close: bool) -> str:
     return state
 
 
+def check_store_to_read(run) -> None:
+    """A local SQLite store a report reads exists and holds MLflow's tables: MLflow opening a
+    missing or empty (0-byte) file, or one of other tables, would create its tables there (and
+    the file and its folder) before saying that the run is not in it."""
+    from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
+
+    store = sqlite_path(run.tracking_uri)
+    if store is None or holds_mlflow_runs(store):
+        return
+    what = f"no store at {store}" if not store.exists() else f"{store} holds no MLflow store"
+    raise UserError(f"{run.sweep.path}: {what} (--tracking-uri {run.tracking_uri})"
+                    + ("" if run.state_file.exists() else f", and no run of {run.experiment} under {run.storage}"))
+
+
 def find_parent_run(run) -> str:
     """The sweep's parent run: from its state file under --storage, else the latest sweep run
     of its experiment in the tracking store (a store copied from another machine)."""
@@ -586,12 +616,8 @@ def find_parent_run(run) -> str:
 
     from k3lab.store.runs import get_run, latest_sweep_run
     from k3lab.store.state import read_state
-    from k3lab.store.tracking import sqlite_path
 
-    store = sqlite_path(run.tracking_uri)
-    if store is not None and not store.exists():  # opening it would create an empty store (and its folder)
-        raise UserError(f"{run.sweep.path}: no store at {store} (--tracking-uri {run.tracking_uri})"
-                        + ("" if run.state_file.exists() else f", and no run of {run.experiment} under {run.storage}"))
+    check_store_to_read(run)
     if run.state_file.exists():
         parent_run_id = run.parent_run_id()
         try:

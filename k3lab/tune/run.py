@@ -4,6 +4,7 @@
     <storage>/<experiment>.k3lab.json the sweep's MLflow parent run id, for --resume (`k3lab.store.state`)
     <storage>/<experiment>.ddp/       Ray Train's run folders of the DDP trials
     <storage>/<experiment>.log        Ray's and MLflow's notices (on the terminal with --verbose)
+    <storage>/<experiment>.lock       while it runs: its lock, with the driver's PID (`k3lab.tune.lock`)
     <storage>/<experiment>.ray.json   while it runs: the processes of its local Ray instance (`k3lab.tune.reaper`)
 """
 
@@ -18,6 +19,7 @@ from k3lab.errors import UserError
 from k3lab.registry import Sweep
 from k3lab.store.state import read_state, state_file
 from k3lab.tune.kernels import resolve_kernel_cache
+from k3lab.tune.lock import lock_file
 from k3lab.tune.reaper import record_file
 
 
@@ -76,6 +78,11 @@ class SweepRun:
     def ray_record(self) -> Path:
         """The processes of the sweep's local Ray instance, kept by its watchdog (`k3lab.tune.reaper`)."""
         return record_file(self.storage, self.experiment)
+
+    @property
+    def lock_file(self) -> Path:
+        """Held while the sweep runs: one sweep of an experiment at a time (`k3lab.tune.lock`)."""
+        return lock_file(self.storage, self.experiment)
 
     @property
     def log_file(self) -> Path:

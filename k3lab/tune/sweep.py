@@ -20,8 +20,10 @@ from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_
 from k3lab.report.sequential import BUDGET
 from k3lab.store.colours import variant_colours
 from k3lab.store.runs import GPU_SHARING, trial_runs
+from k3lab.store.tracking import sqlite_path
 from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_shapes, shipped_line,
                                 use_kernel_cache, warm_kernels)
+from k3lab.tune.lock import sweep_lock
 from k3lab.tune.logs import library_logs
 from k3lab.tune.mps import ENV_KEYS as MPS_ENV
 from k3lab.tune.mps import gpu_sharing
@@ -29,6 +31,7 @@ from k3lab.tune.parent import ParentRun, record_sweep
 from k3lab.tune.preflight import Preflight, check_prepared, cuda_gpus, run_preflight_overlapped
 from k3lab.tune.reaper import Watchdog, end_leftovers
 from k3lab.tune.run import SweepRun, check_experiment_dir, discard_earlier_run
+from k3lab.tune.sigterm import keep_sigterm_handler, sigint_kept
 from k3lab.tune.trial import TrialSpec, tune_trainable
 from k3lab.tune.tunings import start_from_shipped
 
@@ -260,16 +263,18 @@ def gpu_field(sweep: Sweep) -> str:
 def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
     """Run (or resume) the sweep; returns the report summary (see `k3lab.report.summary`).
 
-    Everything that can be checked is checked first (`check_experiment_dir`, the preflight);
+    The experiment's lock (`k3lab.tune.lock`) is taken first and held to the end. Everything
+    that can be checked is checked then (`check_experiment_dir`, the preflight);
     only then is the parent MLflow run opened, and whatever happens after, it is closed.
     Before that, what an earlier run's killed driver left of its Ray instance is ended. A
     corpus still to be tokenized is tokenized while Ray starts."""
-    end_leftovers(run.ray_record, say=say)
-    check_experiment_dir(run)
-    if run.on_cluster:
-        check_ray_address(run.address or os.environ["RAY_ADDRESS"], "--address" if run.address else "RAY_ADDRESS")
-    with share_gpus(run, say) as sharing:  # before anything initialises CUDA: it connects to MPS then
-        return run_checked_sweep(run, live, say, sharing)
+    with sweep_lock(run.lock_file):  # one sweep of an experiment at a time, from before its checks
+        end_leftovers(run.ray_record, say=say)
+        check_experiment_dir(run)
+        if run.on_cluster:
+            check_ray_address(run.address or os.environ["RAY_ADDRESS"], "--address" if run.address else "RAY_ADDRESS")
+        with share_gpus(run, say) as sharing:  # before anything initialises CUDA: it connects to MPS then
+            return run_checked_sweep(run, live, say, sharing)
 
 
 RAY_ADDRESS_TIMEOUT_S = 3.0
@@ -333,18 +338,20 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
 def sweep_log(run: SweepRun):
     """Ray's and MLflow's notices in the sweep's log file (`library_logs`), from before Ray starts
     (its start-up notices go there). A sweep refused once Ray is up (one trial larger than the
-    cluster: a UserError before its state file is written) removes the file and the folders made
-    for it: a refused sweep leaves nothing (it left the log of a sweep that never ran)."""
-    if run.verbose:
-        yield
-        return
-    made = missing_from(run.log_file)
+    cluster), or stopped (--stop-after, Ctrl-C, SIGTERM) before its state file is written, removes
+    the file, the folders made for it, and an SQLite store file it made that is still empty: it
+    left the log of a sweep that never ran, and a 0-byte store."""
+    made = [] if run.verbose else missing_from(run.log_file)
+    store = sqlite_path(run.tracking_uri)
+    made_store = missing_from(store) if store is not None else []
     try:
-        with library_logs(run.log_file, ray=True):
+        with contextlib.nullcontext() if run.verbose else library_logs(run.log_file, ray=True):
             yield
-    except UserError:
+    except (UserError, KeyboardInterrupt):
         if not run.state_file.exists():  # written once the parent run is open (`record_sweep`)
             remove_made(made)
+            if made_store and made_store[0].is_file() and made_store[0].stat().st_size == 0:
+                remove_made(made_store)  # an empty file: no other sweep's runs in it
         raise
 
 
@@ -400,7 +407,8 @@ def ray_session(run: SweepRun):
     try:
         if not run.on_cluster:  # a Ray instance of the sweep's own: it ends with this process (k3lab.tune.reaper)
             watchdog = Watchdog.start(run.ray_record, run.log_file)
-        start_ray(run)
+        with keep_sigterm_handler():  # ray.init installs its own
+            start_ray(run)
         if watchdog is not None:
             watchdog.session(ray_session_dir())
         check_cluster_fits(run.sweep, ray.cluster_resources())
@@ -448,7 +456,8 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
         tuner = (make_tuner(run, specs, callbacks) if searcher is None else make_tuner(run, specs, callbacks, searcher))
         if searcher is not None and run.resume:  # the searcher Tune restores (its state: from the folder)
             searcher = tuner._local_tuner._tune_config.search_alg
-        results = tuner.fit()
+        with sigint_kept():  # Tune's handler is for the fit only: a SIGTERM in the report still stops
+            results = tuner.fit()
     if searcher.unfinished() if searcher is not None else progress.unfinished():  # Tune catches the first
         raise KeyboardInterrupt  # Ctrl-C, saves its state and returns
     return [str(r.error).splitlines()[0] for r in results if r.error is not None], hardware
