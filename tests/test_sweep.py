@@ -96,6 +96,10 @@ def test_resume_finishes_an_interrupted_sweep_in_the_same_runs(tmp_path, sweep_f
     before = {r.info.run_id for r in runs}
     assert {r.info.status for r in runs} == {"FAILED"}
     monkeypatch.delenv("K3LAB_FAIL_AT_STEP")
+    text = sweep_file.read_text()  # the state file the first run wrote holds its train section
+    sweep_file.write_text(text.replace("eval_batches: 1", "eval_batches: 2"))
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    sweep_file.write_text(text)
     assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 0
     client, parent, runs = trial_runs(tmp_path)
     assert {r.info.run_id for r in runs} == before  # the same runs continued, no duplicates
@@ -228,6 +232,24 @@ def test_resume_refuses_a_changed_sweep_file(tmp_path, sweep_file, capsys):
     (tmp_path / "runs" / "mini.k3lab.json").write_text(_json.dumps({"parent_run_id": "x", "trials": ["other_s0"]}))
     assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
     assert "no longer describes the trials" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_changed_train_section_naming_the_field(tmp_path, sweep_file, capsys):
+    """--resume of a sweep whose train.steps changed finished it with trials of both lengths in one report."""
+    from k3lab.registry import load_sweep
+    from k3lab.store.state import sweep_spec, write_state
+
+    (tmp_path / "runs" / "mini").mkdir(parents=True)
+    sweep = load_sweep(sweep_file)
+    write_state(tmp_path / "runs" / "mini.k3lab.json", "x", "sqlite:///x.db", [t.id for t in sweep.trials],
+                sweep_spec(sweep))
+    sweep_file.write_text(sweep_file.read_text().replace("{steps: 8,", "{steps: 6,"))
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "changed train.steps from 8 to 6" in err and "--overwrite" in err
+    sweep_file.write_text(mini_sweep("mini", "x").replace("resources:", "metric: {name: val_loss, mode: max}\nresources:"))
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    assert 'changed metric.mode from "min" to "max"' in capsys.readouterr().err
 
 
 def test_sweep_moved_to_another_machine_resumes_there(tmp_path, sweep_file, monkeypatch):

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.registry import Sweep
-from k3lab.store.state import read_state, state_file
+from k3lab.store.state import first_difference, read_state, state_file, sweep_spec
 from k3lab.tune.kernels import resolve_kernel_cache
 from k3lab.tune.reaper import record_file
 
@@ -93,13 +94,28 @@ def check_experiment_dir(run: SweepRun) -> None:
     if run.resume and not (run.tune_dir.exists() and run.state_file.exists()):
         raise UserError(f"--resume: no earlier run of {run.experiment} under {run.storage}")
     if run.resume:
-        saved = read_state(run.state_file).get("trials")
+        state = read_state(run.state_file)
+        saved = state.get("trials")
         if saved is not None and sorted(saved) != sorted(t.id for t in run.sweep.trials):
             raise UserError(f"--resume: {run.sweep.path} no longer describes the trials of the run under "
                             f"{run.tune_dir} (variants or seeds changed): run it with --overwrite instead")
+        check_same_spec(run, state.get("spec"))
     if exists and not run.resume and not run.overwrite:
         raise UserError(f"{run.tune_dir} exists from an earlier run: pass --resume to continue it "
                         "or --overwrite to start again")
+
+
+def check_same_spec(run: SweepRun, saved: dict | None) -> None:
+    """--resume: the sweep file trains and measures its trials as the earlier run did (`sweep_spec`);
+    otherwise the resumed trials would run with other settings than the finished ones, in one report
+    under the parent run's old params. A state file without a spec (older k3lab) is not checked."""
+    if saved is None:
+        return
+    changed = first_difference(saved, sweep_spec(run.sweep))
+    if changed:
+        field, old, new = changed
+        raise UserError(f"--resume: {run.sweep.path} changed {field} from {json.dumps(old)} to {json.dumps(new)} "
+                        f"since the run under {run.tune_dir}: restore it, or run with --overwrite to start again")
 
 
 def discard_earlier_run(run: SweepRun) -> None:
