@@ -252,6 +252,30 @@ def test_resume_refuses_a_changed_train_section_naming_the_field(tmp_path, sweep
     assert 'changed metric.mode from "min" to "max"' in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text, problem", [
+    ("", "not JSON"), ('{"parent_run_id": "ab', "not JSON"), ("[1]", "a JSON list, not an object"),
+    ("{}", "no parent_run_id"), ('{"trials": []}', "no parent_run_id"),
+    ('{"parent_run_id": "x", "trials": "a_s0"}', "trials is not a list of trial ids"),
+    ('{"parent_run_id": 3}', "parent_run_id is not a run id"),
+])
+def test_a_damaged_state_file_is_named_in_one_line_by_resume_and_report(tmp_path, sweep_file, capsys, text, problem):
+    """They raised JSONDecodeError, AttributeError, TypeError or KeyError (for `{}` after Ray started)."""
+    state = tmp_path / "runs" / "mini.k3lab.json"
+    (tmp_path / "runs" / "mini").mkdir(parents=True)
+    state.write_text(text)
+    (tmp_path / "mlflow.db").touch()  # report looks for the store first
+    capsys.readouterr()
+    for args in (sweep_args(tmp_path, sweep_file, "--resume"),
+                 ["report", str(sweep_file), "--storage", str(tmp_path / "runs"),
+                  "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {state}: not a k3lab sweep state file ({problem}")
+        assert err.count("\n") == 1 and err.endswith("`k3lab sweep ... --overwrite` starts the sweep again\n")
+    assert main(sweep_args(tmp_path, sweep_file)) == 2  # a plain run still asks for --resume or --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+
+
 def test_sweep_moved_to_another_machine_resumes_there(tmp_path, sweep_file, monkeypatch):
     """Preemptible nodes: run part of a sweep, copy its storage folder and SQLite MLflow store
     (mlflow.db and mlartifacts/) to a fresh machine, and --resume it there."""

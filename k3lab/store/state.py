@@ -45,8 +45,40 @@ def state_file(storage: Path, experiment: str) -> Path:
 
 
 def read_state(path: Path) -> dict:
-    """The state file's contents: parent_run_id, tracking_uri, trials and spec (the last two absent in old files)."""
-    return json.loads(path.read_text())
+    """The state file's contents: parent_run_id, tracking_uri, trials and spec (the last two absent
+    in old files). A damaged file (a kill while it was written, an edit) is refused in one line
+    (`state_problem`): its readers would fail on it with a traceback, some only after Ray started."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(not_a_state_file(path, getattr(error, "strerror", None) or str(error))) from None
+    except json.JSONDecodeError as error:
+        raise UserError(not_a_state_file(path, f"not JSON: {error}")) from None
+    problem = state_problem(state)
+    if problem:
+        raise UserError(not_a_state_file(path, problem))
+    return state
+
+
+def not_a_state_file(path: Path, problem: str) -> str:
+    return (f"{path}: not a k3lab sweep state file ({problem}); `k3lab sweep ... --overwrite` "
+            "starts the sweep again")
+
+
+def state_problem(state) -> str | None:
+    """What is wrong with a state file's parsed JSON, or None: the keys its readers use, of their types."""
+    if not isinstance(state, dict):
+        return f"a JSON {type(state).__name__}, not an object"
+    if not isinstance(state.get("parent_run_id"), str) or not state["parent_run_id"]:
+        return "no parent_run_id" if "parent_run_id" not in state else "parent_run_id is not a run id"
+    if not isinstance(state.get("tracking_uri", ""), str):
+        return "tracking_uri is not a string"
+    trials = state.get("trials", [])
+    if not isinstance(trials, list) or not all(isinstance(t, str) for t in trials):
+        return "trials is not a list of trial ids"
+    if not isinstance(state.get("spec", {}), dict):
+        return "spec is not an object"
+    return None
 
 
 def write_state(path: Path, parent_run_id: str, tracking_uri: str, trials: list[str], spec: dict | None = None) -> None:
