@@ -276,6 +276,26 @@ def test_a_damaged_state_file_is_named_in_one_line_by_resume_and_report(tmp_path
     assert "--overwrite" in capsys.readouterr().err
 
 
+def test_resume_with_a_store_that_lacks_the_parent_run_is_refused_before_ray_and_creates_no_store(
+        tmp_path, sweep_file, capsys):
+    """It raised MlflowException "Run with id=... not found" after Ray started, leaving a new database."""
+    from k3lab.registry import load_sweep
+    from k3lab.store.state import write_state
+
+    (tmp_path / "runs" / "mini").mkdir(parents=True)
+    state = tmp_path / "runs" / "mini.k3lab.json"
+    write_state(state, "0123abc", "sqlite:///first.db", [t.id for t in load_sweep(sweep_file).trials])
+    capsys.readouterr()
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert capsys.readouterr().err == (f"error: {state}: its parent run 0123abc is not in {store} "
+                                       "(the sweep logged to sqlite:///first.db)\n")
+    assert not (tmp_path / "mlflow.db").exists()
+    MlflowClient(store).create_experiment("another")  # a store, but not the sweep's
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    assert "its parent run 0123abc is not in" in capsys.readouterr().err
+
+
 def test_sweep_moved_to_another_machine_resumes_there(tmp_path, sweep_file, monkeypatch):
     """Preemptible nodes: run part of a sweep, copy its storage folder and SQLite MLflow store
     (mlflow.db and mlartifacts/) to a fresh machine, and --resume it there."""

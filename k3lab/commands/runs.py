@@ -582,10 +582,8 @@ def check_interrupted(console, run, parent_run_id: str, close: bool) -> str:
 def find_parent_run(run) -> str:
     """The sweep's parent run: from its state file under --storage, else the latest sweep run
     of its experiment in the tracking store (a store copied from another machine)."""
-    from mlflow.exceptions import MlflowException
-
-    from k3lab.store.runs import get_run, latest_sweep_run
-    from k3lab.store.state import read_state
+    from k3lab.store.runs import latest_sweep_run
+    from k3lab.store.state import check_parent_run
     from k3lab.store.tracking import sqlite_path
 
     store = sqlite_path(run.tracking_uri)
@@ -593,14 +591,7 @@ def find_parent_run(run) -> str:
         raise UserError(f"{run.sweep.path}: no store at {store} (--tracking-uri {run.tracking_uri})"
                         + ("" if run.state_file.exists() else f", and no run of {run.experiment} under {run.storage}"))
     if run.state_file.exists():
-        parent_run_id = run.parent_run_id()
-        try:
-            get_run(run.tracking_uri, parent_run_id)
-        except MlflowException:  # "Run with id=... not found"
-            logged_to = read_state(run.state_file).get("tracking_uri")
-            raise UserError(f"{run.state_file}: its parent run {parent_run_id} is not in {run.tracking_uri}"
-                            + (f" (the sweep logged to {logged_to})" if logged_to else "")) from None
-        return parent_run_id
+        return check_parent_run(run.state_file, run.tracking_uri)
     run_id = latest_sweep_run(run.tracking_uri, run.experiment)
     if run_id is None:
         raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage} or in {run.tracking_uri}")

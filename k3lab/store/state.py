@@ -81,6 +81,30 @@ def state_problem(state) -> str | None:
     return None
 
 
+def check_parent_run(path: Path, tracking_uri: str) -> str:
+    """The parent run id of the state file at `path`, once found in the tracking store `tracking_uri`;
+    else one line naming the store the sweep logged to (another --tracking-uri, a store deleted or
+    emptied). A SQLite store whose file does not exist holds no run: it is not opened, which would
+    create it."""
+    from mlflow.exceptions import MlflowException
+
+    from k3lab.store.runs import get_run
+    from k3lab.store.tracking import sqlite_path
+
+    state = read_state(path)
+    parent_run_id, logged_to = state["parent_run_id"], state.get("tracking_uri")
+    missing = UserError(f"{path}: its parent run {parent_run_id} is not in {tracking_uri}"
+                        + (f" (the sweep logged to {logged_to})" if logged_to else ""))
+    store = sqlite_path(tracking_uri)
+    if store is not None and not store.exists():
+        raise missing
+    try:
+        get_run(tracking_uri, parent_run_id)
+    except MlflowException:  # "Run with id=... not found"
+        raise missing from None
+    return parent_run_id
+
+
 def write_state(path: Path, parent_run_id: str, tracking_uri: str, trials: list[str], spec: dict | None = None) -> None:
     """The state file of a sweep's first run; `spec` is `sweep_spec` of its sweep."""
     path.parent.mkdir(parents=True, exist_ok=True)
