@@ -21,6 +21,13 @@ SWEEP = mini_sweep("mini", "two variants of a very small model")
 REPO = Path(__file__).resolve().parents[1]
 
 
+def fake_tune_folder(folder: Path) -> None:
+    """What --resume's check of a Tune experiment folder looks for (a restore would still fail)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tuner.pkl").write_bytes(b"x")
+    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trial_data": [["{}", "{}"]]}')
+
+
 def trial_runs(machine):
     client = MlflowClient(f"sqlite:///{machine / 'mlflow.db'}")
     parent_id = json.loads((machine / "runs" / "mini.k3lab.json").read_text())["parent_run_id"]
@@ -282,7 +289,7 @@ def test_resume_with_a_store_that_lacks_the_parent_run_is_refused_before_ray_and
     from k3lab.registry import load_sweep
     from k3lab.store.state import write_state
 
-    (tmp_path / "runs" / "mini").mkdir(parents=True)
+    fake_tune_folder(tmp_path / "runs" / "mini")
     state = tmp_path / "runs" / "mini.k3lab.json"
     write_state(state, "0123abc", "sqlite:///first.db", [t.id for t in load_sweep(sweep_file).trials])
     capsys.readouterr()
@@ -294,6 +301,34 @@ def test_resume_with_a_store_that_lacks_the_parent_run_is_refused_before_ray_and
     MlflowClient(store).create_experiment("another")  # a store, but not the sweep's
     assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
     assert "its parent run 0123abc is not in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage, problem", [
+    ("tuner.pkl", "tuner.pkl is missing"), ("experiment_state", "no experiment_state-*.json"),
+    ("truncated", "experiment_state-2026-01-01_00-00-00.json is not JSON"), ("empty", "tuner.pkl is missing"),
+])
+def test_a_damaged_tune_folder_is_refused_by_resume_before_mlflow_is_touched(
+        tmp_path, sweep_file, capsys, damage, problem):
+    """Tuner.restore raised FileNotFoundError or KeyError 'trial' after Ray started, and the parent run ended FAILED."""
+    from k3lab.registry import load_sweep
+    from k3lab.store.state import write_state
+
+    folder = tmp_path / "runs" / "mini"
+    fake_tune_folder(folder)
+    state = folder.parent / "mini.k3lab.json"
+    write_state(state, "0123abc", "sqlite:///first.db", [t.id for t in load_sweep(sweep_file).trials])
+    if damage == "empty":
+        shutil.rmtree(folder)
+        folder.mkdir()
+    elif damage == "truncated":
+        next(folder.glob("experiment_state-*")).write_text('{"trial_data": [["{')
+    else:
+        next(folder.glob(f"{damage}*")).unlink()
+    capsys.readouterr()
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    assert capsys.readouterr().err == (f"error: --resume: {folder} is not a resumable Ray Tune experiment ({problem}): "
+                                       "run with --overwrite to start again\n")
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 def test_sweep_moved_to_another_machine_resumes_there(tmp_path, sweep_file, monkeypatch):

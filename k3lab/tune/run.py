@@ -100,6 +100,7 @@ def check_experiment_dir(run: SweepRun) -> None:
             raise UserError(f"--resume: {run.sweep.path} no longer describes the trials of the run under "
                             f"{run.tune_dir} (variants or seeds changed): run it with --overwrite instead")
         check_same_spec(run, state.get("spec"))
+        check_tune_folder(run.tune_dir)
     if exists and not run.resume and not run.overwrite:
         raise UserError(f"{run.tune_dir} exists from an earlier run: pass --resume to continue it "
                         "or --overwrite to start again")
@@ -116,6 +117,28 @@ def check_same_spec(run: SweepRun, saved: dict | None) -> None:
         field, old, new = changed
         raise UserError(f"--resume: {run.sweep.path} changed {field} from {json.dumps(old)} to {json.dumps(new)} "
                         f"since the run under {run.tune_dir}: restore it, or run with --overwrite to start again")
+
+
+def check_tune_folder(folder: Path) -> None:
+    """--resume: what `Tuner.restore` reads is there: tuner.pkl (all `Tuner.can_restore` checks) and
+    the newest experiment_state-*.json, with its trials. Without them the restore failed after Ray
+    started and the parent run was reopened (FileNotFoundError, KeyError 'trial'), leaving it FAILED."""
+    def damaged(what: str) -> UserError:
+        return UserError(f"--resume: {folder} is not a resumable Ray Tune experiment ({what}): "
+                         "run with --overwrite to start again")
+
+    tuner = folder / "tuner.pkl"
+    if not tuner.is_file() or tuner.stat().st_size == 0:
+        raise damaged(f"{tuner.name} is {'empty' if tuner.is_file() else 'missing'}")
+    states = sorted(folder.glob("experiment_state-*.json"))  # Tune restores the newest: the greatest name
+    if not states:
+        raise damaged("no experiment_state-*.json")
+    try:
+        state = json.loads(states[-1].read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise damaged(f"{states[-1].name} is not JSON") from None
+    if not isinstance(state, dict) or not isinstance(state.get("trial_data"), list) or not state["trial_data"]:
+        raise damaged(f"{states[-1].name} lists no trials")
 
 
 def discard_earlier_run(run: SweepRun) -> None:
