@@ -331,6 +331,18 @@ def test_a_damaged_tune_folder_is_refused_by_resume_before_mlflow_is_touched(
     assert not (tmp_path / "mlflow.db").exists()
 
 
+def test_a_run_stopped_before_its_tune_folder_is_named_alike_by_resume_and_a_plain_run(tmp_path, sweep_file, capsys):
+    """--resume said "no earlier run", a plain run that the missing Tune folder exists."""
+    state = tmp_path / "runs" / "mini.k3lab.json"
+    state.parent.mkdir()
+    state.write_text('{"parent_run_id": "0123abc"}')
+    expected = (f"error: {state}: the earlier run of mini was stopped before any trial started "
+                f"(no {tmp_path / 'runs' / 'mini'}): --overwrite starts it again\n")
+    for extra in (("--resume",), ()):
+        assert main(sweep_args(tmp_path, sweep_file, *extra)) == 2
+        assert capsys.readouterr().err == expected
+
+
 def test_sweep_moved_to_another_machine_resumes_there(tmp_path, sweep_file, monkeypatch):
     """Preemptible nodes: run part of a sweep, copy its storage folder and SQLite MLflow store
     (mlflow.db and mlartifacts/) to a fresh machine, and --resume it there."""

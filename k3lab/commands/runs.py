@@ -574,9 +574,22 @@ def check_interrupted(console, run, parent_run_id: str, close: bool) -> str:
     driver = parent.data.tags.get(runs.DRIVER)
     console.print(f"[yellow]interrupted: the parent run {parent_run_id} of {run.experiment} is still RUNNING but "
                   + (f"its driver ({driver}) is gone" if driver else "no trial has run for a while")
-                  + f"; `k3lab sweep {run.sweep.path} --resume` continues it, `k3lab report {run.sweep.path} "
-                  "--close` ends it")
+                  + f"; `k3lab sweep {run.sweep.path} {again_flag(run)}` {again_verb(run)}, "
+                  f"`k3lab report {run.sweep.path} --close` ends it")
     return state
+
+
+def stopped_before_trials(run) -> bool:
+    """Its state file but no Tune folder: killed before any trial started, nothing for --resume (`check_started`)."""
+    return run.state_file.exists() and not run.tune_dir.exists()
+
+
+def again_flag(run) -> str:
+    return "--overwrite" if stopped_before_trials(run) else "--resume"
+
+
+def again_verb(run) -> str:
+    return "starts it again" if stopped_before_trials(run) else "continues it"
 
 
 def find_parent_run(run) -> str:

@@ -91,6 +91,7 @@ class SweepRun:
 def check_experiment_dir(run: SweepRun) -> None:
     """A fixed directory per sweep: refuse to mix a new sweep into an old one by accident."""
     exists = run.tune_dir.exists() or run.state_file.exists()
+    check_started(run)
     if run.resume and not (run.tune_dir.exists() and run.state_file.exists()):
         raise UserError(f"--resume: no earlier run of {run.experiment} under {run.storage}")
     if run.resume:
@@ -104,6 +105,15 @@ def check_experiment_dir(run: SweepRun) -> None:
     if exists and not run.resume and not run.overwrite:
         raise UserError(f"{run.tune_dir} exists from an earlier run: pass --resume to continue it "
                         "or --overwrite to start again")
+
+
+def check_started(run: SweepRun) -> None:
+    """A state file without the Tune folder is a run killed between writing the two, before any
+    trial started: nothing to resume, and nothing that --resume would continue (it said "no earlier
+    run", a plain run that the missing folder exists)."""
+    if run.state_file.exists() and not run.tune_dir.exists() and not run.overwrite:
+        raise UserError(f"{run.state_file}: the earlier run of {run.experiment} was stopped before any trial "
+                        f"started (no {run.tune_dir}): --overwrite starts it again")
 
 
 def check_same_spec(run: SweepRun, saved: dict | None) -> None:
