@@ -21,6 +21,13 @@ SWEEP = mini_sweep("mini", "two variants of a very small model")
 REPO = Path(__file__).resolve().parents[1]
 
 
+def fake_tune_folder(folder: Path) -> None:
+    """What --resume's check of a Tune experiment folder looks for (a restore would still fail)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tuner.pkl").write_bytes(b"x")
+    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trial_data": [["{}", "{}"]]}')
+
+
 def trial_runs(machine):
     client = MlflowClient(f"sqlite:///{machine / 'mlflow.db'}")
     parent_id = json.loads((machine / "runs" / "mini.k3lab.json").read_text())["parent_run_id"]
@@ -96,6 +103,10 @@ def test_resume_finishes_an_interrupted_sweep_in_the_same_runs(tmp_path, sweep_f
     before = {r.info.run_id for r in runs}
     assert {r.info.status for r in runs} == {"FAILED"}
     monkeypatch.delenv("K3LAB_FAIL_AT_STEP")
+    text = sweep_file.read_text()  # the state file the first run wrote holds its train section
+    sweep_file.write_text(text.replace("eval_batches: 1", "eval_batches: 2"))
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    sweep_file.write_text(text)
     assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 0
     client, parent, runs = trial_runs(tmp_path)
     assert {r.info.run_id for r in runs} == before  # the same runs continued, no duplicates
@@ -228,6 +239,108 @@ def test_resume_refuses_a_changed_sweep_file(tmp_path, sweep_file, capsys):
     (tmp_path / "runs" / "mini.k3lab.json").write_text(_json.dumps({"parent_run_id": "x", "trials": ["other_s0"]}))
     assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
     assert "no longer describes the trials" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_changed_train_section_naming_the_field(tmp_path, sweep_file, capsys):
+    """--resume of a sweep whose train.steps changed finished it with trials of both lengths in one report."""
+    from k3lab.registry import load_sweep
+    from k3lab.store.state import sweep_spec, write_state
+
+    (tmp_path / "runs" / "mini").mkdir(parents=True)
+    sweep = load_sweep(sweep_file)
+    write_state(tmp_path / "runs" / "mini.k3lab.json", "x", "sqlite:///x.db", [t.id for t in sweep.trials],
+                sweep_spec(sweep))
+    sweep_file.write_text(sweep_file.read_text().replace("{steps: 8,", "{steps: 6,"))
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "changed train.steps from 8 to 6" in err and "--overwrite" in err
+    sweep_file.write_text(mini_sweep("mini", "x").replace("resources:", "metric: {name: val_loss, mode: max}\nresources:"))
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    assert 'changed metric.mode from "min" to "max"' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("", "not JSON"), ('{"parent_run_id": "ab', "not JSON"), ("[1]", "a JSON list, not an object"),
+    ("{}", "no parent_run_id"), ('{"trials": []}', "no parent_run_id"),
+    ('{"parent_run_id": "x", "trials": "a_s0"}', "trials is not a list of trial ids"),
+    ('{"parent_run_id": 3}', "parent_run_id is not a run id"),
+])
+def test_a_damaged_state_file_is_named_in_one_line_by_resume_and_report(tmp_path, sweep_file, capsys, text, problem):
+    """They raised JSONDecodeError, AttributeError, TypeError or KeyError (for `{}` after Ray started)."""
+    state = tmp_path / "runs" / "mini.k3lab.json"
+    (tmp_path / "runs" / "mini").mkdir(parents=True)
+    state.write_text(text)
+    (tmp_path / "mlflow.db").touch()  # report looks for the store first
+    capsys.readouterr()
+    for args in (sweep_args(tmp_path, sweep_file, "--resume"),
+                 ["report", str(sweep_file), "--storage", str(tmp_path / "runs"),
+                  "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {state}: not a k3lab sweep state file ({problem}")
+        assert err.count("\n") == 1 and err.endswith("`k3lab sweep ... --overwrite` starts the sweep again\n")
+    assert main(sweep_args(tmp_path, sweep_file)) == 2  # a plain run still asks for --resume or --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_resume_with_a_store_that_lacks_the_parent_run_is_refused_before_ray_and_creates_no_store(
+        tmp_path, sweep_file, capsys):
+    """It raised MlflowException "Run with id=... not found" after Ray started, leaving a new database."""
+    from k3lab.registry import load_sweep
+    from k3lab.store.state import write_state
+
+    fake_tune_folder(tmp_path / "runs" / "mini")
+    state = tmp_path / "runs" / "mini.k3lab.json"
+    write_state(state, "0123abc", "sqlite:///first.db", [t.id for t in load_sweep(sweep_file).trials])
+    capsys.readouterr()
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert capsys.readouterr().err == (f"error: {state}: its parent run 0123abc is not in {store} "
+                                       "(the sweep logged to sqlite:///first.db)\n")
+    assert not (tmp_path / "mlflow.db").exists()
+    MlflowClient(store).create_experiment("another")  # a store, but not the sweep's
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    assert "its parent run 0123abc is not in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage, problem", [
+    ("tuner.pkl", "tuner.pkl is missing"), ("experiment_state", "no experiment_state-*.json"),
+    ("truncated", "experiment_state-2026-01-01_00-00-00.json is not JSON"), ("empty", "tuner.pkl is missing"),
+])
+def test_a_damaged_tune_folder_is_refused_by_resume_before_mlflow_is_touched(
+        tmp_path, sweep_file, capsys, damage, problem):
+    """Tuner.restore raised FileNotFoundError or KeyError 'trial' after Ray started, and the parent run ended FAILED."""
+    from k3lab.registry import load_sweep
+    from k3lab.store.state import write_state
+
+    folder = tmp_path / "runs" / "mini"
+    fake_tune_folder(folder)
+    state = folder.parent / "mini.k3lab.json"
+    write_state(state, "0123abc", "sqlite:///first.db", [t.id for t in load_sweep(sweep_file).trials])
+    if damage == "empty":
+        shutil.rmtree(folder)
+        folder.mkdir()
+    elif damage == "truncated":
+        next(folder.glob("experiment_state-*")).write_text('{"trial_data": [["{')
+    else:
+        next(folder.glob(f"{damage}*")).unlink()
+    capsys.readouterr()
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    assert capsys.readouterr().err == (f"error: --resume: {folder} is not a resumable Ray Tune experiment ({problem}): "
+                                       "run with --overwrite to start again\n")
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_run_stopped_before_its_tune_folder_is_named_alike_by_resume_and_a_plain_run(tmp_path, sweep_file, capsys):
+    """--resume said "no earlier run", a plain run that the missing Tune folder exists."""
+    state = tmp_path / "runs" / "mini.k3lab.json"
+    state.parent.mkdir()
+    state.write_text('{"parent_run_id": "0123abc"}')
+    expected = (f"error: {state}: the earlier run of mini was stopped before any trial started "
+                f"(no {tmp_path / 'runs' / 'mini'}): --overwrite starts it again\n")
+    for extra in (("--resume",), ()):
+        assert main(sweep_args(tmp_path, sweep_file, *extra)) == 2
+        assert capsys.readouterr().err == expected
 
 
 def test_sweep_moved_to_another_machine_resumes_there(tmp_path, sweep_file, monkeypatch):

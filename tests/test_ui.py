@@ -249,3 +249,23 @@ def test_every_shipped_gpu_profile_makes_val_loss_a_curve(path):
             assert profile in str(error) or profile == "gpu2", error
             continue
         assert sweep.train.num_evals >= 8, (path.name, profile, sweep.train.num_evals)
+
+
+def test_report_of_a_sweep_stopped_before_its_tune_folder_suggests_overwrite_not_resume(tmp_path, sweep_file, capsys):
+    """It said `--resume` continues it, which refuses a run with no Tune folder."""
+    import json
+    import subprocess
+    import socket
+    import sys
+
+    from k3lab.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent_run_id, _ = fake_sweep(uri, seeds=(0,), parent_status="RUNNING")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    MlflowClient(uri).set_tag(parent_run_id, runs.DRIVER, f"{socket.gethostname()}:{gone.stdout.strip()}")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "mini.k3lab.json").write_text(json.dumps({"parent_run_id": parent_run_id, "tracking_uri": uri}))
+    assert main(["report", str(sweep_file), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"`k3lab sweep {sweep_file} --overwrite` starts it again" in out and "--resume" not in out

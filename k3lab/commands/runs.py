@@ -590,8 +590,8 @@ def check_interrupted(console, run, parent_run_id: str, close: bool) -> str:
     driver = parent.data.tags.get(runs.DRIVER)
     console.print(f"[yellow]interrupted: the parent run {parent_run_id} of {run.experiment} is still RUNNING but "
                   + (f"its driver ({driver}) is gone" if driver else "no trial has run for a while")
-                  + f"; `k3lab sweep {run.sweep.path} --resume` continues it, `k3lab report {run.sweep.path} "
-                  "--close` ends it")
+                  + f"; `k3lab sweep {run.sweep.path} {again_flag(run)}` {again_verb(run)}, "
+                  f"`k3lab report {run.sweep.path} --close` ends it")
     return state
 
 
@@ -609,24 +609,28 @@ def check_store_to_read(run) -> None:
                     + ("" if run.state_file.exists() else f", and no run of {run.experiment} under {run.storage}"))
 
 
+def stopped_before_trials(run) -> bool:
+    """Its state file but no Tune folder: killed before any trial started, nothing for --resume (`check_started`)."""
+    return run.state_file.exists() and not run.tune_dir.exists()
+
+
+def again_flag(run) -> str:
+    return "--overwrite" if stopped_before_trials(run) else "--resume"
+
+
+def again_verb(run) -> str:
+    return "starts it again" if stopped_before_trials(run) else "continues it"
+
+
 def find_parent_run(run) -> str:
     """The sweep's parent run: from its state file under --storage, else the latest sweep run
     of its experiment in the tracking store (a store copied from another machine)."""
-    from mlflow.exceptions import MlflowException
-
-    from k3lab.store.runs import get_run, latest_sweep_run
-    from k3lab.store.state import read_state
+    from k3lab.store.runs import latest_sweep_run
+    from k3lab.store.state import check_parent_run
 
     check_store_to_read(run)
     if run.state_file.exists():
-        parent_run_id = run.parent_run_id()
-        try:
-            get_run(run.tracking_uri, parent_run_id)
-        except MlflowException:  # "Run with id=... not found"
-            logged_to = read_state(run.state_file).get("tracking_uri")
-            raise UserError(f"{run.state_file}: its parent run {parent_run_id} is not in {run.tracking_uri}"
-                            + (f" (the sweep logged to {logged_to})" if logged_to else "")) from None
-        return parent_run_id
+        return check_parent_run(run.state_file, run.tracking_uri)
     run_id = latest_sweep_run(run.tracking_uri, run.experiment)
     if run_id is None:
         raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage} or in {run.tracking_uri}")

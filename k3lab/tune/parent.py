@@ -24,7 +24,7 @@ import attrs
 
 import k3lab
 from k3lab.store import runs
-from k3lab.store.state import write_state
+from k3lab.store.state import sweep_spec, write_state
 from k3lab.store.tracking import MLflowTracker, flatten, relocate_artifacts
 from k3lab.store.views import present_sweep
 from k3lab.tune.run import SweepRun
@@ -154,4 +154,4 @@ def record_sweep(run: SweepRun, parent: ParentRun) -> None:
     params |= flatten("scheduler", attrs.asdict(sweep.scheduler))
     parent.tracker.log_params(params)
     parent.log_artifact(sweep.path)
-    write_state(run.state_file, parent.run_id, run.tracking_uri, [t.id for t in sweep.trials])
+    write_state(run.state_file, parent.run_id, run.tracking_uri, [t.id for t in sweep.trials], sweep_spec(sweep))

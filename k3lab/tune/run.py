@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.registry import Sweep
-from k3lab.store.state import read_state, state_file
+from k3lab.store.state import first_difference, read_state, state_file, sweep_spec
 from k3lab.tune.kernels import resolve_kernel_cache
 from k3lab.tune.lock import lock_file
 from k3lab.tune.reaper import record_file
@@ -97,16 +98,64 @@ class SweepRun:
 def check_experiment_dir(run: SweepRun) -> None:
     """A fixed directory per sweep: refuse to mix a new sweep into an old one by accident."""
     exists = run.tune_dir.exists() or run.state_file.exists()
+    check_started(run)
     if run.resume and not (run.tune_dir.exists() and run.state_file.exists()):
         raise UserError(f"--resume: no earlier run of {run.experiment} under {run.storage}")
     if run.resume:
-        saved = read_state(run.state_file).get("trials")
+        state = read_state(run.state_file)
+        saved = state.get("trials")
         if saved is not None and sorted(saved) != sorted(t.id for t in run.sweep.trials):
             raise UserError(f"--resume: {run.sweep.path} no longer describes the trials of the run under "
                             f"{run.tune_dir} (variants or seeds changed): run it with --overwrite instead")
+        check_same_spec(run, state.get("spec"))
+        check_tune_folder(run.tune_dir)
     if exists and not run.resume and not run.overwrite:
         raise UserError(f"{run.tune_dir} exists from an earlier run: pass --resume to continue it "
                         "or --overwrite to start again")
+
+
+def check_started(run: SweepRun) -> None:
+    """A state file without the Tune folder is a run killed between writing the two, before any
+    trial started: nothing to resume, and nothing that --resume would continue (it said "no earlier
+    run", a plain run that the missing folder exists)."""
+    if run.state_file.exists() and not run.tune_dir.exists() and not run.overwrite:
+        raise UserError(f"{run.state_file}: the earlier run of {run.experiment} was stopped before any trial "
+                        f"started (no {run.tune_dir}): --overwrite starts it again")
+
+
+def check_same_spec(run: SweepRun, saved: dict | None) -> None:
+    """--resume: the sweep file trains and measures its trials as the earlier run did (`sweep_spec`);
+    otherwise the resumed trials would run with other settings than the finished ones, in one report
+    under the parent run's old params. A state file without a spec (older k3lab) is not checked."""
+    if saved is None:
+        return
+    changed = first_difference(saved, sweep_spec(run.sweep))
+    if changed:
+        field, old, new = changed
+        raise UserError(f"--resume: {run.sweep.path} changed {field} from {json.dumps(old)} to {json.dumps(new)} "
+                        f"since the run under {run.tune_dir}: restore it, or run with --overwrite to start again")
+
+
+def check_tune_folder(folder: Path) -> None:
+    """--resume: what `Tuner.restore` reads is there: tuner.pkl (all `Tuner.can_restore` checks) and
+    the newest experiment_state-*.json, with its trials. Without them the restore failed after Ray
+    started and the parent run was reopened (FileNotFoundError, KeyError 'trial'), leaving it FAILED."""
+    def damaged(what: str) -> UserError:
+        return UserError(f"--resume: {folder} is not a resumable Ray Tune experiment ({what}): "
+                         "run with --overwrite to start again")
+
+    tuner = folder / "tuner.pkl"
+    if not tuner.is_file() or tuner.stat().st_size == 0:
+        raise damaged(f"{tuner.name} is {'empty' if tuner.is_file() else 'missing'}")
+    states = sorted(folder.glob("experiment_state-*.json"))  # Tune restores the newest: the greatest name
+    if not states:
+        raise damaged("no experiment_state-*.json")
+    try:
+        state = json.loads(states[-1].read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise damaged(f"{states[-1].name} is not JSON") from None
+    if not isinstance(state, dict) or not isinstance(state.get("trial_data"), list) or not state["trial_data"]:
+        raise damaged(f"{states[-1].name} lists no trials")
 
 
 def discard_earlier_run(run: SweepRun) -> None:

@@ -20,6 +20,7 @@ from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_
 from k3lab.report.sequential import BUDGET
 from k3lab.store.colours import variant_colours
 from k3lab.store.runs import GPU_SHARING, trial_runs
+from k3lab.store.state import check_parent_run
 from k3lab.store.tracking import sqlite_path
 from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_shapes, shipped_line,
                                 use_kernel_cache, warm_kernels)
@@ -308,6 +309,8 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
     """`run_sweep` once the experiment folder has passed its checks and the GPU sharing is set up."""
     plan = sweep_preflight(run, progress=live)
     dataset = run_preflight_overlapped(plan)  # tokenizing while Ray starts
+    if run.resume:  # after the preflight, which found the tracking server answering
+        check_parent_run(run.state_file, run.tracking_uri)
     if run.uses_gpus:
         use_kernel_cache(run.kernel_cache)  # created, writable, and this process points at it
     if run.overwrite:
