@@ -628,9 +628,9 @@ def find_parent_run(run) -> str:
     from k3lab.store.runs import latest_sweep_run
     from k3lab.store.state import check_parent_run
 
-    check_store_to_read(run)
-    if run.state_file.exists():
+    if run.state_file.exists():  # its own file and store checks, a damaged state file first
         return check_parent_run(run.state_file, run.tracking_uri)
+    check_store_to_read(run)
     run_id = latest_sweep_run(run.tracking_uri, run.experiment)
     if run_id is None:
         raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage} or in {run.tracking_uri}")

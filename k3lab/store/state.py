@@ -84,19 +84,19 @@ def state_problem(state) -> str | None:
 def check_parent_run(path: Path, tracking_uri: str) -> str:
     """The parent run id of the state file at `path`, once found in the tracking store `tracking_uri`;
     else one line naming the store the sweep logged to (another --tracking-uri, a store deleted or
-    emptied). A SQLite store whose file does not exist holds no run: it is not opened, which would
-    create it."""
+    emptied). A SQLite store whose file does not exist or holds no MLflow tables (a 0-byte file) holds
+    no run: it is not opened, which would create it or its tables."""
     from mlflow.exceptions import MlflowException
 
     from k3lab.store.runs import get_run
-    from k3lab.store.tracking import sqlite_path
+    from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
 
     state = read_state(path)
     parent_run_id, logged_to = state["parent_run_id"], state.get("tracking_uri")
     missing = UserError(f"{path}: its parent run {parent_run_id} is not in {tracking_uri}"
                         + (f" (the sweep logged to {logged_to})" if logged_to else ""))
     store = sqlite_path(tracking_uri)
-    if store is not None and not store.exists():
+    if store is not None and not holds_mlflow_runs(store):
         raise missing
     try:
         get_run(tracking_uri, parent_run_id)
