@@ -25,6 +25,7 @@ from k3lab.store.tracking import sqlite_path
 from k3lab.tune.kernels import (all_recorded, cache_env, host_gpu_name, kernel_shapes, shipped_line,
                                 use_kernel_cache, warm_kernels)
 from k3lab.tune.lock import sweep_lock
+from k3lab.tune.made import missing_from, remove_made
 from k3lab.tune.logs import library_logs
 from k3lab.tune.mps import ENV_KEYS as MPS_ENV
 from k3lab.tune.mps import gpu_sharing
@@ -356,25 +357,6 @@ def sweep_log(run: SweepRun):
             if made_store and made_store[0].is_file() and made_store[0].stat().st_size == 0:
                 remove_made(made_store)  # an empty file: no other sweep's runs in it
         raise
-
-
-def missing_from(path: Path) -> list[Path]:
-    """`path` and the folders above it that do not exist yet, deepest first: what writing it makes."""
-    missing = []
-    while not path.exists() and path != path.parent:
-        missing.append(path)
-        path = path.parent
-    return missing
-
-
-def remove_made(paths: list[Path]) -> None:
-    """Remove what `missing_from` listed, deepest first: the file, then each folder left empty."""
-    for path in paths:
-        with contextlib.suppress(OSError):  # a folder something else has written to since stays
-            if path.is_dir():
-                path.rmdir()
-            else:
-                path.unlink(missing_ok=True)
 
 
 def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:
