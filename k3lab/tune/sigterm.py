@@ -26,7 +26,10 @@ def on_sigterm(signum, frame) -> None:
     if received.is_set():
         return
     received.set()
-    os.kill(os.getpid(), signal.SIGINT)
+    if callable(signal.getsignal(signal.SIGINT)):  # Tune's handler, or Python's KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGINT)
+    else:  # SIGINT ignored (a job a non-interactive shell started with &): the SIGINT would be lost
+        raise KeyboardInterrupt
 
 
 def _main_thread() -> bool:
