@@ -105,7 +105,7 @@ def test_each_variant_is_compared_with_its_own_groups_baseline():
     rows = comparisons_for(grouped_records(), baselines, "val_loss", "min")
     assert [(c.variant, c.baseline) for c in rows] == list(baselines.items())
     diffs = [-0.1 + 0.001 * s for s in range(4)]
-    mean, half = t_interval(diffs)
+    mean, half = t_interval(diffs, confidence=1 - 0.05 / 2)  # family-wise: Bonferroni over the 2 comparisons
     assert rows[0].mean_diff == pytest.approx(mean) and rows[0].half_width == pytest.approx(half)
     assert rows[0].verdict == BETTER and rows[1].verdict == NOT_RESOLVED
     assert rows[0].relative == pytest.approx(mean / 2.005)  # the baseline of its own group
@@ -116,7 +116,8 @@ def test_a_family_table_says_which_intervals_and_shows_each_baseline():
     rows = comparisons_for(grouped_records(), {"bs4_top1": "off_top1", "bs4_top2": "off_top2"}, "val_loss", "min",
                            design)
     lines = sequential_table_lines(rows, "val_loss", design)
-    assert "family-wise 95% confidence sequence (Lai's t-mixture, Bonferroni over 2 comparisons)" in lines[0]
+    assert ("family-wise 95% repeated t-intervals of a group-sequential design (Pocock's boundary: every look from 2 "
+            "to 4 pairs") in lines[0] and "Bonferroni over 2 comparisons" in lines[0]
     assert lines[2].startswith("| variant | baseline | pairs |")
     assert lines[4].startswith("| bs4_top1 | off_top1 | 4/4 |")
 
@@ -146,10 +147,15 @@ def test_the_whole_curve_pairs_every_evaluation_and_shows_an_early_lead(tmp_path
     assert path.exists() and path.stat().st_size > 1000
 
 
-def test_curve_intervals_follow_the_design_and_say_where_unbounded():
+def test_curve_intervals_follow_the_design_and_say_where_there_is_none():
     records = []
-    for seed in range(2):
+    for seed in range(3):
         records += [record("base", seed, 2.0 + 0.1 * seed), record("v", seed, 1.9 + 0.1 * seed + 0.01 * seed)]
-    rows = curve_differences(records, {"v": "base"}, "val_loss", Design(1, 4, 2))
-    assert all(r["half_width"] is None and r["relative_half_width"] is None for r in rows)  # 2 pairs: unbounded
+    design = Design(1, 4, 2)
+    rows = curve_differences(records, {"v": "base"}, "val_loss", design)
+    diffs = [-0.1 + 0.01 * s for s in range(3)]
+    assert rows[-1]["half_width"] == pytest.approx(design.half_width(diffs))
+    assert design.half_width(diffs) > t_interval(diffs)[1]  # wider than one fixed look's 95% t
+    one = curve_differences(records[:2], {"v": "base"}, "val_loss", design)
+    assert all(r["half_width"] is None and r["relative_half_width"] is None for r in one)  # 1 pair: none
     assert not math.isnan(rows[-1]["relative"])

@@ -268,18 +268,17 @@ def sweep_run_from_args(args, **options):
 
 def print_summary(console, run, summary: dict) -> None:
     """The per-variant table, the paired comparisons against the baseline, then the report files written."""
-    from k3lab.report.summary import paired_table, summary_table
+    from k3lab.report.summary import summary_table
 
-    metric, baseline = summary["metric"], summary.get("baseline")
+    metric = summary["metric"]
     console.print(summary_table(summary["rows"], metric, title=f"{run.experiment}: final {metric}"))
-    if summary.get("comparisons") and summary.get("design"):  # a seeds policy: family-wise sequences
+    if summary.get("comparisons"):
         from k3lab.report.family import sequential_table
 
         console.print(sequential_table(summary["comparisons"], metric, summary["design"],
                                        title=f"{run.experiment}: {metric} against the baselines, paired by seed"))
-    elif summary.get("comparisons"):
-        console.print(paired_table(summary["comparisons"], metric, baseline,
-                                   title=f"{run.experiment}: {metric} against {baseline}, paired by seed"))
+    for line in summary.get("diverged", []):
+        console.print(f"diverged: {line}", markup=False, highlight=False)
     if len({row["step"] for row in summary.get("curves", [])}) > 1:
         from k3lab.report.family import curve_table
 
@@ -409,7 +408,7 @@ def earlier_run_line(run) -> str | None:
     from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
 
     sweep, path = run.sweep, sqlite_path(run.tracking_uri)
-    if not (sweep.adaptive and sweep.seed_policy.until) or path is None or not holds_mlflow_runs(path):
+    if not (sweep.adaptive and sweep.seed_policy.until.rule != "max") or path is None or not holds_mlflow_runs(path):
         return None
     from k3lab.report.family import comparisons_for
     from k3lab.report.sequential import pairs_needed_line
@@ -424,7 +423,7 @@ def earlier_run_line(run) -> str | None:
             return None
         records = load_trials(run.tracking_uri, parent, curves=(metric.name,))  # the comparisons only, no report
         comparisons = comparisons_for(records, dict(sweep.baselines), metric.name, metric.mode, design_of(sweep),
-                                      metric.last)
+                                      metric.last, rise=metric.diverged)
     except Exception as error:  # an estimate only: a store it cannot read does not fail the dry run
         return f"earlier run in this store: not read ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
     return pairs_needed_line(comparisons, sweep.seed_policy.max, parent)
@@ -501,21 +500,17 @@ def run_report(args) -> int:
     from k3lab.report.summary import build_report
     from k3lab.tune.parent import present
     from k3lab.tune.preflight import check_tracking_server
-    from k3lab.tune.seeds import report_options
 
     run = sweep_run_from_args(args)
-    sweep = run.sweep
     out = Path(args.out) if args.out else run.storage / f"{run.experiment}_report"
     check_report_flags(args, run, out)
     check_tracking_server(run.tracking_uri)
     parent_run_id = find_parent_run(run)
-    metric = args.metric or sweep.metric.name
-    options = {} if args.baseline else report_options(sweep)  # --baseline: one baseline for every variant
+    options = report_design(args, run, parent_run_id)
     console = wide_console()
     state = check_interrupted(console, run, parent_run_id, close=args.close)
-    summary = build_report(run.tracking_uri, parent_run_id, metric, sweep.metric.mode, out_dir=out,
-                           baseline=args.baseline or sweep.baseline,
-                           variant_order=[v.name for v in sweep.valid_variants], **options)
+    summary = build_report(run.tracking_uri, parent_run_id, out_dir=out, baseline=args.baseline or run.sweep.baseline,
+                           **options)
     written = write_results_markdown(args, run, parent_run_id, summary) if args.markdown else None
     with contextlib.suppress(Exception):  # the UI's view and descriptions, as of now
         present(run, parent_run_id, state=state)
@@ -523,6 +518,33 @@ def run_report(args) -> int:
     if written is not None:
         console.print(written, markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def report_design(args, run, parent_run_id: str) -> dict:
+    """How the report compares the variants: as the sweep stored it with its parent run, so that
+    every view of one store gives the same verdicts; a store from before designs were stored gets
+    the file's (and keeps it). --baseline (every variant against one) and --metric change it for
+    this report only."""
+    import attrs
+
+    from k3lab.report.family import design_record
+    from k3lab.report.summary import stored_options
+    from k3lab.store.runs import write_design
+    from k3lab.tune.seeds import report_options
+
+    options = stored_options(run.tracking_uri, parent_run_id)
+    if options is None:
+        options = report_options(run.sweep)
+        with contextlib.suppress(Exception):  # a read-only store still gets its report
+            write_design(run.tracking_uri, parent_run_id, design_record(options))
+    if args.baseline:
+        pairs = {v: args.baseline for v in options["variant_order"] if v != args.baseline}
+        design = options.get("design")
+        options = options | {"baselines": pairs, "design": None if design is None else
+                             attrs.evolve(design, comparisons=len(pairs), level=None)}
+    if args.metric:
+        options = options | {"metric": args.metric}
+    return options
 
 
 def check_report_flags(args, run, out: Path) -> None:

@@ -101,7 +101,7 @@ def prepare_store(tracking_uri: str, say=print) -> None:
 
 def rebuild_missing_reports(tracking_uri: str) -> list[tuple[str, str]]:
     """Log a report (plots, summary.json) to every sweep's parent run that has none."""
-    from k3lab.report.summary import build_report
+    from k3lab.report.summary import build_report, stored_options
     from k3lab.store import runs
 
     client = runs.client(tracking_uri)
@@ -116,16 +116,26 @@ def rebuild_missing_reports(tracking_uri: str) -> list[tuple[str, str]]:
         trials = runs.trial_runs(tracking_uri, run_id)
         if not trials:
             continue
-        baseline = parent.data.tags.get("k3lab.baseline") or None
-        metric, _, mode = parent.data.params.get("metric", "val_loss:min").partition(":")
-        names = sorted({runs.variant_of(t) for t in trials}, key=lambda n: (n != baseline, n))
         with tempfile.TemporaryDirectory() as folder:
-            summary = build_report(tracking_uri, run_id, metric, mode or "min", out_dir=Path(folder),
-                                   baseline=baseline if baseline in names else None, variant_order=names)
+            summary = build_report(tracking_uri, run_id, out_dir=Path(folder),
+                                   **(stored_options(tracking_uri, run_id) or options_of_old_store(parent, trials)))
             for path in summary["files"]:
                 client.log_artifact(run_id, str(path), "report")
         rebuilt.append((run_id, client.get_experiment(parent.info.experiment_id).name))
     return rebuilt
+
+
+def options_of_old_store(parent, trials: list) -> dict:
+    """`build_report` options for a store from before sweeps stored their design: its metric, every
+    variant against its one recorded baseline (family-wise Bonferroni t-intervals), variants sorted
+    with the baseline first. `k3lab report` with the sweep file stores the file's design instead."""
+    from k3lab.store import runs
+
+    baseline = parent.data.tags.get("k3lab.baseline") or None
+    metric, _, mode = parent.data.params.get("metric", "val_loss:min").partition(":")
+    names = sorted({runs.variant_of(t) for t in trials}, key=lambda n: (n != baseline, n))
+    return {"metric": metric, "mode": mode or "min", "baseline": baseline if baseline in names else None,
+            "variant_order": names}
 
 
 def app_entry_point() -> dict[str, str]:

@@ -21,7 +21,7 @@ from cattrs.v import format_exception as cattrs_format_exception
 
 from k3lab.errors import FieldError
 from k3lab.registry.keypath import SpecError, parse_cattrs_path
-from k3lab.registry.spec import BaseSpec, SchedulerSpec, SeedsSpec
+from k3lab.registry.spec import BaseSpec, SchedulerSpec, SeedsSpec, UntilSpec
 
 _FIELD_MARK = "\x00"  # separates a validator's field name from its message in transform_error output
 
@@ -170,6 +170,20 @@ def _seeds_hook(converter: cattrs.Converter):
     return structure
 
 
+def _until_hook(converter: cattrs.Converter):
+    """`until:` is decided, max, or a mapping {halfwidth: H}."""
+    inner = cattrs.gen.make_dict_structure_fn(UntilSpec, converter, _cattrs_forbid_extra_keys=True)
+
+    def structure(value, _type) -> UntilSpec:
+        if value is None or value in ("decided", "max"):
+            return UntilSpec(rule=value or "decided")
+        if not isinstance(value, dict) or "rule" in value:
+            raise StrictTypeError(f"expected decided, max or a mapping {{halfwidth: H}}, got {describe(value)}")
+        return inner({"rule": "halfwidth"} | value, _type)
+
+    return structure
+
+
 def make_converter() -> cattrs.Converter:
     """A cattrs converter that structures sweep documents strictly."""
     converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
@@ -182,6 +196,7 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook_factory(
         lambda t: get_origin(t) is tuple, _sequence_factory(converter, cattrs.cols.homogenous_tuple_structure_factory))
     converter.register_structure_hook(SchedulerSpec, _scheduler_hook(converter))
+    converter.register_structure_hook(UntilSpec, _until_hook(converter))
     converter.register_structure_hook_factory(_is_scalar_union, _scalar_union)
     converter.register_structure_hook(list[int] | SeedsSpec, _seeds_hook(converter))
     return converter

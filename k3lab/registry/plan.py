@@ -85,11 +85,17 @@ def policy_lines(sweep: Sweep) -> list[str]:
     metric = sweep.metric.name
     if sweep.metric.last != 1:
         metric = f"mean of the last {sweep.metric.last} {metric}"
-    family = (f"family-wise {100 * policy.confidence:g}% confidence sequence over {comparisons} "
-              f"comparison{'s' if comparisons != 1 else ''}")
-    if policy.until is not None:
+    family = (f"family-wise {100 * policy.confidence:g}% repeated t-interval over {comparisons} "
+              f"comparison{'s' if comparisons != 1 else ''}, valid at every look up to {policy.max} pairs")
+    until, margin = policy.until, sweep.metric.margin
+    if until.rule == "halfwidth":
         rule = (f"then a seed pair at a time for each comparison whose {family} is wider than "
-                f"{100 * policy.until.halfwidth:g}% of the baseline's {metric}, the widest first, up to {policy.max}")
+                f"{100 * until.halfwidth:g}% of the baseline's {metric}, the widest first, up to {policy.max}")
+    elif until.rule == "decided":
+        equivalent = (f" or equivalent (inside +/-{100 * margin:g}% of the baseline's {metric})"
+                      if margin is not None else "")
+        rule = (f"then a seed pair at a time for each comparison not yet decided (rule: until decided: its {family} "
+                f"on {metric} excludes 0{equivalent}), the widest first, up to {policy.max}")
     else:
         rule = f"then seed pairs up to {policy.max} for every comparison ({family} on {metric}), the widest first"
     budget = sweep.budget

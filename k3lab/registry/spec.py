@@ -32,6 +32,7 @@ ADJUSTABLE_FIELDS = ("intermediate_size", "moe_intermediate_size", "moe_latent_s
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 NAME_MAX = 100  # a sweep's name is part of file names (its folder, state file, log), with suffixes
 SEED_MAX = 2**31 - 1  # torch, numpy and the data sampler all take seeds 0 .. 2**31 - 1
+DIVERGED_RISE = 0.2  # a metric 20% worse than the trial's own best: it blew up
 SEEDS_POLICY_MAX = 1000  # seeds a policy may add per variant: more is a typo (and a long plan to list)
 
 
@@ -42,30 +43,44 @@ SEEDS_POLICY_MAX = 1000  # seeds a policy may add per variant: more is a typo (a
 class MetricSpec:
     """The metric the sweep optimises and compares, e.g. val_loss (min). `last`: the verdicts
     compare the mean of a trial's last N evaluations of it (1: the final value; with
-    `train.final_eval_batches`, the N - 1 before the final one are over `eval_batches`)."""
+    `train.final_eval_batches`, the N - 1 before the final one are over `eval_batches`).
+    `margin`: differences within +/- margin x |the baseline's metric| do not matter (relative;
+    a comparison whose interval lies inside is "equivalent"; none: no such verdict).
+    `diverged`: a trial whose metric ends up more than this fraction worse than its own best so far
+    (or is not finite) diverged, even if it trained every step, and enters no comparison."""
 
     name: str = attrs.field(default="val_loss", validator=one_of(*METRICS))
     mode: str = attrs.field(default="min", validator=one_of(*METRIC_MODES))
     last: int = attrs.field(default=1, validator=positive)
+    margin: float | None = attrs.field(default=None,
+                                       validator=attrs.validators.optional(open_unit_interval(" (relative)")))
+    diverged: float | None = attrs.field(default=DIVERGED_RISE, validator=attrs.validators.optional(positive))
 
 
 @attrs.frozen
 class UntilSpec:
-    """When a comparison has seeds enough: its family-wise interval's half-width is at most
-    `halfwidth` x |the baseline's metric| (relative, e.g. 0.0025 = 0.25%)."""
+    """When a comparison has seeds enough: `decided` (better, worse, or equivalent within
+    `metric.margin`; the default), `max` (never before max seeds), or `{halfwidth: h}` (its
+    family-wise interval's half-width is at most h x |the baseline's metric|, e.g. 0.0025)."""
 
-    halfwidth: float = attrs.field(validator=open_unit_interval(" (relative to the baseline's metric)"))
+    rule: str = attrs.field(default="decided", validator=one_of("decided", "halfwidth", "max"))
+    halfwidth: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(open_unit_interval(" (relative to the baseline's metric)")))
+
+    def __attrs_post_init__(self) -> None:
+        if (self.rule == "halfwidth") != (self.halfwidth is not None):
+            raise FieldError("halfwidth", "goes with until: {halfwidth: H} and only there")
 
 
 @attrs.frozen
 class SeedsSpec:
-    """`seeds: {start: 3, max: 16, until: {halfwidth: 0.0025}}`: seeds first .. first + max - 1,
-    every variant starting with `start` of them, more added while a comparison is wider than
-    `until` asks (see `k3lab.tune.seeds`); `confidence` is family-wise."""
+    """`seeds: {start: 4, max: 16, until: decided}`: seeds first .. first + max - 1, every variant
+    starting with `start` of them, more added while a comparison is not yet as `until` asks (see
+    `k3lab.tune.seeds`); `confidence` is family-wise."""
 
     start: int = attrs.field(default=3)
     max: int = attrs.field(default=16)
-    until: UntilSpec | None = None
+    until: UntilSpec = attrs.field(factory=UntilSpec)
     first: int = attrs.field(default=0, validator=non_negative)
     confidence: float = attrs.field(default=0.95, validator=open_unit_interval())
 

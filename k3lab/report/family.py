@@ -23,16 +23,32 @@ from pathlib import Path
 
 from rich.table import Table
 
-from k3lab.report.sequential import (BUDGET, RUNNING, SEQUENTIAL_COLUMNS, STOPPED, Design, comparison_cells,
-                                     compare_sequential, sequential_headers, sequential_note)
+from k3lab.report.sequential import (BUDGET, FIXED, MAX, RUNNING, SEQUENTIAL_COLUMNS, STOPPED, Design,
+                                     comparison_cells, compare_sequential, fixed_design, sequential_headers,
+                                     sequential_note)
 from k3lab.report import stats
 from k3lab.report.figures import pyplot, save_figure
 from k3lab.report.records import TrialRecord
 
 
-def trial_value(record: TrialRecord, metric: str, last: int = 1) -> float | None:
-    """The value a trial is compared by (see the module docstring); None when it has none."""
-    if record.status != "FINISHED":
+def diverged_step(points: list[tuple[int, float]], mode: str = "min", rise: float | None = None) -> int | None:
+    """The first step at which a trial's curve (step, value) is not finite or, with `rise`, more
+    than that fraction worse than its own best so far; None: it did not diverge."""
+    best = None
+    for step, value in sorted(points):
+        if not stats.usable(value):
+            return step
+        if best is not None and rise is not None and (value - best) * (1 if mode == "min" else -1) > rise * abs(best):
+            return step
+        best = value if best is None else (min(best, value) if mode == "min" else max(best, value))
+    return None
+
+
+def trial_value(record: TrialRecord, metric: str, last: int = 1, mode: str = "min",
+                rise: float | None = None) -> float | None:
+    """The value a trial is compared by (see the module docstring); None when it has none: not
+    FINISHED, diverged (`diverged_step`), or fewer than `last` evaluations."""
+    if record.status != "FINISHED" or diverged_step(record.curves.get(metric, []), mode, rise) is not None:
         return None
     if last == 1:
         value = record.value(metric)
@@ -43,26 +59,49 @@ def trial_value(record: TrialRecord, metric: str, last: int = 1) -> float | None
     return statistics.fmean(values)
 
 
-def values_by_seed(records: list[TrialRecord], metric: str, last: int = 1) -> dict[str, stats.SeedValues]:
+def diverged_trials(records: list[TrialRecord], metric: str, mode: str = "min",
+                    rise: float | None = None) -> list[tuple[TrialRecord, int]]:
+    """Trials that ended FINISHED but diverged, with the step where they did."""
+    found = []
+    for record in records:
+        step = diverged_step(record.curves.get(metric, []), mode, rise)
+        if record.status == "FINISHED" and step is not None:
+            found.append((record, step))
+    return found
+
+
+def diverged_lines(records: list[TrialRecord], metric: str, mode: str = "min", rise: float | None = None) -> list[str]:
+    """One line per diverged trial: which, where, and how far from its best (for the report)."""
+    lines = []
+    for record, step in diverged_trials(records, metric, mode, rise):
+        points = sorted(record.curves.get(metric, []))
+        best = min(v for s, v in points if s < step and stats.usable(v)) if step > points[0][0] else None
+        at = dict(points)[step]
+        lines.append(f"{record.variant} seed {record.seed}: diverged at step {step} ({metric} {at:.4g}"
+                     + (f" after a best of {best:.4g}" if best is not None else "") + "); left out of the pairs")
+    return lines
+
+
+def values_by_seed(records: list[TrialRecord], metric: str, last: int = 1, mode: str = "min",
+                   rise: float | None = None) -> dict[str, stats.SeedValues]:
     values: dict[str, stats.SeedValues] = {}
     for record in records:
-        values.setdefault(record.variant, {})[record.seed] = trial_value(record, metric, last)
+        values.setdefault(record.variant, {})[record.seed] = trial_value(record, metric, last, mode, rise)
     return values
 
 
 def comparisons_for(records: list[TrialRecord], baselines: dict[str, str], metric: str, mode: str,
-                    design: Design | None = None, last: int = 1, unfinished: str = BUDGET) -> list[stats.Comparison]:
-    """Every variant of `baselines` (variant -> its baseline) against its baseline, in that order;
-    `unfinished`: see `compare_sequential` (`unfinished_reason` gives it for a stored sweep)."""
-    values = values_by_seed(records, metric, last)
-    rows = []
-    for variant, baseline in baselines.items():
-        mine, theirs = values.get(variant, {}), values.get(baseline, {})
-        if design is None:
-            rows.append(stats.compare(variant, mine, baseline, theirs, mode))
-        else:
-            rows.append(compare_sequential(variant, mine, baseline, theirs, mode, design, unfinished))
-    return rows
+                    design: Design | None = None, last: int = 1, unfinished: str = BUDGET,
+                    rise: float | None = None) -> list[stats.Comparison]:
+    """Every variant of `baselines` (variant -> its baseline) against its baseline, in that order,
+    under `design` (None: one look, Bonferroni t-intervals over the family); `unfinished`: see
+    `compare_sequential` (`unfinished_reason` gives it for a stored sweep); `rise`: `diverged_step`."""
+    values = values_by_seed(records, metric, last, mode, rise)
+    if design is None:
+        design = fixed_design(len(baselines), max((len(v) for v in values.values()), default=1))
+    return [compare_sequential(variant, values.get(variant, {}), baseline, values.get(baseline, {}), mode, design,
+                               unfinished)
+            for variant, baseline in baselines.items()]
 
 
 def unfinished_reason(sweep_state: str, ended: bool) -> str:
@@ -76,10 +115,10 @@ def unfinished_reason(sweep_state: str, ended: bool) -> str:
 
 
 def seed_difference_lines(records: list[TrialRecord], pairs: dict[str, str], metric: str,
-                          last: int = 1) -> list[str]:
+                          last: int = 1, mode: str = "min", rise: float | None = None) -> list[str]:
     """Markdown: each comparison's difference (variant - its baseline) at every seed, so that a
     seed far from the others, which widens the interval most, is seen before the verdict is read."""
-    values = values_by_seed(records, metric, last)
+    values = values_by_seed(records, metric, last, mode, rise)
     seeds = sorted({seed for by_seed in values.values() for seed in by_seed})
     lines = [f"{metric} - baseline at each seed (paired; -: no pair):", "",
              "| variant | baseline | " + " | ".join(f"s{seed}" for seed in seeds) + " |",
@@ -90,6 +129,21 @@ def seed_difference_lines(records: list[TrialRecord], pairs: dict[str, str], met
                  for s in seeds]
         lines.append(f"| {variant} | {baseline} | " + " | ".join(cells) + " |")
     return lines
+
+
+def design_record(options: dict) -> dict:
+    """`report_options` as the JSON the parent run stores (`k3lab.store.runs.write_design`)."""
+    design = options["design"]
+    return options | {"design": design.to_json() if design is not None else None}
+
+
+def options_from_record(record: dict) -> dict:
+    """The stored record back as `build_report` options (`design_record`'s inverse)."""
+    names = ("metric", "mode", "baselines", "design", "last", "rise", "variant_order")
+    options = {name: record[name] for name in names if name in record}
+    if options.get("design") is not None:
+        options["design"] = Design.from_json(options["design"])
+    return options
 
 
 # -- the whole curve ------------------------------------------------------------------------------
@@ -104,11 +158,14 @@ def tokens_per_step(record: TrialRecord) -> int | None:
 
 
 def curve_differences(records: list[TrialRecord], baselines: dict[str, str], metric: str,
-                      design: Design | None = None) -> list[dict]:
+                      design: Design | None = None, mode: str = "min", rise: float | None = None) -> list[dict]:
     """For every compared variant and every evaluation step its pairs share: {variant, baseline, step,
     tokens, pairs, difference, half_width, relative, relative_half_width} (relative: in % of the
-    baseline's mean at that step; half_width None where there is no finite interval)."""
-    finished = [r for r in records if r.status == "FINISHED"]
+    baseline's mean at that step; half_width None where there is no finite interval). Trials that
+    diverged (`diverged_step`) are left out, as from the verdicts."""
+    design = design or fixed_design(len(baselines), 1)
+    finished = [r for r in records if r.status == "FINISHED"
+                and diverged_step(r.curves.get(metric, []), mode, rise) is None]
     curves: dict[str, dict[int, dict[int, float]]] = {}  # variant -> seed -> step -> value
     tokens: dict[int, int] = {}
     for record in finished:
@@ -127,11 +184,8 @@ def curve_differences(records: list[TrialRecord], baselines: dict[str, str], met
             diffs = [mine[s][step] - theirs[s][step] for s in seeds]
             reference = statistics.fmean(theirs[s][step] for s in seeds)
             mean = statistics.fmean(diffs)
-            if design is not None:
-                half = design.half_width(diffs)
-                half = half if math.isfinite(half) else None
-            else:
-                half = stats.t_interval(diffs)[1]
+            half = design.half_width(diffs)
+            half = half if math.isfinite(half) else None
             relative_half = 100 * half / abs(reference) if reference and half is not None else None
             rows.append({"variant": variant, "baseline": baseline, "step": step, "tokens": tokens[step],
                          "pairs": len(seeds), "difference": mean, "half_width": half,
@@ -209,8 +263,11 @@ def curve_table_lines(curves: list[dict], metric: str, interval: str) -> list[st
 
 
 def design_columns(design: Design) -> tuple[str, ...]:
-    """The columns of a design's table: the pairs the asked precision needs only where one is asked."""
-    return tuple(c for c in SEQUENTIAL_COLUMNS if not (design.halfwidth is None and c == "needed"))
+    """The columns of a design's table: a fixed list of seeds has no stopping or planning columns,
+    and a rule that runs to max seeds no planning one."""
+    dropped = {"halfwidth", "stopping", "needed"} if design.rule == FIXED else (
+        {"needed"} if design.rule == MAX else set())
+    return tuple(c for c in SEQUENTIAL_COLUMNS if c not in dropped)
 
 
 def columns_of(comparisons: list[stats.Comparison], design: Design) -> tuple[str, ...]:

@@ -263,8 +263,8 @@ def plot_metric_vs_params(rows: list[dict], path: Path, metric: str, colours: di
 
 
 def plot_paired_differences(comparisons, path: Path, metric: str, mode: str, colours: dict[str, str] | None = None,
-                            title: str = "") -> Path:
-    """Each variant's mean paired difference from the baseline with its 95% interval, one row per
+                            title: str = "", interval: str = "family-wise 95% interval") -> Path:
+    """Each variant's mean paired difference from the baseline with its `interval`, one row per
     variant (labels side by side never overlap); a hollow marker without a bar where one pair gives
     no interval, a cross on 0 where there is no pair (no trial finished with the baseline's seed)."""
     plt = pyplot()
@@ -285,8 +285,8 @@ def plot_paired_differences(comparisons, path: Path, metric: str, mode: str, col
     baseline = comparisons[0].baseline if comparisons else "baseline"
     ax.set_xlabel(f"{metric} − {baseline} ({'lower' if mode == 'min' else 'higher'} is better)")
     ax.ticklabel_format(axis="x", useOffset=False)
-    ax.set_title(f"final {metric} minus the baseline {baseline}'s (dashed), paired by seed, with its 95% "
-                 f"t-interval\nhollow: one pair, no interval; ×: no pair", fontsize=10)
+    ax.set_title(f"final {metric} minus the baseline {baseline}'s (dashed), paired by seed, with its {interval}"
+                 "\nhollow: one pair, no interval; ×: no pair", fontsize=10)
     ax.grid(alpha=0.3)
     fig.suptitle(title or f"final {metric} against {baseline}")
     return save_figure(plt, fig, path)

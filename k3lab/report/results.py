@@ -126,21 +126,21 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
     records, metric = summary["records"], summary["metric"]
     lines = [f"### {title}", "", *run_lines(parent, records, report_command), "",
              *variant_table_lines(summary["rows"], metric), ""]
-    if summary.get("comparisons") and summary.get("design"):  # a seeds policy: family-wise sequences
+    if summary.get("comparisons"):
         from k3lab.report.family import sequential_table_lines
 
         lines += [*sequential_table_lines(summary["comparisons"], metric, summary["design"]), ""]
-    elif summary.get("comparisons"):
-        lines += [*paired_table_lines(summary["comparisons"], metric, summary["baseline"]), ""]
+    lines += [f"- Diverged: {line}" for line in summary.get("diverged", [])] + (
+        [""] if summary.get("diverged") else [])
     if any(c.pairs > 1 for c in summary.get("comparisons", [])):
         from k3lab.report.family import seed_difference_lines
 
-        lines += [*seed_difference_lines(records, summary["pairs"], metric, summary.get("last", 1)), ""]
+        lines += [*seed_difference_lines(records, summary["pairs"], metric, summary.get("last", 1),
+                                         summary.get("mode", "min"), summary.get("rise")), ""]
     if len({row["step"] for row in summary.get("curves", [])}) > 1:
         from k3lab.report.family import curve_table_lines
 
-        interval = "family-wise confidence sequence" if summary.get("design") else "95% t-interval"
-        lines += [*curve_table_lines(summary["curves"], metric, interval), ""]
+        lines += [*curve_table_lines(summary["curves"], metric, summary["design"].interval_name), ""]
     from k3lab.report.family import epochs_line
 
     if epochs_line(records):

@@ -1,69 +1,36 @@
-"""Anytime-valid, family-wise comparisons of K variants against their baselines, paired by seed.
+"""Family-wise decisions for K variants against their baselines, paired by seed.
 
-With a fixed list of seeds, `k3lab.report.stats` gives each
-comparison a 95% Student t-interval. That interval is only valid when the number of seeds is
-fixed before the data is seen. A sweep with `seeds: {start, max, until: {halfwidth}}` looks at
-the paired differences after every new seed pair and decides whether to go on; re-checking a
-t-interval after every pair and stopping once it is narrow enough under-covers (the stopping
-rule prefers the moments where the sample spread happens to be small; see
-tests/test_sequential.py, which measures it). So these comparisons use a *confidence sequence*:
-intervals CS_n, one per number of pairs n, with
+A sweep with `seeds: {start, max, until: decided}` looks at each comparison's paired differences
+after every new seed pair and stops adding seeds once the comparison is decided: **better** or
+**worse** (its interval excludes 0) or **equivalent** (its interval lies inside +/- `margin` x
+|the baseline's mean|, when `metric: {margin: ...}` is set). Re-checking a plain t-interval after
+every pair would under-cover (the rule stops where the sample spread happens to be small), so the
+intervals are *repeated confidence intervals* of a group-sequential design:
 
-    P(mu lies in CS_n for every n = 1, 2, ... at once) >= 1 - alpha,
+    at n pairs:  mean_n +- t_{n-1}(1 - a_nom / 2) * sd_n / sqrt(n)
 
-which stays valid at any stopping time, however it depends on the data.
+with one nominal level a_nom for every look (Pocock's boundary, in t form), chosen so that for
+Gaussian differences
 
-Which confidence sequence, and why
-----------------------------------
-Lai's (1976) t-mixture confidence sequence for the mean of i.i.d. Gaussian observations with
-unknown variance (a Robbins normal mixture on the *standardised* effect; Wang & Ramdas 2023,
-"Anytime-valid t-tests and confidence sequences for Gaussian means with unknown variance",
-arXiv 2310.03722). For a candidate mean m, with y_i = d_i - m, S = sum y_i, V = sum y_i^2:
+    P(the interval misses the true mean at some look n = start .. max) = alpha / K.
 
-    M_n(m) = sqrt(c / (c + n)) * (V / (V - S^2 / (n + c)))^(n / 2)
+The t-statistics of the looks are pivotal (their joint law does not depend on the mean or the
+spread), so a_nom is found once per (start, max, alpha) by simulating that null: the alpha / K
+quantile of each path's smallest two-sided p-value over the looks (`nominal_level`: seeded, so
+every machine gets the same figure, and two Monte Carlo standard errors to the safe side; the
+sweep also stores it with its design). All K intervals
+then hold at every look at once with probability >= 1 - alpha (Bonferroni over the family,
+whatever the dependence through shared baselines), so any decision read off them, at any look
+the rule stops at, keeps that error rate. What this gives up: the guarantee is for looks up to
+`max`; a sweep extended past `max` needs a new design (a confidence sequence holds forever, and
+is wider by as much at the 4-16 pairs a sweep has). docs/statistics.md says why this design,
+and what the simulation measures.
 
-is the likelihood ratio of the scale-invariant part of the data for a N(0, 1/c) prior on the
-standardised effect (m' - m) / sigma, integrated over sigma with the scale-invariant measure
-d sigma / sigma. It is a nonnegative martingale with M_1 = 1 when m is the true mean, so by
-Ville's inequality P(sup_n M_n(mu) >= 1/alpha) <= alpha, and
+A fixed list of seeds is one look: each comparison gets a Bonferroni t-interval at alpha / K.
+`until: {halfwidth: h}` stops a comparison once its interval is at most h x |the baseline's mean|
+instead; `until: max` runs every comparison to `max` seeds.
 
-    CS_n = {m : M_n(m) < 1/alpha} = mean_n +- sqrt(q (n + c) SS_n / (n (n - q (n + c)))),
-    q = 1 - (sqrt((c + n) / c) / alpha)^(-2 / n),   SS_n = sum (d_i - mean_n)^2,
-
-unbounded while n <= q (n + c) (at 2 pairs, for any useful c). Why this one:
-- the spread of the paired differences is unknown before the sweep (that is the whole
-  problem) and there is no natural bound on a loss difference, which rules out the
-  known-variance normal mixture and the bounded-data ones (empirical Bernstein, betting CSs:
-  with a loose bound on |d| they are far wider at the 3-16 pairs a sweep has);
-- it is exact for Gaussian differences at every n, closed form and vectorised (a simulation
-  of 1,000 sweeps takes milliseconds), scale-invariant (no units to choose), symmetric
-  around the mean, and tends to the t-interval's shape as n grows;
-- paired differences of final losses over seeds are close to Gaussian (sums of many small
-  effects); heavy tails would make it, like the t-interval, optimistic.
-Its price against a fixed-n t-interval: about 1.6x wider at 10 pairs for alpha = 0.05 / 4
-(1.57 vs 0.98 standard deviations of the differences). A two-stage design (Stein 1945:
-the first stage estimates the spread, plans the number of seeds, and the final interval uses
-the first stage's t quantile) is narrower but cannot stop a comparison early or extend one
-that turned out noisier; the confidence sequence can do both.
-
-The mixture precision c is fixed by the plan, never by the data: `mixture_precision(n, alpha)`
-picks the c whose interval is narrowest at n = ceil((start + max) / 2) pairs of the seeds
-policy, for the per-comparison alpha (tuned at `max` alone, the interval would stay unbounded
-up to 5 pairs at alpha = 0.05 / 4, and be 11% wider at 8 pairs for 4% less width at 16).
-
-Family-wise control
--------------------
-K comparisons (every variant against the baseline of its group) share the error budget by
-Bonferroni: each confidence sequence is run at alpha / K, so all K intervals hold at once, at
-every n, with probability >= 1 - alpha, whatever the dependence between them (they share the
-baseline's trials). Verdicts come from those intervals: "better" / "worse" when the interval
-excludes 0, else "not resolved"; the chance that any comparison with a true difference of 0 is
-called better or worse is then <= alpha. (Holm's step-down on anytime-valid p-values would also
-be valid and can call more verdicts, but gives no intervals, and the stopping rule needs
-interval widths.) Tables say "family-wise 95% confidence sequence (Bonferroni over K)".
-
-Everything here works on plain data: {variant: {seed: value or None}} as in the t-interval
-module, and numpy arrays for simulations.
+Everything here works on plain data: {variant: {seed: value or None}} and numpy arrays.
 """
 
 from __future__ import annotations
@@ -75,38 +42,69 @@ import statistics
 import attrs
 import numpy as np
 
-from k3lab.report.stats import BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, verdict
+from k3lab.report.stats import BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, t_quantile
 
-METHOD = "confidence sequence"  # Lai's t-mixture, Bonferroni over the family
+EQUIVALENT = "equivalent"
 CONFIDENCE = 0.95
+DECIDED, HALFWIDTH, MAX, FIXED = "decided", "halfwidth", "max", "fixed"  # the rules
+RULES = (DECIDED, HALFWIDTH, MAX)  # what `until:` may say
 PRECISE, MAX_SEEDS, BUDGET, RUNNING, STOPPED = "precise", "max seeds", "budget", "running", "stopped"
+CALIBRATION_PATHS = 1_000_000
+PLANNING_PATHS = 20_000  # a planning figure needs the level only roughly
+CALIBRATION_SEED = 20261205  # the null simulation's seed: a design's level is the same everywhere
+NEEDED_CAP = 200  # beyond this many pairs the answer is a different design (longer trials, a calmer metric)
 
-__all__ = ["BETTER", "WORSE", "NOT_RESOLVED", "Design", "SequentialComparison", "cs_half_width",
-           "mixture_precision", "compare_sequential", "compare_family", "naive_t_half_width"]
-
-
-def cs_half_width(n, ss, alpha: float, c: float):
-    """Half-width of Lai's t-mixture confidence sequence (module docstring) after `n` pairs
-    whose squared deviations from their mean sum to `ss`; inf where it is unbounded.
-    Vectorised: n and ss may be numpy arrays of one shape (n >= 1)."""
-    n = np.asarray(n, dtype=float)
-    ss = np.asarray(ss, dtype=float)
-    bound = np.sqrt((c + n) / c) / alpha
-    q = 1.0 - bound ** (-2.0 / n)
-    room = n - q * (n + c)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        half = np.sqrt(q * (n + c) * np.maximum(ss, 0.0) / (n * np.where(room > 0, room, 1.0)))
-    half = np.where(room > 0, half, np.inf)
-    return half if half.ndim else float(half)
+__all__ = ["BETTER", "WORSE", "EQUIVALENT", "NOT_RESOLVED", "Design", "SequentialComparison", "nominal_level",
+           "compare_sequential", "compare_family", "fixed_design", "naive_t_half_width", "pairs_needed"]
 
 
-@functools.lru_cache(maxsize=256)
-def mixture_precision(n: int, alpha: float) -> float:
-    """The mixture precision c whose confidence sequence is narrowest at `n` pairs (for a unit
-    sample variance), on a fine logarithmic grid: a function of the plan alone."""
-    grid = np.exp(np.linspace(math.log(1e-3), math.log(1e2), 2001))
-    widths = cs_half_width(np.full_like(grid, max(n, 3)), np.full_like(grid, max(n, 3) - 1.0), alpha, grid)
-    return float(grid[int(np.argmin(widths))])
+# -- the design's level ---------------------------------------------------------------------------
+
+
+def t_two_sided_probabilities(t: np.ndarray, df: int) -> np.ndarray:
+    """P(|T| <= t) elementwise for Student's T with `df` degrees of freedom (the closed form of
+    `k3lab.report.stats.t_two_sided_probability`, vectorised)."""
+    theta = np.arctan(np.abs(t) / math.sqrt(df))
+    sin, cos = np.sin(theta), np.cos(theta)
+    if df % 2 == 0:
+        term = total = np.ones_like(theta)
+        for k in range(1, df // 2):
+            term = term * (2 * k - 1) / (2 * k) * cos * cos
+            total = total + term
+        return sin * total
+    term = total = cos if df > 1 else np.zeros_like(theta)
+    for k in range(1, (df - 1) // 2):
+        term = term * (2 * k) / (2 * k + 1) * cos * cos
+        total = total + term
+    return 2 / math.pi * (theta + sin * total)
+
+
+def smallest_p_values(z: np.ndarray, looks: range) -> np.ndarray:
+    """Per path (rows of standard normal draws z[path, pair]), the smallest two-sided t-test
+    p-value of the mean = 0 over the looks (numbers of pairs)."""
+    total, squares = np.cumsum(z, 1), np.cumsum(z * z, 1)
+    smallest = np.ones(z.shape[0])
+    for look in looks:
+        mean = total[:, look - 1] / look
+        spread = np.sqrt(np.maximum(squares[:, look - 1] - look * mean ** 2, 1e-300) / (look - 1) / look)
+        p = 1.0 - t_two_sided_probabilities(mean / spread, look - 1)
+        smallest = np.minimum(smallest, p)
+    return smallest
+
+
+@functools.lru_cache(maxsize=64)
+def nominal_level(start: int, max_pairs: int, alpha: float, paths: int = CALIBRATION_PATHS) -> float:
+    """The nominal two-sided level of every look (start .. max_pairs pairs) at which the chance of
+    rejecting a true mean at some look is `alpha` (see the module docstring). One look: alpha."""
+    first = max(2, start)
+    if max_pairs <= first:
+        return alpha
+    rng = np.random.default_rng(CALIBRATION_SEED)
+    chunks = [smallest_p_values(rng.standard_normal((min(chunk, paths - done), max_pairs)),
+                                range(first, max_pairs + 1))
+              for chunk in [100_000] for done in range(0, paths, chunk)]
+    safe = alpha * (1 - 2 / math.sqrt(alpha * paths))  # two Monte Carlo standard errors to the safe side
+    return float(np.quantile(np.concatenate(chunks), safe, method="inverted_cdf"))
 
 
 def naive_t_half_width(n, ss, alpha: float):
@@ -120,71 +118,166 @@ def naive_t_half_width(n, ss, alpha: float):
     return np.where(n >= 2, half, np.inf)
 
 
+# -- the design -----------------------------------------------------------------------------------
+
+
 @attrs.frozen
 class Design:
-    """How the comparisons of one sweep are made: `comparisons` (K) share `confidence`
-    (family-wise) by Bonferroni; the policy's `start` and `max_pairs` (max seeds) fix the
-    mixture precision; `halfwidth` is the relative precision asked (None: none asked)."""
+    """How the K comparisons of one sweep are made and when each stops gaining seeds.
+
+    rule: decided (until better, worse or equivalent), halfwidth (until the interval is at most
+    `halfwidth` x |the baseline's mean|), max (every comparison to max seeds), fixed (a list of
+    seeds: one look). margin: differences within +/- margin x |the baseline's mean| do not matter
+    (None: no equivalence verdict). level: the nominal level of each look (None: `nominal_level`)."""
 
     comparisons: int
     max_pairs: int
     start: int = 3
     confidence: float = CONFIDENCE
     halfwidth: float | None = None
+    rule: str = attrs.field()
+    margin: float | None = None
+    level: float | None = None
+
+    @rule.default
+    def _rule(self) -> str:
+        return HALFWIDTH if self.halfwidth is not None else DECIDED
 
     @property
     def alpha(self) -> float:
         """The error rate of each comparison: (1 - confidence) / K."""
-        return (1 - self.confidence) / max(1, self.comparisons)
+        return round((1 - self.confidence) / max(1, self.comparisons), 12)  # one cache key per design
 
     @property
-    def precision(self) -> float:
-        return mixture_precision(math.ceil((self.start + self.max_pairs) / 2), self.alpha)
+    def nominal(self) -> float:
+        """The two-sided level of each look's t-interval."""
+        if self.level is not None:
+            return self.level
+        if self.rule == FIXED:
+            return self.alpha
+        return nominal_level(self.start, self.max_pairs, self.alpha)
+
+    def calibrated(self) -> "Design":
+        """This design with its nominal level computed, as a sweep stores it."""
+        return attrs.evolve(self, level=self.nominal)
 
     def half_width(self, diffs: list[float]) -> float:
-        """The half-width of the confidence sequence after these paired differences (inf: unbounded)."""
+        """The half-width of the interval after these paired differences (inf under two pairs)."""
         n = len(diffs)
         if n < 2:
             return math.inf
         mean = math.fsum(diffs) / n
-        return cs_half_width(n, math.fsum((d - mean) ** 2 for d in diffs), self.alpha, self.precision)
+        spread = math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / (n - 1))
+        return t_quantile(1 - self.nominal / 2, n - 1) * spread / math.sqrt(n)
+
+    def verdict(self, mean: float, half: float, reference: float, mode: str) -> str:
+        """better / worse (the interval excludes 0), equivalent (inside the margin), not resolved."""
+        if not math.isfinite(half):
+            return NOT_RESOLVED
+        if mean - half > 0 or mean + half < 0:
+            return BETTER if (mean + half < 0) == (mode == "min") else WORSE
+        if self.margin is not None and abs(mean) + half < self.margin * abs(reference):
+            return EQUIVALENT
+        return NOT_RESOLVED
+
+    def settled(self, diffs: list[float], reference: float) -> bool:
+        """Whether a comparison with these differences needs no more seeds under the rule."""
+        half = self.half_width(diffs)
+        if self.rule == HALFWIDTH:
+            return reference != 0 and half <= self.halfwidth * abs(reference)
+        if self.rule == DECIDED:
+            return bool(diffs) and self.verdict(math.fsum(diffs) / len(diffs), half, reference, "min") != NOT_RESOLVED
+        return False
+
+    @property
+    def interval_name(self) -> str:
+        """What the plots and tables call the interval drawn."""
+        if self.rule == FIXED:
+            return f"family-wise {100 * self.confidence:g}% t-interval (Bonferroni over {self.comparisons})"
+        return f"family-wise {100 * self.confidence:g}% repeated t-interval ({self.start}-{self.max_pairs} pairs)"
 
     @property
     def label(self) -> str:
         """What the tables say about the intervals."""
-        return (f"family-wise {100 * self.confidence:g}% confidence sequence (Lai's t-mixture, "
-                f"Bonferroni over {self.comparisons} comparison{'s' if self.comparisons != 1 else ''}), "
-                "valid however many seeds were added after looking")
+        s = "s" if self.comparisons != 1 else ""
+        if self.rule == FIXED:
+            return (f"family-wise {100 * self.confidence:g}% Student t-intervals (Bonferroni over {self.comparisons} "
+                    f"comparison{s}: each at {100 * self.alpha:.3g}%)")
+        return (f"family-wise {100 * self.confidence:g}% repeated t-intervals of a group-sequential design (Pocock's "
+                f"boundary: every look from {self.start} to {self.max_pairs} pairs at a nominal "
+                f"{100 * self.nominal:.3g}%, Bonferroni over {self.comparisons} comparison{s}), valid at whichever "
+                "look the rule stopped")
+
+    @property
+    def rule_text(self) -> str:
+        """The stopping rule in words, for the plan and the report."""
+        if self.rule == FIXED:
+            return "a fixed list of seeds"
+        if self.rule == HALFWIDTH:
+            return f"until each interval is at most {100 * self.halfwidth:g}% of the baseline's metric"
+        if self.rule == MAX:
+            return f"every comparison to {self.max_pairs} seeds"
+        margin = (f" or equivalent (within +/-{100 * self.margin:g}% of the baseline's metric)"
+                  if self.margin is not None else "")
+        return f"until each comparison is decided: better or worse{margin}"
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self) | {"level": self.nominal, "alpha": self.alpha}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Design":
+        names = {field.name for field in attrs.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in names})
 
 
-NEEDED_CAP = 200  # beyond this many pairs the answer is a different design (longer trials, a calmer metric)
+def fixed_design(comparisons: int, seeds: int, confidence: float = CONFIDENCE, margin: float | None = None) -> Design:
+    """The design of a fixed list of seeds: one look, Bonferroni t-intervals."""
+    return Design(comparisons=comparisons, max_pairs=seeds, start=seeds, confidence=confidence, rule=FIXED,
+                  margin=margin)
 
 
-def pairs_needed(sd: float, reference: float, design: Design, have: int) -> int | None:
-    """About how many pairs the asked relative half-width would take if the paired differences
-    kept the spread `sd` seen so far: the smallest n > have (the `have` pairs were not enough)
-    whose confidence sequence (its precision planned as for `max: n`) is that narrow; None above
-    NEEDED_CAP. A planning figure for the next sweep (the spread is itself uncertain at few
-    pairs), never part of a verdict."""
-    target = design.halfwidth * abs(reference)
-    for n in range(max(have + 1, 2), NEEDED_CAP + 1):
-        precision = mixture_precision(math.ceil((design.start + n) / 2), design.alpha)
-        if cs_half_width(n, (n - 1) * sd ** 2, design.alpha, precision) <= target:
-            return n
-    return None
+# -- planning ------------------------------------------------------------------------------------
+
+
+def pairs_needed(sd: float, reference: float, design: Design, have: int, mean: float = 0.0) -> int | None:
+    """About how many pairs the rule would take if the paired differences kept the mean `mean` and
+    spread `sd` seen so far: the smallest n > have (those were not enough) at which a design like
+    this one with `max: n` stops (halfwidth: narrow enough; decided: better, worse or
+    equivalent); None above NEEDED_CAP. A planning figure for the next sweep, never a verdict."""
+    if design.rule not in (HALFWIDTH, DECIDED) or not math.isfinite(sd):
+        return None
+
+    def enough(n: int) -> bool:
+        level = nominal_level(design.start, n, design.alpha, PLANNING_PATHS)
+        half = t_quantile(1 - level / 2, n - 1) * sd / math.sqrt(n)
+        if design.rule == HALFWIDTH:
+            return half <= design.halfwidth * abs(reference)
+        return design.verdict(mean, half, reference, "min") != NOT_RESOLVED
+
+    low, high = max(have + 1, 2), NEEDED_CAP
+    if not enough(high):
+        return None
+    while low < high:  # the half-width shrinks with n, so "enough" holds from some n on
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if not enough(middle) else (low, middle)
+    return low
+
+
+# -- comparisons ---------------------------------------------------------------------------------
 
 
 @attrs.frozen
 class SequentialComparison(Comparison):
-    """A `Comparison` whose interval is the family-wise confidence sequence, with the relative
-    half-width and why the comparison stopped gaining seeds."""
+    """A `Comparison` under a design: its family-wise interval, the half-width relative to the
+    baseline, why the comparison stopped gaining seeds and, where not stopped by its rule, about
+    how many pairs the rule would take."""
 
-    method: str = METHOD
+    method: str = ""
     confidence: float = CONFIDENCE  # family-wise
     family: int = 1  # K
     relative_half_width: float | None = None  # half-width / |baseline mean|
-    stopping: str = ""  # precise, max seeds, budget, stopped, running
-    pairs_needed: int | None = None  # for the asked half-width at the spread seen (`pairs_needed`)
+    stopping: str = ""  # decided, precise, max seeds, budget, stopped, running
+    pairs_needed: int | None = None
 
     def to_json(self) -> dict:
         return super().to_json() | {"method": self.method, "confidence": self.confidence, "family": self.family,
@@ -194,13 +287,12 @@ class SequentialComparison(Comparison):
 
 def compare_sequential(variant: str, values: SeedValues, baseline: str, baseline_values: SeedValues, mode: str,
                        design: Design, unfinished: str = RUNNING) -> SequentialComparison:
-    """`variant` against `baseline`, paired by seed, with the design's confidence sequence.
-    `unfinished`: why a comparison that is neither precise nor at max seeds has no more seeds:
-    RUNNING (the sweep may still add some), BUDGET (it ended at its budget) or STOPPED (it was
-    stopped before, and `--resume` would go on)."""
+    """`variant` against `baseline`, paired by seed, with the design's interval. `unfinished`: why
+    a comparison its rule did not stop, short of max seeds, has no more seeds: RUNNING (the sweep
+    may still add some), BUDGET (it ended at its budget) or STOPPED (`--resume` would go on)."""
     seeds = paired_seeds(values, baseline_values)
     every_seed = len(values.keys() | baseline_values.keys())
-    common = dict(method=METHOD, confidence=design.confidence, family=design.comparisons)
+    common = dict(method=design.rule, confidence=design.confidence, family=design.comparisons)
     if not seeds:
         return SequentialComparison(variant, baseline, 0, every_seed, None, None, None, NOT_RESOLVED, "no pairs",
                                     **common, stopping=unfinished)
@@ -209,24 +301,23 @@ def compare_sequential(variant: str, values: SeedValues, baseline: str, baseline
     baseline_mean = math.fsum(baseline_values[s] for s in seeds) / len(seeds)
     half = design.half_width(diffs)
     relative = half / abs(baseline_mean) if baseline_mean and math.isfinite(half) else None
-    stopping = stopping_reason(relative, len(seeds), design, unfinished)
-    if design.halfwidth is not None and stopping != PRECISE and len(diffs) >= 2:
-        common["pairs_needed"] = pairs_needed(statistics.stdev(diffs), baseline_mean, design, len(diffs))
+    stopping = stopping_reason(design, diffs, baseline_mean, unfinished)
+    if stopping not in (DECIDED, PRECISE) and len(diffs) >= 2:
+        common["pairs_needed"] = pairs_needed(statistics.stdev(diffs), baseline_mean, design, len(diffs), mean)
     if not math.isfinite(half):
         return SequentialComparison(variant, baseline, len(seeds), every_seed, mean, None, baseline_mean,
-                                    NOT_RESOLVED, f"unbounded at {len(seeds)} pair{'s' if len(seeds) > 1 else ''}",
-                                    **common, stopping=stopping)
-    outcome = verdict(mean - half, mean + half, mode)
+                                    NOT_RESOLVED, "one pair", **common, stopping=stopping)
+    outcome = design.verdict(mean, half, baseline_mean, mode)
     reason = "interval covers 0" if outcome == NOT_RESOLVED else ""
     return SequentialComparison(variant, baseline, len(seeds), every_seed, mean, half, baseline_mean, outcome,
                                 reason, **common, relative_half_width=relative, stopping=stopping)
 
 
-def stopping_reason(relative: float | None, pairs: int, design: Design, unfinished: str) -> str:
-    """precise (as narrow as asked), max seeds, or else `unfinished` (budget, stopped, running)."""
-    if design.halfwidth is not None and relative is not None and relative <= design.halfwidth:
-        return PRECISE
-    if pairs >= design.max_pairs:
+def stopping_reason(design: Design, diffs: list[float], reference: float, unfinished: str) -> str:
+    """decided / precise (the rule stopped it), max seeds, or else `unfinished`."""
+    if design.rule != FIXED and design.settled(diffs, reference):
+        return PRECISE if design.rule == HALFWIDTH else DECIDED
+    if len(diffs) >= design.max_pairs:
         return MAX_SEEDS
     return unfinished
 
@@ -240,9 +331,12 @@ def compare_family(values: dict[str, SeedValues], baselines: dict[str, str], mod
             for variant, baseline in baselines.items()]
 
 
+# -- presentation --------------------------------------------------------------------------------
+
+
 def comparison_cells(c: Comparison) -> dict[str, str]:
-    """The text of one row of a sequential table (the t-table's cells plus baseline, half-width
-    relative to the baseline, stopping reason)."""
+    """The text of one row of a design's table (the t-table's cells plus baseline, half-width
+    relative to the baseline, stopping reason, pairs the rule would take)."""
     from k3lab.report.stats import comparison_cells as t_cells
 
     cells = t_cells(c)
@@ -255,25 +349,24 @@ def comparison_cells(c: Comparison) -> dict[str, str]:
 
 
 def needed_cell(c: Comparison) -> str:
-    """"-" once precise, n/a under two pairs, else ~N or >cap (tables without an asked precision
-    leave the column out: `family.design_columns`)."""
-    if getattr(c, "stopping", "") == PRECISE or c.pairs < 2:
+    """"-" once its rule stopped it, n/a under two pairs, else ~N or >cap."""
+    if getattr(c, "stopping", "") in (PRECISE, DECIDED) or c.pairs < 2:
         return "-" if c.pairs >= 2 else "n/a"
     needed = getattr(c, "pairs_needed", None)
     return f"~{needed}" if needed is not None else f">{NEEDED_CAP}"
 
 
 def pairs_needed_line(comparisons: list[Comparison], max_seeds: int, parent_run_id: str) -> str | None:
-    """A dry run's planning line from an earlier run's comparisons (`SequentialComparison`s built
-    with the file's present design): the pairs its asked half-width takes at that run's spreads,
-    against the file's `max`. None when no comparison had two pairs."""
+    """A dry run's planning line from an earlier run's comparisons (built with the file's present
+    design): the pairs its rule takes at that run's spreads, against the file's `max`. None when no
+    comparison had two pairs."""
     rows = [c for c in comparisons if c.pairs >= 2]
     if not rows:
         return None
-    listed = ", ".join(f"{c.variant} precise ({c.pairs})" if c.stopping == PRECISE
+    listed = ", ".join(f"{c.variant} {c.stopping} ({c.pairs})" if c.stopping in (PRECISE, DECIDED)
                        else f"{c.variant} {needed_cell(c)} (ran {c.pairs})" for c in rows)
-    return (f"earlier run in this store ({parent_run_id[:8]}): at the spread of its pairs, the asked half-width "
-            f"takes about this many pairs: {listed}; this file allows up to {max_seeds} seeds")
+    return (f"earlier run in this store ({parent_run_id[:8]}): at the spread of its pairs (one per distinct seed), "
+            f"the rule takes about this many pairs: {listed}; this file allows up to {max_seeds} seeds")
 
 
 SEQUENTIAL_COLUMNS = ("variant", "baseline", "pairs", "difference", "interval", "relative", "halfwidth", "verdict",
@@ -282,16 +375,20 @@ SEQUENTIAL_COLUMNS = ("variant", "baseline", "pairs", "difference", "interval", 
 
 def sequential_headers(metric: str, design: Design) -> dict[str, str]:
     return {"variant": "variant", "baseline": "baseline", "pairs": "pairs", "difference": f"{metric} - baseline",
-            "interval": f"family-wise {100 * design.confidence:g}% CS", "relative": "vs baseline",
-            "halfwidth": "half-width", "verdict": "verdict", "stopping": "stopped by", "needed": "pairs for asked"}
+            "interval": f"family-wise {100 * design.confidence:g}% interval", "relative": "vs baseline",
+            "halfwidth": "half-width", "verdict": "verdict", "stopping": "stopped by",
+            "needed": "pairs for asked" if design.rule == HALFWIDTH else "pairs to decide"}
 
 
 def sequential_note(design: Design) -> str:
     asked = f"; asked: {100 * design.halfwidth:g}% of the baseline's metric" if design.halfwidth else ""
-    needed = ("; pairs for asked: about how many pairs the asked half-width would take at the spread of the "
-              "differences so far (a planning figure for the next sweep, not part of the verdict)"
-              if design.halfwidth else "")
-    return (f"pairs: seeds where both trials finished, of the seeds run; interval: {design.label}; half-width: "
-            f"relative to the baseline's mean over the pairs{asked}; not resolved: the interval covers 0 (or is "
-            "unbounded at so few pairs); stopped by: precise (as narrow as asked), max seeds, budget, stopped "
-            f"(the sweep was stopped before its budget ended; `--resume` adds seeds), running{needed}")
+    margin = (f"; equivalent: the interval lies within +/-{100 * design.margin:g}% of the baseline's metric"
+              if design.margin is not None else "")
+    needed = ("; pairs for asked / to decide: about how many pairs the rule would take at the mean and spread of "
+              "the differences so far (a planning figure for the next sweep, not part of the verdict)"
+              if design.rule in (HALFWIDTH, DECIDED) else "")
+    return (f"rule: {design.rule_text}; pairs: seeds where both trials finished, of the seeds run; interval: "
+            f"{design.label}; half-width: relative to the baseline's mean over the pairs{asked}{margin}; not "
+            "resolved: the interval covers 0 (or there are fewer than two pairs); stopped by: decided, precise, max "
+            "seeds, budget, stopped (the sweep was stopped before its budget ended; `--resume` adds seeds), "
+            f"running{needed}")

@@ -26,6 +26,7 @@ marks a trial that failed, diverged or was stopped early.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 
@@ -99,6 +100,7 @@ def t_two_sided_probability(t: float, df: int) -> float:
     return 2 / math.pi * (theta + sin * total)
 
 
+@functools.lru_cache(maxsize=4096)  # a sweep's designs ask the same few quantiles again and again
 def t_quantile(p: float, df: int) -> float:
     """The p-quantile (0.5 < p < 1) of Student's t with `df` degrees of freedom, e.g.
     t_quantile(0.975, 2) = 4.3027; bisection on the two-sided probability to 1e-12."""

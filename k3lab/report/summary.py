@@ -135,29 +135,32 @@ def variant_colours(variants: Sequence[str], variant_order: Sequence[str] = ()) 
 def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss", mode: str = "min",
                  out_dir: Path | None = None, baseline: str | None = None,
                  variant_order: Sequence[str] = (), baselines: dict[str, str] | None = None, design=None,
-                 last: int = 1, unfinished: str | None = None) -> dict:
-    """Summary rows, paired comparisons against `baseline` (when given), and plot and JSON files in
-    out_dir; returns {"rows", "records", "files", "metric", "baseline", "comparisons", "design", "curves",
-    "pairs" (variant -> the baseline it is compared with), "last"}.
+                 last: int = 1, unfinished: str | None = None, rise: float | None = None) -> dict:
+    """Summary rows, the comparisons with the baselines, and plot and JSON files in out_dir; returns
+    {"rows", "records", "files", "metric", "baseline", "comparisons", "design", "curves", "pairs"
+    (variant -> the baseline it is compared with), "last", "diverged" (one line per diverged trial)}.
 
     variant_order: the variant names as the sweep file lists them; rows, legends and colours follow it.
-    baselines (variant -> its group's baseline), design (a seeds policy's `k3lab.report.sequential.Design`)
-    and last (verdicts on the mean of the last N evaluations): see `k3lab.report.family`; unfinished:
-    the stopping reason of a comparison short of its precision (default: read from the store)."""
+    baselines (variant -> its group's baseline; default: every variant against `baseline`), design
+    (`k3lab.report.sequential.Design`; default: one look, Bonferroni t over the family), last
+    (verdicts on the mean of the last N evaluations), rise (the divergence rule): see
+    `k3lab.report.family`; unfinished: why a comparison its rule did not stop has no more seeds
+    (default: read from the store)."""
     from k3lab.report import family
 
     records = load_trials(tracking_uri, parent_run_id, curves=("train_loss", metric))
     order = file_order((r.variant for r in records), variant_order)
     records.sort(key=lambda r: (order.index(r.variant), r.seed))
     rows = sorted(summarize(records, metric), key=lambda row: order.index(row["variant"]))
-    if design is not None or last != 1 or (baselines and len(set(baselines.values())) > 1):
+    pairs = baselines or ({v: baseline for v in order if v != baseline} if baseline else {})
+    if pairs and design is None:
+        design = family.fixed_design(len(pairs), max((row["trials"] for row in rows), default=1))
+    comparisons = []
+    if pairs:
         unfinished = unfinished or stored_unfinished_reason(tracking_uri, parent_run_id)
-        comparisons = family.comparisons_for(records, baselines or {}, metric, mode, design, last, unfinished)
-    else:
-        comparisons = paired_comparisons(records, rows, baseline, metric, mode) if baseline else []
-    add_paired_columns(rows, comparisons, baseline)
-    pairs = baselines or ({r["variant"]: baseline for r in rows if r["variant"] != baseline} if baseline else {})
-    curves = family.curve_differences(records, pairs, metric, design)
+        comparisons = family.comparisons_for(records, pairs, metric, mode, design, last, unfinished, rise)
+    add_paired_columns(rows, comparisons, pairs)
+    curves = family.curve_differences(records, pairs, metric, design, mode, rise) if pairs else []
     files = []
     if out_dir is not None and records:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -170,15 +173,26 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
                                                  baseline, title))
         if comparisons:
             files.append(plots.plot_paired_differences(comparisons, out_dir / f"{metric}_vs_baseline.png", metric,
-                                                       mode, colours, title))
+                                                       mode, colours, title, design.interval_name))
         if len({row["step"] for row in curves}) > 1:  # the whole curve, when there is more than the end
             files.append(family.plot_curve_differences(curves, out_dir / f"{metric}_curve_vs_baseline.png", metric,
-                                                       mode, colours, "confidence sequence" if design else "95% t"))
+                                                       mode, colours, design.interval_name))
         summary_path = out_dir / "summary.json"
-        summary_path.write_text(json.dumps(rows, indent=2, default=str))
+        summary_path.write_text(json.dumps({"design": design.to_json() if design else None, "variants": rows},
+                                           indent=2, default=str))
         files.append(summary_path)
     return {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
-            "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last}
+            "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last,
+            "mode": mode, "rise": rise, "diverged": family.diverged_lines(records, metric, mode, rise)}
+
+
+def stored_options(tracking_uri: str, parent_run_id: str) -> dict | None:
+    """`build_report`'s options as the sweep stored them with its parent run (metric, baselines,
+    design, ...: `k3lab.report.family.design_record`); None for a store from before they were."""
+    from k3lab.report import family
+
+    record = runs.read_design(tracking_uri, runs.client(tracking_uri).get_run(parent_run_id))
+    return family.options_from_record(record) if record is not None else None
 
 
 def stored_unfinished_reason(tracking_uri: str, parent_run_id: str) -> str:
@@ -196,10 +210,10 @@ def experiment_title(tracking_uri: str, parent_run_id: str) -> str:
     return client.get_experiment(client.get_run(parent_run_id).info.experiment_id).name
 
 
-def add_paired_columns(rows: list[dict], comparisons: list[stats.Comparison], baseline: str | None) -> None:
-    """Each row gets "baseline" (the variant compared against) and "paired" (its comparison, None
-    for the baseline itself), so summary.json carries the paired results too."""
+def add_paired_columns(rows: list[dict], comparisons: list[stats.Comparison], pairs: dict[str, str]) -> None:
+    """Each row gets "baseline" (the variant it is compared against, None for a baseline) and
+    "paired" (its comparison), so summary.json carries the comparisons too."""
     by_variant = {c.variant: c.to_json() for c in comparisons}
     for row in rows:
-        row["baseline"] = baseline
+        row["baseline"] = pairs.get(row["variant"])
         row["paired"] = by_variant.get(row["variant"])

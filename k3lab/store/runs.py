@@ -12,6 +12,7 @@ so a restored trial reopens the same run.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -45,6 +46,9 @@ GPU_SHARING = "k3lab.gpu_sharing"
 STATUS = "k3lab.status"  # on the parent run: running, finished, failed, killed, or interrupted (its driver died)
 INTERRUPTED = "interrupted"
 MAX_TAG = 5000  # characters kept of an error message
+# on the parent run: how its variants are compared (metric, baselines, statistical design), as JSON;
+# where it exceeds MLflow's tag limit, the artifact DESIGN_FILE holds it and the tag says so
+DESIGN, DESIGN_FILE, DESIGN_TAG_LIMIT = "k3lab.design", "design.json", 8000
 
 MAX_RUNS = 10000  # of one sweep, in one search
 
@@ -228,6 +232,33 @@ def close_run(tracking_uri: str, run_id: str, status: str, tags: dict[str, str] 
 def metric_history(tracking_uri: str, run_id: str, metric: str) -> list[tuple[int, float]]:
     """One metric of one run as (step, value) pairs, by step."""
     return sorted((m.step, m.value) for m in client(tracking_uri).get_metric_history(run_id, metric))
+
+
+def write_design(tracking_uri: str, parent_run_id: str, design: dict) -> None:
+    """Store how a sweep's variants are compared with its parent run (see DESIGN)."""
+    text = json.dumps(design, sort_keys=True)
+    mlflow_client = client(tracking_uri)
+    if len(text) <= DESIGN_TAG_LIMIT:
+        mlflow_client.set_tag(parent_run_id, DESIGN, text)
+        return
+    mlflow_client.log_text(parent_run_id, text, DESIGN_FILE)
+    mlflow_client.set_tag(parent_run_id, DESIGN, json.dumps({"artifact": DESIGN_FILE}))
+
+
+def read_design(tracking_uri: str, parent_run) -> dict | None:
+    """The comparison design stored with a parent run (`write_design`); None where it has none or
+    it cannot be read (a store from before designs were stored, an artifact not copied with it)."""
+    text = parent_run.data.tags.get(DESIGN)
+    if not text:
+        return None
+    try:
+        design = json.loads(text)
+        if isinstance(design, dict) and set(design) == {"artifact"}:
+            path = client(tracking_uri).download_artifacts(parent_run.info.run_id, design["artifact"])
+            design = json.loads(Path(path).read_text())
+    except Exception:  # noqa: BLE001 - an unreadable record (or an artifact not copied) is no design
+        return None
+    return design if isinstance(design, dict) else None
 
 
 # -- a parent run whose driver died ----------------------------------------------------------

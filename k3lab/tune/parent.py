@@ -23,11 +23,14 @@ from pathlib import Path
 import attrs
 
 import k3lab
+from k3lab.report.family import design_record
 from k3lab.store import runs
+from k3lab.store.runs import write_design
 from k3lab.store.state import sweep_spec, write_state
 from k3lab.store.tracking import MLflowTracker, flatten, relocate_artifacts
 from k3lab.store.views import present_sweep
 from k3lab.tune.run import SweepRun
+from k3lab.tune.seeds import report_options
 
 
 def git_commit() -> str:
@@ -153,5 +156,6 @@ def record_sweep(run: SweepRun, parent: ParentRun) -> None:
     params |= flatten("train", attrs.asdict(sweep.train)) | flatten("resources", attrs.asdict(resources))
     params |= flatten("scheduler", attrs.asdict(sweep.scheduler))
     parent.tracker.log_params(params)
+    write_design(run.tracking_uri, parent.run_id, design_record(report_options(sweep)))
     parent.log_artifact(sweep.path)
     write_state(run.state_file, parent.run_id, run.tracking_uri, [t.id for t in sweep.trials], sweep_spec(sweep))

@@ -1,17 +1,16 @@
-"""Seeds until resolved, within a budget: the seeds policy and the Ray Tune `Searcher` that runs it.
+"""Seeds until decided, within a budget: the seeds policy and the Ray Tune `Searcher` that runs it.
 
 A sweep file with
 
-    seeds: {start: 3, max: 16, until: {halfwidth: 0.0025}}   # relative to the baseline's metric
-    budget: {wall: 30m}                                       # optional; also trials: N
+    seeds: {start: 4, max: 16, until: decided}   # or until: {halfwidth: 0.0025}, or until: max
+    budget: {wall: 30m}                          # optional; also trials: N
 
 starts every variant with `start` seeds (seeds first .. first + start - 1), then adds seed pairs,
 the baseline's next seed with the next seed of each variant that still needs it, to the
-comparisons whose family-wise confidence sequence (`k3lab.report.sequential`) is still wider
-than `halfwidth` x |the baseline's mean|, the widest first, until each is that precise, has
-`max` seeds, or the budget ends (no trial starts once the wall budget left is shorter than the
-median trial so far, or once `budget.trials` trials have started; running trials finish).
-Without `until`, every comparison runs to `max` seeds, within the budget.
+comparisons its rule has not stopped (`Design.settled` in `k3lab.report.sequential`: decided
+better, worse or equivalent, or as precise as asked), the widest first, until each is stopped,
+has `max` seeds, or the budget ends (no trial starts once the wall budget left is shorter than
+the median trial so far, or once `budget.trials` trials have started; running trials finish).
 
 The decisions are a function of the results alone: whether a variant gets its (k+1)-th seed is
 decided once its first k seeds and the baseline's first k have ended (finished, failed or
@@ -20,7 +19,8 @@ at once, in what order they end, or on a `kill -9` of the driver and `--resume`:
 searcher (Tune saves it with the experiment state, `save`/`restore`) and the trials Tune
 restores end in the same decisions; the only thing that depends on timing is the wall budget,
 which a sweep run in parts spends as the sum of its parts (`SeedSearcher.save`/`restore`).
-Looking after every seed pair is what the confidence sequence allows (a t-interval would not).
+Looking after every seed pair is what the design's repeated intervals allow (a plain t-interval
+would not).
 The order of the trials decided so far does depend on timing: a process whose trial just ended
 gets its variant's next seed, where one is wanted in the same stage, so that it restarts that
 variant's trainer instead of building one (`k3lab.tune.trial.KeptTrainer`).
@@ -41,7 +41,8 @@ from typing import Any, Callable
 import attrs
 from ray.tune.search import Searcher
 
-from k3lab.report.sequential import Design
+from k3lab.report.family import diverged_step
+from k3lab.report.sequential import BUDGET, RUNNING, Design, fixed_design, stopping_reason
 
 FINISHED = "FINISHED"  # = Searcher.FINISHED
 
@@ -87,23 +88,21 @@ class SeedPlanner:
             k += 1
         return k
 
-    def pairs(self, variant: str, upto: int) -> list[float]:
-        """The paired differences of `variant` against its baseline over the first `upto` seeds."""
+    def pairs(self, variant: str, upto: int) -> tuple[list[float], float]:
+        """The paired differences of `variant` against its baseline over the first `upto` seeds,
+        and the baseline's mean over the same seeds (0.0 without pairs)."""
         mine, base = self.values.get(variant, {}), self.values.get(self.baselines[variant], {})
-        return [mine[s] - base[s] for s in self.seeds[:upto]
-                if _usable(mine.get(s)) and _usable(base.get(s))]
+        seeds = [s for s in self.seeds[:upto] if _usable(mine.get(s)) and _usable(base.get(s))]
+        reference = math.fsum(base[s] for s in seeds) / len(seeds) if seeds else 0.0
+        return [mine[s] - base[s] for s in seeds], reference
 
     def relative_half_width(self, variant: str, upto: int) -> float:
-        """The confidence sequence's half-width after the first `upto` seeds, relative to the
-        baseline's mean over the same pairs (inf: unbounded, or no pairs); kept once those
-        trials have all ended."""
+        """The interval's half-width after the first `upto` seeds, relative to the baseline's mean
+        over the same pairs (inf: under two pairs); kept once those trials have all ended."""
         if (variant, upto) in self._widths:
             return self._widths[variant, upto]
-        diffs = self.pairs(variant, upto)
-        base = self.values.get(self.baselines[variant], {})
-        reference = [base[s] for s in self.seeds[:upto] if _usable(base.get(s)) and _usable(
-            self.values.get(variant, {}).get(s))]
-        mean = abs(math.fsum(reference) / len(reference)) if reference else 0.0
+        diffs, reference = self.pairs(variant, upto)
+        mean = abs(reference)
         half = self.design.half_width(diffs)
         width = half / mean if mean and math.isfinite(half) else math.inf
         if min(self._prefix(variant), self._prefix(self.baselines[variant])) >= upto:
@@ -137,9 +136,7 @@ class SeedPlanner:
         baseline = self.baselines[variant]
         if min(self._prefix(variant), self._prefix(baseline)) < k:
             return None
-        if self.design.halfwidth is None:
-            return True
-        return self.relative_half_width(variant, k) > self.design.halfwidth
+        return not self.design.settled(*self.pairs(variant, k))
 
     def seeds_run(self, variant: str) -> int:
         """How many seeds `variant` runs as far as decided now."""
@@ -259,14 +256,8 @@ class SeedPlanner:
         rows = {}
         for variant in self.baselines:
             k = self.seeds_run(variant)
-            width = self.relative_half_width(variant, k)
-            if self.design.halfwidth is not None and width <= self.design.halfwidth:
-                why = "precise"
-            elif k >= len(self.seeds):
-                why = "max seeds"
-            else:
-                why = "budget" if self.budget_hit else "running"
-            rows[variant] = {"seeds": k, "relative_half_width": width, "stopping": why}
+            why = stopping_reason(self.design, *self.pairs(variant, k), BUDGET if self.budget_hit else RUNNING)
+            rows[variant] = {"seeds": k, "relative_half_width": self.relative_half_width(variant, k), "stopping": why}
         return rows
 
 
@@ -364,9 +355,11 @@ def final_value(result: dict | None, metric: str) -> float | None:
     return float(value) if _usable(value) else None
 
 
-def last_mean(tracking_uri: str, metric: str, last: int, result: dict | None) -> float | None:
+def last_mean(tracking_uri: str, metric: str, last: int, result: dict | None, mode: str = "min",
+              rise: float | None = None) -> float | None:
     """A trial's value as the mean of its last `last` evaluations of `metric`, read from its MLflow
-    run: the same values the report compares. (A trial's reports to Tune do not survive a restore,
+    run: the same values the report compares, and None where its curve diverged
+    (`k3lab.report.family.diverged_step`). (A trial's reports to Tune do not survive a restore,
     and one restored from its final checkpoint reports no metric of its own; its run has them.)"""
     if not trained_to_the_end(result):
         return None
@@ -376,15 +369,24 @@ def last_mean(tracking_uri: str, metric: str, last: int, result: dict | None) ->
     if not run_id:
         return final_value(result, metric) if last == 1 else None
     history = runs.metric_history(tracking_uri, run_id, metric)
+    if diverged_step(history, mode, rise) is not None:
+        return None
     values = [v for _, v in history[-last:]]
-    return statistics.fmean(values) if values and all(_usable(v) for v in values) else None
+    return statistics.fmean(values) if len(values) == last and all(_usable(v) for v in values) else None
 
 
-def design_of(sweep) -> Design:
-    """The comparisons' design of a sweep with a seeds policy (`k3lab.registry.Sweep`)."""
+def design_of(sweep) -> Design | None:
+    """How a sweep's comparisons are made (`k3lab.registry.Sweep`): its seeds policy's design, or
+    for a list of seeds one look with Bonferroni t-intervals; None without comparisons."""
+    if not sweep.baselines:
+        return None
+    margin = sweep.metric.margin
+    if not sweep.adaptive:
+        return fixed_design(len(sweep.baselines), len(sweep.seeds), margin=margin)
     policy = sweep.seed_policy
     return Design(comparisons=len(sweep.baselines), max_pairs=policy.max, start=policy.start,
-                  confidence=policy.confidence, halfwidth=policy.until.halfwidth if policy.until else None)
+                  confidence=policy.confidence, halfwidth=policy.until.halfwidth, rule=policy.until.rule,
+                  margin=margin).calibrated()
 
 
 def build_searcher(sweep, tracking_uri: str) -> SeedSearcher:
@@ -398,12 +400,16 @@ def build_searcher(sweep, tracking_uri: str) -> SeedSearcher:
                           budget_wall_s=budget.wall_s if budget else None)
     keys = {(trial.variant.name, trial.seed): trial.id for trial in sweep.trials}
     metric = sweep.metric
-    value_of = functools.partial(last_mean, tracking_uri, metric.name, metric.last)
+    value_of = functools.partial(last_mean, tracking_uri, metric.name, metric.last, mode=metric.mode,
+                                 rise=metric.diverged)
     return SeedSearcher(planner, keys, metric.name, metric.mode, value_of)
 
 
 def report_options(sweep) -> dict:
-    """What `build_report` needs to compare a sweep's variants as its file asks: the baseline of each
-    group, the seeds policy's design (None for a list of seeds), the verdict metric's `last`."""
-    return {"baselines": dict(sweep.baselines), "design": design_of(sweep) if sweep.adaptive else None,
-            "last": sweep.metric.last}
+    """What `build_report` needs to compare a sweep's variants as its file asks: the metric, the
+    baseline of each group, the design, the verdict metric's `last`, the divergence rule and the
+    variants in the file's order. The parent run stores them (`k3lab.report.family.design_record`)."""
+    metric = sweep.metric
+    return {"metric": metric.name, "mode": metric.mode, "baselines": dict(sweep.baselines),
+            "design": design_of(sweep), "last": metric.last, "rise": metric.diverged,
+            "variant_order": [v.name for v in sweep.valid_variants]}

@@ -366,9 +366,8 @@ def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:
     from k3lab.tune.seeds import report_options
 
     sweep = run.sweep
-    summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
-                           out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline,
-                           variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep),
+    summary = build_report(run.tracking_uri, parent.run_id, out_dir=run.storage / f"{run.experiment}_report",
+                           baseline=sweep.baseline, **report_options(sweep),
                            unfinished=BUDGET)  # the trials ran to the sweep's end
     for path in summary["files"]:
         parent.log_artifact(path, "report")
