@@ -1,6 +1,6 @@
-"""Anytime-valid family-wise comparisons (k3lab.report.sequential) and the seeds policy that looks
-at them after every seed pair (k3lab.tune.seeds.SeedPlanner), on simulated sweeps: trial results
-drawn from a distribution with known true differences, no model."""
+"""Family-wise decisions (k3lab.report.sequential) and the seeds policy that looks at them after
+every seed pair (k3lab.tune.seeds.SeedPlanner), on simulated sweeps: trial results drawn from a
+distribution with known true differences, no model."""
 
 import math
 
@@ -8,50 +8,67 @@ import numpy as np
 import pytest
 
 from k3lab.report.sequential import (
-    BETTER, MAX_SEEDS, NOT_RESOLVED, PRECISE, WORSE, Design, compare_family, compare_sequential, cs_half_width,
-    mixture_precision, naive_t_half_width,
+    BETTER, DECIDED, EQUIVALENT, HALFWIDTH, MAX, MAX_SEEDS, NOT_RESOLVED, PRECISE, WORSE, Design, compare_family,
+    compare_sequential, fixed_design, naive_t_half_width, nominal_level, smallest_p_values,
 )
+from k3lab.report.stats import t_interval, t_quantile
 from k3lab.tune.seeds import FINISHED, SeedPlanner
 
-# -- the confidence sequence itself -------------------------------------------------------------
+decisions = pytest.importorskip("bench.decisions")
+
+# -- the design's intervals ----------------------------------------------------------------------
 
 
-def mixture_martingale(diffs, m, c):
-    """M_n(m) of the module docstring, computed from its definition."""
-    y = np.asarray(diffs) - m
-    n, s, v = len(y), y.sum(), (y * y).sum()
-    return math.sqrt(c / (c + n)) * (v / (v - s * s / (n + c))) ** (n / 2)
+def test_one_look_is_a_plain_t_test_at_the_bonferroni_level():
+    design = fixed_design(comparisons=4, seeds=6)
+    diffs = [0.01, -0.02, 0.03, 0.0, 0.015, 0.005]
+    assert design.nominal == pytest.approx(0.0125)
+    assert design.half_width(diffs) == pytest.approx(t_interval(diffs, confidence=1 - 0.05 / 4)[1])
+    assert nominal_level(5, 5, 0.0125) == 0.0125
 
 
-@pytest.mark.parametrize("diffs", [[0.1, 0.3, 0.2, 0.25], [1.0, -1.0, 0.5, 0.2, 0.1, -0.3, 0.7], list(np.arange(12.0))])
-def test_the_closed_form_is_where_the_mixture_martingale_crosses_one_over_alpha(diffs):
-    alpha, c = 0.05, 0.5
-    n, mean = len(diffs), float(np.mean(diffs))
-    half = cs_half_width(n, float(((np.asarray(diffs) - mean) ** 2).sum()), alpha, c)
-    assert math.isfinite(half)
-    assert mixture_martingale(diffs, mean + half, c) == pytest.approx(1 / alpha, rel=1e-9)
-    assert mixture_martingale(diffs, mean - half * 0.999, c) < 1 / alpha < mixture_martingale(diffs, mean - half * 1.001, c)
+def test_the_level_of_each_look_holds_the_error_at_alpha_over_every_look_up_to_max():
+    """Fresh null paths (another seed than the calibration's): the chance that some look from start
+    to max rejects a true mean is alpha, within Monte Carlo error and on the safe side; one look at
+    that level alone rejects far less often (the price of looking 13 times)."""
+    level = nominal_level(4, 16, 0.0125)
+    assert 0.0015 < level < 0.0025
+    z = np.random.default_rng(99).standard_normal((400_000, 16))
+    rejected = (smallest_p_values(z, range(4, 17)) <= level).mean()
+    assert 0.0125 - 4 * math.sqrt(0.0125 / 400_000) < rejected <= 0.0125 + 2 * math.sqrt(0.0125 / 400_000)
+    assert nominal_level(4, 16, 0.0125) == level  # seeded: the same level every time, on every machine
 
 
-def test_one_observation_carries_no_evidence_and_two_give_no_finite_interval():
-    assert mixture_martingale([0.7], 0.0, 0.5) == pytest.approx(1.0)  # M_1 = 1: the martingale starts at 1
-    assert cs_half_width(1, 0.0, 0.05, 0.5) == math.inf
-    assert cs_half_width(2, 1.0, 0.05, 0.5) == math.inf
-
-
-def test_the_interval_scales_with_the_data_and_narrows_with_more_pairs():
-    c = mixture_precision(10, 0.0125)
-    widths = [cs_half_width(n, n - 1.0, 0.0125, c) for n in range(6, 17)]
+def test_more_looks_cost_a_wider_interval_and_more_pairs_narrow_it():
+    short, long = Design(4, 8, 4), Design(4, 16, 4)
+    diffs = list(np.random.default_rng(1).normal(0, 1, 8))
+    assert long.half_width(diffs) > short.half_width(diffs) > fixed_design(4, 8).half_width(diffs)
+    widths = [long.half_width([1.0, -1.0] * (n // 2)) for n in range(4, 17, 2)]
     assert widths == sorted(widths, reverse=True)
-    assert cs_half_width(8, 7.0 * 9, 0.0125, c) == pytest.approx(3 * cs_half_width(8, 7.0, 0.0125, c))
 
 
-def test_it_is_wider_than_a_fixed_n_t_interval_and_says_by_how_much():
-    pytest.importorskip("scipy")
-    design = Design(comparisons=4, max_pairs=16, start=3)
-    cs = cs_half_width(10, 9.0, design.alpha, design.precision)
-    t = float(naive_t_half_width(10, 9.0, design.alpha))
-    assert 1.4 < cs / t < 1.8  # the docs' "about 1.6x at 10 pairs"
+def test_verdicts_better_worse_equivalent_and_not_resolved():
+    design = Design(comparisons=1, max_pairs=8, start=4, margin=0.01)
+    base = {s: 2.0 + 0.1 * s for s in range(6)}
+    assert compare_sequential("v", {s: x - 0.05 + 0.001 * (-1) ** s for s, x in base.items()}, "b", base, "min",
+                              design).verdict == BETTER
+    assert compare_sequential("v", {s: x + 0.05 + 0.001 * (-1) ** s for s, x in base.items()}, "b", base, "min",
+                              design).verdict == WORSE
+    assert compare_sequential("v", {s: x - 0.05 + 0.001 * (-1) ** s for s, x in base.items()}, "b", base, "max",
+                              design).verdict == WORSE  # higher is better: lower is worse
+    same = compare_sequential("v", {s: x + 0.001 * (-1) ** s for s, x in base.items()}, "b", base, "min", design)
+    assert (same.verdict, same.stopping) == (EQUIVALENT, DECIDED)  # |mean| + half inside 1% of ~2.25
+    unsure = compare_sequential("v", {s: x + 0.05 * (-1) ** s for s, x in base.items()}, "b", base, "min", design)
+    assert unsure.verdict == NOT_RESOLVED and unsure.pairs_needed is not None and unsure.pairs_needed > 6
+    no_margin = attrs_evolve(design, margin=None)
+    assert compare_sequential("v", {s: x + 0.001 * (-1) ** s for s, x in base.items()}, "b", base, "min",
+                              no_margin).verdict == NOT_RESOLVED  # without a margin, no difference is no verdict
+
+
+def attrs_evolve(design, **changes):
+    import attrs
+
+    return attrs.evolve(design, **changes)
 
 
 def test_verdicts_and_stopping_reasons_of_a_family():
@@ -62,22 +79,20 @@ def test_verdicts_and_stopping_reasons_of_a_family():
     rows = compare_family({"b": base, "v": better, "w": noisy}, {"v": "b", "w": "b"}, "min", design)
     assert [(r.variant, r.verdict, r.stopping) for r in rows] == [("v", BETTER, PRECISE), ("w", NOT_RESOLVED, MAX_SEEDS)]
     assert rows[0].relative_half_width <= 0.01 and rows[0].to_json()["family"] == 2
-    worse = compare_sequential("x", {s: v + 0.05 for s, v in base.items()}, "b", base, "min", design)
-    assert worse.verdict == WORSE
-    short = compare_sequential("x", {0: 1.0, 1: 1.1}, "b", {0: 1.2, 1: 1.25}, "min", design)
-    assert (short.verdict, short.reason, short.half_width) == (NOT_RESOLVED, "unbounded at 2 pairs", None)
+    short = compare_sequential("x", {0: 1.0}, "b", {0: 1.2}, "min", design)
+    assert (short.verdict, short.reason, short.half_width) == (NOT_RESOLVED, "one pair", None)
 
 
 @pytest.mark.parametrize("state, ended, reason", [
     ("FINISHED", True, "budget"), ("FAILED", True, "budget"),  # FAILED at its end: some trials failed
     ("FAILED", False, "stopped"),  # the driver itself failed before the end
     ("KILLED", False, "stopped"), ("interrupted", False, "stopped"), ("RUNNING", False, "running")])
-def test_an_imprecise_comparison_says_whether_the_budget_or_a_stop_ended_it(state, ended, reason):
+def test_an_undecided_comparison_says_whether_the_budget_or_a_stop_ended_it(state, ended, reason):
     """A sweep stopped after two of its three 10-minute parts has spent 20 of its 30 minutes: its
-    imprecise comparisons were stopped, not ended by the budget, and `--resume` would add seeds."""
+    undecided comparisons were stopped, not ended by the budget, and `--resume` would add seeds."""
     from k3lab.report.family import unfinished_reason
 
-    design = Design(comparisons=1, max_pairs=8, start=3, halfwidth=0.001)
+    design = Design(comparisons=1, max_pairs=8, start=3)
     base = {s: 2.0 + 0.1 * s for s in range(4)}
     noisy = {s: base[s] + (0.3 if s % 2 else -0.2) for s in range(4)}
     row = compare_sequential("w", noisy, "b", base, "min", design, unfinished_reason(state, ended))
@@ -87,10 +102,12 @@ def test_an_imprecise_comparison_says_whether_the_budget_or_a_stop_ended_it(stat
 # -- the seeds policy on plain data ------------------------------------------------------------
 
 
-def planner(halfwidth=0.01, start=3, max_seeds=8, variants=("base", "a", "b"), **budget):
+def planner(halfwidth=0.01, start=3, max_seeds=8, variants=("base", "a", "b"), rule=None, **budget):
+    """A planner of `variants` against "base"; without a half-width its rule runs to max seeds."""
     compared = {v: "base" for v in variants if v != "base"}
+    rule = rule or (HALFWIDTH if halfwidth is not None else MAX)
     return SeedPlanner(list(variants), compared, list(range(max_seeds)), start,
-                       Design(len(compared), max_seeds, start, halfwidth=halfwidth), **budget)
+                       Design(len(compared), max_seeds, start, halfwidth=halfwidth, rule=rule), **budget)
 
 
 def drive(plan, value, concurrency=1, order=None):
@@ -153,7 +170,7 @@ def test_the_widest_comparison_gets_its_seeds_first():
         plan.complete("base", s, base[s])
         plan.complete("a", s, base[s] - 0.01 + 0.001 * s)  # tight
         plan.complete("b", s, base[s] + 0.2 * (-1) ** s)  # wide
-    assert plan.relative_half_width("b", 3) >= plan.relative_half_width("a", 3)  # both unbounded at 3 pairs here
+    assert plan.relative_half_width("b", 3) >= plan.relative_half_width("a", 3)
     plan.complete("base", 3, 2.0), plan.suggested.append(("base", 3))
     for s in range(3, 6):
         for v, x in (("a", base[s] - 0.01 + 0.001 * s), ("b", base[s] + 0.2 * (-1) ** s), ("base", base[s])):
@@ -209,161 +226,71 @@ def state_trials(state):
     return [tuple(t) for t in state["suggested"]]
 
 
-# -- whole sweeps, simulated -------------------------------------------------------------------
+# -- whole sweeps, simulated (bench/decisions.py writes the same table into docs/statistics.md) ----
 
-SWEEPS = 1000
-K, START, MAX = 4, 3, 16
-HALFWIDTH = 0.0025  # relative, as in the issue's example
-BASE_LOSS = 2.0
-TARGET = HALFWIDTH * BASE_LOSS
-SEED_SPREAD = 0.02  # the seed-to-seed spread, shared by the trials of one seed (cancels in the pairs)
-NOISE = np.array([0.002, 0.0015, 0.002, 0.003, 0.004])  # per variant (0: the baseline); sd of a trial
-
-
-def draw(rng, truth, sweeps=SWEEPS):
-    """Trial results [sweep, variant, seed]: loss + the seed's shared part + the variant's own noise."""
-    seed_part = rng.normal(0, SEED_SPREAD, (sweeps, 1, MAX))
-    noise = rng.normal(0, 1, (sweeps, K + 1, MAX)) * NOISE[None, :, None]
-    return BASE_LOSS + seed_part + np.concatenate([[0.0], truth])[None, :, None] + noise
-
-
-def planner_sweep(results):
-    """One simulated sweep through the real policy; returns (comparisons, seeds each variant ran)."""
-    names = ["base"] + [f"v{i}" for i in range(1, K + 1)]
-    design = Design(K, MAX, START, halfwidth=HALFWIDTH)
-    plan = SeedPlanner(names, {v: "base" for v in names[1:]}, list(range(MAX)), START, design)
-    started = drive(plan, lambda v, s: float(results[names.index(v), s]))
-    values = {v: {s: float(results[names.index(v), s]) for w, s in started if w == v} for v in names}
-    rows = compare_family(values, {v: "base" for v in names[1:]}, "min", design)
-    return rows, [len(values[v]) for v in names[1:]]
-
-
-def vectorised_sweeps(results, half_width):
-    """The same stopping rule for every sweep at once, with any interval `half_width(n, ss, alpha)`:
-    each comparison stops at the first n >= START with half-width <= TARGET-relative, or at MAX.
-    Returns (mean, half, stop n) per [sweep, comparison]."""
-    d = results[:, 1:, :] - results[:, :1, :]
-    n = np.arange(1, MAX + 1)
-    mean = np.cumsum(d, -1) / n
-    ss = np.cumsum(d * d, -1) - n * mean ** 2
-    base_mean = np.cumsum(results[:, :1, :], -1) / n
-    half = half_width(n, ss, 0.05 / K)
-    stop_now = half <= HALFWIDTH * np.abs(base_mean)
-    stop_now[..., :START - 1] = False
-    stop_now[..., MAX - 1] = True
-    stop = np.argmax(stop_now, -1)
-    pick = lambda a: np.take_along_axis(np.broadcast_to(a, d.shape), stop[..., None], -1)[..., 0]  # noqa: E731
-    return pick(mean), pick(half), stop + 1
-
-
-def cs(n, ss, alpha):
-    return cs_half_width(n, ss, alpha, Design(K, MAX, START).precision)
-
-
-def family_figures(mean, half, truth):
-    """(simultaneous coverage, family-wise error over the comparisons whose truth is 0)."""
-    cover = (np.abs(mean - truth) <= half).all(-1).mean()
-    nulls = truth == 0
-    called = (np.abs(mean[:, nulls]) > half[:, nulls]).any(-1).mean() if nulls.any() else 0.0
-    return float(cover), float(called)
+SWEEPS = 10_000
 
 
 @pytest.fixture(scope="module")
-def simulated():
-    """1,000 sweeps of 4 variants against one baseline, through the real policy."""
-    rng = np.random.default_rng(2026)
-    truth = np.array([0.0, 0.0, -0.004, 0.002])  # two variants with no effect, one better, one worse
-    results = draw(rng, truth)
-    sweeps = [planner_sweep(r) for r in results]
-    null = np.zeros(K)
-    null_results = draw(rng, null)
-    null_sweeps = [planner_sweep(r) for r in null_results]
-    return truth, results, sweeps, null_results, null_sweeps
+def powered():
+    """The spreads of the issue's H200 runs: three real differences and a null one."""
+    return decisions.simulate(decisions.SCENARIOS[1], SWEEPS, seed=2027)
 
 
-def figures_of(sweeps, truth):
-    mean = np.array([[c.mean_diff for c in rows] for rows, _ in sweeps])
-    half = np.array([[c.half_width if c.half_width is not None else np.inf for c in rows] for rows, _ in sweeps])
-    return family_figures(mean, half, truth)
+def test_with_every_comparison_null_the_family_wise_error_is_near_but_under_alpha():
+    """Every trial with the same noise (pairs correlated through their shared baseline): some
+    comparison called better or worse in 3-5% of sweeps, not far below the 5% asked (seeds wasted)."""
+    outcome = decisions.simulate(decisions.SCENARIOS[0], SWEEPS, seed=2026)
+    print(f"\nall null: family-wise error {outcome.family_error:.4f} over {SWEEPS} sweeps")
+    assert 0.03 <= outcome.family_error <= 0.05 and outcome.covered.all(1).mean() >= 0.95
 
 
-def test_simulated_sweeps_cover_the_true_differences_under_the_stopping_rule(simulated):
-    truth, _, sweeps, _, _ = simulated
-    coverage, error = figures_of(sweeps, truth)
-    seeds = np.array([ran for _, ran in sweeps])
-    print(f"\nsimulation: {SWEEPS} sweeps, K={K}: simultaneous coverage {coverage:.3f} (nominal 0.95), "
-          f"family-wise error on the 2 null variants {error:.3f} (nominal <= 0.05), "
-          f"seeds per variant: mean {seeds.mean():.1f}, {np.mean(seeds < MAX):.0%} stopped before max")
+def test_real_differences_are_decided_in_a_few_pairs_and_the_null_one_runs_to_max(powered):
+    mean_pairs = powered.pairs.mean(0)
+    print(f"\npairs per comparison (mean): {np.round(mean_pairs, 2)}; decided: {powered.decided.mean(0)}")
+    assert mean_pairs[0] <= 7 and mean_pairs[1] <= 7 and mean_pairs[2] <= 10
+    assert powered.decided[:, :3].mean() > 0.97
+    assert mean_pairs[3] > 15.5 and powered.family_error < 0.0125 + 0.005  # the null one: to max, rarely called
+
+
+def test_the_intervals_cover_every_true_difference_at_once_where_the_rule_stopped(powered):
+    coverage = powered.covered.all(1).mean()
+    print(f"\nsimultaneous coverage {coverage:.4f}")
     assert coverage >= 0.95
-    assert error <= 0.05
-    assert 0.2 < np.mean(seeds < MAX)  # the rule does stop early: this tests the adaptive case
-    assert len({tuple(s) for s in seeds}) > 50  # and the seeds differ from sweep to sweep
 
 
-def test_simulated_sweeps_with_no_effect_call_better_or_worse_at_most_at_the_family_wise_rate(simulated):
-    _, _, _, _, null_sweeps = simulated
-    coverage, error = figures_of(null_sweeps, np.zeros(K))
-    print(f"\nsimulation, every true difference 0: family-wise error {error:.3f} (nominal <= 0.05), "
-          f"coverage {coverage:.3f}")
-    assert error <= 0.05 and coverage >= 0.95
-    verdicts = {c.verdict for rows, _ in null_sweeps for c in rows}
-    assert NOT_RESOLVED in verdicts
+def test_skewed_differences_keep_the_error_rate_near_alpha():
+    """Centred lognormal noise instead of Gaussian: the t-statistic is no longer pivotal, so the
+    error may drift from alpha; docs/statistics.md gives the measured figure."""
+    outcome = decisions.simulate(decisions.SCENARIOS[2], SWEEPS, seed=2028)
+    print(f"\nskewed, all null: family-wise error {outcome.family_error:.4f}")
+    assert outcome.family_error <= 0.08
 
 
-def test_the_vectorised_rule_is_the_policy(simulated):
-    """The vectorised simulation below stops where the real policy stops (so its comparison with
-    the naive interval is a comparison under the same rule)."""
-    truth, results, sweeps, _, _ = simulated
-    mean, half, stop = vectorised_sweeps(results[:200], cs)
-    assert np.array_equal(stop, np.array([ran for _, ran in sweeps[:200]]))
-    policy_mean = np.array([[c.mean_diff for c in rows] for rows, _ in sweeps[:200]])
-    np.testing.assert_allclose(mean, policy_mean, rtol=0, atol=1e-12)
-
-
-def test_a_fixed_t_interval_rechecked_after_every_pair_would_under_cover(simulated):
-    """The naive rule: the same stopping rule with Student t-intervals (even Bonferroni-split
-    at alpha / K, which is valid for a fixed number of seeds) fails the nominal rates: it stops
-    where the sample spread happens to be small. The per-comparison 95% t-interval k3lab uses for
-    fixed seed lists fails by far. At a fixed n the Bonferroni t-intervals are fine."""
+def test_a_fixed_t_interval_rechecked_after_every_pair_would_under_cover():
+    """The naive rule: a Bonferroni t-interval at alpha / K, valid for a fixed number of seeds,
+    re-checked after every pair and stopped once it excludes 0, calls a null comparison far more
+    often than alpha / K; the design's level keeps it there."""
     pytest.importorskip("scipy")
-    truth, results, _, null_results, _ = simulated
-    rng = np.random.default_rng(5)
-    more = draw(rng, truth, 4000)  # more sweeps for the naive rule, so its shortfall is not chance
-    more_null = draw(rng, np.zeros(K), 4000)
-    naive = lambda n, ss, alpha: naive_t_half_width(n, ss, alpha)  # noqa: E731
-    unsplit = lambda n, ss, alpha: naive_t_half_width(n, ss, alpha * K)  # noqa: E731
-    cover_naive, _ = family_figures(*vectorised_sweeps(more, naive)[:2], truth)
-    _, error_naive = family_figures(*vectorised_sweeps(more_null, naive)[:2], np.zeros(K))
-    cover_unsplit, error_unsplit = family_figures(*vectorised_sweeps(more_null, unsplit)[:2], np.zeros(K))
-    cover_cs, _ = family_figures(*vectorised_sweeps(more, cs)[:2], truth)
-    _, error_cs = family_figures(*vectorised_sweeps(more_null, cs)[:2], np.zeros(K))
-    fixed = more[..., :8]  # no stopping rule: 8 seeds, decided before
-    d = fixed[:, 1:] - fixed[:, :1]
-    fixed_half = naive_t_half_width(8, ((d - d.mean(-1, keepdims=True)) ** 2).sum(-1), 0.05 / K)
-    cover_fixed, _ = family_figures(d.mean(-1), fixed_half, truth)
-    print(f"\nnaive Bonferroni t re-checked after every pair: coverage {cover_naive:.3f}, family-wise error "
-          f"{error_naive:.3f}; per-comparison 95% t re-checked: family-wise error {error_unsplit:.3f}, coverage "
-          f"{cover_unsplit:.3f}; confidence sequence: coverage {cover_cs:.3f}, error {error_cs:.3f}; "
-          f"Bonferroni t at a fixed 8 seeds: coverage {cover_fixed:.3f}")
-    assert cover_naive < 0.95 and error_naive > 0.05  # ~0.93 and ~0.07 with these draws (4.7 sd from 0.95)
-    assert error_unsplit > 0.10 and cover_unsplit < 0.90
-    assert cover_cs >= 0.95 and error_cs <= 0.05
-    assert cover_fixed >= 0.95 - 3 * math.sqrt(0.05 * 0.95 / 4000)
+    z = np.random.default_rng(5).standard_normal((200_000, 16))
+    smallest = smallest_p_values(z, range(4, 17))
+    naive, designed = (smallest <= 0.0125).mean(), (smallest <= Design(4, 16, 4).nominal).mean()
+    print(f"\nnull comparison called: naive re-checked t {naive:.4f}, design {designed:.4f} (alpha/K 0.0125)")
+    assert naive > 3 * 0.0125 and designed <= 0.0125 + 3 * math.sqrt(0.0125 / 200_000)
+    n = np.array([8.0])
+    assert naive_t_half_width(n, 7.0, 0.0125)[0] == pytest.approx(t_quantile(1 - 0.0125 / 2, 7) / math.sqrt(8))
 
 
-def test_an_imprecise_comparison_says_about_how_many_pairs_the_asked_precision_would_take():
-    """At a spread of 0.01 on a loss of 1.0, 0.5% needs the confidence sequence at about half a
-    spread: tens of pairs; the figure is the first n at which the interval (planned for max n) is
-    that narrow, and a precise comparison shows none."""
+def test_an_undecided_comparison_says_about_how_many_pairs_the_rule_would_take():
     from k3lab.report.sequential import needed_cell, pairs_needed
 
     design = Design(comparisons=4, max_pairs=12, start=3, halfwidth=0.005)
     needed = pairs_needed(0.01, 1.0, design, have=5)
-    precision = lambda n: mixture_precision(-(-(3 + n) // 2), design.alpha)  # noqa: E731
-    assert cs_half_width(needed, (needed - 1) * 1e-4, design.alpha, precision(needed)) <= 0.005
-    assert cs_half_width(needed - 1, (needed - 2) * 1e-4, design.alpha, precision(needed - 1)) > 0.005
-    assert pairs_needed(0.001, 1.0, design, have=40) == 41  # never the pairs it has: those were not enough
     assert 20 < needed < 200 and pairs_needed(1.0, 1.0, design, have=5) is None  # hopeless: over the cap
+    assert pairs_needed(0.001, 1.0, design, have=40) == 41  # never the pairs it has: those were not enough
+    decided = Design(comparisons=4, max_pairs=12, start=3)
+    assert pairs_needed(0.01, 1.0, decided, have=5, mean=-0.01) is not None  # a real difference: decidable
+    assert pairs_needed(0.01, 1.0, decided, have=5, mean=0.0) is None  # none, and no margin: never decided
     base = {s: 1.0 + 0.01 * s for s in range(5)}
     noisy = compare_sequential("w", {s: v + (0.01 if s % 2 else -0.01) for s, v in base.items()}, "b", base, "min",
                                design, "stopped")
@@ -373,16 +300,14 @@ def test_an_imprecise_comparison_says_about_how_many_pairs_the_asked_precision_w
     assert tight.stopping == PRECISE and tight.pairs_needed is None and needed_cell(tight) == "-"
 
 
-def test_without_an_asked_half_width_the_table_has_no_pairs_for_asked_column():
-    """`pairs for asked` answers "how far from what was asked": a policy that asks for no precision
-    (seeds up to max) has nothing to measure it against, so its table leaves the column out."""
-    from k3lab.report.family import sequential_table_lines
+def test_the_tables_name_the_planning_column_after_the_rule_and_a_fixed_list_has_none():
+    from k3lab.report.family import design_columns, sequential_table_lines
 
     base = {s: 1.0 + 0.01 * s for s in range(5)}
-    rows = [compare_sequential("w", {s: v + 0.01 * (-1) ** s for s, v in base.items()}, "b", base, "min",
-                               Design(comparisons=1, max_pairs=8, start=3, halfwidth=halfwidth))
-            for halfwidth in (None, 0.005)]
-    plain, asked = (sequential_table_lines([row], "val_loss", row_design)
-                    for row, row_design in zip(rows, (Design(1, 8, 3), Design(1, 8, 3, halfwidth=0.005))))
-    assert "pairs for asked" not in plain[2] and "pairs for asked" in asked[2]
-    assert rows[0].pairs_needed is None and rows[1].pairs_needed is not None
+    values = {s: v + 0.01 * (-1) ** s for s, v in base.items()}
+    for design, header in ((Design(1, 8, 3, halfwidth=0.005), "pairs for asked"), (Design(1, 8, 3), "pairs to decide"),
+                           (Design(1, 8, 3, rule=MAX), None), (fixed_design(1, 5), None)):
+        row = compare_sequential("w", values, "b", base, "min", design)
+        lines = sequential_table_lines([row], "val_loss", design)
+        assert (header in lines[2]) if header else ("pairs for" not in lines[2] and "pairs to" not in lines[2])
+    assert "stopping" not in design_columns(fixed_design(1, 5)) and DECIDED == "decided"

@@ -50,9 +50,10 @@ DECIDED, HALFWIDTH, MAX, FIXED = "decided", "halfwidth", "max", "fixed"  # the r
 RULES = (DECIDED, HALFWIDTH, MAX)  # what `until:` may say
 PRECISE, MAX_SEEDS, BUDGET, RUNNING, STOPPED = "precise", "max seeds", "budget", "running", "stopped"
 CALIBRATION_PATHS = 1_000_000
-PLANNING_PATHS = 20_000  # a planning figure needs the level only roughly
+PLANNING_PATHS = 10_000  # a planning figure needs the level only roughly
+PLANNING_HORIZONS = (24, 32, 48, 64, 96, 128, 200)
 CALIBRATION_SEED = 20261205  # the null simulation's seed: a design's level is the same everywhere
-NEEDED_CAP = 200  # beyond this many pairs the answer is a different design (longer trials, a calmer metric)
+NEEDED_CAP = PLANNING_HORIZONS[-1]  # beyond this many pairs the answer is another design (longer trials)
 
 __all__ = ["BETTER", "WORSE", "EQUIVALENT", "NOT_RESOLVED", "Design", "SequentialComparison", "nominal_level",
            "compare_sequential", "compare_family", "fixed_design", "naive_t_half_width", "pairs_needed"]
@@ -167,8 +168,11 @@ class Design:
         if n < 2:
             return math.inf
         mean = math.fsum(diffs) / n
-        spread = math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / (n - 1))
-        return t_quantile(1 - self.nominal / 2, n - 1) * spread / math.sqrt(n)
+        return self.half_width_at(n, math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / (n - 1)))
+
+    def half_width_at(self, pairs: int, sd: float) -> float:
+        """The half-width after `pairs` differences of standard deviation `sd` (inf under two pairs)."""
+        return t_quantile(1 - self.nominal / 2, pairs - 1) * sd / math.sqrt(pairs) if pairs >= 2 else math.inf
 
     def verdict(self, mean: float, half: float, reference: float, mode: str) -> str:
         """better / worse (the interval excludes 0), equivalent (inside the margin), not resolved."""
@@ -239,6 +243,16 @@ def fixed_design(comparisons: int, seeds: int, confidence: float = CONFIDENCE, m
 # -- planning ------------------------------------------------------------------------------------
 
 
+def planning_level(design: Design, n: int) -> float:
+    """The nominal level of a design like this one with `max: n`: its own level up to its max, else
+    that of the next horizon on a coarse grid (a little wider than exact: planning needs it roughly,
+    and each horizon costs a simulation)."""
+    if n <= design.max_pairs:
+        return design.nominal
+    horizon = next(h for h in PLANNING_HORIZONS if h >= n)
+    return nominal_level(design.start, horizon, design.alpha, PLANNING_PATHS)
+
+
 def pairs_needed(sd: float, reference: float, design: Design, have: int, mean: float = 0.0) -> int | None:
     """About how many pairs the rule would take if the paired differences kept the mean `mean` and
     spread `sd` seen so far: the smallest n > have (those were not enough) at which a design like
@@ -248,8 +262,7 @@ def pairs_needed(sd: float, reference: float, design: Design, have: int, mean: f
         return None
 
     def enough(n: int) -> bool:
-        level = nominal_level(design.start, n, design.alpha, PLANNING_PATHS)
-        half = t_quantile(1 - level / 2, n - 1) * sd / math.sqrt(n)
+        half = t_quantile(1 - planning_level(design, n) / 2, n - 1) * sd / math.sqrt(n)
         if design.rule == HALFWIDTH:
             return half <= design.halfwidth * abs(reference)
         return design.verdict(mean, half, reference, "min") != NOT_RESOLVED

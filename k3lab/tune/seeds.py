@@ -75,6 +75,7 @@ class SeedPlanner:
     _last_tick: float | None = None
     _decided: dict = attrs.field(factory=dict, eq=False, repr=False)  # (variant, k) -> final decision
     _widths: dict = attrs.field(factory=dict, eq=False, repr=False)  # (variant, k) -> final width
+    _prefixes: dict = attrs.field(factory=dict, eq=False, repr=False)  # variant -> seeds ended in a row
 
     # -- the decisions ------------------------------------------------------------------
 
@@ -82,10 +83,12 @@ class SeedPlanner:
         return seed in self.values.get(variant, {})
 
     def _prefix(self, variant: str) -> int:
-        """How many of the first seeds of `variant` have all ended."""
-        ended, k = self.values.get(variant, {}), 0
+        """How many of the first seeds of `variant` have all ended (counted on from the last count:
+        trials only ever end)."""
+        ended, k = self.values.get(variant, {}), self._prefixes.get(variant, 0)
         while k < len(self.seeds) and self.seeds[k] in ended:
             k += 1
+        self._prefixes[variant] = k
         return k
 
     def pairs(self, variant: str, upto: int) -> tuple[list[float], float]:
@@ -249,7 +252,7 @@ class SeedPlanner:
         self.spent_s = float(state.get("spent_s", 0.0))
         self.budget_hit = bool(state.get("budget_hit", False))
         self._last_tick = None
-        self._decided, self._widths = {}, {}
+        self._decided, self._widths, self._prefixes = {}, {}, {}
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per compared variant: seeds decided, the relative half-width, and why it stopped."""
