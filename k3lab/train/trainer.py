@@ -480,7 +480,7 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
     too (`compile_*`: evaluation graphs, CUDA-graph captures and recompiles come after the first step).
     wait_to_train() is called once, when the trainer has `warmed_up` (or before its first
     evaluation, if that comes sooner), and returns the seconds it waited (a training slot,
-    `k3lab.tune.slots`): logged as `slot_wait_s`, and not counted as training time.
+    `k3lab.runtime.slots`): logged as `slot_wait_s`, and not counted as training time.
     """
     if checkpoint is not None:
         state = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint

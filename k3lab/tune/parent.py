@@ -23,6 +23,8 @@ from pathlib import Path
 import attrs
 
 import k3lab
+from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_shares
+from k3lab.report.sequential import BUDGET
 from k3lab.store import runs
 from k3lab.store.state import sweep_spec, write_state
 from k3lab.store.tracking import MLflowTracker, flatten, relocate_artifacts
@@ -155,3 +157,32 @@ def record_sweep(run: SweepRun, parent: ParentRun) -> None:
     parent.tracker.log_params(params)
     parent.log_artifact(sweep.path)
     write_state(run.state_file, parent.run_id, run.tracking_uri, [t.id for t in sweep.trials], sweep_spec(sweep))
+
+
+def record_sharing(parent: ParentRun, sharing: str | None) -> None:
+    """How the trials shared a GPU ("mps", or why not), on the parent run; nothing where none was shared."""
+    if sharing is not None:
+        parent.tracker.set_tags({runs.GPU_SHARING: sharing})
+
+
+def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:
+    """The sweep's report (`k3lab.report.summary`), its files logged to the parent run, and the
+    sweep's efficiency (tokens/s, MFU, warm-up and start-up) logged and added to it."""
+    from k3lab.report.summary import build_report
+    from k3lab.tune.seeds import report_options
+
+    sweep = run.sweep
+    summary = build_report(run.tracking_uri, parent.run_id, sweep.metric.name, sweep.metric.mode,
+                           out_dir=run.storage / f"{run.experiment}_report", baseline=sweep.baseline,
+                           variant_order=[v.name for v in sweep.valid_variants], **report_options(sweep),
+                           unfinished=BUDGET)  # the trials ran to the sweep's end
+    for path in summary["files"]:
+        parent.log_artifact(path, "report")
+    wall_s, parts = parent.parts_wall_s()  # a resumed sweep: over every part, summed
+    trials = runs.trial_runs(run.tracking_uri, parent.run_id)
+    summary["efficiency"] = sweep_efficiency(figures_of(trials), wall_s, hardware["gpus"], hardware.get("device_name"),
+                                             hardware.get("seconds", 0.0)) | {"sweep_parts": parts}
+    summary["efficiency"] |= time_shares(run.tracking_uri, trials, wall_s) | crashes(trials)
+    logged_by_end = {"sweep_wall_s", "sweep_parts"} | ({"kernel_warmup_s"} if run.resume else set())
+    parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k not in logged_by_end})
+    return summary

@@ -1,6 +1,6 @@
 """What k3lab's model code does, for the warm record's key: its source without the prose.
 
-The warm record (`k3lab.tune.kernels`) is keyed by the model code because a change there may
+The warm record (`k3lab.runtime.kernels`) is keyed by the model code because a change there may
 call other kernels or shapes. Keyed by the files' bytes, a docstring edit too sent every fresh
 GPU back to its warm-up (80.8 s before the first trial on an H200 after a model change on
 2026-12-02), until the shipped archive was re-made on an H200. The code text here is

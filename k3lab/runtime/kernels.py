@@ -42,8 +42,8 @@ from typing import Callable
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.variants import short_hash
-from k3lab.tune.model_code import code_text
-from k3lab.tune.tunings import read_json, start_from_shipped, write_json
+from k3lab.runtime.model_code import code_text
+from k3lab.runtime.tunings import read_json, start_from_shipped, write_json
 
 ENV_VAR = "K3LAB_KERNEL_CACHE"
 

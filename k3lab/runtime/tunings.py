@@ -120,7 +120,7 @@ def export_tunings(cache: Path, file: Path, gpu: str, compiled: bool = False) ->
 def check_archive_path(file: Path) -> None:
     """`file` can be written as an archive: its name (`compression_of`), and its folder one that is,
     or can be made, and written (a file in its path failed after the work, with a traceback)."""
-    from k3lab.tune.preflight import check_writable
+    from k3lab.runtime.preflight import check_writable
 
     compression_of(file)
     if file.is_dir():
