@@ -22,8 +22,8 @@ cache that starts from k3lab's shipped tunings (as on any fresh machine) and hol
 
 Bytes: the folders the phase copies, as a .tar.gz would ship them (mega: its artifacts, gzipped).
 Triton's copied kernels name their files by absolute path; the copies are pointed at themselves,
-as `k3lab kernels import` does (until 2026-12-02 they pointed into WORK/full, which still held
-the files: the same effect on this machine, not on another).
+as `k3lab kernels import` does (pointed into WORK/full, which still holds the files, they would
+have the same effect on this machine, not on another).
 The CUDA-graph capture and the later steps are not timed: they take as long on a warm machine.
 """
 

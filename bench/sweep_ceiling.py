@@ -32,7 +32,7 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
   AttnRes reads every earlier layer), so the baseline's trial alone, the fastest, is no ceiling
   for a sweep of them all; both ratios are reported. So is the sweep's rate from its first
   training step to its end: the rate a sweep of more trials approaches when its start stays
-  the same length (ten trials on one H200: no trial trains in the first 30-36 s of a 276-286 s sweep).
+  the same length (no trial trains in the first part of a sweep).
 - Every sweep phase also gets an overlap table, from its trials' step-time logs: how long 0, 1,
   2, ... trials trained at once, and their tokens/s together then. It says whether the GPU is
   lost to time-sharing (four training together near their rate alone: not much) or to trials
@@ -330,7 +330,7 @@ def alone_child(args: argparse.Namespace) -> dict:
 
 
 def alone_trials(alone: dict) -> list[dict]:
-    """The alone phase's trials; a results.json from before 2026-12-02 kept one, at the top level."""
+    """The alone phase's trials; an older results.json kept one, at the top level."""
     return alone.get("trials") or ([alone] if alone.get("trial") else [])
 
 

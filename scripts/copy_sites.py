@@ -4,7 +4,7 @@ Where a `small` trial's step (16 x 512 tokens, bf16 residual stream, compiled bl
 capturable AdamW) spends device-to-device copies and memsets: three eager whole steps, then one
 under torch.profiler; prints the step's kernels by count and, for each cudaMemcpyAsync and
 cudaMemsetAsync, the chain of ops above it. In a captured step each is a graph node of its own.
-Runs on an H200: docs/runs/copies-2026-12-03.log (copies only), copies-2026-12-03b.log.
+Its runs: docs/runs/copies-*.log (docs/journal/kernel-headroom.md).
 """
 import sys
 from collections import Counter

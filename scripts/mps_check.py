@@ -2,9 +2,8 @@
 
 k3lab.runtime.mps's daemon starts, two CUDA processes connect to it (nvidia-smi lists the MPS
 server and them), it quits after (the time it took printed); a driver that called cuInit, as
-sweeps' drivers did until 2026-12-03, against it; then a driver killed with SIGKILL: its daemon and server go
-with it. Runs on an H200: docs/runs/mps-check-2026-12-03.log, and with the cuInit round
-docs/runs/mps-check-2026-12-03b.log (12:17 UTC).
+sweeps' drivers once did, against it; then a driver killed with SIGKILL: its daemon and server go
+with it. Its runs: docs/runs/mps-check-*.log.
 """
 import os, subprocess, sys, textwrap, time
 from pathlib import Path

@@ -4,7 +4,7 @@ A sweep without --address starts a Ray instance of its own: gcs_server, raylet, 
 log monitor, and under the raylet its agents and the trials' workers, all descendants of the
 driver. `ray.shutdown()` ends them when the driver ends normally; when the driver is killed
 (`kill -9`, out of memory) nothing does, and `ray::DashboardAgent` and `ray::RuntimeEnvAgent`
-stay alive for good (they outlast SIGTERM by more than 8 s).
+stay alive for good (they outlast SIGTERM).
 
 So before it starts Ray the driver starts a watchdog (`python -m k3lab.runtime.reaper`, in a session
 of its own: Ctrl-C and a closed terminal do not reach it). Every `POLL_S` seconds it reads the

@@ -258,7 +258,7 @@ def forget_earlier_trial(restarting: bool = False) -> None:
     trial reports (its compile-cache hits are counted from its own start, in `fit`) and, unless the
     earlier trial's trainer is `restarting` for this one, drop torch.compile's code caches, which would otherwise keep
     guarding on that trial's model and count towards the recompile limit.
-    A fresh process has nothing to forget and skips the work (gc alone takes ~0.2 s)."""
+    A fresh process has nothing to forget and skips the work (gc alone is not free)."""
     global _ran_a_trial
     earlier, _ran_a_trial = _ran_a_trial, True
     torch = sys.modules.get("torch")
@@ -282,8 +282,8 @@ def load_ray_checkpoint(checkpoint) -> dict | None:
 
 def prepared_by_driver(folder: str | None) -> Dataset | None:
     """The corpus the sweep's driver prepared, opened as it is: every trial trains on the
-    driver's data, and none spends its start-up finding the corpus again (0.8 s for `packages`:
-    the fingerprint of every installed file). None where this machine cannot see the folder (a
+    driver's data, and none spends its start-up finding the corpus again (for `packages`: the
+    fingerprint of every installed file). None where this machine cannot see the folder (a
     cluster worker without the shared data volume): the trial then prepares its own."""
     if folder is None or not (Path(folder) / MANIFEST).is_file():
         return None
