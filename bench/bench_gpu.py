@@ -29,7 +29,7 @@ S = 3 decoder layers (FLA 6 sub-layers): both put a block boundary before layers
 
 fla_kda_attnres: FLA 0.6.0's `fused_attnres` needs every residual source in one dtype (its
 `attnres_fwd_kernel` picks among the source pointers with `tl.where`, which Triton refuses
-for pointers of different types: the `CompilationError: at 41:18` of the 2026-11-30 run).
+for pointers of different types: a `CompilationError`).
 Under autocast over fp32 weights, FLA's model feeds it the fp32 embedding output beside
 bf16 sub-layer outputs; KimiK3 casts the sources to one dtype before the call. The bench
 casts FLA's embedding output to bf16, so its residual stream is bf16 (KimiK3's is fp32).
@@ -229,7 +229,7 @@ def measure(name: str, args: argparse.Namespace) -> Result:
 
     is_fla = name.startswith("fla")
     # every configuration compiles from a clean slate: the compiled code of earlier models
-    # counts towards dynamo's recompile limit (a 2026-12-01 run hit it and ran eagerly)
+    # counts towards dynamo's recompile limit (a run that hits it runs eagerly)
     gc.collect()
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -306,7 +306,7 @@ def main() -> None:
         origin, body = body_from_log(args.from_log)
         write_section(SECTION, body, measured_on=origin)
         return
-    from k3lab.tune.kernels import open_kernel_cache
+    from k3lab.runtime.kernels import open_kernel_cache
 
     open_kernel_cache(args.cache_dir)  # before FLA is imported; k3lab's cache, started from its shipped tunings
     import torch

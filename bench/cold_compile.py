@@ -4,7 +4,7 @@
     python bench/cold_compile.py --device cpu --row tiny@2x64 --phases fresh,both --work /tmp/cold   # harness
 
 A fresh GPU machine's first training step compiles three things, each cached in the kernel cache
-(`k3lab.tune.kernels`):
+(`k3lab.runtime.kernels`):
 - Triton compiles FLA's kernels (`<cache>/triton`);
 - torch.compile builds the blocks (`<cache>/inductor`: FX graphs, AOTAutograd, its own Triton
   kernels);
@@ -22,8 +22,8 @@ cache that starts from k3lab's shipped tunings (as on any fresh machine) and hol
 
 Bytes: the folders the phase copies, as a .tar.gz would ship them (mega: its artifacts, gzipped).
 Triton's copied kernels name their files by absolute path; the copies are pointed at themselves,
-as `k3lab kernels import` does (until 2026-12-02 they pointed into WORK/full, which still held
-the files: the same effect on this machine, not on another).
+as `k3lab kernels import` does (pointed into WORK/full, which still holds the files, they would
+have the same effect on this machine, not on another).
 The CUDA-graph capture and the later steps are not timed: they take as long on a warm machine.
 """
 
@@ -43,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from k3lab.tune.tunings import relocated_group  # noqa: E402
+from k3lab.runtime.tunings import relocated_group  # noqa: E402
 SECTION = "Cold compile: a trial's first step by what its kernel cache holds"
 PHASES = ("fresh", "triton", "inductor", "mega", "both")
 COPIED = {"fresh": (), "triton": ("triton",), "inductor": ("inductor",), "mega": (), "both": ("triton", "inductor")}
@@ -104,7 +104,7 @@ def first_step(row: str, device_name: str, load_mega: Path | None, save_mega: Pa
 
 
 def child(args: argparse.Namespace) -> None:
-    from k3lab.tune.kernels import open_kernel_cache
+    from k3lab.runtime.kernels import open_kernel_cache
 
     phase = args.child
     work = Path(args.work)

@@ -10,8 +10,7 @@ autograd engine runs in the backward has no frame of ours around it; it is named
 node (`autograd::engine::evaluate_function: MulBackward0`) and placed at the forward op that
 recorded that node, matched by sequence number, as PyTorch's profiler links the two. Where the
 profiler records no Python function events, the stack it keeps on each op is read instead; where
-it has neither (an H200 machine with torch 2.11 and Python 3.12 recorded neither, 2026-12-04, compiled
-or not), every place reads "(no Python frame)" and the op or node names it.
+it has neither (some torch builds record neither, compiled or not), every place reads "(no Python frame)" and the op or node names it.
 
     bench/bench_trial.py --rows small@64x1024:graph:compile:bf16res --top 15 --where eager,copies
 """

@@ -13,14 +13,14 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
 - warm: the same sweep again on the caches the fresh phase left (a second sweep on one machine).
 - slots: the warm sweep with `resources.training_slots: N` added to its profile (`--training-slots`,
   default 2; a copy of the file in WORK): as many trials at once, but only N of them train while
-  the others start up (`k3lab.tune.slots`). Against warm, it says what hiding start-ups gives.
+  the others start up (`k3lab.runtime.slots`). Against warm, it says what hiding start-ups gives.
   Kept in results.json as `slots-N`: one row per N measured.
 - any sweep phase with `--trials-at-once N`: the same trials, N at a time on the GPU
   (resources.max_concurrent_trials N, gpu 1/N), kept as `PHASE-N-at-once`.
 - any sweep phase with `--no-reuse-actors`: the same with `resources.reuse_actors: false` (a new
   process for every trial), kept as `PHASE-noreuse`; with `--no-mps`: with `resources.mps: false`,
   the trials taking turns on the GPU instead of running side by side through the MPS daemon a
-  sweep starts where it can (`k3lab.tune.mps`), kept as `PHASE-nomps`.
+  sweep starts where it can (`k3lab.runtime.mps`), kept as `PHASE-nomps`.
 - any sweep phase with `--tree DIR --label NAME`: the same, run by the k3lab of another checkout
   (its own folder and store; the caches are shared), kept as `PHASE-NAME`: before and after a
   change, side by side on one machine.
@@ -32,7 +32,7 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
   AttnRes reads every earlier layer), so the baseline's trial alone, the fastest, is no ceiling
   for a sweep of them all; both ratios are reported. So is the sweep's rate from its first
   training step to its end: the rate a sweep of more trials approaches when its start stays
-  the same length (ten trials on one H200: no trial trains in the first 30-36 s of a 276-286 s sweep).
+  the same length (no trial trains in the first part of a sweep).
 - Every sweep phase also gets an overlap table, from its trials' step-time logs: how long 0, 1,
   2, ... trials trained at once, and their tokens/s together then. It says whether the GPU is
   lost to time-sharing (four training together near their rate alone: not much) or to trials
@@ -308,7 +308,7 @@ def alone_child(args: argparse.Namespace) -> dict:
     import torch
 
     from k3lab.registry.commands import load_sweep_for
-    from k3lab.tune.kernels import open_kernel_cache
+    from k3lab.runtime.kernels import open_kernel_cache
     from k3lab.tune.trial import TrialSpec, forget_earlier_trial, run_trial
 
     open_kernel_cache(say=lambda line: print(line, file=sys.stderr))
@@ -330,7 +330,7 @@ def alone_child(args: argparse.Namespace) -> dict:
 
 
 def alone_trials(alone: dict) -> list[dict]:
-    """The alone phase's trials; a results.json from before 2026-12-02 kept one, at the top level."""
+    """The alone phase's trials; an older results.json kept one, at the top level."""
     return alone.get("trials") or ([alone] if alone.get("trial") else [])
 
 

@@ -1,7 +1,7 @@
 """Sweep-level throughput of several runs of one sweep, side by side, from their MLflow stores.
 
     python bench/sweep_sizing.py "4 per GPU=docs/runs/a.db" "2 per GPU=docs/runs/b.db" \
-        --measured-on "NVIDIA H200, 2026-11-30" --write
+        --measured-on "GPU, DATE" --write
 
 Each store holds one run of a sweep (for example with a different --max-concurrent, or with
 NVIDIA MPS on). For each: the parent run's status and wall time, the tokens its trials trained,

@@ -13,8 +13,8 @@ constant (one kernel per K; a `small` trial has K = 2, 3, 4), each at 1, 2, 4 or
 - bwd_once: bwd_const that keeps each source's tile (bf16) and logit from the first pass for the
   second, so a source is read once;
 - bwd_once_acc: bwd_once with ACC (which sources add to their buffer) constexpr as well.
-fwd_const and bwd_const at one row a program on one warp won, and are the model's kernels since
-2026-12-04 for up to `EXACT_SOURCES` sources (logs: docs/runs/attnres-variants-2026-12-04*.log).
+fwd_const and bwd_const at one row a program on one warp won, and are the model's kernels for up
+to `EXACT_SOURCES` sources (docs/journal/kernel-headroom.md; logs: docs/runs/attnres-variants-*.log).
 So this script now runs those two through the model's kernels themselves, at the row counts asked
 (rows `model` with rows given); the `model` rows without rows time what the model runs. bwd_once and
 bwd_once_acc, not taken, are kept here, one body for both.

@@ -4,7 +4,7 @@ Where a `small` trial's step (16 x 512 tokens, bf16 residual stream, compiled bl
 capturable AdamW) spends device-to-device copies and memsets: three eager whole steps, then one
 under torch.profiler; prints the step's kernels by count and, for each cudaMemcpyAsync and
 cudaMemsetAsync, the chain of ops above it. In a captured step each is a graph node of its own.
-Runs on an H200: docs/runs/copies-2026-12-03.log (copies only), copies-2026-12-03b.log.
+Its runs: docs/runs/copies-*.log (docs/journal/kernel-headroom.md).
 """
 import sys
 from collections import Counter
@@ -16,7 +16,7 @@ sys.path.insert(0, ".")
 from k3lab.model.model import KimiK3, compile_blocks
 from k3lab.model.optim import build_optimizers
 from k3lab.registry.presets import load_preset
-from k3lab.tune.kernels import open_kernel_cache
+from k3lab.runtime.kernels import open_kernel_cache
 
 open_kernel_cache(None)
 torch.backends.cuda.matmul.allow_tf32 = True

@@ -3,8 +3,8 @@
     python scripts/rekey_shipped_tunings.py k3lab/tunings/nvidia-h200-attnres_block.tar.xz \
         experiments/attnres_block.yaml:gpu
 
-Until 2026-12-02 the warm record's keys hashed the bytes of k3lab/model/*.py; they now hash
-its code text (`k3lab.tune.model_code`), so that an edit of comments or docstrings keeps a
+The warm record's keys once hashed the bytes of k3lab/model/*.py; they now hash
+its code text (`k3lab.runtime.model_code`), so that an edit of comments or docstrings keeps a
 record. A record made under the old rule can be carried over without a GPU where it was made
 for this very code: for every kernel shape of the named sweeps, its key under the old rule
 (with the versions in the archive's manifest, as the GPU machine computed it) must be in the
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from k3lab.registry.sweep import load_sweep  # noqa: E402
-from k3lab.tune import kernels, tunings  # noqa: E402
+from k3lab.runtime import kernels, tunings  # noqa: E402
 
 RECORD = f"triton/{tunings.WARM_RECORD_NAME}"
 

@@ -23,9 +23,9 @@ warm_profiles() {  # every gpu* profile of one sweep file
     done
 }
 first_steps() {  # the sweep's own trials, seed 0, four steps each (two eager, the CUDA-graph capture, one
-    # replay): on an H200 (torch 2.11) a trial's process keys its torch.compile graphs otherwise than the
-    # plain process of `kernels warm` does (same graphs, other AOTAutograd and FX-graph cache keys;
-    # measured 2026-12-02), so a fresh machine's trials find only what trials wrote
+    # replay): a trial's process keys its torch.compile graphs otherwise than the plain process of
+    # `kernels warm` does (same graphs, other AOTAutograd and FX-graph cache keys), so a fresh
+    # machine's trials find only what trials wrote
     local work; work=$(mktemp -d)
     python scripts/first_steps_sweep.py "$1" "$work/first_steps.yaml" || return 1
     $k3lab sweep "$work/first_steps.yaml" --profile gpu --storage "$work/runs" \

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from mlflow import MlflowClient
 
-from k3lab.tune.crashes import dead_worker_log, dead_worker_pid, fault_line, short_path
+from k3lab.runtime.crashes import dead_worker_log, dead_worker_pid, fault_line, short_path
 from k3lab.tune.status import MLflowStatusCallback, crash_line, keep_worker_log
 
 # Tune's error.txt for a trial whose worker died (Ray 2.x ActorDiedError), pid 9868
@@ -81,7 +81,7 @@ def test_the_dead_workers_log_is_found_in_rays_log_folder_or_its_old_folder(tmp_
 
 
 def test_a_crash_is_counted_with_its_fault_and_the_workers_log_kept_on_the_run(tmp_path, monkeypatch):
-    import k3lab.tune.crashes as crashes
+    import k3lab.runtime.crashes as crashes
 
     logs = ray_logs(tmp_path, 9868, worker_stderr())
     monkeypatch.setattr(crashes, "ray_logs_dir", lambda: logs)
@@ -101,7 +101,7 @@ def test_a_crash_is_counted_with_its_fault_and_the_workers_log_kept_on_the_run(t
 
 
 def test_without_the_workers_log_the_crash_line_is_tunes_last_error_line(tmp_path, monkeypatch):
-    import k3lab.tune.crashes as crashes
+    import k3lab.runtime.crashes as crashes
 
     monkeypatch.setattr(crashes, "ray_logs_dir", lambda: None)
     (tmp_path / "error.txt").write_text(ACTOR_DIED)
@@ -112,7 +112,7 @@ def test_without_the_workers_log_the_crash_line_is_tunes_last_error_line(tmp_pat
 def test_only_the_last_of_a_trials_failures_is_read(tmp_path, monkeypatch):
     """Tune appends every failure of a trial to one error file: a later failure that is not a
     dead worker's must not be reported with an earlier crash's worker log, and the other way round."""
-    import k3lab.tune.crashes as crashes
+    import k3lab.runtime.crashes as crashes
 
     monkeypatch.setattr(crashes, "ray_logs_dir", lambda: ray_logs(tmp_path, 9868, worker_stderr()))
     out_of_memory = "Failure # 2 (occurred at 2026-12-01_14-45-02)\ntorch.OutOfMemoryError: CUDA out of memory\n"

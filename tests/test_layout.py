@@ -25,3 +25,34 @@ def test_train_imports_without_ray_mlflow_or_the_sweep_parser():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+# Each package with the packages above it in the layers of ../shared/DESIGN.md (cli -> commands
+# -> tune -> runtime; tune -> report -> store): none of them may be imported from it.
+ABOVE = {
+    "k3lab.runtime": ("k3lab.tune", "k3lab.report", "k3lab.commands", "k3lab.cli"),
+    "k3lab.tune": ("k3lab.commands", "k3lab.cli"),
+    "k3lab.store": ("k3lab.tune", "k3lab.runtime", "k3lab.report", "k3lab.commands", "k3lab.cli"),
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every k3lab module `path` imports, at its top or inside a function."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+    return {name for name in names if name.startswith("k3lab")}
+
+
+def test_no_import_points_up_the_layers():
+    upward = []
+    for package, above in ABOVE.items():
+        for path in sorted((REPO / package.replace(".", "/")).glob("*.py")):
+            upward += [f"{path.relative_to(REPO)} imports {name}" for name in imported_modules(path)
+                       if name.startswith(above)]
+    assert not upward, upward

@@ -1,4 +1,4 @@
-"""Trials that share a GPU run through an MPS daemon of the sweep's own (k3lab.tune.mps).
+"""Trials that share a GPU run through an MPS daemon of the sweep's own (k3lab.runtime.mps).
 
 The daemon here is a shell script named nvidia-cuda-mps-control on PATH: with -f it records its
 PID and environment, makes the control socket's file and waits for `quit` on a second call's stdin.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from k3lab.errors import UserError
-from k3lab.tune.mps import CONTROL, gpu_sharing, sharing_off_because
+from k3lab.runtime.mps import CONTROL, gpu_sharing, sharing_off_because
 
 FAKE_DAEMON = """#!/bin/sh
 if [ "$1" = "-f" ]; then
@@ -149,7 +149,7 @@ def test_a_driver_killed_with_sigkill_takes_its_daemon_with_it(tmp_path, daemon)
     driver = textwrap.dedent(f"""
         import os, signal, time
         from pathlib import Path
-        from k3lab.tune.mps import gpu_sharing
+        from k3lab.runtime.mps import gpu_sharing
         with gpu_sharing(None, True, False, log_dir=Path({str(tmp_path / 'x.mps')!r}), where="x.yaml"):
             os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -204,7 +204,7 @@ def test_a_daemon_whose_server_does_not_quit_is_ended_within_quit_s_in_all(tmp_p
     """As the real one does while a client is left: `quit` waits, and the daemon stays."""
     calls = fake_daemon(tmp_path, monkeypatch)
     (tmp_path / "bin" / CONTROL).write_text(STUCK_DAEMON.format(calls=calls))
-    monkeypatch.setattr("k3lab.tune.mps.QUIT_S", 2.0)
+    monkeypatch.setattr("k3lab.runtime.mps.QUIT_S", 2.0)
     with gpu_sharing(None, True, False, log_dir=tmp_path / "x.mps", where="x.yaml", say=lambda line: None):
         pid = int(calls.read_text().split()[1])
         told = time.monotonic()
@@ -218,7 +218,7 @@ def test_a_sweeps_driver_counts_gpus_through_nvml_and_never_initialises_cuda(tmp
     import torch
 
     from k3lab.registry.sweep import resolve_profile
-    from k3lab.tune.preflight import check_gpus
+    from k3lab.runtime.preflight import check_gpus
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("torch.cuda.is_available: cuInit"))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -242,7 +242,7 @@ def test_a_sweep_whose_cpu_step_cannot_fit_is_refused_naming_the_variant_dry_run
 
 def test_the_memory_floor_counts_weights_and_each_layers_saved_inputs():
     from k3lab.registry.counts import count
-    from k3lab.tune.preflight import step_memory_floor
+    from k3lab.runtime.preflight import step_memory_floor
 
     config = load_preset("tiny")
     spec = TrainSpec(batch_size=8, seq_len=128)
@@ -339,7 +339,7 @@ def test_a_sweep_tokenizes_its_corpus_on_a_thread_after_every_check_has_passed(m
     from k3lab.errors import UserError
     from k3lab.registry.presets import load_preset
     from k3lab.train.spec import TrainSpec
-    from k3lab.tune.preflight import Preflight, run_preflight_overlapped
+    from k3lab.runtime.preflight import Preflight, run_preflight_overlapped
 
     release, started = threading.Event(), []
 
@@ -366,7 +366,7 @@ def test_an_error_while_tokenizing_on_the_thread_reaches_the_sweep(monkeypatch, 
     from k3lab.errors import UserError
     from k3lab.registry.presets import load_preset
     from k3lab.train.spec import TrainSpec
-    from k3lab.tune.preflight import Preflight, run_preflight_overlapped
+    from k3lab.runtime.preflight import Preflight, run_preflight_overlapped
 
     def failing_prepare(source, tokenizer, progress):
         raise UserError("source 'stdlib': 1 non-empty document(s)")

@@ -207,7 +207,7 @@ def test_results_markdown_shows_the_sweep_totals_the_parent_logged(tmp_path):
     text = results_markdown(build_report(uri, parent), load_parent(uri, parent), "AttnRes")
     assert "- Sweep: wall time 1,234 s, tokens in all 16,384,000, aggregate tokens/s 13,272, MFU 12.3%" in text
     assert "- Machine: 2 x " in text  # the GPUs the sweep had, not just the device name
-    assert "sharing a GPU" not in text  # a sweep from before k3lab.tune.mps (or one on whole GPUs)
+    assert "sharing a GPU" not in text  # a sweep from before k3lab.runtime.mps (or one on whole GPUs)
 
 
 def test_results_markdown_says_how_trials_shared_their_gpu(tmp_path):

@@ -549,7 +549,7 @@ def test_with_one_training_slot_two_trials_at_once_start_together_but_train_one_
 
 def ray_processes_of(driver: int) -> dict[int, int]:
     """{pid: start time} of every process under a driver: its Ray instance (and the watchdog)."""
-    from k3lab.tune import reaper
+    from k3lab.runtime import reaper
 
     return reaper.descendants(driver)
 
@@ -563,7 +563,7 @@ def test_a_driver_killed_with_sigkill_leaves_no_ray_process_and_resume_shows_its
     import threading
     import time
 
-    from k3lab.tune import reaper
+    from k3lab.runtime import reaper
 
     if not reaper.supported():
         pytest.skip("needs /proc (Linux)")
@@ -665,7 +665,7 @@ def test_a_grid_starts_seed_by_seed_so_a_sweep_stopped_early_holds_whole_pairs()
     from types import SimpleNamespace
 
     from k3lab.registry.commands import load_sweep_for
-    from k3lab.tune.sweep import trial_specs
+    from k3lab.tune.trial import trial_specs
 
     sweep = load_sweep_for(str(Path(__file__).resolve().parents[1] / "experiments/pairing.yaml"), "cpu")
     run = SimpleNamespace(sweep=sweep, tracking_uri=None, experiment="pairing-cpu")
@@ -704,7 +704,7 @@ def test_the_sigterm_signal_handler_is_put_back_after_ray_init_replaces_it():
     """ray.init installs its own SIGTERM handler (a crash dump, exit 1): the sweep's comes back after it."""
     import signal
 
-    from k3lab.tune.sigterm import keep_sigterm_handler, on_sigterm, stop_on_sigterm
+    from k3lab.runtime.sigterm import keep_sigterm_handler, on_sigterm, stop_on_sigterm
 
     with stop_on_sigterm():
         with keep_sigterm_handler():
@@ -741,7 +741,7 @@ def test_a_second_sweep_while_one_holds_the_experiment_lock_is_refused_in_one_li
 
 def test_the_sweep_lock_is_released_and_removed_and_a_folder_made_for_it_is_removed_again(tmp_path):
     """A sweep refused after taking the lock (its folder checks) leaves nothing, and the next one gets the lock."""
-    from k3lab.tune.lock import sweep_lock
+    from k3lab.runtime.lock import sweep_lock
 
     path = tmp_path / "runs" / "mini.lock"
     with pytest.raises(RuntimeError), sweep_lock(path):
@@ -759,7 +759,7 @@ def test_a_sweep_stopped_before_its_state_file_leaves_neither_its_log_nor_an_emp
     from types import SimpleNamespace
 
     from k3lab.errors import UserError
-    from k3lab.tune.sweep import sweep_log
+    from k3lab.runtime.session import sweep_log
 
     (tmp_path / "runs").mkdir()
     run = SimpleNamespace(verbose=False, log_file=tmp_path / "runs" / "mini.log", state_file=tmp_path / "runs" / "x",
@@ -774,7 +774,7 @@ def test_a_sweep_stopped_before_its_state_file_leaves_neither_its_log_nor_an_emp
 def test_a_sweep_stopped_early_keeps_a_store_file_it_did_not_make_or_that_holds_data(tmp_path):
     from types import SimpleNamespace
 
-    from k3lab.tune.sweep import sweep_log
+    from k3lab.runtime.session import sweep_log
 
     run = SimpleNamespace(verbose=True, log_file=tmp_path / "mini.log", state_file=tmp_path / "x",
                           tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -789,7 +789,7 @@ def test_tunes_sigint_handler_left_after_a_finished_fit_no_longer_swallows_a_sig
     SIGINT) during the report set its event and was ignored."""
     import signal
 
-    from k3lab.tune.sigterm import on_sigterm, sigint_kept, stop_on_sigterm
+    from k3lab.runtime.sigterm import on_sigterm, sigint_kept, stop_on_sigterm
 
     before = signal.getsignal(signal.SIGINT)  # ignored where the tests run as a background job
     with stop_on_sigterm():

@@ -1,5 +1,5 @@
-"""`k3lab kernels warm|info|export|import`: the per-machine GPU kernel cache (`k3lab.tune.kernels`) and
-its tuned kernels as archives (`k3lab.tune.tunings`)."""
+"""`k3lab kernels warm|info|export|import`: the per-machine GPU kernel cache (`k3lab.runtime.kernels`) and
+its tuned kernels as archives (`k3lab.runtime.tunings`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import argparse
 from pathlib import Path
 
 from k3lab.errors import UserError
-from k3lab.tune import kernels  # through the module: tests stand in for its GPU functions
-from k3lab.tune.kernels import ENV_VAR
-from k3lab.tune.tunings import export_tunings, import_tunings
+from k3lab.runtime import kernels  # through the module: tests stand in for its GPU functions
+from k3lab.runtime.kernels import ENV_VAR
+from k3lab.runtime.tunings import export_tunings, import_tunings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -174,7 +174,7 @@ def parse_device(name: str | None):
 
 def train_preflight(args, config, spec, tracking_uri: str | None, device, log_file: Path | None):
     """What `k3lab train` needs, for `run_preflight`."""
-    from k3lab.tune.preflight import Preflight
+    from k3lab.runtime.preflight import Preflight
 
     folders = {"log folder": log_file.parent} if log_file else {}
     if args.save:  # before training, not at its first evaluation; a .pt path is the checkpoint file itself
@@ -203,8 +203,8 @@ def run_train(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from k3lab.store.state import default_storage, tracking_uri_or_default
-    from k3lab.tune.logs import library_logs
-    from k3lab.tune.preflight import run_preflight
+    from k3lab.runtime.logs import library_logs
+    from k3lab.runtime.preflight import run_preflight
     from k3lab.tune.trial import TrialSpec, run_trial
 
     config, spec = build_train_inputs(args)
@@ -213,7 +213,7 @@ def run_train(args) -> int:
     log_file = None if args.verbose or tracking_uri is None else default_storage() / "train.log"
     run_preflight(train_preflight(args, config, spec, tracking_uri, device, log_file))
     if device.type == "cuda":
-        from k3lab.tune.kernels import open_kernel_cache
+        from k3lab.runtime.kernels import open_kernel_cache
 
         open_kernel_cache(args.kernel_cache, say=Console(stderr=True).print)
     name = Path(args.model).stem
@@ -324,7 +324,7 @@ SHARE_LABELS = {"starting": "starting up"}
 
 def run_sweep_command(args) -> int:
     from k3lab.registry.commands import print_plan, variant_table
-    from k3lab.tune.sigterm import stop_on_sigterm
+    from k3lab.runtime.sigterm import stop_on_sigterm
     from k3lab.tune.sweep import run_sweep
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
@@ -342,7 +342,7 @@ def run_sweep_command(args) -> int:
     console = wide_console()
     print_plan(console, sweep)
     if args.dry_run:
-        from k3lab.tune.preflight import check_cpu_memory, check_inputs
+        from k3lab.runtime.preflight import check_cpu_memory, check_inputs
         from k3lab.tune.sweep import sweep_preflight
 
         plan = sweep_preflight(run, progress=False)
@@ -380,7 +380,7 @@ def stopped_sweep(args, run, on_time: bool) -> int:
     """The exit of a sweep stopped by Ctrl-C, SIGTERM or --stop-after: the `--resume` command that
     continues it where its state was saved, and the exit code (130 for Ctrl-C, re-raised; 143 for
     SIGTERM; 3 for --stop-after, or 1 when it stopped before anything could be resumed)."""
-    from k3lab.tune import sigterm
+    from k3lab.runtime import sigterm
 
     terminated = not on_time and sigterm.received.is_set()
     stopped = (f"sweep stopped after {args.stop_after} (--stop-after)" if on_time
@@ -438,7 +438,7 @@ def slots_clause(resources) -> str:
 
 def sharing_clause(run) -> str:
     """How trials that share a GPU will run on it (`k3lab.tune.mps`), as the sweep would decide now."""
-    from k3lab.tune.mps import sharing_plan
+    from k3lab.runtime.mps import sharing_plan
 
     if not run.shares_gpus:
         return ""
@@ -499,7 +499,7 @@ def resume_command(command_line: str) -> str:
 def run_report(args) -> int:
     from k3lab.report.summary import build_report
     from k3lab.tune.parent import present
-    from k3lab.tune.preflight import check_tracking_server
+    from k3lab.runtime.preflight import check_tracking_server
 
     run = sweep_run_from_args(args)
     out = Path(args.out) if args.out else run.storage / f"{run.experiment}_report"
@@ -576,7 +576,7 @@ def check_markdown(markdown: Path, experiment: str) -> None:
     """--markdown: a text file or none yet (`check_section_file`), in a folder that is, or can be
     made (as --out's), and written, as can its plots folder beside it."""
     from k3lab.markdown import check_section_file
-    from k3lab.tune.preflight import check_writable
+    from k3lab.runtime.preflight import check_writable
 
     check_section_file(markdown, "--markdown")
     check_writable("--markdown", markdown.parent)

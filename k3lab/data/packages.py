@@ -9,9 +9,8 @@ first by path): vendored copies and licence files would otherwise land in both s
 Documents are split by the hash of their id (the path under its site-packages folder), as the
 stdlib source's are.
 
-On a machine with torch, Ray and MLflow installed this is hundreds of MB of real text (342 MB in
-k3lab's test environment), against ~12 MB for the standard library: a gpu-sized trial (10.5M
-tokens) never sees a token twice. The corpus is the environment's: its fingerprint (paths, sizes,
+On a machine with torch, Ray and MLflow installed this is hundreds of MB of real text, far more
+than the standard library: a gpu-sized trial never sees a token twice. The corpus is the environment's: its fingerprint (paths, sizes,
 modification times of the files) changes when a package is installed, removed or upgraded, and a
 new token cache is built then.
 """

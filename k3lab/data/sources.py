@@ -52,7 +52,7 @@ def _read_text(path: Path) -> str:
 
 
 class StdlibSource:
-    """The interpreter's own standard-library sources: ~13 MB of real Python text offline."""
+    """The interpreter's own standard-library sources: megabytes of real Python text, offline."""
 
     def __init__(self, include_tests: bool = False):
         self.include_tests = include_tests

@@ -5,11 +5,9 @@ Both run one token row a program on one warp (a row's reductions stay inside its
 sources of the row in turn, D in one block, with no autotuning (a fresh machine has nothing to
 tune for them). Up to EXACT_SOURCES sources, K is a compile-time constant (a kernel per K; a
 `small` trial has K = 1 to 4), so the unrolled loop over the sources has no branches and a
-program issues its loads back to back; more sources are padded (`source_slots`). Measured on an
-H200 at N = 65,536, D = 512, K = 2 / 3 / 4 (scripts/attnres_variants.py, docs/runs/attnres-variants-*.log,
-2026-12-04), against the kernels before (K a runtime value, four rows a program on four warps):
-forward 0.060 / 0.093 / 0.106 ms against 0.087 / 0.116 / 0.144; backward, endpoints summed,
-0.165 / 0.256 / 0.332 ms against 0.312 / 0.424 / 0.536.
+program issues its loads back to back; more sources are padded (`source_slots`). Against the
+kernels before (K a runtime value, four rows a program on four warps) this is faster in both
+directions: docs/journal/kernel-headroom.md (scripts/attnres_variants.py measures it).
 
 Forward, one read of each source (an online softmax, as flash attention does over keys):
     rstd_l  = 1 / sqrt(mean(v_l^2) + eps),   logit_l = rstd_l <v_l, q * w>
@@ -28,14 +26,14 @@ with k_l = rstd_l v_l, qw = q * w and p_l = exp(logit_l - lse) from the forward'
 Each program walks STEPS x ROWS rows and writes one partial sum of dqw and one of the output
 norm's weight gradient over them, into one (2, G, D) fp32 buffer, G = N / (STEPS x ROWS),
 that `column_sums` finishes in one reduction. Per-row buffers would cost two N x D fp32 writes and
-reads a call (512 MB at a `small` trial's step, more than the kernel's own bf16 traffic at K = 4).
+reads a call (at a `small` trial's step more than the kernel's own bf16 traffic at K = 4).
 The plain-PyTorch twin is `attn_res_fused.dv_twin` (per-row terms); the tests hold the kernels
 to the twins.
 
 What differs from FLA's kernels (fla.ops.attnres.fused), which compute the same terms:
 - the forward reads source l through its own pointer in an unrolled loop, where FLA's gathers
-  BL sources at a time through a pointer table (its forward moved its bytes at 30-39% of the
-  H200's copy rate at the trial shapes, bench/bench_attnres.py, 2026-12-01);
+  BL sources at a time through a pointer table (well below the copy rate at the trial shapes:
+  bench/bench_attnres.py, docs/benchmarks.md);
 - in the backward, source l's gradient is added to what its buffer already holds when bit l of
   `ACC` is set (a stored endpoint read by an earlier consumer's backward), so the sum over an
   endpoint's readers costs one read here instead of one more buffer and an eager add per reader;
@@ -60,9 +58,8 @@ EXACT_SOURCES = 4  # up to this many sources a kernel per K; above, sources padd
 
 def source_slots(K: int) -> int:
     """Source slots a kernel is compiled for: K itself up to EXACT_SOURCES, else the next power of
-    two >= 8, with `i < K` tested at run time. Compile time grows with the slots: a kernel per K
-    took 1.4-2.4 s (forward and backward) at K = 2..4 but 24 s at K = 25 (H200, 2026-12-04), and
-    full AttnRes has K = 1..13 over 12 layers, more in deeper models; above EXACT_SOURCES, the
+    two >= 8, with `i < K` tested at run time. Compile time grows with the slots (a kernel per K
+    compiles in seconds at K = 2..4, ten times that at K = 25), and full AttnRes has K = 1..13 over 12 layers, more in deeper models; above EXACT_SOURCES, the
     kernels of 8, 16 and 32 slots serve every K."""
     return K if K <= EXACT_SOURCES else max(8, triton.next_power_of_2(K))
 
@@ -174,10 +171,8 @@ def attn_res_bwd_dv_kernel(q, w, ow, res, dres, rstd, logit, lse, do, partials, 
 def row_steps(N: int, K: int) -> int:
     """Row blocks a backward program walks: the fewest (a power of two) that leave at most
     PARTIAL_ROWS partial sums, so a small N still spreads over the whole GPU; one for K sources
-    in more than LOOP_SLOTS slots, whose row loop costs more than N partial sums do (K = 13 at
-    65,536 x 512: 1.04 ms a call with one block, 1.38 ms with 16; K = 2 and 4: 0.26 / 0.37 ms with
-    one block, 0.15 / 0.25 ms with 16; `bench/kernel_choices.py --only attn_res_backward_rows`,
-    H200, 2026-12-04)."""
+    in more than LOOP_SLOTS slots, whose row loop costs more than N partial sums do (chosen by
+    `bench/kernel_choices.py --only attn_res_backward_rows`; docs/journal/kernel-headroom.md)."""
     if source_slots(K) > LOOP_SLOTS:
         return 1
     steps = 1

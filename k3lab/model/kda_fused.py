@@ -34,11 +34,10 @@ from k3lab.model.kda import KDAChunkwise
 
 WIDTH_MULTIPLE = 16  # the fused input matmul's width is padded to this: FLA's causal conv reads q, k, v
 # as views with that row stride, and Triton vectorises their loads only when the stride is a multiple of 16
-# (1,672 unpadded in a `small` trial: its conv forward took 2.3x as long, H200 2026-12-03)
 
 # FLA's causal convolution has a Triton and a Gluon implementation, the second off unless FLA_CONV_GLUON is set.
-# At a `small` trial's (64, 1024, 512) view, forward and backward took 0.63 ms with Gluon against 1.18 with Triton,
-# with the same y and dx (H200, 2026-12-04, bench/kernel_choices.py --only conv_backend). FLA itself falls back to
+# Gluon is the faster at a `small` trial's view, with the same y and dx (bench/kernel_choices.py --only conv_backend;
+# docs/journal/kernel-headroom.md). FLA itself falls back to
 # Triton where Gluon does not apply (distributed runs, states carried in). A user's own setting is kept.
 os.environ.setdefault("FLA_CONV_GLUON", "1")
 
@@ -96,8 +95,8 @@ class KDAFused(KDAChunkwise):
         beta logits (B, T, H) and the output gate (B, T, H*d): every Linear that reads x in one matmul.
 
         One matmul instead of six gives x one gradient in the backward: autograd otherwise adds
-        the six projections' input gradients one eager add at a time (54 adds of B x T x M a
-        `small` trial's step, 2026-12-03 profile). The parameters stay the chunkwise layer's.
+        the six projections' input gradients one eager add at a time (dozens of B x T x M adds
+        a step). The parameters stay the chunkwise layer's.
         """
         gate_in, gate_out = self.gate_linears()
         first = [self.q_proj, self.k_proj, self.v_proj, self.f_proj[0], self.b_proj, gate_in]
@@ -134,7 +133,7 @@ def keep_kda_states(model: nn.Module, keep: bool) -> None:
     Keeping them spares the backward FLA's recomputation of the gate cumsum, w, u and the
     state recurrence h, for more activation memory: per layer B*T*H*d*(5*s + 4) bytes for w, u,
     qg, kg, v_new (s bytes an element: 2 under bf16 autocast) and the gate cumsum (fp32), plus
-    h's B*(T/chunk)*H*d*d*s (4.5 GiB for a `small` trial's nine KDA layers at 64 x 1024 tokens).
+    h's B*(T/chunk)*H*d*d*s.
     """
     for module in model.modules():
         if isinstance(module, KDAFused):

@@ -178,8 +178,8 @@ class StableLatentMoE(nn.Module):
         """top-k of s + b, best first, ties to the lower expert: (N, E) -> expert indices (N, k).
 
         k rounds of argmax, each masking the expert just picked: torch.compile fuses them and the
-        bias add into one kernel. torch.topk is a library kernel of its own, 1.5 ms a step in 11
-        calls of a `small` trial at 64 x 1024 (H200, 2026-12-03).
+        bias add into one kernel, where torch.topk is a library kernel of its own
+        (docs/journal/kernel-headroom.md).
         """
         biased = scores + self.expert_bias
         experts = torch.arange(biased.shape[-1], device=biased.device)

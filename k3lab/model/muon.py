@@ -26,8 +26,9 @@ ops, a concatenation and batched matmuls; `compile=True` compiles each once per 
 so Inductor fuses the elementwise passes: the momentum, the Nesterov lerp, the stacking and the
 bf16 cast become one pass over the gradients and buffers, the decay and the update one pass over
 the weights (with the learning rate as a device scalar, so a new rate is no new graph). The
-compilation costs a machine up to ~43 s the first time it meets a model's bucket shapes (H200,
-2026-12-04) for 1.4-4.4% of a step, so trials compile Muon only with `train.compile_muon`.
+compilation costs a machine tens of seconds the first time it meets a model's bucket shapes for
+a few % of a step (docs/journal/kernel-headroom.md), so trials compile Muon only with
+`train.compile_muon`.
 
 On CUDA the buckets run on `streams` side streams, round robin. Each bucket is a chain of
 ~25 short kernels (most of them the Newton-Schulz matmuls) that depend only on each other,

@@ -3,8 +3,8 @@ model built on the meta device (no weights allocated), cached per config and seq
 
 The meta model is built with its initialisers skipped (`MetaShapesOnly`): a count needs shapes,
 not values, and PyTorch runs initialisers on meta tensors through its Python references, whose
-first call imports torch._dynamo -- 1.6 s of every `k3lab variants` here, and ~5 s of a GPU
-sweep's driver before its plan (it never compiles anything itself).
+first call imports torch._dynamo -- seconds of every `k3lab variants` and of a GPU sweep's
+driver before its plan (it never compiles anything itself).
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class Sweep:
     match: MatchSpec | None
     variants: tuple[Variant, ...]
     baseline: str  # the valid variant the others are compared against, paired by seed
-    kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.tune.kernels
+    kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.runtime.kernels
     notes: tuple[str, ...] = ()  # defaults adapted to what the file sets, shown with the plan
     seed_policy: SeedsSpec | None = None  # `seeds: {start, max, until}`; then `seeds` holds every seed it may use
     budget: BudgetSpec | None = None
@@ -141,7 +141,7 @@ def resolve_profile(path: str | Path, profile: str | None) -> str | None:
         return profile
     import torch
 
-    wanted = "gpu" if torch.cuda.device_count() > 0 else "cpu"  # NVML, not cuInit (k3lab.tune.preflight.cuda_gpus)
+    wanted = "gpu" if torch.cuda.device_count() > 0 else "cpu"  # NVML, not cuInit (k3lab.runtime.preflight.cuda_gpus)
     return wanted if wanted in sweep_profiles(path) else None
 
 

@@ -83,7 +83,7 @@ def check_tracking_uri(uri: str, named_by: str) -> None:
                     f"(sqlite:///mlflow.db, postgresql://user@host/db){hint}")
 
 
-QUICK_CHECK_MAX_BYTES = 256 << 20  # PRAGMA quick_check reads every page: ~20 ms for a 20 MB store
+QUICK_CHECK_MAX_BYTES = 256 << 20  # PRAGMA quick_check reads every page
 
 
 def sqlite_damage(path: Path) -> str | None:

@@ -4,9 +4,8 @@
 
 `bench/bench_ddp.py` measures these defaults against one GPU, against the settings the trainer
 used before (an unused-parameter search every step, no gradient views, 25 MB buckets) and
-against a static graph. On two H200s (`base` preset, 16 x 2048 tokens per GPU, docs/benchmarks.md,
-2026-11-30) 100 MB buckets scaled best: 97.5% of twice one GPU, against 87.1% with PyTorch's
-25 MB and 90.1% with a static graph. Every parameter gets a gradient in every step -- the MoE
+against a static graph; 100 MB buckets scaled best (docs/benchmarks.md, "DDP"). Every parameter
+gets a gradient in every step -- the MoE
 experts are stacked (E, out, in) tensors, and an expert no token chose still gets a (zero)
 slice of the stack's gradient -- so DDP need not search the autograd graph for unused
 parameters, and the set of gradients is the same each step (a static graph).

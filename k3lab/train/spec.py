@@ -35,10 +35,9 @@ class TrainSpec:
     `eval_batches`): the batches of the last evaluation, whose val_loss the verdicts compare,
     so that the curve's points can cost less GPU time than the answer's.
     `compile` torch.compiles the decoder blocks; `compile_muon` Muon's per-bucket steps too
-    (`k3lab.model.muon`): on an H200 1.4% (64 x 1024 tokens) to 4.4% (16 x 512) shorter steps of
-    the `small` preset, for up to 43 s more compilation the first time a machine meets its matrix
-    shapes, so it pays in long runs, or where the compiled graphs ship (the flagship's gpu
-    profiles; docs/benchmarks.md, 2026-12-04 14:37). `cuda_graph` captures the whole step
+    (`k3lab.model.muon`): a few % shorter steps, for more compilation the first time a machine
+    meets its matrix shapes, so it pays in long runs, or where the compiled graphs ship (the
+    flagship's gpu profiles; docs/journal/kernel-headroom.md). `cuda_graph` captures the whole step
     (forward, backward, clipping, both optimizers, MoE bias update) as one CUDA graph (null:
     wherever it can run -- CUDA, no gradient accumulation, one process); `activation_checkpointing` recomputes each decoder layer in backward
     instead of storing its activations (less memory for large batches, ~1/3 more compute);

@@ -480,69 +480,123 @@ def fit(trainer: Trainer, tracker=None, checkpoint: str | Path | dict | None = N
     too (`compile_*`: evaluation graphs, CUDA-graph captures and recompiles come after the first step).
     wait_to_train() is called once, when the trainer has `warmed_up` (or before its first
     evaluation, if that comes sooner), and returns the seconds it waited (a training slot,
-    `k3lab.tune.slots`): logged as `slot_wait_s`, and not counted as training time.
+    `k3lab.runtime.slots`): logged as `slot_wait_s`, and not counted as training time.
     """
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint
-        trainer.load_state_dict(state)
-    spec = spec or trainer.spec
-    result = TrainResult(status=FINISHED, step=trainer.step, tokens=trainer.step * trainer.tokens_per_step,
-                         counts=trainer.counts)
-    window = Window(trainer)
-    counts_before = compile_cache_snapshot()  # a reused trial process has counts from its earlier trials
-    while trainer.step < spec.steps:
-        values = trainer.train_step()
-        window.add(trainer.step, values)
-        if started_at is not None:
-            values["train_loss"].item()  # one sync: the first step has really finished
-            result.startup_s = time.time() - started_at
-            if tracker is not None:
-                tracker.log_metrics({"startup_s": result.startup_s} | compile_cache_counts(counts_before), trainer.step)
-            started_at = None
-        at_eval = trainer.step % spec.eval_interval == 0 or trainer.step == spec.steps
-        if wait_to_train is not None and (trainer.warmed_up or at_eval):  # at_eval: a trial too short to warm up
-            values["train_loss"].item()  # the step's GPU work ends before the wait starts
-            result.slot_wait_s = wait_to_train()
-            window.start += result.slot_wait_s  # the wait is not training time
-            if tracker is not None:
-                tracker.log_metrics({"slot_wait_s": result.slot_wait_s}, trainer.step)
-            wait_to_train = None
-        if len(window.steps) >= spec.log_interval or at_eval:
-            per_step, window_metrics = window.collect()
-            bad = next((s for s, m in per_step if not math.isfinite(m["train_loss"])), None)
-            for step, metrics in per_step:
-                if tracker is not None:
-                    tracker.log_metrics(metrics | (window_metrics if step == per_step[-1][0] else {}), step)
-            if tracker is not None and bad is None:  # a table of the AttnRes mixtures at each evaluation
-                log_diagnostics(tracker, window.diagnostics, trainer.step, table=at_eval)
-            result.train_loss = per_step[-1][1]["train_loss"]
-            result.trained_tokens += window.tokens
-            result.train_seconds += window.elapsed
-            result.tokens_per_s, result.mfu = window_metrics["tokens_per_s"], window_metrics.get("mfu")
-            result.step, result.tokens = trainer.step, trainer.step * trainer.tokens_per_step
-            if bad is not None:
-                result.status, result.step = DIVERGED, bad
-                result.error = f"non-finite training loss at step {bad}"
-                break
-            if progress is not None:
-                progress(trainer.step, per_step[-1][1] | window_metrics)
-            window = Window(trainer)
-        if at_eval:
-            evaluation = trainer.evaluate()
-            result.val_loss, result.val_bpb = evaluation["val_loss"], evaluation["val_bpb"]
-            if tracker is not None:
-                tracker.log_metrics(evaluation | {"tokens": result.tokens} | compile_cache_counts(counts_before, "compile"),
-                                    trainer.step)
-            if not math.isfinite(result.val_loss):  # finite training losses can still evaluate to inf or nan
-                result.status, result.error = DIVERGED, f"non-finite validation loss at step {trainer.step}"
-                break
-            if on_eval is not None:
-                on_eval(trainer, evaluation | {"train_loss": result.train_loss, "tokens": result.tokens,
-                                               "tokens_per_s": result.tokens_per_s, "step": trainer.step})
-            window = Window(trainer)  # evaluation time is not training throughput
+        trainer.load_state_dict(load_checkpoint(checkpoint) if not isinstance(checkpoint, dict) else checkpoint)
+    loop = FitLoop(trainer, spec or trainer.spec, tracker, started_at, wait_to_train)
+    while trainer.step < loop.spec.steps:
+        values = loop.step()
+        at_eval = loop.at_eval()
+        loop.wait_for_slot(values, at_eval)
+        if loop.window_full(at_eval) and not loop.log_window(at_eval, progress):
+            break  # a non-finite training loss
+        if not at_eval:
+            continue
+        evaluation = loop.evaluate()
+        if evaluation is None:
+            break  # a non-finite validation loss
+        loop.checkpoint(evaluation, on_eval)
     if tracker is not None:
         tracker.flush()
-    return result
+    return loop.result
+
+
+class FitLoop:
+    """The state of one `fit`: the result so far, the open logging window, and the one-off
+    start-up and slot-wait measurements still to take."""
+
+    def __init__(self, trainer: Trainer, spec: TrainSpec, tracker, started_at: float | None,
+                 wait_to_train: Callable[[], float] | None):
+        self.trainer, self.spec, self.tracker = trainer, spec, tracker
+        self.started_at, self.wait_to_train = started_at, wait_to_train
+        self.result = TrainResult(status=FINISHED, step=trainer.step, tokens=trainer.step * trainer.tokens_per_step,
+                                  counts=trainer.counts)
+        self.window = Window(trainer)
+        self.counts_before = compile_cache_snapshot()  # a reused trial process has counts from its earlier trials
+
+    def log(self, metrics: dict, step: int) -> None:
+        if self.tracker is not None:
+            self.tracker.log_metrics(metrics, step)
+
+    def step(self) -> dict:
+        """One optimizer step, added to the window; after the first, the start-up time."""
+        values = self.trainer.train_step()
+        self.window.add(self.trainer.step, values)
+        if self.started_at is not None:
+            self.record_startup(values)
+        return values
+
+    def record_startup(self, values: dict) -> None:
+        """`startup_s`: from the trial process's start until the first step had finished."""
+        values["train_loss"].item()  # one sync: the first step has really finished
+        self.result.startup_s = time.time() - self.started_at
+        if self.tracker is not None:
+            self.log({"startup_s": self.result.startup_s} | compile_cache_counts(self.counts_before), self.trainer.step)
+        self.started_at = None
+
+    def at_eval(self) -> bool:
+        step = self.trainer.step
+        return step % self.spec.eval_interval == 0 or step == self.spec.steps
+
+    def wait_for_slot(self, values: dict, at_eval: bool) -> None:
+        """Once warmed up (or at the first evaluation of a trial too short to warm up): wait for a
+        training slot, logged as `slot_wait_s` and not counted as training time."""
+        if self.wait_to_train is None or not (self.trainer.warmed_up or at_eval):
+            return
+        values["train_loss"].item()  # the step's GPU work ends before the wait starts
+        self.result.slot_wait_s = self.wait_to_train()
+        self.window.start += self.result.slot_wait_s  # the wait is not training time
+        self.log({"slot_wait_s": self.result.slot_wait_s}, self.trainer.step)
+        self.wait_to_train = None
+
+    def window_full(self, at_eval: bool) -> bool:
+        return len(self.window.steps) >= self.spec.log_interval or at_eval
+
+    def log_window(self, at_eval: bool, progress: Callable[[int, dict], None] | None) -> bool:
+        """The window's per-step metrics logged and added to the result; False when a training loss
+        in it is not finite (the result then says diverged, at that step)."""
+        trainer, result = self.trainer, self.result
+        per_step, window_metrics = self.window.collect()
+        bad = next((s for s, m in per_step if not math.isfinite(m["train_loss"])), None)
+        for step, metrics in per_step:
+            self.log(metrics | (window_metrics if step == per_step[-1][0] else {}), step)
+        if self.tracker is not None and bad is None:  # a table of the AttnRes mixtures at each evaluation
+            log_diagnostics(self.tracker, self.window.diagnostics, trainer.step, table=at_eval)
+        result.train_loss = per_step[-1][1]["train_loss"]
+        result.trained_tokens += self.window.tokens
+        result.train_seconds += self.window.elapsed
+        result.tokens_per_s, result.mfu = window_metrics["tokens_per_s"], window_metrics.get("mfu")
+        result.step, result.tokens = trainer.step, trainer.step * trainer.tokens_per_step
+        if bad is not None:
+            result.status, result.step = DIVERGED, bad
+            result.error = f"non-finite training loss at step {bad}"
+            return False
+        if progress is not None:
+            progress(trainer.step, per_step[-1][1] | window_metrics)
+        self.window = Window(trainer)
+        return True
+
+    def evaluate(self) -> dict | None:
+        """An evaluation, logged; None when its loss is not finite (the result then says diverged)."""
+        trainer, result = self.trainer, self.result
+        evaluation = trainer.evaluate()
+        result.val_loss, result.val_bpb = evaluation["val_loss"], evaluation["val_bpb"]
+        if self.tracker is not None:
+            self.log(evaluation | {"tokens": result.tokens} | compile_cache_counts(self.counts_before, "compile"),
+                     trainer.step)
+        if not math.isfinite(result.val_loss):  # finite training losses can still evaluate to inf or nan
+            result.status, result.error = DIVERGED, f"non-finite validation loss at step {trainer.step}"
+            return None
+        return evaluation
+
+    def checkpoint(self, evaluation: dict, on_eval: Callable | None) -> None:
+        """`on_eval` (Ray Tune reports and saves the checkpoint there), then a fresh window."""
+        trainer, result = self.trainer, self.result
+        if on_eval is not None:
+            on_eval(trainer, evaluation | {"train_loss": result.train_loss, "tokens": result.tokens,
+                                           "tokens_per_s": result.tokens_per_s, "step": trainer.step})
+        self.window = Window(trainer)  # evaluation time is not training throughput
 
 
 def save_trainer(trainer: Trainer, path: str | Path, extra: dict | None = None) -> None:

@@ -1,3 +1,4 @@
-"""Ray Tune orchestration: sweeps, trials (one process or DDP), the reporter between training and
-Tune, kernel warm-up, preflight checks and the live progress table.
+"""Ray Tune orchestration: sweeps, trials (one process or DDP), the seeds policy's Searcher, the
+reporter between training and Tune, the parent run and the live progress table. The process, GPU
+and cache plumbing around it lives in `k3lab.runtime`.
 """

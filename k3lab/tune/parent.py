@@ -23,7 +23,9 @@ from pathlib import Path
 import attrs
 
 import k3lab
+from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_shares
 from k3lab.report.family import design_record
+from k3lab.report.sequential import BUDGET
 from k3lab.store import runs
 from k3lab.store.runs import write_design
 from k3lab.store.state import sweep_spec, write_state
@@ -159,3 +161,30 @@ def record_sweep(run: SweepRun, parent: ParentRun) -> None:
     write_design(run.tracking_uri, parent.run_id, design_record(report_options(sweep)))
     parent.log_artifact(sweep.path)
     write_state(run.state_file, parent.run_id, run.tracking_uri, [t.id for t in sweep.trials], sweep_spec(sweep))
+
+
+def record_sharing(parent: ParentRun, sharing: str | None) -> None:
+    """How the trials shared a GPU ("mps", or why not), on the parent run; nothing where none was shared."""
+    if sharing is not None:
+        parent.tracker.set_tags({runs.GPU_SHARING: sharing})
+
+
+def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:
+    """The sweep's report (`k3lab.report.summary`), its files logged to the parent run, and the
+    sweep's efficiency (tokens/s, MFU, warm-up and start-up) logged and added to it."""
+    from k3lab.report.summary import build_report
+
+    sweep = run.sweep
+    summary = build_report(run.tracking_uri, parent.run_id, out_dir=run.storage / f"{run.experiment}_report",
+                           baseline=sweep.baseline, **report_options(sweep),
+                           unfinished=BUDGET)  # the trials ran to the sweep's end
+    for path in summary["files"]:
+        parent.log_artifact(path, "report")
+    wall_s, parts = parent.parts_wall_s()  # a resumed sweep: over every part, summed
+    trials = runs.trial_runs(run.tracking_uri, parent.run_id)
+    summary["efficiency"] = sweep_efficiency(figures_of(trials), wall_s, hardware["gpus"], hardware.get("device_name"),
+                                             hardware.get("seconds", 0.0)) | {"sweep_parts": parts}
+    summary["efficiency"] |= time_shares(run.tracking_uri, trials, wall_s) | crashes(trials)
+    logged_by_end = {"sweep_wall_s", "sweep_parts"} | ({"kernel_warmup_s"} if run.resume else set())
+    parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k not in logged_by_end})
+    return summary

@@ -4,8 +4,8 @@
     <storage>/<experiment>.k3lab.json the sweep's MLflow parent run id, for --resume (`k3lab.store.state`)
     <storage>/<experiment>.ddp/       Ray Train's run folders of the DDP trials
     <storage>/<experiment>.log        Ray's and MLflow's notices (on the terminal with --verbose)
-    <storage>/<experiment>.lock       while it runs: its lock, with the driver's PID (`k3lab.tune.lock`)
-    <storage>/<experiment>.ray.json   while it runs: the processes of its local Ray instance (`k3lab.tune.reaper`)
+    <storage>/<experiment>.lock       while it runs: its lock, with the driver's PID (`k3lab.runtime.lock`)
+    <storage>/<experiment>.ray.json   while it runs: the processes of its local Ray instance (`k3lab.runtime.reaper`)
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.registry import Sweep
-from k3lab.store.state import first_difference, read_state, state_file, sweep_spec
-from k3lab.tune.kernels import resolve_kernel_cache
-from k3lab.tune.lock import lock_file
-from k3lab.tune.reaper import record_file
+from k3lab.store.state import check_parent_run, first_difference, read_state, state_file, sweep_spec
+from k3lab.runtime.kernels import resolve_kernel_cache
+from k3lab.runtime.lock import lock_file
+from k3lab.runtime.reaper import record_file
 
 
 @dataclass
@@ -72,17 +72,17 @@ class SweepRun:
 
     @property
     def shares_gpus(self) -> bool:
-        """Its trials take part of a GPU each, several on one (`k3lab.tune.mps`)."""
+        """Its trials take part of a GPU each, several on one (`k3lab.runtime.mps`)."""
         return self.uses_gpus and self.sweep.resources.shares_a_gpu
 
     @property
     def ray_record(self) -> Path:
-        """The processes of the sweep's local Ray instance, kept by its watchdog (`k3lab.tune.reaper`)."""
+        """The processes of the sweep's local Ray instance, kept by its watchdog (`k3lab.runtime.reaper`)."""
         return record_file(self.storage, self.experiment)
 
     @property
     def lock_file(self) -> Path:
-        """Held while the sweep runs: one sweep of an experiment at a time (`k3lab.tune.lock`)."""
+        """Held while the sweep runs: one sweep of an experiment at a time (`k3lab.runtime.lock`)."""
         return lock_file(self.storage, self.experiment)
 
     @property
@@ -93,6 +93,42 @@ class SweepRun:
     def on_cluster(self) -> bool:
         """The trials run on a Ray cluster (--address or RAY_ADDRESS), not on this machine."""
         return bool(self.address or os.environ.get("RAY_ADDRESS"))
+
+
+def check_where(run: SweepRun) -> None:
+    """What is checked with the experiment's lock held, before anything starts: the experiment
+    folder (`check_experiment_dir`) and, on a cluster, that its Ray head answers."""
+    check_experiment_dir(run)
+    if run.on_cluster:
+        check_ray_address(run.address or os.environ["RAY_ADDRESS"], "--address" if run.address else "RAY_ADDRESS")
+
+
+def check_parent(run: SweepRun) -> None:
+    """--resume, once the preflight found the tracking server answering: the earlier run's parent
+    run is in the store (`check_parent_run`)."""
+    if run.resume:
+        check_parent_run(run.state_file, run.tracking_uri)
+
+
+RAY_ADDRESS_TIMEOUT_S = 3.0
+
+
+def check_ray_address(address: str, named_by: str) -> None:
+    """A Ray head answers at HOST:PORT (or ray://HOST:PORT) within RAY_ADDRESS_TIMEOUT_S; ray.init
+    would raise a traceback for a malformed address and retry an unanswered one for minutes.
+    `auto` (a cluster of this machine, found by Ray) is left to Ray."""
+    import socket
+
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"{named_by} {address}: expected HOST:PORT (the Ray head's port, 6379 by default), "
+                        "ray://HOST:10001 or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=RAY_ADDRESS_TIMEOUT_S).close()
+    except OSError as error:
+        raise UserError(f"{named_by} {address}: no Ray head answers there ({error.strerror or error})") from None
 
 
 def check_experiment_dir(run: SweepRun) -> None:

@@ -5,7 +5,7 @@ and a trial that crashed past its retries ends in Tune, not in the trial; so the
 sets the final status: FINISHED, FAILED (with the error) or KILLED (early-stopped).
 Crashes Tune restarts are counted on the run. Where the trial's process died of a signal,
 the error is the fault its worker's own log shows, and that log is kept with the run
-(`k3lab.tune.crashes`).
+(`k3lab.runtime.crashes`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ray import tune
 
 from k3lab.store import runs
 from k3lab.store.runs import RUN_ID_KEY
-from k3lab.tune.crashes import dead_worker_log, fault_line
+from k3lab.runtime.crashes import dead_worker_log, fault_line
 
 
 def final_status(result: dict, errored: bool) -> str:
@@ -93,7 +93,7 @@ def keep_worker_log(tracking_uri: str, run_id: str, which: str, worker_log: tupl
 def crash_report(trial) -> tuple[str, tuple[int, str] | None]:
     """What went wrong, in one line, and (pid, log tail) of the dead worker when its log is on
     this node: where the worker died of a signal, the line is the fault its own log shows
-    (`k3lab.tune.crashes`); else the error's last line."""
+    (`k3lab.runtime.crashes`); else the error's last line."""
     found = dead_worker_log(error_text(trial) or "")
     return (found and fault_line(found[1])) or first_error_line(trial), found
 

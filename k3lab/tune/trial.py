@@ -22,7 +22,9 @@ import attrs
 from k3lab.data.dataset import MANIFEST, Dataset
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.variants import inactive_fields
+from k3lab.runtime.slots import TrainingSlot, slot_folder
 from k3lab.store import runs
+from k3lab.store.colours import variant_colours
 from k3lab.store.runs import RUN_ID_KEY, execution_tags, node_tags  # noqa: F401  (RUN_ID_KEY: for callers)
 from k3lab.store.tracking import BUILD_PARTS, MLflowTracker, flatten
 from k3lab.train.checkpoint import load_checkpoint
@@ -30,7 +32,6 @@ from k3lab.train.metrics import device_name
 from k3lab.train.spec import TrainSpec
 from k3lab.train.trainer import FINISHED, TrainResult, Trainer, fit
 from k3lab.tune.reporter import TrialReporter
-from k3lab.tune.slots import TrainingSlot, slot_folder
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class TrialSpec:
     metric: str = "val_loss"  # the sweep's metric and mode: a diverged trial reports its worst value
     mode: str = "min"
     colour: str | None = None  # the variant's, in k3lab's plots and the MLflow UI (k3lab.store.colours)
-    training_slots: int | None = None  # at most this many trials on one GPU train at once (k3lab.tune.slots)
+    training_slots: int | None = None  # at most this many trials on one GPU train at once (k3lab.runtime.slots)
     dataset_dir: str | None = None  # the corpus the sweep's driver prepared (k3lab.data.Dataset's folder)
 
     @property
@@ -58,6 +59,30 @@ class TrialSpec:
 
     def model_config(self) -> KimiK3Config:
         return KimiK3Config(**self.config)
+
+
+def run_order(trials) -> list:
+    """The order a grid's trials start in: seed by seed (every variant's first seed, then every
+    variant's second, ...), so that a sweep stopped early (--stop-after, a budget, a preempted
+    node) leaves whole seeds, i.e. pairs for every comparison, where variant by variant it would
+    leave all of some variants' seeds and none of the others'."""
+    return sorted(trials, key=lambda trial: trial.variant.seeds.index(trial.seed))  # stable: variants keep their order
+
+
+def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None) -> dict[str, TrialSpec]:
+    """One TrialSpec per trial of `run` (a `k3lab.tune.run.SweepRun`), in `run_order`;
+    dataset_dir: the corpus the driver prepared, for every trial."""
+    colours = variant_colours([v.name for v in run.sweep.valid_variants])
+    return {
+        trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
+                            config=trial.variant.config.to_dict(), train=run.sweep.train,
+                            tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id,
+                            overrides={k: str(v) for k, v in trial.variant.overrides.items()},
+                            metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
+                            colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots,
+                            dataset_dir=dataset_dir)
+        for trial in run_order(run.sweep.trials)
+    }
 
 
 def trial_params(spec: TrialSpec, counts: dict) -> dict:
@@ -233,7 +258,7 @@ def forget_earlier_trial(restarting: bool = False) -> None:
     trial reports (its compile-cache hits are counted from its own start, in `fit`) and, unless the
     earlier trial's trainer is `restarting` for this one, drop torch.compile's code caches, which would otherwise keep
     guarding on that trial's model and count towards the recompile limit.
-    A fresh process has nothing to forget and skips the work (gc alone takes ~0.2 s)."""
+    A fresh process has nothing to forget and skips the work (gc alone is not free)."""
     global _ran_a_trial
     earlier, _ran_a_trial = _ran_a_trial, True
     torch = sys.modules.get("torch")
@@ -257,8 +282,8 @@ def load_ray_checkpoint(checkpoint) -> dict | None:
 
 def prepared_by_driver(folder: str | None) -> Dataset | None:
     """The corpus the sweep's driver prepared, opened as it is: every trial trains on the
-    driver's data, and none spends its start-up finding the corpus again (0.8 s for `packages`:
-    the fingerprint of every installed file). None where this machine cannot see the folder (a
+    driver's data, and none spends its start-up finding the corpus again (for `packages`: the
+    fingerprint of every installed file). None where this machine cannot see the folder (a
     cluster worker without the shared data volume): the trial then prepares its own."""
     if folder is None or not (Path(folder) / MANIFEST).is_file():
         return None

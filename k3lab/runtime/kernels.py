@@ -42,8 +42,8 @@ from typing import Callable
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.variants import short_hash
-from k3lab.tune.model_code import code_text
-from k3lab.tune.tunings import read_json, start_from_shipped, write_json
+from k3lab.runtime.model_code import code_text
+from k3lab.runtime.tunings import read_json, start_from_shipped, write_json
 
 ENV_VAR = "K3LAB_KERNEL_CACHE"
 
@@ -167,9 +167,8 @@ def warm_kernels(shapes: list[KernelShape], progress: Callable[[int, int, str, f
 def run_forward_backward(shape: KernelShape) -> None:
     """One training forward+backward of the shape's model on the GPU: tunes FLA's kernels and
     compiles them, and with `compile` torch.compile's blocks too. A plain process (`k3lab train`,
-    bench/) then finds those graphs in the cache; a sweep's trial process, on an H200 with torch
-    2.11, keys the same graphs otherwise and compiles them again (measured 2026-12-02, cause not
-    found), which is why scripts/tune_shipped.sh also ships what trials write."""
+    bench/) then finds those graphs in the cache; a sweep's trial process keys the same graphs
+    otherwise and compiles them again (cause not found; docs/journal/sweep-ceiling.md), which is why scripts/tune_shipped.sh also ships what trials write."""
     import torch
 
     from k3lab.model.model import KimiK3, compile_blocks

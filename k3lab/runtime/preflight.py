@@ -54,7 +54,7 @@ def run_preflight(plan: Preflight) -> Dataset:
 
 def run_preflight_overlapped(plan: Preflight) -> "PendingDataset":
     """`run_preflight`, except that a corpus still to be tokenized is tokenized on a thread, so
-    that its time (13.5 s for `packages` on a fresh H200 machine) overlaps what the caller does
+    that its time overlaps what the caller does
     next (a sweep starts Ray). Every check is made first (among them the models against the
     vocabulary the tokenizer spec gives, `check_inputs`); a `bpe:` tokenizer is trained, and its
     corpus prepared, here, as by `run_preflight`."""
@@ -194,8 +194,8 @@ def check_gpus(gpus: float, source: str) -> None:
 def cuda_gpus() -> int:
     """The CUDA GPUs this process may use, counted through NVML (`torch.cuda.device_count`), not
     CUDA itself: a sweep's driver that called cuInit would be a client of its trials' MPS server
-    until it exits, and that server does not quit while it has a client (20 s at the end of every
-    GPU sweep on an H200, measured 2026-12-03)."""
+    until it exits, and that server does not quit while it has a client (it held up the end of
+    every GPU sweep)."""
     import torch
 
     return torch.cuda.device_count()

@@ -11,8 +11,8 @@ of the same kind with the same libraries. An archive of them is therefore data:
 
 With `--compiled`, an archive also holds the compiled kernels: everything else in the cache's
 `triton/` (FLA's and inductor's kernels: cubins and their metadata) and `inductor/`
-(torch.compile's FX-graph and AOTAutograd caches). On an H200 they cut a `small` trial's first
-forward+backward from 71 s to 20 s (`bench/cold_compile.py`, docs/benchmarks.md). They are
+(torch.compile's FX-graph and AOTAutograd caches). They shorten a trial's first
+forward+backward severalfold (`bench/cold_compile.py`, docs/benchmarks.md). They are
 imported only where torch's installed version is the one they were compiled with (as its
 package metadata says: `2.11.0` for the H200 image's `2.11.0+cu130`). Another build of that
 version (another CUDA) misses them harmlessly: torch.compile's cache keys include the CUDA
@@ -27,9 +27,8 @@ the cache (`start_from_shipped`) imports those that match, each once.
 
 Archives are tarballs compressed by their name: `.tar.xz` (xz at its strongest preset) or
 `.tar.gz`. xz is the one to ship compiled kernels in: torch.compile's FX-graph entries carry
-copies of the Triton kernels beside them, and xz's 64 MiB window finds those repeats where
-gzip's 32 KiB one cannot. The H200 flagship archive of 2026-12-04 took 15.4 MB as .tar.gz and
-2.2 MB as .tar.xz, and unpacks in 0.2 s.
+copies of the Triton kernels beside them, and xz's large window finds those repeats where
+gzip's small one cannot (the shipped flagship archive is several times smaller as .tar.xz).
 """
 
 from __future__ import annotations
@@ -120,7 +119,7 @@ def export_tunings(cache: Path, file: Path, gpu: str, compiled: bool = False) ->
 def check_archive_path(file: Path) -> None:
     """`file` can be written as an archive: its name (`compression_of`), and its folder one that is,
     or can be made, and written (a file in its path failed after the work, with a traceback)."""
-    from k3lab.tune.preflight import check_writable
+    from k3lab.runtime.preflight import check_writable
 
     compression_of(file)
     if file.is_dir():

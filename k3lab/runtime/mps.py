@@ -1,11 +1,10 @@
 """Trials that share a GPU run their kernels side by side through NVIDIA MPS, not in turns.
 
 Without MPS each trial's process has a CUDA context of its own and the GPU time-slices between
-them: four `small` trials training together on one H200 got 498k tokens/s, less than one of
-them alone (540k). Under an MPS control daemon CUDA connects each process, as it initialises,
-to one server that issues every client's work in one context, so kernels of different trials
-run at once: the same four got 645k, and the attnres_block gpu sweep went from 69% to 87% of
-its trials' rate alone (docs/benchmarks.md, "Sweep ceiling").
+them: four trials training together can get fewer tokens/s than one of them alone. Under an MPS
+control daemon CUDA connects each process, as it initialises, to one server that issues every
+client's work in one context, so kernels of different trials run at once (the measurements:
+docs/journal/sweep-ceiling.md, "the trials' processes through MPS").
 
 A sweep whose trials share a GPU (`resources.gpu` below 1) on a Ray instance of its own starts a
 control daemon of its own before anything initialises CUDA: `nvidia-cuda-mps-control -f`, a

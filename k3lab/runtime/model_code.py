@@ -1,9 +1,8 @@
 """What k3lab's model code does, for the warm record's key: its source without the prose.
 
-The warm record (`k3lab.tune.kernels`) is keyed by the model code because a change there may
+The warm record (`k3lab.runtime.kernels`) is keyed by the model code because a change there may
 call other kernels or shapes. Keyed by the files' bytes, a docstring edit too sent every fresh
-GPU back to its warm-up (80.8 s before the first trial on an H200 after a model change on
-2026-12-02), until the shipped archive was re-made on an H200. The code text here is
+GPU back to its warm-up, until the shipped archive was re-made on a GPU. The code text here is
 the source with its comments, docstrings, blank lines and trailing spaces taken out; the rest,
 indentation and line breaks included, is kept as written.
 
@@ -15,8 +14,8 @@ docstrings from `ast` positions, which no recent version changed.
 What it misses: a comment inside one of k3lab's own `@triton.jit` kernels is part of Triton's
 cache key (the kernel's source), so such an edit recompiles that kernel once (seconds, no
 autotuning) on a machine the record calls warm. torch.compile's graph caches do not key by
-line numbers: on torch 2.13 (CPU) a compiled `tiny` model hit the same FX-graph and AOTAutograd
-entries after four lines were added to the docstrings of five model files.
+line numbers: a compiled model hits the same FX-graph and AOTAutograd entries after lines are
+added to the model files' docstrings.
 """
 
 from __future__ import annotations

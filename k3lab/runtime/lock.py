@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from k3lab.errors import UserError
-from k3lab.tune.made import missing_from, remove_made
+from k3lab.runtime.made import missing_from, remove_made
 
 
 def lock_file(storage: Path, experiment: str) -> Path:
@@ -27,7 +27,7 @@ def lock_file(storage: Path, experiment: str) -> Path:
 def sweep_lock(path: Path):
     """Hold the lock at `path` for the block; a UserError if another process holds it. The file
     (and the folders made for it, if left empty) is removed on the way out."""
-    from k3lab.tune.preflight import check_writable
+    from k3lab.runtime.preflight import check_writable
 
     check_writable("storage folder", path.parent)  # its one-line errors, before anything is made
     made = missing_from(path)

@@ -1,10 +1,9 @@
 """Training slots: of the trials sharing one GPU, at most N train at once; the others start up.
 
-On one H200 a `small` trial alone trains at about 614k tokens/s (its last log window,
-docs/benchmarks.md, "Sweep ceiling"), and four at once at 110-180k each (the attnres_kkkm
-run's logs): trials time-share the GPU, so four training at once do not train faster than one.
+Trials time-share the GPU, so four training at once do not train faster than one
+(docs/benchmarks.md, "Sweep ceiling").
 What concurrency buys is overlap: a trial's start-up (process, imports, data, model,
-torch.compile, CUDA-graph capture: 6-80 s) is mostly CPU work, which can run while other
+torch.compile, CUDA-graph capture) is mostly CPU work, which can run while other
 trials train. With
 
     resources: {gpu: 0.25, max_concurrent_trials: 4, training_slots: 2}

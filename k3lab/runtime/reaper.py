@@ -4,9 +4,9 @@ A sweep without --address starts a Ray instance of its own: gcs_server, raylet, 
 log monitor, and under the raylet its agents and the trials' workers, all descendants of the
 driver. `ray.shutdown()` ends them when the driver ends normally; when the driver is killed
 (`kill -9`, out of memory) nothing does, and `ray::DashboardAgent` and `ray::RuntimeEnvAgent`
-stay alive for good (they outlast SIGTERM by more than 8 s).
+stay alive for good (they outlast SIGTERM).
 
-So before it starts Ray the driver starts a watchdog (`python -m k3lab.tune.reaper`, in a session
+So before it starts Ray the driver starts a watchdog (`python -m k3lab.runtime.reaper`, in a session
 of its own: Ctrl-C and a closed terminal do not reach it). Every `POLL_S` seconds it reads the
 driver's process tree and keeps the instance's processes in `<storage>/<experiment>.ray.json`
 (each one's PID, start time and name, and the Ray session folder): the driver's descendants that
@@ -195,7 +195,7 @@ class Watchdog:
         _remove(record)
         package_root = str(Path(__file__).resolve().parents[2])  # this k3lab, wherever it is imported from
         env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-        command = [sys.executable, "-m", "k3lab.tune.reaper", str(os.getpid()), str(start_time(os.getpid())),
+        command = [sys.executable, "-m", "k3lab.runtime.reaper", str(os.getpid()), str(start_time(os.getpid())),
                    str(record), str(Path(ray.__file__).resolve().parent)] + ([str(log_file)] if log_file else [])
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env)
@@ -335,7 +335,7 @@ def _remove(path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """python -m k3lab.tune.reaper DRIVER_PID DRIVER_START RECORD RAY_DIR [LOG_FILE]"""
+    """python -m k3lab.runtime.reaper DRIVER_PID DRIVER_START RECORD RAY_DIR [LOG_FILE]"""
     driver, driver_start, record, ray_dir = int(argv[0]), int(argv[1]), Path(argv[2]), argv[3]
     watch(driver, driver_start, record, ray_dir, Path(argv[4]) if len(argv) > 4 else None)
     return 0
