@@ -437,7 +437,7 @@ def slots_clause(resources) -> str:
 
 
 def sharing_clause(run) -> str:
-    """How trials that share a GPU will run on it (`k3lab.tune.mps`), as the sweep would decide now."""
+    """How trials that share a GPU will run on it (`k3lab.runtime.mps`), as the sweep would decide now."""
     from k3lab.runtime.mps import sharing_plan
 
     if not run.shares_gpus:

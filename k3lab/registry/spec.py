@@ -152,8 +152,8 @@ class ResourceSpec:
     trial in the process of one that ended (Ray Tune's option): imports, the CUDA context
     and in-memory kernel caches are kept, so start-up is shorter. `training_slots` lets at
     most that many of the trials on one GPU (or one CPU host) train at once; the others do
-    their start-up and wait for a slot (`k3lab.tune.slots`). `mps`: trials that share a GPU run
-    their kernels side by side through an MPS daemon of the sweep's own (`k3lab.tune.mps`);
+    their start-up and wait for a slot (`k3lab.runtime.slots`). `mps`: trials that share a GPU run
+    their kernels side by side through an MPS daemon of the sweep's own (`k3lab.runtime.mps`);
     unset, wherever it can; true, or the sweep stops before it starts; false, in turns."""
 
     cpu: float = attrs.field(default=1.0, validator=positive)
