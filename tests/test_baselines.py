@@ -8,11 +8,13 @@ import pytest
 
 from k3lab.cli import main
 from k3lab.registry import load_sweep
-from k3lab.report.family import (comparisons_for, curve_differences, curve_table_lines, plot_curve_differences,
-                                 sequential_table_lines, trial_value)
+from k3lab.report.family import (comparisons_for, curve_differences, curve_table_lines, diverged_step,
+                                 plot_curve_differences, sequential_table_lines, trial_value)
 from k3lab.report.sequential import Design
 from k3lab.report.summary import TrialRecord
 from k3lab.report.stats import BETTER, NOT_RESOLVED, t_interval
+
+ROOT = Path(__file__).resolve().parents[1]
 
 REPO = Path(__file__).resolve().parents[1]
 ATTNRES = (REPO / "experiments" / "attnres_block.yaml").read_text()
@@ -159,3 +161,41 @@ def test_curve_intervals_follow_the_design_and_say_where_there_is_none():
     one = curve_differences(records[:2], {"v": "base"}, "val_loss", design)
     assert all(r["half_width"] is None and r["relative_half_width"] is None for r in one)  # 1 pair: none
     assert not math.isnan(rows[-1]["relative"])
+
+
+@pytest.mark.parametrize("curve, step", [
+    ([(20, 1.9), (40, 1.6), (60, 1.48), (80, 4.68), (100, 2.2), (160, 1.90)], 80),  # blew up, came part-way back
+    ([(20, 1.5), (40, 1.3), (60, 1.19), (80, 1.19), (160, 1.99)], 160),  # blew up at the last evaluation
+    ([(20, 1.5), (40, float("nan")), (60, 1.2)], 40),  # not finite
+    ([(20, 3.0), (40, 2.5), (60, 2.6), (80, 2.4)], None),  # a bump of 4%: noise, not divergence
+])
+def test_a_curve_that_rises_far_above_its_own_best_diverged(curve, step):
+    assert diverged_step(curve, "min", 0.2) == step
+    assert trial_value(record("v", 0, curve[-1][1], curve=curve), "val_loss", rise=0.2) is (
+        None if step is not None else curve[-1][1])
+
+
+def test_without_a_rise_only_a_loss_that_is_not_finite_diverged():
+    assert diverged_step([(20, 1.48), (80, 4.68), (160, 1.9)], "min", None) is None
+    assert diverged_step([(20, 1.48), (80, float("inf"))], "min", None) == 80
+
+
+def test_a_cpu_trial_that_blew_up_but_trained_every_step_is_named_diverged_and_left_out(tmp_path):
+    """docs/runs/blowup-cpu.db.xz: `k3lab sweep docs/runs/blowup-cpu.yaml` on a CPU, a learning rate
+    warming up to 3.0 over all 16 steps. attnres_off's loss went infinite (FAILED); attnres_bs1's
+    rose from 7.38 to 24.3 at step 6 and 65.8 at its end, and the run called it FINISHED."""
+    import lzma
+
+    from k3lab.report.summary import build_report, stored_options
+    from k3lab.store import runs
+
+    db = tmp_path / "blowup.db"
+    db.write_bytes(lzma.decompress((ROOT / "docs/runs/blowup-cpu.db.xz").read_bytes()))
+    uri = f"sqlite:///{db}"
+    parent = runs.sweep_runs(uri)[0].info.run_id
+    summary = build_report(uri, parent, **stored_options(uri, parent))
+    assert summary["diverged"] == ["attnres_bs1 seed 0: diverged at step 6 (val_loss 24.28 after a best of 7.383); "
+                                   "left out of the pairs"]
+    row, = summary["comparisons"]
+    assert (row.variant, row.pairs, row.seeds) == ("attnres_bs1", 0, 1)
+    assert {r.variant: r.status for r in summary["records"]} == {"attnres_off": "FAILED", "attnres_bs1": "FINISHED"}

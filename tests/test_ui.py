@@ -269,3 +269,50 @@ def test_report_of_a_sweep_stopped_before_its_tune_folder_suggests_overwrite_not
     assert main(["report", str(sweep_file), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert f"`k3lab sweep {sweep_file} --overwrite` starts it again" in out and "--resume" not in out
+
+
+def verdicts_of(summary: dict) -> dict[str, tuple]:
+    """{variant: (verdict, pairs, low, high)} of a report's summary.json."""
+    return {row["variant"]: (row["paired"]["verdict"], row["paired"]["pairs"], round(row["paired"]["low"], 6),
+                             round(row["paired"]["high"], 6))
+            for row in summary["variants"] if row["paired"] and row["paired"]["low"] is not None}
+
+
+def test_ui_and_report_give_a_stored_sweep_the_same_verdicts(tmp_path):
+    """The H200 run of 2026-12-02 as docs/runs holds it: `k3lab ui`'s rebuilt report and `k3lab
+    report` read the design the store carries, so both call full-depth AttnRes better and the rest
+    not resolved, with the same intervals (the rebuilt report once called three of them better
+    with per-comparison t-intervals, against the results' 'not resolved')."""
+    from k3lab.cli import main
+    from k3lab.commands.ui import prepare_store, store_uri
+
+    class Args:
+        store = str(Path(__file__).resolve().parents[1] / "docs/runs/attnres_block-gpu-paired-2026-12-02.db.xz")
+        tracking_uri, unpack_dir = None, str(tmp_path / "opened")
+
+    uri = store_uri(Args)
+    prepare_store(uri, say=lambda _: None)
+    client = MlflowClient(uri)
+    parent = runs.sweep_runs(uri)[0].info.run_id
+    rebuilt = json.loads(Path(client.download_artifacts(parent, "report/summary.json")).read_text())
+    file = Path(__file__).resolve().parents[1] / "experiments/attnres_block.yaml"
+    assert main(["report", str(file), "--profile", "gpu", "--tracking-uri", uri, "--storage", str(tmp_path / "runs"),
+                 "--out", str(tmp_path / "out")]) == 0
+    reported = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert rebuilt["design"] == reported["design"] and rebuilt["design"]["rule"] == "decided"
+    assert verdicts_of(rebuilt) == verdicts_of(reported)
+    assert {v: row[0] for v, row in verdicts_of(reported).items()} == {
+        "attnres_full": "better", "attnres_bs2": "not resolved", "attnres_bs4": "not resolved",
+        "attnres_bs8": "not resolved"}
+
+
+def test_a_store_from_before_designs_gets_family_wise_intervals_in_the_ui(tmp_path):
+    from k3lab.commands.ui import rebuild_missing_reports
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, _ = fake_sweep(uri, variants=("attnres_off", "attnres_bs1", "attnres_bs2"))
+    assert runs.read_design(uri, MlflowClient(uri).get_run(parent)) is None
+    rebuild_missing_reports(uri)
+    summary = json.loads(Path(MlflowClient(uri).download_artifacts(parent, "report/summary.json")).read_text())
+    assert (summary["design"]["rule"], summary["design"]["comparisons"]) == ("fixed", 2)
+    assert summary["design"]["level"] == pytest.approx(0.025)  # Bonferroni over the 2 comparisons

@@ -536,7 +536,7 @@ def report_design(args, run, parent_run_id: str) -> dict:
     if options is None:
         options = report_options(run.sweep)
         with contextlib.suppress(Exception):  # a read-only store still gets its report
-            write_design(run.tracking_uri, parent_run_id, design_record(options))
+            write_design(run.tracking_uri, parent_run_id, design_record(options, stored_by="report"))
     if args.baseline:
         pairs = {v: args.baseline for v in options["variant_order"] if v != args.baseline}
         design = options.get("design")

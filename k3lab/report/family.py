@@ -131,10 +131,11 @@ def seed_difference_lines(records: list[TrialRecord], pairs: dict[str, str], met
     return lines
 
 
-def design_record(options: dict) -> dict:
-    """`report_options` as the JSON the parent run stores (`k3lab.store.runs.write_design`)."""
+def design_record(options: dict, stored_by: str = "sweep") -> dict:
+    """`report_options` as the JSON the parent run stores (`k3lab.store.runs.write_design`);
+    stored_by: "sweep" (as it started) or "report" (`k3lab report`, for a run that stored none)."""
     design = options["design"]
-    return options | {"design": design.to_json() if design is not None else None}
+    return options | {"design": design.to_json() if design is not None else None, "stored_by": stored_by}
 
 
 def options_from_record(record: dict) -> dict:

@@ -164,12 +164,29 @@ def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: 
     lines += resume_lines(parent.tags.get(runs.RESUMED_WITH, "").splitlines())
     if report_command:
         lines.append(f"- Report: `{report_command}`")
+    lines += design_lines(parent)
     gpus = parent.metrics.get("sweep_gpus")
     sharing = parent.tags.get(runs.GPU_SHARING)
     lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms, parent.state)}",
               f"- Machine: {machine(records, gpus)}" + (f"; trials sharing a GPU: {sharing}" if sharing else ""),
               f"- Tokens per trial: {tokens_per_trial(parent.params)}", f"- Sweep: {sweep_line(parent, records)}"]
     return lines
+
+
+def design_lines(parent: ParentRecord) -> list[str]:
+    """How the comparisons were decided and where that design came from (`k3lab.store.runs.DESIGN`)."""
+    import json
+
+    from k3lab.report.sequential import Design
+
+    try:
+        record = json.loads(parent.tags.get(runs.DESIGN) or "null")
+        design = Design.from_json(record["design"])
+    except (ValueError, TypeError, KeyError):
+        return []
+    source = ("stored by the sweep as it started" if record.get("stored_by", "sweep") == "sweep" else
+              "the sweep file's, applied by `k3lab report` after the run (the run stored none)")
+    return [f"- Comparisons: {design.rule_text}; {design.interval_name}; design {source}"]
 
 
 def sweep_line(parent: ParentRecord, records: list[TrialRecord]) -> str:

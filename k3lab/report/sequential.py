@@ -221,9 +221,10 @@ class Design:
             return f"until each interval is at most {100 * self.halfwidth:g}% of the baseline's metric"
         if self.rule == MAX:
             return f"every comparison to {self.max_pairs} seeds"
-        margin = (f" or equivalent (within +/-{100 * self.margin:g}% of the baseline's metric)"
-                  if self.margin is not None else "")
-        return f"until each comparison is decided: better or worse{margin}"
+        if self.margin is None:
+            return "until each comparison is decided: better or worse"
+        return (f"until each comparison is decided: better, worse or equivalent (within +/-{100 * self.margin:g}% "
+                "of the baseline's metric)")
 
     def to_json(self) -> dict:
         return attrs.asdict(self) | {"level": self.nominal, "alpha": self.alpha}
@@ -400,8 +401,8 @@ def sequential_note(design: Design) -> str:
     needed = ("; pairs for asked / to decide: about how many pairs the rule would take at the mean and spread of "
               "the differences so far (a planning figure for the next sweep, not part of the verdict)"
               if design.rule in (HALFWIDTH, DECIDED) else "")
+    stopped = ("" if design.rule == FIXED else "; stopped by: decided, precise, max seeds, budget, stopped (the sweep "
+               "was stopped before its budget ended; `--resume` adds seeds), running")
     return (f"rule: {design.rule_text}; pairs: seeds where both trials finished, of the seeds run; interval: "
             f"{design.label}; half-width: relative to the baseline's mean over the pairs{asked}{margin}; not "
-            "resolved: the interval covers 0 (or there are fewer than two pairs); stopped by: decided, precise, max "
-            "seeds, budget, stopped (the sweep was stopped before its budget ended; `--resume` adds seeds), "
-            f"running{needed}")
+            f"resolved: the interval covers 0 (or there are fewer than two pairs){stopped}{needed}")
