@@ -1,4 +1,4 @@
-"""Seeds until resolved: the sweep file's `seeds: {start, max, until}` and `budget:`, the plan that
+"""Seeds until decided: the sweep file's `seeds: {start, max, until}` and `budget:`, the plan that
 `k3lab variants` and `--dry-run` print for them, and CPU sweeps through `SeedSearcher` (Ray Tune's
 search interface), including a driver killed with SIGKILL and resumed."""
 
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 # at 2 start seeds the mini model's interval is ~3% of its loss, wider than the 2% asked (so a third
 # seed is added); at 3 pairs it is ~0.5%: the comparison stops there, before max
 POLICY = "seeds: {start: 2, max: 4, until: {halfwidth: 0.02}}"
-SWEEP = mini_sweep("adapt", "seeds until resolved").replace("seeds: [0]", POLICY)
+SWEEP = mini_sweep("adapt", "seeds until decided").replace("seeds: [0]", POLICY)
 
 
 def write(tmp_path, text, name="adapt.yaml"):

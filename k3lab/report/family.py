@@ -6,12 +6,12 @@ differences at every evaluation (the whole curve) with their plot.
   last N evaluations (`trial_value`); only trials that FINISHED count, as in the t-table.
 - `comparisons_for` pairs every variant with its own baseline (`Sweep.baselines`: one baseline
   for the whole sweep, or one per group with `baseline: {axis: value}`). With a seeds policy
-  (`design`) the intervals are the family-wise confidence sequences of `k3lab.report.sequential`;
-  without one, per-comparison 95% t-intervals (`k3lab.report.stats`), as before.
+  (`design`) the intervals are the family-wise repeated t-intervals of `k3lab.report.sequential`;
+  for a list of seeds, one look: Bonferroni t-intervals over the family.
 - `curve_differences` repeats the comparison at every evaluation step the pairs share
   (difference and interval in % of the baseline's metric at that step, against tokens trained),
-  so "helps early, less at the end" shows. Its intervals are those of the verdicts (the design's
-  confidence sequences, or t-intervals), pointwise in the step: they are not simultaneous over
+  so "helps early, less at the end" shows. Its intervals are those of the verdicts (the
+  design's intervals), pointwise in the step: they are not simultaneous over
   the steps, so the verdict is the final metric's, not the best step's.
 """
 

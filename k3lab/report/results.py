@@ -29,7 +29,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from k3lab.errors import UserError
-from k3lab.report import stats
 from k3lab.report.efficiency import sweep_efficiency, wall_to_the_end
 from k3lab.report.summary import TrialRecord, mean_std
 from k3lab.store import runs
@@ -267,17 +266,6 @@ def variant_table_lines(rows: list[dict], metric: str) -> list[str]:
         lines.append(f"| {row['variant']} | {row['seeds']}/{row['trials']} | {fmt(mean, '.4f')}{spread} "
                      f"| {row['params_total']:,} | {row['params_active']:,} | {fmt(row['tokens_per_s'], ',.0f')} "
                      f"| {int(row['tokens']):,} |")
-    return lines
-
-
-def paired_table_lines(comparisons: list[stats.Comparison], metric: str, baseline: str) -> list[str]:
-    headers = stats.paired_headers(metric, baseline)
-    lines = [f"Against `{baseline}`, paired by seed ({stats.PAIRED_NOTE}):", "",
-             "| " + " | ".join(headers[c] for c in stats.PAIRED_COLUMNS) + " |",
-             "|" + "---|" * len(stats.PAIRED_COLUMNS)]
-    for comparison in comparisons:
-        cells = stats.comparison_cells(comparison)
-        lines.append("| " + " | ".join(cells[c] for c in stats.PAIRED_COLUMNS) + " |")
     return lines
 
 

@@ -183,15 +183,3 @@ def comparison_cells(c: Comparison) -> dict[str, str]:
     outcome = c.verdict + (f" ({c.reason})" if c.reason else "")
     return {"variant": c.variant, "pairs": f"{c.pairs}/{c.seeds}", "difference": number(c.mean_diff),
             "interval": interval, "relative": relative, "verdict": outcome}
-
-
-PAIRED_COLUMNS = ("variant", "pairs", "difference", "interval", "relative", "verdict")
-PAIRED_NOTE = ("pairs: seeds where both trials finished, of the seeds run; difference: the mean of variant "
-               "minus baseline over the pairs, with its 95% t-interval; not resolved: the interval covers 0 "
-               "at this budget (more seeds or steps may resolve it), or there are fewer than two pairs")
-
-
-def paired_headers(metric: str, baseline: str) -> dict[str, str]:
-    """Column headers of a paired table."""
-    return {"variant": "variant", "pairs": "pairs", "difference": f"{metric} - {baseline}",
-            "interval": "95% interval", "relative": f"vs {baseline}", "verdict": "verdict"}

@@ -71,38 +71,6 @@ def summarize(records: list[TrialRecord], metric: str = "val_loss") -> list[dict
     return rows
 
 
-def values_by_seed(records: list[TrialRecord], metric: str) -> dict[str, stats.SeedValues]:
-    """{variant: {seed: final metric}} for pairing; None for a trial that did not finish (failed,
-    diverged, stopped early by the scheduler, still running) or has no finite value."""
-    values: dict[str, stats.SeedValues] = {}
-    for r in records:
-        value = r.value(metric) if r.status == "FINISHED" else None
-        values.setdefault(r.variant, {})[r.seed] = value if stats.usable(value) else None
-    return values
-
-
-def paired_comparisons(records: list[TrialRecord], rows: list[dict], baseline: str, metric: str,
-                       mode: str) -> list[stats.Comparison]:
-    """Every variant against `baseline`, paired by seed, in the order of `rows`."""
-    by_seed = values_by_seed(records, metric)
-    ordered = {row["variant"]: by_seed.get(row["variant"], {}) for row in rows}
-    ordered.setdefault(baseline, by_seed.get(baseline, {}))
-    return stats.compare_to_baseline(ordered, baseline, mode)
-
-
-def paired_table(comparisons: list[stats.Comparison], metric: str, baseline: str, title: str) -> Table:
-    """The paired comparisons as a terminal table."""
-    headers = stats.paired_headers(metric, baseline)
-    table = Table(title=title, caption=stats.PAIRED_NOTE)
-    for column in stats.PAIRED_COLUMNS:
-        table.add_column(headers[column], justify="left" if column in ("variant", "verdict") else "right",
-                         no_wrap=column == "verdict")
-    for comparison in comparisons:
-        cells = stats.comparison_cells(comparison)
-        table.add_row(*(cells[column] for column in stats.PAIRED_COLUMNS))
-    return table
-
-
 RUN_AVERAGE_TPS = "tokens/s (run average)"  # tokens trained / time training (the live table: the last window)
 
 

@@ -54,7 +54,7 @@ class SeedPlanner:
     variants: every variant that runs, in the sweep file's order; baselines: variant -> the
     baseline of its group, for every compared variant (a baseline is a variant too, and has no
     entry); seeds: every seed the policy may use, in order (len = max); start: seeds every
-    variant starts with; design: the comparisons' confidence sequences and the precision asked.
+    variant starts with; design: the comparisons' intervals and the rule that stops them.
     """
 
     variants: list[str]

@@ -153,7 +153,7 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
     specs = trial_specs(run, parent_run_id, dataset_dir)
     progress = SweepProgress(run.sweep, specs, mode=progress_mode(live), tracking_uri=run.tracking_uri, say=say)
     searcher = None
-    if run.sweep.adaptive:  # seeds until resolved: a Searcher picks the trials (k3lab.tune.seeds)
+    if run.sweep.adaptive:  # seeds until decided: a Searcher picks the trials (k3lab.tune.seeds)
         from k3lab.tune.seeds import build_searcher
 
         searcher = build_searcher(run.sweep, run.tracking_uri)
