@@ -17,6 +17,7 @@ from k3lab.cli import main
 from k3lab.errors import UserError
 from k3lab.report.summary import build_report, load_trials, summarize
 from k3lab.report.results import busy_fraction, load_parent, read_gpu_log, results_markdown
+from k3lab.report.stats import t_quantile
 
 VAL_LOSS = {("attnres_off", 0): 2.00, ("attnres_off", 1): 2.02, ("attnres_bs4", 0): 1.96, ("attnres_bs4", 1): 1.98}
 
@@ -121,7 +122,7 @@ def test_report_command_keeps_the_files_order_and_one_colour_per_variant_in_ever
     monkeypatch.setattr(report, "save_figure", save_and_record)
     assert main(["report", str(sweep), "--profile", "gpu", "--storage", str(tmp_path / "runs"),
                  "--tracking-uri", uri, "--out", str(tmp_path / "report")]) == 0
-    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())["variants"]
     assert [row["variant"] for row in summary] == ["attnres_off", "attnres_bs4"]  # not by name, not by loss
     out = capsys.readouterr().out
     assert out.index("attnres_off") < out.index("attnres_bs4")
@@ -154,20 +155,25 @@ def test_report_pairs_variants_by_seed_against_the_baseline(paired_store):
     summary = build_report(uri, parent, "val_loss", "min", out_dir=tmp_path / "report", baseline="attnres_off")
     paired = {c.variant: c for c in summary["comparisons"]}
     assert set(paired) == {"attnres_bs4", "attnres_bs2", "attnres_bs8"}
-    # bs4: diffs -0.03, -0.02, -0.04 -> mean -0.03, sd 0.01, half-width 4.303 * 0.01 / sqrt(3) = 0.0248
+    # bs4: diffs -0.03, -0.02, -0.04 -> mean -0.03, sd 0.01; three comparisons, so each interval is a
+    # Bonferroni t-interval at 0.05 / 3: half-width t(1 - 0.05 / 6, 2) * 0.01 / sqrt(3) = 0.0442
     bs4 = paired["attnres_bs4"]
-    assert (bs4.pairs, bs4.seeds, bs4.verdict) == (3, 3, "better")
-    assert bs4.mean_diff == pytest.approx(-0.03) and bs4.half_width == pytest.approx(0.02484, abs=1e-5)
+    half = t_quantile(1 - 0.05 / 6, 2) * 0.01 / math.sqrt(3)
+    assert (bs4.pairs, bs4.seeds, bs4.verdict, bs4.reason) == (3, 3, "not resolved", "interval covers 0")
+    assert bs4.mean_diff == pytest.approx(-0.03) and bs4.half_width == pytest.approx(half)
+    assert half > 0.03 > t_quantile(0.975, 2) * 0.01 / math.sqrt(3)  # a per-comparison 95% t would call it
     # bs2: seed 1 failed, so diffs -0.01, +0.02 over two pairs: the interval covers 0
     bs2 = paired["attnres_bs2"]
     assert (bs2.pairs, bs2.seeds, bs2.verdict, bs2.reason) == (2, 3, "not resolved", "interval covers 0")
     assert bs2.mean_diff == pytest.approx(0.005)
     bs8 = paired["attnres_bs8"]
     assert (bs8.pairs, bs8.seeds, bs8.half_width, bs8.reason) == (1, 3, None, "one pair")
-    rows = {r["variant"]: r for r in json.loads((tmp_path / "report" / "summary.json").read_text())}
+    summary_json = json.loads((tmp_path / "report" / "summary.json").read_text())
+    rows = {r["variant"]: r for r in summary_json["variants"]}
     assert rows["attnres_off"]["paired"] is None and rows["attnres_bs4"]["baseline"] == "attnres_off"
-    assert rows["attnres_bs4"]["paired"]["verdict"] == "better"
-    assert rows["attnres_bs4"]["paired"]["low"] == pytest.approx(-0.05484, abs=1e-5)
+    assert rows["attnres_bs4"]["paired"]["verdict"] == "not resolved"
+    assert rows["attnres_bs4"]["paired"]["low"] == pytest.approx(-0.03 - half)
+    assert (summary_json["design"]["rule"], summary_json["design"]["comparisons"]) == ("fixed", 3)
     plot = tmp_path / "report" / "val_loss_vs_baseline.png"
     assert plot in summary["files"] and plot.stat().st_size > 1000
 
@@ -183,10 +189,12 @@ def test_results_markdown_has_how_it_ran_and_the_paired_table(paired_store):
     assert "- Machine: NVIDIA H200 on 1 host" in text
     assert "- Tokens per trial: 81,920 (10 steps of 16 x 512 tokens)" in text
     assert "- Sweep: parent run not closed; from its trials" in text  # the store's parent never closed
-    assert "| variant | pairs | val_loss - attnres_off | 95% interval | vs attnres_off | verdict |" in text
-    assert "| attnres_bs4 | 3/3 | -0.0300 | [-0.0548, -0.0052] | -1.43% | better |" in text
-    assert "| attnres_bs2 | 2/3 | +0.0050 |" in text and "not resolved (interval covers 0) |" in text
-    assert "| attnres_bs8 | 1/3 | -0.0500 | n/a | -2.50% | not resolved (one pair) |" in text
+    assert ("| variant | baseline | pairs | val_loss - baseline | family-wise 95% interval | vs baseline | verdict |"
+            in text)
+    assert "| attnres_bs4 | attnres_off | 3/3 | -0.0300 | [-0.0742, +0.0142] | -1.43% | not resolved" in text
+    assert "| attnres_bs2 | attnres_off | 2/3 | +0.0050 |" in text and "not resolved (interval covers 0) |" in text
+    assert "| attnres_bs8 | attnres_off | 1/3 | -0.0500 | n/a | -2.50% | not resolved (one pair) |" in text
+    assert "Bonferroni over 3 comparisons" in text
     assert "![val_loss_vs_baseline](results/attnres_block-gpu/val_loss_vs_baseline.png)" in text
 
 
@@ -285,7 +293,7 @@ def test_report_command_writes_markdown_with_plots_beside_it(tmp_path, capsys):
     assert sorted(p.name for p in folder.iterdir()) == sorted(out.splitlines()[-1].split("(")[-1][:-1].split(", "))
     text = markdown.read_text()
     assert text.startswith("# Results\n") and "<!-- section:mini -->" in text
-    assert "| attnres_bs1 | 2/2 | -0.0750 |" in text
+    assert "| attnres_bs1 | attnres_off | 2/2 | -0.0750 |" in text
     assert f"- Report: `k3lab report {sweep_file}" in text
     links = [line[line.index("(") + 1:-1] for line in text.splitlines() if line.startswith("![")]
     assert "results/mini/val_loss_vs_baseline.png" in links and len(links) == 4
@@ -493,7 +501,7 @@ def test_the_report_says_how_long_started_trials_waited_for_a_training_slot():
     assert slot_wait_lines([record(None)]) == []
 
 
-def test_a_dry_run_says_how_many_pairs_the_asked_precision_takes_at_an_earlier_runs_spreads(paired_store, capsys):
+def test_a_dry_run_says_how_many_pairs_the_rule_takes_at_an_earlier_runs_spreads(paired_store, capsys):
     """`k3lab sweep --dry-run` on a store that holds a run of the same sweep: the planning figure
     of that run's report, per comparison with two pairs or more, before any GPU time is spent."""
     import statistics
@@ -508,8 +516,9 @@ def test_a_dry_run_says_how_many_pairs_the_asked_precision_takes_at_an_earlier_r
                  "--storage", str(tmp_path / "runs")]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("earlier run"))
     design = design_of(load_sweep_for(file, "gpu"))
-    bs4 = pairs_needed(statistics.stdev([-0.03, -0.02, -0.04]), statistics.fmean([2.00, 2.10, 2.20]), design, 3)
-    bs2 = pairs_needed(statistics.stdev([-0.01, 0.02]), statistics.fmean([2.00, 2.20]), design, 2)
+    bs4 = pairs_needed(statistics.stdev([-0.03, -0.02, -0.04]), statistics.fmean([2.00, 2.10, 2.20]), design, 3,
+                       mean=-0.03)
+    bs2 = pairs_needed(statistics.stdev([-0.01, 0.02]), statistics.fmean([2.00, 2.20]), design, 2, mean=0.005)
     needed = [f"~{n}" if n else ">200" for n in (bs2, bs4)]
     assert f"attnres_bs2 {needed[0]} (ran 2), attnres_bs4 {needed[1]} (ran 3);" in line  # bs8 (one pair): left out
     assert line.endswith("this file allows up to 16 seeds")

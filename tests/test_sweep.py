@@ -67,7 +67,7 @@ def test_sweep_logs_one_run_per_trial_and_recovers_from_a_crash(tmp_path, sweep_
     report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/loss_curves.png", "report/val_loss_by_variant.png", "report/val_loss_vs_params.png",
             "report/val_loss_vs_baseline.png", "report/summary.json"} <= report
-    summary = json.loads(open(client.download_artifacts(parent.info.run_id, "report/summary.json")).read())
+    summary = json.loads(open(client.download_artifacts(parent.info.run_id, "report/summary.json")).read())["variants"]
     assert {row["axes"]["attn_res_block_size"] for row in summary} == {"off", "1"}
     assert all(row["seeds"] == 1 and row["val_loss_mean"] > 0 for row in summary)
     paired = {row["variant"]: row["paired"] for row in summary}
