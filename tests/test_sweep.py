@@ -144,7 +144,8 @@ def test_sweep_refuses_to_mix_runs_and_to_resume_nothing(tmp_path, sweep_file, c
     assert "no earlier run of mini" in capsys.readouterr().err
     (tmp_path / "runs" / "mini").mkdir(parents=True)
     assert main(sweep_args(tmp_path, sweep_file)) == 2
-    assert "pass --resume to continue it or --overwrite" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--resume` continues it" in err and "--overwrite` starts it again" in err
 
 
 def test_resume_and_overwrite_together_are_refused_before_the_earlier_run_is_touched(tmp_path, sweep_file, capsys):
@@ -278,7 +279,8 @@ def test_a_damaged_state_file_is_named_in_one_line_by_resume_and_report(tmp_path
         assert main(args) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {state}: not a k3lab sweep state file ({problem}")
-        assert err.count("\n") == 1 and err.endswith("`k3lab sweep ... --overwrite` starts the sweep again\n")
+        assert err.count("\n") == 1 and err.endswith(" --overwrite` starts the sweep again\n")
+        assert f"`k3lab sweep {sweep_file} --storage {tmp_path / 'runs'}" in err  # run as printed, it acts on this sweep
     assert main(sweep_args(tmp_path, sweep_file)) == 2  # a plain run still asks for --resume or --overwrite
     assert "--overwrite" in capsys.readouterr().err
 

@@ -268,4 +268,5 @@ def test_report_of_a_sweep_stopped_before_its_tune_folder_suggests_overwrite_not
     (tmp_path / "runs" / "mini.k3lab.json").write_text(json.dumps({"parent_run_id": parent_run_id, "tracking_uri": uri}))
     assert main(["report", str(sweep_file), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"`k3lab sweep {sweep_file} --overwrite` starts it again" in out and "--resume" not in out
+    assert (f"`k3lab sweep {sweep_file} --storage {tmp_path / 'runs'} --tracking-uri {uri} --overwrite` starts it again"
+            in out and "--resume" not in out)

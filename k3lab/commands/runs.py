@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shlex
 import signal
 import sys
 import threading
@@ -20,6 +19,7 @@ from k3lab.registry.spec import METRICS, SEED_MAX, duration_seconds
 
 STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
+MAX_FAILURES = 2  # --max-failures' default
 STOPPED_ON_TIME = 3  # exit code of a sweep --stop-after stopped: resumable, not failed
 
 
@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray instance)")
     sweep.add_argument("--resume", action="store_true", help="continue an interrupted run of this sweep")
     sweep.add_argument("--overwrite", action="store_true", help="discard an earlier run of this sweep and start again")
-    sweep.add_argument("--max-failures", type=int, default=2, help="retries of a crashed trial (from its checkpoint)")
+    sweep.add_argument("--max-failures", type=int, default=MAX_FAILURES, help="retries of a crashed trial (from its checkpoint)")
     sweep.add_argument("--max-concurrent", type=int, help="trials at a time (default: the sweep file's, else all "
                                                           "that fit)")
     sweep.add_argument("--stop-after", metavar="DURATION",
@@ -388,7 +388,7 @@ def stopped_sweep(args, run, on_time: bool) -> int:
                else "sweep stopped by SIGTERM" if terminated else "sweep stopped")
     resumable = run.state_file.exists() and run.tune_dir.exists()  # what --resume needs to go on
     if resumable:
-        print(f"{stopped}, its state saved: continue it with `{resume_command(args.command_line)}`",
+        print(f"{stopped}, its state saved: continue it with `{resume_command(args, run)}`",
               file=sys.stderr)
     if terminated:
         if not resumable:
@@ -490,11 +490,13 @@ def stop_timer(seconds: float | None) -> StopTimer | None:
     return timer
 
 
-def resume_command(command_line: str) -> str:
-    """The command that continues a stopped sweep: the same one with --resume (and never --overwrite,
-    which would discard what it continues)."""
-    words = [word for word in shlex.split(command_line) if word != "--overwrite"]
-    return shlex.join(words if "--resume" in words else [*words, "--resume"])
+def resume_command(args, run) -> str:
+    """The command that continues a stopped sweep: the options that point at it (`SweepRun.command`),
+    those of the stopped command that say how it runs, and --resume (never --overwrite, which would
+    discard what it continues)."""
+    return run.hint("sweep", kernel_cache=args.kernel_cache, max_concurrent=args.max_concurrent,
+                       max_failures=None if args.max_failures == MAX_FAILURES else args.max_failures,
+                       no_live=args.no_live, verbose=args.verbose, stop_after=args.stop_after, resume=True)
 
 
 def run_report(args) -> int:
@@ -590,8 +592,8 @@ def check_interrupted(console, run, parent_run_id: str, close: bool) -> str:
     driver = parent.data.tags.get(runs.DRIVER)
     console.print(f"[yellow]interrupted: the parent run {parent_run_id} of {run.experiment} is still RUNNING but "
                   + (f"its driver ({driver}) is gone" if driver else "no trial has run for a while")
-                  + f"; `k3lab sweep {run.sweep.path} {again_flag(run)}` {again_verb(run)}, "
-                  f"`k3lab report {run.sweep.path} --close` ends it")
+                  + f"; `{run.hint('sweep', **{again_flag(run): True})}` {again_verb(run)}, "
+                  f"`{run.hint('report', close=True)}` ends it")
     return state
 
 
@@ -615,7 +617,7 @@ def stopped_before_trials(run) -> bool:
 
 
 def again_flag(run) -> str:
-    return "--overwrite" if stopped_before_trials(run) else "--resume"
+    return "overwrite" if stopped_before_trials(run) else "resume"
 
 
 def again_verb(run) -> str:
@@ -629,7 +631,7 @@ def find_parent_run(run) -> str:
     from k3lab.store.state import check_parent_run
 
     if run.state_file.exists():  # its own file and store checks, a damaged state file first
-        return check_parent_run(run.state_file, run.tracking_uri)
+        return check_parent_run(run.state_file, run.tracking_uri, run.hint("sweep", overwrite=True))
     check_store_to_read(run)
     run_id = latest_sweep_run(run.tracking_uri, run.experiment)
     if run_id is None:

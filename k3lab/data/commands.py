@@ -12,6 +12,7 @@ from k3lab.data.dataset import Dataset
 from k3lab.data.prepare import DEFAULT_VAL_FRACTION, check_options, find_datasets, list_datasets, prepare_dataset
 from k3lab.data.split import SPLITS
 from k3lab.errors import UserError
+from k3lab.hints import command
 
 SOURCE_HELP = "'stdlib' (default, offline), 'stdlib+tests', 'packages' (every installed package's source and docs, offline), a .txt/.jsonl/.parquet file or directory, or hf:NAME[:CONFIG][@SPLIT]"
 
@@ -61,7 +62,7 @@ def run_info(args: argparse.Namespace) -> int:
         if not found:
             raise UserError(f"source '{args.source}' with tokenizer '{args.tokenizer}' is not prepared"
                             f"{'' if args.val_fraction is None else f' with val fraction {args.val_fraction}'}; "
-                            f"run `k3lab data prepare {args.source}`")
+                            f"run `{prepare_command(args)}`")
     console = Console()
     if not found:
         console.print("no prepared datasets")
@@ -83,3 +84,9 @@ def dataset_table(ds: Dataset) -> Table:
         table.add_row(split, f"{s['documents']:,}", f"{s['tokens']:,}", f"{s['bytes']:,}",
                       f"{ds.bytes_per_token(split):.3f}", str(len(s["shards"])))
     return table
+
+
+def prepare_command(args: argparse.Namespace) -> str:
+    """`k3lab data prepare` of the dataset `info` looked for, in the same cache (`k3lab.hints`)."""
+    return command("data", "prepare", args.source, tokenizer=None if args.tokenizer == "byte" else args.tokenizer,
+                   cache_dir=args.cache_dir, val_fraction=args.val_fraction)

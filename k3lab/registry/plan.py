@@ -8,7 +8,8 @@ all print first, so a preview and the run it previews read the same.
 
 from __future__ import annotations
 
-from k3lab.registry.sweep import Sweep
+from k3lab.hints import command
+from k3lab.registry.sweep import Sweep, profile_option
 from k3lab.registry.variants import DUPLICATE
 
 
@@ -72,8 +73,13 @@ def dropped_lines(sweep: Sweep, limit: int = MAX_DROPPED_LINES) -> list[str]:
     lines = [f"not run: {v.name} ({v.reason if v.status == DUPLICATE else f'{v.status}: {v.reason}'})"
              for v in dropped[:limit]]
     if len(dropped) > limit:
-        lines.append(f"not run: {len(dropped) - limit} more (k3lab variants {sweep.path} lists every variant)")
+        lines.append(f"not run: {len(dropped) - limit} more ({variants_command(sweep)} lists every variant)")
     return lines
+
+
+def variants_command(sweep: Sweep) -> str:
+    """`k3lab variants` of this sweep under its profile (`k3lab.hints`)."""
+    return command("variants", sweep.path, profile=profile_option(sweep))
 
 
 def policy_lines(sweep: Sweep) -> list[str]:

@@ -145,6 +145,14 @@ def resolve_profile(path: str | Path, profile: str | None) -> str | None:
     return wanted if wanted in sweep_profiles(path) else None
 
 
+def profile_option(sweep: Sweep) -> str | None:
+    """The `--profile` that a printed command needs to load `sweep` again on this machine (`k3lab.hints`):
+    None where `auto` picks its profile, else its name (`none` for the top-level settings)."""
+    if resolve_profile(sweep.path, "auto") == sweep.profile:
+        return None
+    return sweep.profile or "none"
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         document = read_yaml(path)

@@ -121,7 +121,8 @@ def present(run: SweepRun, parent_run_id: str, state: str | None = None) -> None
     sweep = run.sweep
     present_sweep(run.tracking_uri, parent_run_id, axes=[axis.name for axis in sweep.axes],
                   metric=sweep.metric.name, variant_order=[v.name for v in sweep.valid_variants],
-                  description=sweep.description, title=sweep_title(run), state=state)
+                  description=sweep.description, title=sweep_title(run), state=state,
+                  next_steps=(run.hint("sweep", resume=True), run.hint("report", close=True)))
 
 
 def sweep_title(run: SweepRun) -> str:

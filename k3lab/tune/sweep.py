@@ -311,7 +311,7 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
     plan = sweep_preflight(run, progress=live)
     dataset = run_preflight_overlapped(plan)  # tokenizing while Ray starts
     if run.resume:  # after the preflight, which found the tracking server answering
-        check_parent_run(run.state_file, run.tracking_uri)
+        check_parent_run(run.state_file, run.tracking_uri, run.hint("sweep", overwrite=True))
     if run.uses_gpus:
         use_kernel_cache(run.kernel_cache)  # created, writable, and this process points at it
     if run.overwrite:
