@@ -122,13 +122,20 @@ def policy_lines(sweep: Sweep) -> list[str]:
 
 
 def group_lines(sweep: Sweep) -> list[str]:
-    """With `baseline: {axis: value}`: which baseline each group is compared with."""
+    """The baseline the variants are compared with, or with `baseline: {axis: value}` (or two axes
+    and no `baseline:`) which baseline each group is compared with."""
     if not sweep.baseline_axes:
-        return []
+        return [f"baseline: {sweep.baseline}"] if len(sweep.valid_variants) > 1 else []
     wanted = ", ".join(f"{k}={v}" for k, v in sweep.baseline_axes.items())
     groups = sorted(set(sweep.baselines.values()), key=list(sweep.baselines.values()).index)
-    return [f"baselines: {wanted} in each group of the other axes' values ({len(groups)} group"
-            f"{'s' if len(groups) != 1 else ''}: {', '.join(groups)})"]
+    lines = [f"baselines: {wanted} in each group of the other axes' values ({len(groups)} group"
+             f"{'s' if len(groups) != 1 else ''}: {', '.join(groups)})"]
+    by_name = {v.name: v for v in sweep.variants}
+    axes = {axis.name for axis in sweep.axes}
+    outside = [name for name in sweep.baselines if set(by_name[name].overrides) != axes]
+    if outside:  # explicit variants, in no group of the axes
+        lines.append(f"baseline: {sweep.baseline} for {', '.join(outside)} (in no group of the axes)")
+    return lines
 
 
 def data_notes(sweep: Sweep) -> list[str]:
