@@ -135,9 +135,9 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
                                  execution=trainer.execution())
         tracker.set_tags({runs.DEVICE: device_name(trainer.device)})
         tracker.log_params(data_params(trainer))
-        if started_at is not None:  # the part of startup_s before the first step, and its parts
-            tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, data_s),
-                                trainer.step)
+        if started_at is not None:  # the part of startup_s before the first step, and its parts, at the
+            tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, data_s),  # step it starts from
+                                state["step"] if state else trainer.step)
     if reporter is not None:
         reporter.tracker = tracker
     slot = TrainingSlot(spec.training_slots, slot_folder(trainer.device)) \
