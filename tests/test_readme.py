@@ -41,6 +41,11 @@ def test_readme_says_how_to_get_a_cpu_only_torch_and_keeps_the_quick_start_comma
     assert all(f"```bash\n{command}\n```" in README for command in QUICK_START)
 
 
+def test_the_no_gpu_note_comes_before_the_first_command_that_installs_torch():
+    """It came after the quick-start commands, which on Linux pull a ~6.5 GB CUDA build."""
+    assert README.index("**No GPU?**") < README.index("pip install -e .")
+
+
 def readme_sample():
     """scripts/readme_sample.py, loaded by its path (scripts are run, not installed)."""
     import importlib.util

@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train one model (a preset or a model YAML) with live progress")
     train.add_argument("model", nargs="?", default="tiny", help="preset name (tiny, small, base) or model YAML path")
     train.add_argument("--steps", type=int, help="optimizer steps (default: the train spec's)")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=0,
+                       help=f"the run's seed, 0 .. {SEED_MAX}: its initial weights and the order of its training "
+                            "batches (default 0)")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                        help="override a model field (hidden_size=128) or a train field (train.batch_size=16)")
     train.add_argument("--tracking-uri", help=TRACKING_HELP)
@@ -324,7 +326,7 @@ SHARE_LABELS = {"starting": "starting up"}
 
 
 def run_sweep_command(args) -> int:
-    from k3lab.registry.commands import print_plan, variant_table
+    from k3lab.registry.commands import print_plan, print_variant_table
     from k3lab.tune.sigterm import stop_on_sigterm
     from k3lab.tune.sweep import run_sweep
 
@@ -350,7 +352,7 @@ def run_sweep_command(args) -> int:
         check_inputs(plan.train, plan.models, plan.train_from)
         if plan.local:
             check_cpu_memory(plan.models, plan.train, plan.gpus)
-        console.print(variant_table(sweep))
+        print_variant_table(console, sweep)
         console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
                       f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}"
                       + slots_clause(sweep.resources) + sharing_clause(run))

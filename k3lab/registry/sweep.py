@@ -159,6 +159,8 @@ def _read(path: Path) -> dict[str, Any]:
         document = read_yaml(path)
     except SpecError as error:
         raise UserError(f"{path}: {error}") from None
+    if document is None:  # nothing, or comments only
+        raise UserError(f"{path}: the file is empty: expected a mapping of sweep settings (name, base, axes, ...)")
     if not isinstance(document, dict):
         raise UserError(f"{path}: expected a mapping of sweep settings (name, base, axes, ...), got {describe(document)}")
     return document
