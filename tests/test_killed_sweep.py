@@ -111,3 +111,39 @@ def checkpointed_trial(folder: Path, driver, deadline: float) -> bool:
         except Exception:  # the store is not there yet
             continue
     return False
+
+
+def test_a_trial_whose_checkpoint_was_deleted_starts_again_on_resume_instead_of_failing_every_resume(tmp_path):
+    """Tune's restore failed the trial at every --resume ("Could not recover from checkpoint as it
+    does not exist on storage anymore"); only --overwrite helped."""
+    from ray import tune
+
+    from k3lab.tune.run import start_lost_trials_again
+    from k3lab.tune.trial import load_ray_checkpoint
+
+    tune_dir = tmp_path / "runs" / "mini"
+    kept, lost = tune_dir / "tune_trainable_ab_00000_0_x", tune_dir / "tune_trainable_ab_00001_1_y"
+    for folder in (kept / "checkpoint_000002", lost):
+        folder.mkdir(parents=True)
+    trials = [[json.dumps({"trial_id": f"ab_0000{i}"}),
+               json.dumps({"last_result": {"checkpoint_dir_name": "checkpoint_000002", "done": False,
+                                           "variant": variant, "seed": 0}})]
+              for i, variant in enumerate(("attnres_off", "attnres_bs1"))]
+    (tune_dir / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": trials}))
+    run = type("Run", (), {"tune_dir": tune_dir})()
+    said = []
+    start_lost_trials_again(run, say=said.append)
+    assert said == [f"attnres_bs1-s0: its checkpoint {lost / 'checkpoint_000002'} is gone: the trial starts again "
+                    "from its first step"]
+    assert load_ray_checkpoint(tune.Checkpoint.from_directory(str(lost / "checkpoint_000002"))) is None
+    start_lost_trials_again(run, say=said.append)
+    assert len(said) == 1  # the next --resume finds it there
+
+
+def test_a_trial_error_is_shown_without_rays_colour_codes(tmp_path):
+    from k3lab.tune.status import error_text, plain
+
+    assert plain("\x1b[36mray::ImplicitFunc.train()\x1b[39m (pid=1)") == "ray::ImplicitFunc.train() (pid=1)"
+    error_file = tmp_path / "error.txt"
+    error_file.write_text("\x1b[36mray::ImplicitFunc.train()\x1b[39m\nValueError: lost\n")
+    assert error_text(type("Trial", (), {"error_file": str(error_file)})()) == "ray::ImplicitFunc.train()\nValueError: lost\n"

@@ -532,8 +532,12 @@ def run_report(args) -> int:
 def check_report_flags(args, run, out: Path) -> None:
     """`k3lab report`'s flags, before any work: what fails only when the report is written would
     leave summary.json and the plots written and the markdown not."""
+    from k3lab.tune.preflight import check_writable
+
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file, not a folder (the report writes its plots and summary.json there)")
+    check_writable("--out" if args.out else "the report's folder (--out names another)", out)
+    check_store_writable(run)
     if args.markdown:
         check_markdown(Path(args.markdown), run.experiment)
     if args.gpu_log:
@@ -541,6 +545,28 @@ def check_report_flags(args, run, out: Path) -> None:
     names = {v.name for v in run.sweep.valid_variants}
     if args.baseline and args.baseline not in names:
         raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
+
+
+def check_store_writable(run) -> None:
+    """A local SQLite store that a report reads can also be written: the report records the sweep's
+    state and its UI view there, and SQLite writes a journal beside the file (in a read-only folder
+    each write was an MLflow traceback, and the report exited 0)."""
+    import os
+
+    from k3lab.store.tracking import sqlite_path
+    from k3lab.tune.preflight import check_writable
+
+    store = sqlite_path(run.tracking_uri)
+    if store is None or not store.exists():
+        return
+    problem = "the file is read-only" if not os.access(store, os.W_OK) else None
+    try:
+        check_writable("folder", store.parent)
+    except UserError:
+        problem = problem or f"its folder {store.parent} cannot be written (SQLite writes its journal there)"
+    if problem:
+        raise UserError(f"tracking store {store}: {problem}; the report records the sweep's state in it: copy the "
+                        "store to a folder you can write and pass --tracking-uri")
 
 
 def check_gpu_log(args) -> None:

@@ -185,6 +185,33 @@ def check_tune_folder(run: SweepRun) -> None:
         raise damaged(f"{states[-1].name} lists no trials")
 
 
+def lost_checkpoints(tune_dir: Path) -> list[tuple[str, Path]]:
+    """The checkpoint folders that the newest experiment state of an unfinished trial names and
+    that are gone (deleted by hand, a cleaned disk): Tune's restore of such a trial fails at every
+    `--resume` ("Could not recover from checkpoint as it does not exist on storage anymore").
+    Returns (the trial's name, the folder) of each."""
+    states = sorted(tune_dir.glob("experiment_state-*.json"))
+    if not states:
+        return []
+    lost = []
+    for trial, runtime in json.loads(states[-1].read_text()).get("trial_data", []):
+        trial, runtime = (json.loads(part) if isinstance(part, str) else part for part in (trial, runtime))
+        result = runtime.get("last_result") or {}
+        name = result.get("checkpoint_dir_name")
+        folders = sorted(tune_dir.glob(f"*_{trial.get('trial_id')}_*"))
+        if name and not result.get("done") and folders and not (folders[0] / name).exists():
+            lost.append((f"{result.get('variant', trial.get('trial_id'))}-s{result.get('seed', '?')}", folders[0] / name))
+    return lost
+
+
+def start_lost_trials_again(run: SweepRun, say=print) -> None:
+    """--resume: a trial whose checkpoint is gone (`lost_checkpoints`) starts again from its first
+    step; an empty folder stands in for the checkpoint, which its trial reads as none (`load_ray_checkpoint`)."""
+    for trial, folder in lost_checkpoints(run.tune_dir):
+        folder.mkdir()
+        say(f"{trial}: its checkpoint {folder} is gone: the trial starts again from its first step")
+
+
 def discard_earlier_run(run: SweepRun) -> None:
     """--overwrite, once the new sweep has passed every check: remove the old run's folders."""
     for folder in (run.tune_dir, run.ddp_dir):

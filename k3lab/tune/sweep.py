@@ -32,7 +32,7 @@ from k3lab.tune.mps import gpu_sharing
 from k3lab.tune.parent import ParentRun, record_sweep
 from k3lab.tune.preflight import Preflight, check_prepared, cuda_gpus, run_preflight_overlapped
 from k3lab.tune.reaper import Watchdog, end_leftovers
-from k3lab.tune.run import SweepRun, check_experiment_dir, discard_earlier_run
+from k3lab.tune.run import SweepRun, check_experiment_dir, discard_earlier_run, start_lost_trials_again
 from k3lab.tune.sigterm import keep_sigterm_handler, sigint_kept
 from k3lab.tune.trial import TrialSpec, tune_trainable
 from k3lab.tune.tunings import start_from_shipped
@@ -312,6 +312,7 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
     dataset = run_preflight_overlapped(plan)  # tokenizing while Ray starts
     if run.resume:  # after the preflight, which found the tracking server answering
         check_parent_run(run.state_file, run.tracking_uri, run.hint("sweep", overwrite=True))
+        start_lost_trials_again(run, say=say)
     if run.uses_gpus:
         use_kernel_cache(run.kernel_cache)  # created, writable, and this process points at it
     if run.overwrite:
@@ -422,7 +423,7 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
     import ray
 
     from k3lab.tune.progress import SweepProgress, earlier_trials, progress_mode
-    from k3lab.tune.status import MLflowStatusCallback
+    from k3lab.tune.status import MLflowStatusCallback, plain
 
     specs = trial_specs(run, parent_run_id, dataset_dir)
     progress = SweepProgress(run.sweep, specs, mode=progress_mode(live), tracking_uri=run.tracking_uri, say=say)
@@ -445,4 +446,4 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
             results = tuner.fit()
     if searcher.unfinished() if searcher is not None else progress.unfinished():  # Tune catches the first
         raise KeyboardInterrupt  # Ctrl-C, saves its state and returns
-    return [str(r.error).splitlines()[0] for r in results if r.error is not None], hardware
+    return [plain(str(r.error)).splitlines()[0] for r in results if r.error is not None], hardware
