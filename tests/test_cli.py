@@ -21,7 +21,7 @@ def test_k3lab_version_prints_the_package_version(capsys):
 
 
 def test_help_loads_neither_torch_ray_mlflow_nor_pyarrow():
-    """`k3lab --help` imported torch through every command module's imports (3.7 s on 2 cores)."""
+    """`k3lab --help` imported torch through every command module's imports: seconds before any help."""
     code = ("import sys, contextlib, io\n"
             "from k3lab.cli import main\n"
             "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"

@@ -194,13 +194,17 @@ def lost_checkpoints(tune_dir: Path) -> list[tuple[str, Path]]:
     if not states:
         return []
     lost = []
-    for trial, runtime in json.loads(states[-1].read_text()).get("trial_data", []):
-        trial, runtime = (json.loads(part) if isinstance(part, str) else part for part in (trial, runtime))
-        result = runtime.get("last_result") or {}
-        name = result.get("checkpoint_dir_name")
-        folders = sorted(tune_dir.glob(f"*_{trial.get('trial_id')}_*"))
-        if name and not result.get("done") and folders and not (folders[0] / name).exists():
-            lost.append((f"{result.get('variant', trial.get('trial_id'))}-s{result.get('seed', '?')}", folders[0] / name))
+    try:
+        for trial, runtime in json.loads(states[-1].read_text()).get("trial_data", []):
+            trial, runtime = (json.loads(part) if isinstance(part, str) else part for part in (trial, runtime))
+            result = runtime.get("last_result") or {}
+            name = result.get("checkpoint_dir_name")
+            folders = sorted(tune_dir.glob(f"*_{trial.get('trial_id')}_*"))
+            if name and not result.get("done") and folders and not (folders[0] / name).exists():
+                lost.append((f"{result.get('variant', trial.get('trial_id'))}-s{result.get('seed', '?')}",
+                             folders[0] / name))
+    except (OSError, ValueError, TypeError, AttributeError):  # a state of another shape: Tune's restore says
+        return []
     return lost
 
 
