@@ -260,6 +260,12 @@ def test_resume_refuses_a_changed_train_section_naming_the_field(tmp_path, sweep
     assert 'changed metric.mode from "min" to "max"' in capsys.readouterr().err
 
 
+def overwrite_hint(tmp_path, sweep_file) -> str:
+    """The `--overwrite` command a refusal prints for the sweep that `sweep_args` runs (`k3lab.hints`)."""
+    return (f"k3lab sweep {sweep_file} --storage {tmp_path / 'runs'} --tracking-uri sqlite:///{tmp_path / 'mlflow.db'} "
+            "--overwrite")
+
+
 @pytest.mark.parametrize("text, problem", [
     ("", "not JSON"), ('{"parent_run_id": "ab', "not JSON"), ("[1]", "a JSON list, not an object"),
     ("{}", "no parent_run_id"), ('{"trials": []}', "no parent_run_id"),
@@ -329,7 +335,7 @@ def test_a_damaged_tune_folder_is_refused_by_resume_before_mlflow_is_touched(
     capsys.readouterr()
     assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
     assert capsys.readouterr().err == (f"error: --resume: {folder} is not a resumable Ray Tune experiment ({problem}): "
-                                       "run with --overwrite to start again\n")
+                                       f"`{overwrite_hint(tmp_path, sweep_file)}` starts it again\n")
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -339,7 +345,7 @@ def test_a_run_stopped_before_its_tune_folder_is_named_alike_by_resume_and_a_pla
     state.parent.mkdir()
     state.write_text('{"parent_run_id": "0123abc"}')
     expected = (f"error: {state}: the earlier run of mini was stopped before any trial started "
-                f"(no {tmp_path / 'runs' / 'mini'}): --overwrite starts it again\n")
+                f"(no {tmp_path / 'runs' / 'mini'}): `{overwrite_hint(tmp_path, sweep_file)}` starts it again\n")
     for extra in (("--resume",), ()):
         assert main(sweep_args(tmp_path, sweep_file, *extra)) == 2
         assert capsys.readouterr().err == expected
