@@ -146,4 +146,5 @@ def test_a_trial_error_is_shown_without_rays_colour_codes(tmp_path):
     assert plain("\x1b[36mray::ImplicitFunc.train()\x1b[39m (pid=1)") == "ray::ImplicitFunc.train() (pid=1)"
     error_file = tmp_path / "error.txt"
     error_file.write_text("\x1b[36mray::ImplicitFunc.train()\x1b[39m\nValueError: lost\n")
-    assert error_text(type("Trial", (), {"error_file": str(error_file)})()) == "ray::ImplicitFunc.train()\nValueError: lost\n"
+    trial = type("Trial", (), {"error_file": str(error_file)})()
+    assert error_text(trial) == "ray::ImplicitFunc.train()\nValueError: lost\n"

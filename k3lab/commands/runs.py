@@ -55,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray instance)")
     sweep.add_argument("--resume", action="store_true", help="continue an interrupted run of this sweep")
     sweep.add_argument("--overwrite", action="store_true", help="discard an earlier run of this sweep and start again")
-    sweep.add_argument("--max-failures", type=int, default=MAX_FAILURES, help="retries of a crashed trial (from its checkpoint)")
+    sweep.add_argument("--max-failures", type=int, default=MAX_FAILURES,
+                       help="retries of a crashed trial (from its checkpoint)")
     sweep.add_argument("--max-concurrent", type=int, help="trials at a time (default: the sweep file's, else all "
                                                           "that fit)")
     sweep.add_argument("--stop-after", metavar="DURATION",
@@ -493,12 +494,12 @@ def stop_timer(seconds: float | None) -> StopTimer | None:
 
 
 def resume_command(args, run) -> str:
-    """The command that continues a stopped sweep: the options that point at it (`SweepRun.command`),
+    """The command that continues a stopped sweep: the options that point at it (`SweepRun.hint`),
     those of the stopped command that say how it runs, and --resume (never --overwrite, which would
     discard what it continues)."""
     return run.hint("sweep", kernel_cache=args.kernel_cache, max_concurrent=args.max_concurrent,
-                       max_failures=None if args.max_failures == MAX_FAILURES else args.max_failures,
-                       no_live=args.no_live, verbose=args.verbose, stop_after=args.stop_after, resume=True)
+                    max_failures=None if args.max_failures == MAX_FAILURES else args.max_failures,
+                    no_live=args.no_live, verbose=args.verbose, stop_after=args.stop_after, resume=True)
 
 
 def run_report(args) -> int:
@@ -551,8 +552,6 @@ def check_store_writable(run) -> None:
     """A local SQLite store that a report reads can also be written: the report records the sweep's
     state and its UI view there, and SQLite writes a journal beside the file (in a read-only folder
     each write was an MLflow traceback, and the report exited 0)."""
-    import os
-
     from k3lab.store.tracking import sqlite_path
     from k3lab.tune.preflight import check_writable
 
