@@ -1,7 +1,9 @@
 """The `k3lab` command.
 
 Each command group lives next to the code it drives and exposes
-`register(subparsers)`, which adds its sub-commands and sets `func` on them.
+`register(subparsers)`, which adds its sub-commands and sets `func` on them. A command
+module imports what its commands need (torch, Ray, MLflow, pyarrow) inside them, so that
+`k3lab --help` and `--version` load none of those.
 `main` turns a `UserError` into one line on stderr and exit code 2.
 """
 
@@ -12,6 +14,7 @@ import importlib
 import shlex
 import sys
 
+import k3lab
 from k3lab.errors import UserError
 
 COMMAND_MODULES = (
@@ -27,6 +30,7 @@ COMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="k3lab", description="Architecture ablations of the Kimi K3 decoder.")
+    parser.add_argument("--version", action="version", version=f"k3lab {k3lab.__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

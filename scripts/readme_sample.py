@@ -13,9 +13,10 @@ commit its store, on a CPU machine, in an empty folder:
     xz -9 -c mlflow.db > docs/runs/attnres_block-cpu-DATE.db.xz && cp attnres_block-cpu.sweep.log docs/runs/attnres_block-cpu-DATE.sweep.log
     python scripts/readme_sample.py --write
 
-val_loss, params and active are the same in every CPU run of the same code (the trials are
-deterministic: tests/test_readme.py trains the baseline again and compares); tokens/s depends
-on the machine and on what else runs on it.
+params and active are the same on any machine; val_loss is the same in every run of the same code
+on one CPU (the trials are deterministic) and near it on a CPU of another instruction set (the README
+says how near; tests/test_readme.py trains the baseline again and compares); tokens/s depends on the
+machine and on what else runs on it.
 """
 
 from __future__ import annotations

@@ -49,6 +49,40 @@ def test_a_baseline_by_axis_values_gives_every_group_its_own(tmp_path, capsys):
             "(2 groups: attnres_off_top1, attnres_off_top2)") in out
 
 
+def test_a_second_axis_without_a_baseline_compares_each_group_with_its_own_and_says_so(tmp_path, capsys):
+    """It compared every variant with the first standard-residual variant (attnres_off_top1, also for
+    the top-2 variants), and neither `variants` nor `--dry-run` named it."""
+    path = write(tmp_path, TWO_AXES.replace("baseline: attnres_off ", "# "))
+    sweep = load_sweep(path, "cpu")
+    assert sweep.baselines == {f"attnres_{b}_top{k}": f"attnres_off_top{k}"
+                               for b in ("full", "bs2", "bs4", "bs8") for k in (1, 2)}
+    printed = ("baselines: attn_res_block_size=off in each group of the other axes' values "
+               "(2 groups: attnres_off_top1, attnres_off_top2)")
+    assert main(["variants", str(path), "--profile", "cpu"]) == 0
+    assert printed in " ".join(capsys.readouterr().out.split())
+    assert main(["sweep", str(path), "--profile", "cpu", "--dry-run", "--storage", str(tmp_path / "runs")]) == 0
+    assert printed in " ".join(capsys.readouterr().out.split())
+
+
+def test_without_a_baseline_the_first_axis_is_compared_and_a_variant_in_no_group_meets_the_first_baseline(capsys):
+    """moe_ablation: latent MoE against plain MoE at the same top-k and shared expert; the explicit
+    `dense` variant (in no group of the axes) against the first variant."""
+    path = REPO / "experiments" / "moe_ablation.yaml"
+    sweep = load_sweep(path, "cpu")
+    assert sweep.baselines == {f"ffn_latent_moe_top{k}_shared{s}": f"ffn_moe_top{k}_shared{s}"
+                               for k in (1, 2) for s in (0, 1)} | {"dense": "ffn_moe_top1_shared0"}
+    assert main(["variants", str(path), "--profile", "cpu"]) == 0
+    assert "baseline: ffn_moe_top1_shared0 for dense (in no group of the axes)" in capsys.readouterr().out
+
+
+def test_variants_and_dry_run_name_the_one_baseline(tmp_path, capsys):
+    path = REPO / "experiments" / "attnres_block.yaml"
+    assert main(["variants", str(path), "--profile", "cpu"]) == 0
+    assert "baseline: attnres_off\n" in capsys.readouterr().out
+    assert main(["sweep", str(path), "--profile", "cpu", "--dry-run", "--storage", str(tmp_path / "runs")]) == 0
+    assert "baseline: attnres_off\n" in capsys.readouterr().out
+
+
 def test_the_one_axis_file_keeps_its_name_form():
     sweep = load_sweep(REPO / "experiments" / "attnres_block.yaml", "cpu")
     assert sweep.baseline == "attnres_off"

@@ -144,7 +144,8 @@ def test_sweep_refuses_to_mix_runs_and_to_resume_nothing(tmp_path, sweep_file, c
     assert "no earlier run of mini" in capsys.readouterr().err
     (tmp_path / "runs" / "mini").mkdir(parents=True)
     assert main(sweep_args(tmp_path, sweep_file)) == 2
-    assert "pass --resume to continue it or --overwrite" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--resume` continues it" in err and "--overwrite` starts it again" in err
 
 
 def test_resume_and_overwrite_together_are_refused_before_the_earlier_run_is_touched(tmp_path, sweep_file, capsys):
@@ -259,6 +260,12 @@ def test_resume_refuses_a_changed_train_section_naming_the_field(tmp_path, sweep
     assert 'changed metric.mode from "min" to "max"' in capsys.readouterr().err
 
 
+def overwrite_hint(tmp_path, sweep_file) -> str:
+    """The `--overwrite` command a refusal prints for the sweep that `sweep_args` runs (`k3lab.hints`)."""
+    return (f"k3lab sweep {sweep_file} --storage {tmp_path / 'runs'} --tracking-uri sqlite:///{tmp_path / 'mlflow.db'} "
+            "--overwrite")
+
+
 @pytest.mark.parametrize("text, problem", [
     ("", "not JSON"), ('{"parent_run_id": "ab', "not JSON"), ("[1]", "a JSON list, not an object"),
     ("{}", "no parent_run_id"), ('{"trials": []}', "no parent_run_id"),
@@ -278,7 +285,8 @@ def test_a_damaged_state_file_is_named_in_one_line_by_resume_and_report(tmp_path
         assert main(args) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {state}: not a k3lab sweep state file ({problem}")
-        assert err.count("\n") == 1 and err.endswith("`k3lab sweep ... --overwrite` starts the sweep again\n")
+        assert err.count("\n") == 1 and err.endswith(" --overwrite` starts the sweep again\n")
+        assert f"`k3lab sweep {sweep_file} --storage {tmp_path / 'runs'}" in err  # run as printed, it acts on this sweep
     assert main(sweep_args(tmp_path, sweep_file)) == 2  # a plain run still asks for --resume or --overwrite
     assert "--overwrite" in capsys.readouterr().err
 
@@ -327,7 +335,7 @@ def test_a_damaged_tune_folder_is_refused_by_resume_before_mlflow_is_touched(
     capsys.readouterr()
     assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
     assert capsys.readouterr().err == (f"error: --resume: {folder} is not a resumable Ray Tune experiment ({problem}): "
-                                       "run with --overwrite to start again\n")
+                                       f"`{overwrite_hint(tmp_path, sweep_file)}` starts it again\n")
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -337,7 +345,7 @@ def test_a_run_stopped_before_its_tune_folder_is_named_alike_by_resume_and_a_pla
     state.parent.mkdir()
     state.write_text('{"parent_run_id": "0123abc"}')
     expected = (f"error: {state}: the earlier run of mini was stopped before any trial started "
-                f"(no {tmp_path / 'runs' / 'mini'}): --overwrite starts it again\n")
+                f"(no {tmp_path / 'runs' / 'mini'}): `{overwrite_hint(tmp_path, sweep_file)}` starts it again\n")
     for extra in (("--resume",), ()):
         assert main(sweep_args(tmp_path, sweep_file, *extra)) == 2
         assert capsys.readouterr().err == expected

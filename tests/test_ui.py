@@ -268,7 +268,29 @@ def test_report_of_a_sweep_stopped_before_its_tune_folder_suggests_overwrite_not
     (tmp_path / "runs" / "mini.k3lab.json").write_text(json.dumps({"parent_run_id": parent_run_id, "tracking_uri": uri}))
     assert main(["report", str(sweep_file), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"`k3lab sweep {sweep_file} --overwrite` starts it again" in out and "--resume" not in out
+    assert (f"`k3lab sweep {sweep_file} --storage {tmp_path / 'runs'} --tracking-uri {uri} --overwrite` starts it again"
+            in out and "--resume" not in out)
+
+
+def test_report_of_a_sweep_killed_before_any_trial_logged_a_metric_is_a_report_not_a_traceback(tmp_path, sweep_file,
+                                                                                              capsys):
+    """plot_loss_curves ended in `ValueError: number sections must be larger than 0` (a legend of 0 columns)."""
+    import json
+
+    from k3lab.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = MLflowTracker.start(uri, "mini", "mini", tags=runs.sweep_tags(
+        "mini", None, "0", "abc", "two variants", "k3lab sweep mini.yaml", "attnres_off"))
+    for variant in ("attnres_off", "attnres_bs1"):  # started, killed before their first step
+        MLflowTracker.start(uri, "mini", f"{variant}-s0", tags=runs.trial_tags(f"id-{variant}", variant, 0),
+                            parent_run_id=parent.run_id).flush()
+    parent.flush()
+    (tmp_path / "runs" / "mini").mkdir(parents=True)
+    (tmp_path / "runs" / "mini.k3lab.json").write_text(json.dumps({"parent_run_id": parent.run_id, "tracking_uri": uri}))
+    assert main(["report", str(sweep_file), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert "attnres_bs1" in out and (tmp_path / "runs" / "mini_report" / "loss_curves.png").exists()
 
 
 def verdicts_of(summary: dict) -> dict[str, tuple]:

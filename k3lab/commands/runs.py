@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shlex
 import signal
 import sys
 import threading
@@ -20,6 +19,7 @@ from k3lab.registry.spec import METRICS, SEED_MAX, duration_seconds
 
 STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
+MAX_FAILURES = 2  # --max-failures' default
 STOPPED_ON_TIME = 3  # exit code of a sweep --stop-after stopped: resumable, not failed
 
 
@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train one model (a preset or a model YAML) with live progress")
     train.add_argument("model", nargs="?", default="tiny", help="preset name (tiny, small, base) or model YAML path")
     train.add_argument("--steps", type=int, help="optimizer steps (default: the train spec's)")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=0,
+                       help=f"the run's seed, 0 .. {SEED_MAX}: its initial weights and the order of its training "
+                            "batches (default 0)")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                        help="override a model field (hidden_size=128) or a train field (train.batch_size=16)")
     train.add_argument("--tracking-uri", help=TRACKING_HELP)
@@ -53,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray instance)")
     sweep.add_argument("--resume", action="store_true", help="continue an interrupted run of this sweep")
     sweep.add_argument("--overwrite", action="store_true", help="discard an earlier run of this sweep and start again")
-    sweep.add_argument("--max-failures", type=int, default=2, help="retries of a crashed trial (from its checkpoint)")
+    sweep.add_argument("--max-failures", type=int, default=MAX_FAILURES,
+                       help="retries of a crashed trial (from its checkpoint)")
     sweep.add_argument("--max-concurrent", type=int, help="trials at a time (default: the sweep file's, else all "
                                                           "that fit)")
     sweep.add_argument("--stop-after", metavar="DURATION",
@@ -323,7 +326,7 @@ SHARE_LABELS = {"starting": "starting up"}
 
 
 def run_sweep_command(args) -> int:
-    from k3lab.registry.commands import print_plan, variant_table
+    from k3lab.registry.commands import print_plan, print_variant_table
     from k3lab.runtime.sigterm import stop_on_sigterm
     from k3lab.tune.sweep import run_sweep
 
@@ -349,7 +352,7 @@ def run_sweep_command(args) -> int:
         check_inputs(plan.train, plan.models, plan.train_from)
         if plan.local:
             check_cpu_memory(plan.models, plan.train, plan.gpus)
-        console.print(variant_table(sweep))
+        print_variant_table(console, sweep)
         console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
                       f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}"
                       + slots_clause(sweep.resources) + sharing_clause(run))
@@ -387,7 +390,7 @@ def stopped_sweep(args, run, on_time: bool) -> int:
                else "sweep stopped by SIGTERM" if terminated else "sweep stopped")
     resumable = run.state_file.exists() and run.tune_dir.exists()  # what --resume needs to go on
     if resumable:
-        print(f"{stopped}, its state saved: continue it with `{resume_command(args.command_line)}`",
+        print(f"{stopped}, its state saved: continue it with `{resume_command(args, run)}`",
               file=sys.stderr)
     if terminated:
         if not resumable:
@@ -489,11 +492,13 @@ def stop_timer(seconds: float | None) -> StopTimer | None:
     return timer
 
 
-def resume_command(command_line: str) -> str:
-    """The command that continues a stopped sweep: the same one with --resume (and never --overwrite,
-    which would discard what it continues)."""
-    words = [word for word in shlex.split(command_line) if word != "--overwrite"]
-    return shlex.join(words if "--resume" in words else [*words, "--resume"])
+def resume_command(args, run) -> str:
+    """The command that continues a stopped sweep: the options that point at it (`SweepRun.hint`),
+    those of the stopped command that say how it runs, and --resume (never --overwrite, which would
+    discard what it continues)."""
+    return run.hint("sweep", kernel_cache=args.kernel_cache, max_concurrent=args.max_concurrent,
+                    max_failures=None if args.max_failures == MAX_FAILURES else args.max_failures,
+                    no_live=args.no_live, verbose=args.verbose, stop_after=args.stop_after, resume=True)
 
 
 def run_report(args) -> int:
@@ -550,8 +555,12 @@ def report_design(args, run, parent_run_id: str) -> dict:
 def check_report_flags(args, run, out: Path) -> None:
     """`k3lab report`'s flags, before any work: what fails only when the report is written would
     leave summary.json and the plots written and the markdown not."""
+    from k3lab.tune.preflight import check_writable
+
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file, not a folder (the report writes its plots and summary.json there)")
+    check_writable("--out" if args.out else "the report's folder (--out names another)", out)
+    check_store_writable(run)
     if args.markdown:
         check_markdown(Path(args.markdown), run.experiment)
     if args.gpu_log:
@@ -559,6 +568,26 @@ def check_report_flags(args, run, out: Path) -> None:
     names = {v.name for v in run.sweep.valid_variants}
     if args.baseline and args.baseline not in names:
         raise UserError(f"--baseline {args.baseline}: not a variant of {args.file} ({', '.join(sorted(names))})")
+
+
+def check_store_writable(run) -> None:
+    """A local SQLite store that a report reads can also be written: the report records the sweep's
+    state and its UI view there, and SQLite writes a journal beside the file (in a read-only folder
+    each write was an MLflow traceback, and the report exited 0)."""
+    from k3lab.store.tracking import sqlite_path
+    from k3lab.tune.preflight import check_writable
+
+    store = sqlite_path(run.tracking_uri)
+    if store is None or not store.exists():
+        return
+    problem = "the file is read-only" if not os.access(store, os.W_OK) else None
+    try:
+        check_writable("folder", store.parent)
+    except UserError:
+        problem = problem or f"its folder {store.parent} cannot be written (SQLite writes its journal there)"
+    if problem:
+        raise UserError(f"tracking store {store}: {problem}; the report records the sweep's state in it: copy the "
+                        "store to a folder you can write and pass --tracking-uri")
 
 
 def check_gpu_log(args) -> None:
@@ -612,8 +641,8 @@ def check_interrupted(console, run, parent_run_id: str, close: bool) -> str:
     driver = parent.data.tags.get(runs.DRIVER)
     console.print(f"[yellow]interrupted: the parent run {parent_run_id} of {run.experiment} is still RUNNING but "
                   + (f"its driver ({driver}) is gone" if driver else "no trial has run for a while")
-                  + f"; `k3lab sweep {run.sweep.path} {again_flag(run)}` {again_verb(run)}, "
-                  f"`k3lab report {run.sweep.path} --close` ends it")
+                  + f"; `{run.hint('sweep', **{again_flag(run): True})}` {again_verb(run)}, "
+                  f"`{run.hint('report', close=True)}` ends it")
     return state
 
 
@@ -637,7 +666,7 @@ def stopped_before_trials(run) -> bool:
 
 
 def again_flag(run) -> str:
-    return "--overwrite" if stopped_before_trials(run) else "--resume"
+    return "overwrite" if stopped_before_trials(run) else "resume"
 
 
 def again_verb(run) -> str:
@@ -651,7 +680,7 @@ def find_parent_run(run) -> str:
     from k3lab.store.state import check_parent_run
 
     if run.state_file.exists():  # its own file and store checks, a damaged state file first
-        return check_parent_run(run.state_file, run.tracking_uri)
+        return check_parent_run(run.state_file, run.tracking_uri, run.hint("sweep", overwrite=True))
     check_store_to_read(run)
     run_id = latest_sweep_run(run.tracking_uri, run.experiment)
     if run_id is None:

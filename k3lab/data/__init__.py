@@ -11,15 +11,37 @@ Typical use in a trainer:
     bpb = ds.bits_per_byte(val_loss_nats)
 """
 
-from k3lab.data.cache import cache_root
-from k3lab.data.dataset import Dataset
-from k3lab.data.prepare import (DEFAULT_VAL_FRACTION, find_datasets, list_datasets, load_dataset_info,
-                                 prepare_dataset)
-from k3lab.data.sampler import BatchSampler
-from k3lab.data.sources import Document, get_source
-from k3lab.data.tokenizer import ByteTokenizer, FileTokenizer, get_tokenizer
+import importlib
+
+_EXPORTS = {  # name -> the module it comes from, imported on first use (`k3lab --help` imports no torch)
+    'cache_root': 'k3lab.data.cache',
+    'Dataset': 'k3lab.data.dataset',
+    'DEFAULT_VAL_FRACTION': 'k3lab.data.prepare',
+    'find_datasets': 'k3lab.data.prepare',
+    'list_datasets': 'k3lab.data.prepare',
+    'load_dataset_info': 'k3lab.data.prepare',
+    'prepare_dataset': 'k3lab.data.prepare',
+    'BatchSampler': 'k3lab.data.sampler',
+    'Document': 'k3lab.data.sources',
+    'get_source': 'k3lab.data.sources',
+    'ByteTokenizer': 'k3lab.data.tokenizer',
+    'FileTokenizer': 'k3lab.data.tokenizer',
+    'get_tokenizer': 'k3lab.data.tokenizer',
+}
 
 __all__ = [
     "BatchSampler", "ByteTokenizer", "DEFAULT_VAL_FRACTION", "Dataset", "Document", "FileTokenizer",
     "cache_root", "find_datasets", "get_source", "get_tokenizer", "list_datasets", "load_dataset_info", "prepare_dataset",
 ]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from k3lab.data.bpe import MAX_VOCAB, MIN_VOCAB
-from k3lab.data.dataset import Dataset
-from k3lab.data.prepare import DEFAULT_VAL_FRACTION, check_options, find_datasets, list_datasets, prepare_dataset
-from k3lab.data.split import SPLITS
+from k3lab.data.split import DEFAULT_VAL_FRACTION, SPLITS
 from k3lab.errors import UserError
+from k3lab.hints import command
+
+if TYPE_CHECKING:  # imported where used: `k3lab --help` registers these commands without numpy or pyarrow
+    from rich.table import Table
+
+    from k3lab.data.dataset import Dataset
 
 SOURCE_HELP = "'stdlib' (default, offline), 'stdlib+tests', 'packages' (every installed package's source and docs, offline), a .txt/.jsonl/.parquet file or directory, or hf:NAME[:CONFIG][@SPLIT]"
 
@@ -44,6 +47,10 @@ def _common(parser: argparse.ArgumentParser, val_default: float | None = DEFAULT
 
 
 def run_prepare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from k3lab.data.prepare import prepare_dataset
+
     ds = prepare_dataset(args.source, args.tokenizer, args.cache_dir, args.val_fraction,
                          progress=not args.no_progress)
     console = Console()
@@ -53,6 +60,10 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from k3lab.data.prepare import check_options, find_datasets, list_datasets
+
     check_options(args.tokenizer, args.val_fraction)  # as prepare does, with or without a source
     if args.source is None:
         found = list_datasets(args.cache_dir)
@@ -61,7 +72,7 @@ def run_info(args: argparse.Namespace) -> int:
         if not found:
             raise UserError(f"source '{args.source}' with tokenizer '{args.tokenizer}' is not prepared"
                             f"{'' if args.val_fraction is None else f' with val fraction {args.val_fraction}'}; "
-                            f"run `k3lab data prepare {args.source}`")
+                            f"run `{prepare_command(args)}`")
     console = Console()
     if not found:
         console.print("no prepared datasets")
@@ -72,6 +83,8 @@ def run_info(args: argparse.Namespace) -> int:
 
 def dataset_table(ds: Dataset) -> Table:
     """Per split: documents, tokens, UTF-8 bytes, bytes/token, shards; source facts in the caption."""
+    from rich.table import Table
+
     m = ds.manifest
     table = Table(title=f"{m['source']}  [dim]({m['tokenizer']}, vocab {m['vocab_size']}, {m['dtype']})[/dim]",
                   caption=f"fingerprint {m['fingerprint'][:16]}\npath {ds.path}", title_justify="left",
@@ -83,3 +96,9 @@ def dataset_table(ds: Dataset) -> Table:
         table.add_row(split, f"{s['documents']:,}", f"{s['tokens']:,}", f"{s['bytes']:,}",
                       f"{ds.bytes_per_token(split):.3f}", str(len(s["shards"])))
     return table
+
+
+def prepare_command(args: argparse.Namespace) -> str:
+    """`k3lab data prepare` of the dataset `info` looked for, in the same cache (`k3lab.hints`)."""
+    return command("data", "prepare", args.source, tokenizer=None if args.tokenizer == "byte" else args.tokenizer,
+                   cache_dir=args.cache_dir, val_fraction=args.val_fraction)

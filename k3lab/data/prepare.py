@@ -26,12 +26,11 @@ from k3lab.data.dataset import MANIFEST, TOKENIZER_FILE, Dataset
 from k3lab.data.progress import progress_bar
 from k3lab.data.shards import DEFAULT_SHARD_TOKENS, ShardWriter, token_dtype
 from k3lab.data.sources import Document, Source, get_source
-from k3lab.data.split import SPLITS, SplitTracker, assign, check_documents
+from k3lab.data.split import DEFAULT_VAL_FRACTION, SPLITS, SplitTracker, assign, check_documents
 from k3lab.data.tokenizer import FileTokenizer, get_tokenizer
 from k3lab.errors import UserError
 
 FORMAT_VERSION = 1
-DEFAULT_VAL_FRACTION = 0.02
 BATCH_DOCUMENTS = 256  # documents per encode_batch call
 
 

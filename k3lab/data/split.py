@@ -14,6 +14,8 @@ import hashlib
 
 from k3lab.errors import UserError
 
+DEFAULT_VAL_FRACTION = 0.02  # share of documents held out for validation
+
 TRAIN, VAL = "train", "val"
 SPLITS = (TRAIN, VAL)
 

@@ -13,16 +13,48 @@ See `spec` for the file format's sections, `axes` for derived axes,
 matching and `profiles` for profile merging.
 """
 
-from k3lab.registry.axes import Axis, axis_names
-from k3lab.registry.counts import ParamCounts, count
-from k3lab.registry.presets import list_presets, load_preset
-from k3lab.registry.spec import BaseSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SweepSpec
-from k3lab.train.spec import TrainSpec
-from k3lab.registry.sweep import Sweep, Trial, load_sweep, resolve_profile, sweep_profiles
-from k3lab.registry.variants import Point, Variant, config_id, expand, points
+import importlib
+
+_EXPORTS = {  # name -> the module it comes from, imported on first use (`k3lab --help` imports no torch)
+    'Axis': 'k3lab.registry.axes',
+    'axis_names': 'k3lab.registry.axes',
+    'ParamCounts': 'k3lab.registry.counts',
+    'count': 'k3lab.registry.counts',
+    'list_presets': 'k3lab.registry.presets',
+    'load_preset': 'k3lab.registry.presets',
+    'BaseSpec': 'k3lab.registry.spec',
+    'MatchSpec': 'k3lab.registry.spec',
+    'MetricSpec': 'k3lab.registry.spec',
+    'ResourceSpec': 'k3lab.registry.spec',
+    'SchedulerSpec': 'k3lab.registry.spec',
+    'SweepSpec': 'k3lab.registry.spec',
+    'TrainSpec': 'k3lab.train.spec',
+    'Sweep': 'k3lab.registry.sweep',
+    'Trial': 'k3lab.registry.sweep',
+    'load_sweep': 'k3lab.registry.sweep',
+    'resolve_profile': 'k3lab.registry.sweep',
+    'sweep_profiles': 'k3lab.registry.sweep',
+    'Point': 'k3lab.registry.variants',
+    'Variant': 'k3lab.registry.variants',
+    'config_id': 'k3lab.registry.variants',
+    'expand': 'k3lab.registry.variants',
+    'points': 'k3lab.registry.variants',
+}
 
 __all__ = [
     "Axis", "BaseSpec", "MatchSpec", "MetricSpec", "ParamCounts", "Point", "ResourceSpec", "SchedulerSpec", "Sweep",
     "SweepSpec", "TrainSpec", "Trial", "Variant", "axis_names", "config_id", "count", "expand", "list_presets",
     "load_preset", "load_sweep", "points", "resolve_profile", "sweep_profiles",
 ]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -9,16 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+if TYPE_CHECKING:  # imported where used: `k3lab --help` registers this command without torch
+    from rich.console import Console
+    from rich.table import Table
 
-from k3lab.registry.counts import count
-from k3lab.registry.plan import plan_lines
-from k3lab.registry.sweep import Sweep, load_sweep, resolve_profile
-from k3lab.registry.variants import OK, REJECTED, Variant
+    from k3lab.registry.sweep import Sweep
+    from k3lab.registry.variants import Variant
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,32 +36,71 @@ def add_profile_argument(parser: argparse.ArgumentParser) -> None:
 
 def load_sweep_for(path: str, profile: str) -> Sweep:
     """The sweep in `path` under the profile a `--profile` flag names (see `resolve_profile`)."""
+    from k3lab.registry.sweep import load_sweep, resolve_profile
+
     return load_sweep(path, resolve_profile(path, profile))  # a UserError when nothing is valid
 
 
 def print_plan(console: Console, sweep: Sweep) -> None:
     """The plan header and notes (see `k3lab.registry.plan`)."""
+    from rich.markup import escape
+
+    from k3lab.registry.plan import plan_lines
+
     for line in plan_lines(sweep):
         console.print(escape(line))
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     sweep = load_sweep_for(args.file, args.profile)
     if args.json:
         print(json.dumps([_json(sweep, v) for v in sweep.variants], indent=2))
         return 0
     console = Console(file=sys.stdout, width=max(Console().width, 140))
     print_plan(console, sweep)
-    console.print(variant_table(sweep))
+    print_variant_table(console, sweep)
     return 0
+
+
+def print_variant_table(console: Console, sweep: Sweep) -> None:
+    """`variant_table`, as wide as it needs to be: no id or override is wrapped inside (`variant_table`),
+    and no column cropped at the right, as rich does to a table whose columns do not fit."""
+    table = variant_table(sweep)
+    width = console.width
+    while width < 1000 and cropped(table, width):
+        width += 2
+    width, console.width = console.width, width  # print(width=) is capped at console.width
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
+def cropped(table: Table, width: int) -> bool:
+    """Whether `table` printed `width` columns wide loses the right end of a line."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(table)
+    return any(line and line[-1] not in "┓┃┫┩│┤┘" for line in console.file.getvalue().splitlines())
 
 
 def variant_table(sweep: Sweep) -> Table:
     """A rich table of the sweep's variants with their sizes and status (`print_plan` heads it)."""
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table()
+    # an id and an override never wrap inside (`attn_res_block_size=16`, not `=1|6`): overrides wrap between them
+    widest = {"id": max(len(v.id) for v in sweep.variants),
+              "overrides": max((len(part) + 1 for v in sweep.variants for part in _override_parts(v)), default=0)}
     for header, justify in (("id", "left"), ("name", "left"), ("overrides", "left"), ("layers", "left"),
                             ("total", "right"), ("active", "right"), ("FLOPs/tok", "right"), ("status", "left")):
-        table.add_column(header, justify=justify, overflow="fold")
+        table.add_column(header, justify=justify, overflow="fold", min_width=widest.get(header))
     for variant in sweep.variants:
         table.add_row(variant.id, escape(variant.name), escape(_overrides(variant)), *_sizes(sweep, variant),
                       _status(variant))
@@ -71,9 +108,13 @@ def variant_table(sweep: Sweep) -> Table:
 
 
 def _overrides(variant: Variant) -> str:
+    return ", ".join(_override_parts(variant)) or "(base)"
+
+
+def _override_parts(variant: Variant) -> list[str]:
+    """`field=value` per swept field, then the fields parameter matching resized."""
     parts = [f"{k}={_show(v)}" for k, v in variant.overrides.items()]
-    parts += [f"{k}={v} (matched)" for k, v in variant.matched.items()]
-    return ", ".join(parts) or "(base)"
+    return parts + [f"{k}={v} (matched)" for k, v in variant.matched.items()]
 
 
 def _show(value: Any) -> str:
@@ -85,6 +126,8 @@ def _show(value: Any) -> str:
 
 
 def _sizes(sweep: Sweep, variant: Variant) -> tuple[str, str, str, str]:
+    from k3lab.registry.counts import count
+
     if variant.config is None:
         return "-", "-", "-", "-"
     counts = count(variant.config, sweep.train.seq_len)
@@ -92,6 +135,10 @@ def _sizes(sweep: Sweep, variant: Variant) -> tuple[str, str, str, str]:
 
 
 def _status(variant: Variant) -> str:
+    from rich.markup import escape
+
+    from k3lab.registry.variants import OK, REJECTED
+
     if variant.status == OK:
         return "[green]ok[/green]"
     colour = "red" if variant.status == REJECTED else "yellow"
@@ -107,6 +154,8 @@ def _human(n: int) -> str:
 
 
 def _json(sweep: Sweep, variant: Variant) -> dict[str, Any]:
+    from k3lab.registry.counts import count
+
     data = variant.to_json()
     if variant.config is not None:
         counts = count(variant.config, sweep.train.seq_len)

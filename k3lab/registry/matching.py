@@ -19,7 +19,6 @@ probe builds the model on the meta device once (cached).
 from __future__ import annotations
 
 from k3lab.model.config import KimiK3Config
-from k3lab.registry.counts import count
 from k3lab.registry.spec import MatchSpec
 
 MAX_GROWTH = 64  # never search above MAX_GROWTH times the current value
@@ -54,6 +53,8 @@ def _within(value: int, target: int, tolerance: float) -> bool:
 
 
 def _count(config: KimiK3Config, spec: MatchSpec, seq_len: int | None) -> int:
+    from k3lab.registry.counts import count  # torch: imported on first use
+
     return count(config, seq_len).get(spec.by)
 
 

@@ -8,7 +8,8 @@ all print first, so a preview and the run it previews read the same.
 
 from __future__ import annotations
 
-from k3lab.registry.sweep import Sweep
+from k3lab.hints import command
+from k3lab.registry.sweep import Sweep, profile_option
 from k3lab.registry.variants import DUPLICATE
 
 
@@ -72,8 +73,13 @@ def dropped_lines(sweep: Sweep, limit: int = MAX_DROPPED_LINES) -> list[str]:
     lines = [f"not run: {v.name} ({v.reason if v.status == DUPLICATE else f'{v.status}: {v.reason}'})"
              for v in dropped[:limit]]
     if len(dropped) > limit:
-        lines.append(f"not run: {len(dropped) - limit} more (k3lab variants {sweep.path} lists every variant)")
+        lines.append(f"not run: {len(dropped) - limit} more ({variants_command(sweep)} lists every variant)")
     return lines
+
+
+def variants_command(sweep: Sweep) -> str:
+    """`k3lab variants` of this sweep under its profile (`k3lab.hints`)."""
+    return command("variants", sweep.path, profile=profile_option(sweep))
 
 
 def policy_lines(sweep: Sweep) -> list[str]:
@@ -122,13 +128,20 @@ def policy_lines(sweep: Sweep) -> list[str]:
 
 
 def group_lines(sweep: Sweep) -> list[str]:
-    """With `baseline: {axis: value}`: which baseline each group is compared with."""
+    """The baseline the variants are compared with, or with `baseline: {axis: value}` (or two axes
+    and no `baseline:`) which baseline each group is compared with."""
     if not sweep.baseline_axes:
-        return []
+        return [f"baseline: {sweep.baseline}"] if len(sweep.valid_variants) > 1 else []
     wanted = ", ".join(f"{k}={v}" for k, v in sweep.baseline_axes.items())
     groups = sorted(set(sweep.baselines.values()), key=list(sweep.baselines.values()).index)
-    return [f"baselines: {wanted} in each group of the other axes' values ({len(groups)} group"
-            f"{'s' if len(groups) != 1 else ''}: {', '.join(groups)})"]
+    lines = [f"baselines: {wanted} in each group of the other axes' values ({len(groups)} group"
+             f"{'s' if len(groups) != 1 else ''}: {', '.join(groups)})"]
+    by_name = {v.name: v for v in sweep.variants}
+    axes = {axis.name for axis in sweep.axes}
+    outside = [name for name in sweep.baselines if set(by_name[name].overrides) != axes]
+    if outside:  # explicit variants, in no group of the axes
+        lines.append(f"baseline: {sweep.baseline} for {', '.join(outside)} (in no group of the axes)")
+    return lines
 
 
 def data_notes(sweep: Sweep) -> list[str]:

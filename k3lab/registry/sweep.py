@@ -73,7 +73,8 @@ class Sweep:
     seed_policy: SeedsSpec | None = None  # `seeds: {start, max, until}`; then `seeds` holds every seed it may use
     budget: BudgetSpec | None = None
     baselines: dict[str, str] = attrs.Factory(dict)  # compared variant -> the baseline of its group, in file order
-    baseline_axes: dict[str, Any] = attrs.Factory(dict)  # `baseline: {axis: value}` as parsed; {} for a name
+    baseline_axes: dict[str, Any] = attrs.Factory(dict)  # `baseline: {axis: value}` as parsed, or the default's
+    # compared axis (`default_baselines`); {} for one baseline
 
     @property
     def adaptive(self) -> bool:
@@ -145,11 +146,21 @@ def resolve_profile(path: str | Path, profile: str | None) -> str | None:
     return wanted if wanted in sweep_profiles(path) else None
 
 
+def profile_option(sweep: Sweep) -> str | None:
+    """The `--profile` that a printed command needs to load `sweep` again on this machine (`k3lab.hints`):
+    None where `auto` picks its profile, else its name (`none` for the top-level settings)."""
+    if resolve_profile(sweep.path, "auto") == sweep.profile:
+        return None
+    return sweep.profile or "none"
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         document = read_yaml(path)
     except SpecError as error:
         raise UserError(f"{path}: {error}") from None
+    if document is None:  # nothing, or comments only
+        raise UserError(f"{path}: the file is empty: expected a mapping of sweep settings (name, base, axes, ...)")
     if not isinstance(document, dict):
         raise UserError(f"{path}: expected a mapping of sweep settings (name, base, axes, ...), got {describe(document)}")
     return document
@@ -277,6 +288,43 @@ def _baseline(spec: SweepSpec, variants: tuple[Variant, ...]) -> str:
     return named.name
 
 
+def default_baselines(axes: tuple[Axis, ...], variants: tuple[Variant, ...],
+                      baseline: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """Without `baseline:`: with two or more axes, each group of the other axes' values is compared
+    with its own baseline, the variant with `baseline`'s value of the compared axis (`compared_axis`);
+    a variant without one in its group (an explicit variant) with `baseline`. Returns the compared
+    axis' value ({} with one axis) and {variant: its baseline}."""
+    single = {v.name: baseline for v in variants if v.ok and v.name != baseline}
+    named = next(v for v in variants if v.name == baseline)
+    axis = compared_axis(axes, variants)
+    if axis is None or axis not in named.overrides:
+        return {}, single
+    wanted = {axis: named.overrides[axis]}
+    grouped, _ = group_baselines(variants, wanted)
+    if not grouped:
+        return {}, single
+    grouped_baselines = set(grouped.values())
+    return wanted, {name: grouped.get(name, first) for name, first in single.items()
+                    if name not in grouped_baselines or name in grouped}
+
+
+def compared_axis(axes: tuple[Axis, ...], variants: tuple[Variant, ...]) -> str | None:
+    """The axis a sweep of two or more axes compares by default: the first that turns AttnRes on
+    and off between variants alike in every other axis (against the standard residual stream),
+    else the first axis; None with fewer than two axes."""
+    if len(axes) < 2:
+        return None
+    valid = [v for v in variants if v.ok]
+    for axis in axes:
+        states: dict[tuple, set[bool]] = {}
+        for variant in valid:
+            others = tuple(sorted((k, str(v)) for k, v in variant.overrides.items() if k != axis.name))
+            states.setdefault(others, set()).add(variant.config.use_attn_res)
+        if any(len(found) > 1 for found in states.values()):
+            return axis.name
+    return axes[0].name
+
+
 def _seeds(spec: SweepSpec) -> tuple[SeedsSpec | None, tuple[int, ...]]:
     """The seeds policy (or None) and every seed the sweep may use."""
     policy = spec.seeds if isinstance(spec.seeds, SeedsSpec) else None
@@ -309,6 +357,8 @@ def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved:
         if not baselines:
             raise UserError(f"{path}: baseline: no variant has a baseline in its group{_profile_note(profile)}")
         baseline = next(iter(baselines.values()))
+    elif spec.baseline is None:
+        wanted, baselines = default_baselines(resolved.axes, variants, baseline)
     else:
         baselines = {v.name: baseline for v in variants if v.ok and v.name != baseline}
     start_trials = policy.start * sum(v.ok for v in variants) if policy is not None else 0

@@ -21,7 +21,6 @@ import attrs
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.axes import Axis, apply_overrides, axis_kind, check_no_conflicts, label
 from k3lab.registry.convert import describe
-from k3lab.registry.counts import count
 from k3lab.registry.keypath import Path, SpecError
 from k3lab.registry.matching import match_config
 from k3lab.registry.spec import NAME_PATTERN, MatchSpec
@@ -84,6 +83,8 @@ def points(axes: tuple[Axis, ...], explicit: tuple[Point, ...] = ()) -> tuple[Po
 def expand(base: KimiK3Config, base_fields: dict[str, Any], requested: tuple[Point, ...], seeds: tuple[int, ...],
            train: TrainSpec = TrainSpec(), match: MatchSpec | None = None) -> tuple[Variant, ...]:
     """Every requested point as a Variant (ok, rejected or duplicate), in order."""
+    from k3lab.registry.counts import count  # torch: imported on first use
+
     target = count(base, train.seq_len).get(match.by) if match else None
     variants, seen_ids = [], {}
     for point, name in zip(requested, point_names(requested)):

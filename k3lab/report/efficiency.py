@@ -108,11 +108,16 @@ def trial_work(store, trial, startups: list) -> tuple[float, float]:
 
 def first_steps_in_loop(store, run_id: str, startups: list) -> list[float]:
     """Per attempt, the part of its `startup_s` that ran inside its training loop (its first
-    step): `startup_s` less that attempt's build (`startup_build_s`, matched in order from the
-    last attempt back); 0 for attempts that did not log a build."""
+    step): `startup_s` less that attempt's build (`startup_build_s`: the last one logged before
+    it, and after the attempt before; an attempt that trained no step logs a build and no
+    `startup_s`); 0 for attempts that did not log a build."""
     builds = sorted(store.get_metric_history(run_id, "startup_build_s"), key=lambda m: m.timestamp)
-    builds = [None] * (len(startups) - len(builds)) + builds[-len(startups):]
-    return [max(0.0, start.value - build.value) if build else 0.0 for start, build in zip(startups, builds)]
+    matched, after = [], 0
+    for start in startups:
+        build = next((b for b in reversed(builds) if after <= b.timestamp <= start.timestamp), None)
+        matched.append(max(0.0, start.value - build.value) if build else 0.0)
+        after = start.timestamp + 1
+    return matched
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:

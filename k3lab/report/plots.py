@@ -146,7 +146,8 @@ def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], 
     handles, labels = whole.get_legend_handles_labels()
     if any(r.status in STOPPED for r in records):
         handles, labels = [*handles, stopped_handle()], [*labels, "stopped early or failed"]
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=9, frameon=False)
+    if labels:  # none before any trial logged a step
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=9, frameon=False)
     fig.suptitle(f"{title}: loss curves by variant" if title else "loss curves by variant")
     return save_figure(plt, fig, path)
 

@@ -44,25 +44,26 @@ def state_file(storage: Path, experiment: str) -> Path:
     return storage / f"{experiment}.k3lab.json"
 
 
-def read_state(path: Path) -> dict:
+def read_state(path: Path, again: str = "k3lab sweep FILE --overwrite") -> dict:
     """The state file's contents: parent_run_id, tracking_uri, trials and spec (the last two absent
     in old files). A damaged file (a kill while it was written, an edit) is refused in one line
-    (`state_problem`): its readers would fail on it with a traceback, some only after Ray started."""
+    (`state_problem`), naming `again`, the command that starts its sweep again: its readers would
+    fail on it with a traceback, some only after Ray started."""
     try:
         state = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as error:
-        raise UserError(not_a_state_file(path, getattr(error, "strerror", None) or str(error))) from None
+        raise UserError(not_a_state_file(path, getattr(error, "strerror", None) or str(error), again)) from None
     except json.JSONDecodeError as error:
-        raise UserError(not_a_state_file(path, f"not JSON: {error}")) from None
+        raise UserError(not_a_state_file(path, f"not JSON: {error}", again)) from None
     problem = state_problem(state)
     if problem:
-        raise UserError(not_a_state_file(path, problem))
+        raise UserError(not_a_state_file(path, problem, again))
     return state
 
 
-def not_a_state_file(path: Path, problem: str) -> str:
-    return (f"{path}: not a k3lab sweep state file ({problem}); `k3lab sweep ... --overwrite` "
-            "starts the sweep again")
+def not_a_state_file(path: Path, problem: str, again: str) -> str:
+    """The error for a damaged state file; `again` is the command that starts its sweep again (`k3lab.hints`)."""
+    return f"{path}: not a k3lab sweep state file ({problem}); `{again}` starts the sweep again"
 
 
 def state_problem(state) -> str | None:
@@ -81,7 +82,7 @@ def state_problem(state) -> str | None:
     return None
 
 
-def check_parent_run(path: Path, tracking_uri: str) -> str:
+def check_parent_run(path: Path, tracking_uri: str, again: str = "k3lab sweep FILE --overwrite") -> str:
     """The parent run id of the state file at `path`, once found in the tracking store `tracking_uri`;
     else one line naming the store the sweep logged to (another --tracking-uri, a store deleted or
     emptied). A SQLite store whose file does not exist or holds no MLflow tables (a 0-byte file) holds
@@ -91,7 +92,7 @@ def check_parent_run(path: Path, tracking_uri: str) -> str:
     from k3lab.store.runs import get_run
     from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
 
-    state = read_state(path)
+    state = read_state(path, again)
     parent_run_id, logged_to = state["parent_run_id"], state.get("tracking_uri")
     missing = UserError(f"{path}: its parent run {parent_run_id} is not in {tracking_uri}"
                         + (f" (the sweep logged to {logged_to})" if logged_to else ""))

@@ -130,12 +130,14 @@ def experiment_note(experiment_id: str, parent_run_id: str, title: str) -> str:
 
 
 def parent_note(experiment_id: str, parent_run_id: str, description: str, axes: Sequence[str], metric: str,
-                trial_run_ids: Sequence[str] = (), state: str | None = None) -> str:
-    """The parent run's description: what the sweep is, where to look, how to compare."""
+                trial_run_ids: Sequence[str] = (), state: str | None = None,
+                next_steps: tuple[str, str] = ("k3lab sweep FILE --resume", "k3lab report FILE --close")) -> str:
+    """The parent run's description: what the sweep is, where to look, how to compare; interrupted,
+    `next_steps`: the commands that continue it and that end it (`k3lab.hints`)."""
     lines = [description or "k3lab sweep", ""]
     if state == runs.INTERRUPTED:
-        lines += ["**Interrupted**: its driver stopped before the sweep ended; `k3lab sweep FILE --resume` "
-                  "continues it, `k3lab report FILE --close` ends it.", ""]
+        lines += [f"**Interrupted**: its driver stopped before the sweep ended; `{next_steps[0]}` "
+                  f"continues it, `{next_steps[1]}` ends it.", ""]
     links = [f"[{LOSS_VIEW_NAME}]({view_link(experiment_id)})",
              f"[report plots and summary.json]({artifacts_link(experiment_id, parent_run_id, REPORT_PLOT)})"]
     if trial_run_ids:
@@ -150,9 +152,9 @@ def parent_note(experiment_id: str, parent_run_id: str, description: str, axes: 
 
 def present_sweep(tracking_uri: str, parent_run_id: str, *, axes: Sequence[str] = (), metric: str = "val_loss",
                   variant_order: Sequence[str] = (), description: str | None = None, title: str | None = None,
-                  state: str | None = None) -> None:
+                  state: str | None = None, next_steps: tuple[str, str] | None = None) -> None:
     """Write what the UI shows of a sweep: the experiment's kind, saved view and description, the
-    parent's description, and a colour on every trial without one (variants in `variant_order`,
+    parent's description (`next_steps`: see `parent_note`), and a colour on every trial without one (variants in `variant_order`,
     then any others, sorted). Idempotent; used when a sweep starts and ends, by `k3lab report`, and
     by `k3lab ui` on stores made before these existed."""
     client = runs.client(tracking_uri)
@@ -180,7 +182,7 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axes: Sequence[str] 
     ordered = sorted(trials, key=lambda t: (variant_order.index(runs.variant_of(t)) if runs.variant_of(t) in
                                             variant_order else len(variant_order), runs.seed_of(t)))
     note = parent_note(experiment_id, parent_run_id, description, axes, metric,
-                       [t.info.run_id for t in ordered], state)
+                       [t.info.run_id for t in ordered], state, **({"next_steps": next_steps} if next_steps else {}))
     if parent.data.tags.get(runs.NOTE) != note:
         client.set_tag(parent_run_id, runs.NOTE, note)
 

@@ -409,7 +409,7 @@ def check_checkpoint_format(state: dict) -> None:
     if any(".experts.w_" in key and key.rsplit(".", 1)[1].isdigit() for key in state["model"]):
         raise UserError("checkpoint: written by an older k3lab with one matrix per expert (format 1); its "
                         "optimizer state cannot resume a trial of this version -- rerun the trial "
-                        "(k3lab sweep --overwrite), or load only the weights with KimiK3.load_state_dict")
+                        "(its sweep again with --overwrite), or load only the weights with KimiK3.load_state_dict")
 
 
 class Window:

@@ -11,12 +11,16 @@ time of this invocation: `sweep_wall_s` for the first run, `resume_wall_s` (step
 1, 2, ... per resume) for each `--resume`, so the first run's time is kept, and
 `sweep_parts_wall_s` / `sweep_parts`: the wall time of every invocation so far, summed,
 and how many there were (a sweep run in parts, as on preemptible nodes, took that long).
+While it runs, each invocation also logs its time so far as `sweep_part_wall_s` (step: the
+part, 0 for the first run) every PART_BEAT_S seconds (`PartClock`), so a part that never
+reached its end (`kill -9`, a lost machine) still counts, up to its last beat.
 """
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +48,45 @@ def git_commit() -> str:
         return "unknown"
 
 
+PART_WALL = "sweep_part_wall_s"  # a part's wall time so far, at step = the part's number
+PART_BEAT_S = 10.0  # how often a running part logs it
+PART_WALLS = ("sweep_wall_s", "resume_wall_s", PART_WALL)  # what earlier parts logged of their time
+
+
+class PartClock:
+    """Logs `PART_WALL` for one part of a sweep, at its start and every `every` seconds, on a
+    thread of its own (with its own client) until `stop`; a failed write is skipped."""
+
+    def __init__(self, tracking_uri: str, run_id: str, part: int, started: float, every: float = PART_BEAT_S):
+        self.client, self.run_id, self.part, self.started = runs.client(tracking_uri), run_id, part, started
+        self.stopped = threading.Event()
+        self.beat()
+        self.thread = threading.Thread(target=self.loop, args=(every,), name="k3lab-part-clock", daemon=True)
+        self.thread.start()
+
+    def beat(self) -> None:
+        with contextlib.suppress(Exception):  # the store busy or gone: the next beat, or the part's end, counts
+            self.client.log_metric(self.run_id, PART_WALL, time.time() - self.started, step=self.part)
+
+    def loop(self, every: float) -> None:
+        while not self.stopped.wait(every):
+            self.beat()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+
+
+def earlier_parts(history: dict[str, list]) -> dict[int, float]:
+    """part -> its wall time, from the metric histories of `PART_WALLS`: what a part logged at its
+    end (`sweep_wall_s` for part 0, `resume_wall_s` at step N for part N), else its last beat."""
+    walls: dict[int, float] = {}
+    for metrics in history.values():
+        for metric in metrics:
+            walls[metric.step] = max(walls.get(metric.step, 0.0), metric.value)
+    return walls
+
+
 class ParentRun:
     """The parent run of one invocation of a sweep (see the module docstring)."""
 
@@ -52,7 +95,13 @@ class ParentRun:
         self.status = "FINISHED"
         self.tracker: MLflowTracker | None = None
         self.started = 0.0
-        self.earlier_walls: dict[str, list[float]] = {"sweep_wall_s": [], "resume_wall_s": []}  # earlier parts'
+        self.earlier: dict[int, float] = {}  # earlier parts' wall times, by part
+        self.clock: PartClock | None = None
+
+    @property
+    def part(self) -> int:
+        """This invocation's part: 0 for the first run, then one more than any earlier part."""
+        return max(self.earlier, default=-1) + 1
 
     @property
     def run_id(self) -> str:
@@ -65,16 +114,18 @@ class ParentRun:
         if self.run.resume:
             self.tracker = MLflowTracker(self.run.tracking_uri, self.run.parent_run_id())
             self.tracker.client.update_run(self.run_id, status="RUNNING")
-            self.earlier_walls = {name: [m.value for m in self.tracker.client.get_metric_history(self.run_id, name)]
-                                  for name in self.earlier_walls}
+            self.earlier = earlier_parts({name: self.tracker.client.get_metric_history(self.run_id, name)
+                                          for name in PART_WALLS})
             self.tracker.set_tags(runs.reopen_tags())  # this process drives it now (it may have been interrupted)
             record_resume_command(self.tracker, self.run.command)
-            return self
-        self.tracker = create_parent_run(self.run)
-        present(self.run, self.run_id)
+        else:
+            self.tracker = create_parent_run(self.run)
+            present(self.run, self.run_id)
+        self.clock = PartClock(self.run.tracking_uri, self.run_id, self.part, self.started)
         return self
 
     def __exit__(self, kind, error, traceback) -> bool:
+        self.clock.stop()
         if error is None:
             self.end(self.status)
             return False
@@ -100,9 +151,8 @@ class ParentRun:
     def parts_wall_s(self, this_part_s: float | None = None) -> tuple[float, int]:
         """(seconds, count) of every invocation of this sweep so far, this one (default: up to
         now) included."""
-        earlier = [wall for walls in self.earlier_walls.values() for wall in walls]
         this_part_s = time.time() - self.started if this_part_s is None else this_part_s
-        return sum(earlier) + this_part_s, len(earlier) + 1
+        return sum(self.earlier.values()) + this_part_s, len(self.earlier) + 1
 
     def end(self, status: str) -> None:
         """Log this invocation's wall time and close the run with `status`."""
@@ -110,7 +160,7 @@ class ParentRun:
         total, parts = self.parts_wall_s(wall)
         self.tracker.log_metrics({"sweep_parts_wall_s": total, "sweep_parts": float(parts)}, step=0)
         if self.run.resume:
-            self.tracker.log_metrics({"resume_wall_s": wall}, step=len(self.earlier_walls["resume_wall_s"]) + 1)
+            self.tracker.log_metrics({"resume_wall_s": wall}, step=self.part)
         else:
             self.tracker.log_metrics({"sweep_wall_s": wall}, step=0)
         with contextlib.suppress(Exception):  # the UI's links to every trial: not worth failing the sweep for
@@ -126,7 +176,8 @@ def present(run: SweepRun, parent_run_id: str, state: str | None = None) -> None
     sweep = run.sweep
     present_sweep(run.tracking_uri, parent_run_id, axes=[axis.name for axis in sweep.axes],
                   metric=sweep.metric.name, variant_order=[v.name for v in sweep.valid_variants],
-                  description=sweep.description, title=sweep_title(run), state=state)
+                  description=sweep.description, title=sweep_title(run), state=state,
+                  next_steps=(run.hint("sweep", resume=True), run.hint("report", close=True)))
 
 
 def sweep_title(run: SweepRun) -> str:

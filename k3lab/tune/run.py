@@ -16,12 +16,14 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3lab import hints
 from k3lab.errors import UserError
 from k3lab.registry import Sweep
-from k3lab.store.state import check_parent_run, first_difference, read_state, state_file, sweep_spec
+from k3lab.registry.sweep import profile_option
 from k3lab.runtime.kernels import resolve_kernel_cache
 from k3lab.runtime.lock import lock_file
 from k3lab.runtime.reaper import record_file
+from k3lab.store.state import check_parent_run, first_difference, read_state, state_file, sweep_spec
 
 
 @dataclass
@@ -54,7 +56,7 @@ class SweepRun:
 
     def parent_run_id(self) -> str:
         """The MLflow parent run of this sweep's earlier run (its state file must exist)."""
-        return read_state(self.state_file)["parent_run_id"]
+        return read_state(self.state_file, again=self.hint("sweep", overwrite=True))["parent_run_id"]
 
     @property
     def ddp_dir(self) -> Path:
@@ -94,6 +96,27 @@ class SweepRun:
         """The trials run on a Ray cluster (--address or RAY_ADDRESS), not on this machine."""
         return bool(self.address or os.environ.get("RAY_ADDRESS"))
 
+    def hint(self, verb: str, **flags) -> str:
+        """`k3lab VERB FILE --option value ... --flag` for a user to run next (`k3lab.hints`), with the
+        options that point it at this sweep's store from the current folder, then `flags`."""
+        return hints.command(verb, self.sweep.path, **self.pointing_options(verb), **flags)
+
+    def pointing_options(self, verb: str) -> dict[str, str | None]:
+        """--profile, --storage, --tracking-uri (and for `sweep`, --address), each where leaving it
+        out would name another profile, folder, store or cluster (environment variables included,
+        which another shell may not have)."""
+        options = {"profile": profile_option(self.sweep),
+                   "storage": None if self.storage == Path("k3lab_runs") else str(self.storage),
+                   "tracking_uri": None if self.tracking_uri == local_tracking_uri() else self.tracking_uri}
+        if verb == "sweep":
+            options["address"] = self.address or os.environ.get("RAY_ADDRESS") or None
+        return options
+
+
+def local_tracking_uri() -> str:
+    """The tracking store of a command run here without --tracking-uri or MLFLOW_TRACKING_URI."""
+    return f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
+
 
 def check_where(run: SweepRun) -> None:
     """What is checked with the experiment's lock held, before anything starts: the experiment
@@ -103,11 +126,13 @@ def check_where(run: SweepRun) -> None:
         check_ray_address(run.address or os.environ["RAY_ADDRESS"], "--address" if run.address else "RAY_ADDRESS")
 
 
-def check_parent(run: SweepRun) -> None:
+def check_parent(run: SweepRun, say=print) -> None:
     """--resume, once the preflight found the tracking server answering: the earlier run's parent
-    run is in the store (`check_parent_run`)."""
+    run is in the store (`check_parent_run`), and trials whose checkpoints were lost start again
+    (`start_lost_trials_again`)."""
     if run.resume:
-        check_parent_run(run.state_file, run.tracking_uri)
+        check_parent_run(run.state_file, run.tracking_uri, run.hint("sweep", overwrite=True))
+        start_lost_trials_again(run, say=say)
 
 
 RAY_ADDRESS_TIMEOUT_S = 3.0
@@ -138,16 +163,17 @@ def check_experiment_dir(run: SweepRun) -> None:
     if run.resume and not (run.tune_dir.exists() and run.state_file.exists()):
         raise UserError(f"--resume: no earlier run of {run.experiment} under {run.storage}")
     if run.resume:
-        state = read_state(run.state_file)
+        state = read_state(run.state_file, again=run.hint("sweep", overwrite=True))
         saved = state.get("trials")
         if saved is not None and sorted(saved) != sorted(t.id for t in run.sweep.trials):
             raise UserError(f"--resume: {run.sweep.path} no longer describes the trials of the run under "
-                            f"{run.tune_dir} (variants or seeds changed): run it with --overwrite instead")
+                            f"{run.tune_dir} (variants or seeds changed): `{run.hint('sweep', overwrite=True)}` "
+                            "starts it again")
         check_same_spec(run, state.get("spec"))
-        check_tune_folder(run.tune_dir)
+        check_tune_folder(run)
     if exists and not run.resume and not run.overwrite:
-        raise UserError(f"{run.tune_dir} exists from an earlier run: pass --resume to continue it "
-                        "or --overwrite to start again")
+        raise UserError(f"{run.tune_dir} exists from an earlier run: `{run.hint('sweep', resume=True)}` "
+                        f"continues it, `{run.hint('sweep', overwrite=True)}` starts it again")
 
 
 def check_started(run: SweepRun) -> None:
@@ -156,7 +182,7 @@ def check_started(run: SweepRun) -> None:
     run", a plain run that the missing folder exists)."""
     if run.state_file.exists() and not run.tune_dir.exists() and not run.overwrite:
         raise UserError(f"{run.state_file}: the earlier run of {run.experiment} was stopped before any trial "
-                        f"started (no {run.tune_dir}): --overwrite starts it again")
+                        f"started (no {run.tune_dir}): `{run.hint('sweep', overwrite=True)}` starts it again")
 
 
 def check_same_spec(run: SweepRun, saved: dict | None) -> None:
@@ -169,16 +195,19 @@ def check_same_spec(run: SweepRun, saved: dict | None) -> None:
     if changed:
         field, old, new = changed
         raise UserError(f"--resume: {run.sweep.path} changed {field} from {json.dumps(old)} to {json.dumps(new)} "
-                        f"since the run under {run.tune_dir}: restore it, or run with --overwrite to start again")
+                        f"since the run under {run.tune_dir}: restore it, or `{run.hint('sweep', overwrite=True)}` "
+                        "starts it again")
 
 
-def check_tune_folder(folder: Path) -> None:
+def check_tune_folder(run: SweepRun) -> None:
     """--resume: what `Tuner.restore` reads is there: tuner.pkl (all `Tuner.can_restore` checks) and
     the newest experiment_state-*.json, with its trials. Without them the restore failed after Ray
     started and the parent run was reopened (FileNotFoundError, KeyError 'trial'), leaving it FAILED."""
+    folder = run.tune_dir
+
     def damaged(what: str) -> UserError:
         return UserError(f"--resume: {folder} is not a resumable Ray Tune experiment ({what}): "
-                         "run with --overwrite to start again")
+                         f"`{run.hint('sweep', overwrite=True)}` starts it again")
 
     tuner = folder / "tuner.pkl"
     if not tuner.is_file() or tuner.stat().st_size == 0:
@@ -192,6 +221,37 @@ def check_tune_folder(folder: Path) -> None:
         raise damaged(f"{states[-1].name} is not JSON") from None
     if not isinstance(state, dict) or not isinstance(state.get("trial_data"), list) or not state["trial_data"]:
         raise damaged(f"{states[-1].name} lists no trials")
+
+
+def lost_checkpoints(tune_dir: Path) -> list[tuple[str, Path]]:
+    """The checkpoint folders that the newest experiment state of an unfinished trial names and
+    that are gone (deleted by hand, a cleaned disk): Tune's restore of such a trial fails at every
+    `--resume` ("Could not recover from checkpoint as it does not exist on storage anymore").
+    Returns (the trial's name, the folder) of each."""
+    states = sorted(tune_dir.glob("experiment_state-*.json"))
+    if not states:
+        return []
+    lost = []
+    try:
+        for trial, runtime in json.loads(states[-1].read_text()).get("trial_data", []):
+            trial, runtime = (json.loads(part) if isinstance(part, str) else part for part in (trial, runtime))
+            result = runtime.get("last_result") or {}
+            name = result.get("checkpoint_dir_name")
+            folders = sorted(tune_dir.glob(f"*_{trial.get('trial_id')}_*"))
+            if name and not result.get("done") and folders and not (folders[0] / name).exists():
+                lost.append((f"{result.get('variant', trial.get('trial_id'))}-s{result.get('seed', '?')}",
+                             folders[0] / name))
+    except (OSError, ValueError, TypeError, AttributeError):  # a state of another shape: Tune's restore says
+        return []
+    return lost
+
+
+def start_lost_trials_again(run: SweepRun, say=print) -> None:
+    """--resume: a trial whose checkpoint is gone (`lost_checkpoints`) starts again from its first
+    step; an empty folder stands in for the checkpoint, which its trial reads as none (`load_ray_checkpoint`)."""
+    for trial, folder in lost_checkpoints(run.tune_dir):
+        folder.mkdir()
+        say(f"{trial}: its checkpoint {folder} is gone: the trial starts again from its first step")
 
 
 def discard_earlier_run(run: SweepRun) -> None:

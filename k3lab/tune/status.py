@@ -10,6 +10,8 @@ the error is the fault its worker's own log shows, and that log is kept with the
 
 from __future__ import annotations
 
+import re
+
 import warnings
 
 from ray import tune
@@ -103,12 +105,20 @@ def crash_line(trial) -> str:
 
 
 def error_text(trial) -> str | None:
-    """The whole of Tune's error file for the trial (None without one)."""
+    """The whole of Tune's error file for the trial, as plain text (None without one)."""
     try:
         with open(trial.error_file, errors="replace") as handle:
-            return handle.read()
+            return plain(handle.read())
     except (OSError, TypeError):  # TypeError: no error file named
         return None
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def plain(text: str) -> str:
+    """`text` without terminal colour codes (Ray colours the task names in its errors)."""
+    return ANSI_ESCAPE.sub("", text)
 
 
 def first_error_line(trial) -> str:

@@ -104,7 +104,7 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
     """`run_sweep` once the experiment folder has passed its checks and the GPU sharing is set up."""
     plan = sweep_preflight(run, progress=live)
     dataset = run_preflight_overlapped(plan)  # tokenizing while Ray starts
-    check_parent(run)  # after the preflight, which found the tracking server answering
+    check_parent(run, say)  # after the preflight, which found the tracking server answering
     open_sweep_cache(run)
     if run.overwrite:
         discard_earlier_run(run)
@@ -148,7 +148,7 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
     import ray
 
     from k3lab.tune.progress import SweepProgress, earlier_trials, progress_mode
-    from k3lab.tune.status import MLflowStatusCallback
+    from k3lab.tune.status import MLflowStatusCallback, plain
 
     specs = trial_specs(run, parent_run_id, dataset_dir)
     progress = SweepProgress(run.sweep, specs, mode=progress_mode(live), tracking_uri=run.tracking_uri, say=say)
@@ -170,4 +170,4 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
         results = fit(tuner)
     if searcher.unfinished() if searcher is not None else progress.unfinished():  # Tune catches the first
         raise KeyboardInterrupt  # Ctrl-C, saves its state and returns
-    return [str(r.error).splitlines()[0] for r in results if r.error is not None], hardware
+    return [plain(str(r.error)).splitlines()[0] for r in results if r.error is not None], hardware

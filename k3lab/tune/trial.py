@@ -27,7 +27,7 @@ from k3lab.store import runs
 from k3lab.store.colours import variant_colours
 from k3lab.store.runs import RUN_ID_KEY, execution_tags, node_tags  # noqa: F401  (RUN_ID_KEY: for callers)
 from k3lab.store.tracking import BUILD_PARTS, MLflowTracker, flatten
-from k3lab.train.checkpoint import load_checkpoint
+from k3lab.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from k3lab.train.metrics import device_name
 from k3lab.train.spec import TrainSpec
 from k3lab.train.trainer import FINISHED, TrainResult, Trainer, fit
@@ -160,9 +160,9 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
                                  execution=trainer.execution())
         tracker.set_tags({runs.DEVICE: device_name(trainer.device)})
         tracker.log_params(data_params(trainer))
-        if started_at is not None:  # the part of startup_s before the first step, and its parts
-            tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, data_s),
-                                trainer.step)
+        if started_at is not None:  # the part of startup_s before the first step, and its parts, at the
+            tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, data_s),  # step it starts from
+                                state["step"] if state else trainer.step)
     if reporter is not None:
         reporter.tracker = tracker
     slot = TrainingSlot(spec.training_slots, slot_folder(trainer.device)) \
@@ -273,10 +273,13 @@ def forget_earlier_trial(restarting: bool = False) -> None:
 
 
 def load_ray_checkpoint(checkpoint) -> dict | None:
-    """The trainer state inside a Ray (Tune or Train) checkpoint, or None."""
+    """The trainer state inside a Ray (Tune or Train) checkpoint, or None (also for an empty
+    checkpoint folder: one that --resume put in place of a lost one, `start_lost_trials_again`)."""
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as directory:
+        if not (Path(directory) / CHECKPOINT_FILE).exists():
+            return None
         return load_checkpoint(directory)
 
 
