@@ -42,7 +42,8 @@ import statistics
 import attrs
 import numpy as np
 
-from k3lab.report.stats import BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, t_quantile
+from k3lab.report.stats import (BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, t_quantile,
+                                t_two_sided_probability)
 
 EQUIVALENT = "equivalent"
 CONFIDENCE = 0.95
@@ -56,28 +57,10 @@ CALIBRATION_SEED = 20261205  # the null simulation's seed: a design's level is t
 NEEDED_CAP = PLANNING_HORIZONS[-1]  # beyond this many pairs the answer is another design (longer trials)
 
 __all__ = ["BETTER", "WORSE", "EQUIVALENT", "NOT_RESOLVED", "Design", "SequentialComparison", "nominal_level",
-           "compare_sequential", "compare_family", "fixed_design", "naive_t_half_width", "pairs_needed"]
+           "compare_sequential", "compare_family", "fixed_design", "pairs_needed"]
 
 
 # -- the design's level ---------------------------------------------------------------------------
-
-
-def t_two_sided_probabilities(t: np.ndarray, df: int) -> np.ndarray:
-    """P(|T| <= t) elementwise for Student's T with `df` degrees of freedom (the closed form of
-    `k3lab.report.stats.t_two_sided_probability`, vectorised)."""
-    theta = np.arctan(np.abs(t) / math.sqrt(df))
-    sin, cos = np.sin(theta), np.cos(theta)
-    if df % 2 == 0:
-        term = total = np.ones_like(theta)
-        for k in range(1, df // 2):
-            term = term * (2 * k - 1) / (2 * k) * cos * cos
-            total = total + term
-        return sin * total
-    term = total = cos if df > 1 else np.zeros_like(theta)
-    for k in range(1, (df - 1) // 2):
-        term = term * (2 * k) / (2 * k + 1) * cos * cos
-        total = total + term
-    return 2 / math.pi * (theta + sin * total)
 
 
 def smallest_p_values(z: np.ndarray, looks: range) -> np.ndarray:
@@ -88,7 +71,7 @@ def smallest_p_values(z: np.ndarray, looks: range) -> np.ndarray:
     for look in looks:
         mean = total[:, look - 1] / look
         spread = np.sqrt(np.maximum(squares[:, look - 1] - look * mean ** 2, 1e-300) / (look - 1) / look)
-        p = 1.0 - t_two_sided_probabilities(mean / spread, look - 1)
+        p = 1.0 - t_two_sided_probability(mean / spread, look - 1)
         smallest = np.minimum(smallest, p)
     return smallest
 
@@ -100,23 +83,11 @@ def nominal_level(start: int, max_pairs: int, alpha: float, paths: int = CALIBRA
     first = max(2, start)
     if max_pairs <= first:
         return alpha
-    rng = np.random.default_rng(CALIBRATION_SEED)
-    chunks = [smallest_p_values(rng.standard_normal((min(chunk, paths - done), max_pairs)),
-                                range(first, max_pairs + 1))
-              for chunk in [100_000] for done in range(0, paths, chunk)]
+    rng, chunk, looks = np.random.default_rng(CALIBRATION_SEED), 100_000, range(first, max_pairs + 1)
+    smallest = np.concatenate([smallest_p_values(rng.standard_normal((min(chunk, paths - done), max_pairs)), looks)
+                               for done in range(0, paths, chunk)])
     safe = alpha * (1 - 2 / math.sqrt(alpha * paths))  # two Monte Carlo standard errors to the safe side
-    return float(np.quantile(np.concatenate(chunks), safe, method="inverted_cdf"))
-
-
-def naive_t_half_width(n, ss, alpha: float):
-    """The fixed-n Student t half-width at level 1 - alpha (vectorised; needs scipy): what
-    re-checking a t-interval after every pair would use. For the tests' comparison only."""
-    from scipy import stats as scipy_stats
-
-    n = np.asarray(n, dtype=float)
-    df = np.maximum(n - 1, 1)
-    half = scipy_stats.t.ppf(1 - alpha / 2, df) * np.sqrt(np.asarray(ss) / df / n)
-    return np.where(n >= 2, half, np.inf)
+    return float(np.quantile(smallest, safe, method="inverted_cdf"))
 
 
 # -- the design -----------------------------------------------------------------------------------
