@@ -1,6 +1,9 @@
 import importlib.util
 import json
+import os
+import signal
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -114,3 +117,13 @@ def mlflow_api(base: str, path: str, body: dict | None = None) -> dict:
     request = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
+
+
+def sweep_that_gets_sigterm(run, live, say):
+    """A stand-in for `k3lab.tune.sweep.run_sweep` that makes its folders, then gets SIGTERM as a
+    job control or a scheduler would send it (the handler's SIGINT ends the sleep)."""
+    run.tune_dir.mkdir(parents=True)
+    run.state_file.write_text("{}")
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+    raise AssertionError("SIGTERM did not stop the sweep")

@@ -2,16 +2,13 @@
 printed, acts on the sweep it names: its profile, storage and tracking store travel with it."""
 
 import json
-import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
-from conftest import mini_sweep, sweep_args
+from conftest import mini_sweep, sweep_args, sweep_that_gets_sigterm
 from mlflow import MlflowClient
 from test_ui import fake_sweep
 
@@ -121,13 +118,6 @@ def test_the_errors_of_a_sweep_run_again_print_hints_that_act_on_that_sweep(tmp_
 def test_the_resume_hint_of_a_stopped_sweep_acts_on_it_and_keeps_how_it_ran(tmp_path, profiled_sweep, monkeypatch,
                                                                               capsys):
     import k3lab.tune.sweep as sweep_module
-
-    def sweep_that_gets_sigterm(run, live, say):
-        run.tune_dir.mkdir(parents=True)
-        run.state_file.write_text("{}")
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the SIGINT the handler sends ends this
-        raise AssertionError("SIGTERM did not stop the sweep")
 
     monkeypatch.setattr(sweep_module, "run_sweep", sweep_that_gets_sigterm)
     argv = sweep_args(tmp_path, profiled_sweep, "--profile", "wide", "--max-concurrent", "1", "--overwrite")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import mini_sweep, sweep_args
+from conftest import mini_sweep, sweep_args, sweep_that_gets_sigterm
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
@@ -691,13 +691,6 @@ def test_a_sigterm_signal_stops_a_sweep_as_ctrl_c_does_with_exit_143_and_the_res
     import signal
 
     import k3lab.tune.sweep as sweep_module
-
-    def sweep_that_gets_sigterm(run, live, say):
-        run.tune_dir.mkdir(parents=True)
-        run.state_file.write_text("{}")
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the SIGINT the handler sends ends this
-        raise AssertionError("SIGTERM did not stop the sweep")
 
     monkeypatch.setattr(sweep_module, "run_sweep", sweep_that_gets_sigterm)
     before = signal.getsignal(signal.SIGTERM)

@@ -11,7 +11,7 @@ Typical use in a trainer:
     bpb = ds.bits_per_byte(val_loss_nats)
 """
 
-import importlib
+from k3lab.lazy import lazy_exports
 
 _EXPORTS = {  # name -> the module it comes from, imported on first use (`k3lab --help` imports no torch)
     'cache_root': 'k3lab.data.cache',
@@ -35,13 +35,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

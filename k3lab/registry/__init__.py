@@ -13,7 +13,7 @@ See `spec` for the file format's sections, `axes` for derived axes,
 matching and `profiles` for profile merging.
 """
 
-import importlib
+from k3lab.lazy import lazy_exports
 
 _EXPORTS = {  # name -> the module it comes from, imported on first use (`k3lab --help` imports no torch)
     'Axis': 'k3lab.registry.axes',
@@ -48,13 +48,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
