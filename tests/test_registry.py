@@ -189,7 +189,7 @@ ERRORS = {
     # a section written as a scalar: one line naming it (cattrs said "'str' object has no attribute 'keys'")
     "budget_scalar": (MINIMAL + "seeds: {start: 2}\nbudget: 30m\n", ["budget: expected a mapping, got string '30m'"]),
     "match_scalar": (MINIMAL + "match: 3\n", ["match: expected a mapping, got integer 3"]),
-    "until_scalar": (MINIMAL + "seeds: {start: 2, until: 0.01}\n", ["seeds.until: expected a mapping, got number 0.01"]),
+    "until_scalar": (MINIMAL + "seeds: {start: 2, until: 0.01}\n", ["seeds.until: expected decided, max or a mapping {halfwidth: H}, got number 0.01"]),
     "duplicate_key": ("name: t\nbase: tiny\naxes: {num_layers: [4]}\naxes: {num_layers: [2]}\n",
                       ["invalid YAML at line 4, column 1: key 'axes' written twice in one mapping (first at line 3)"]),
     "too_many": ("name: t\nbase: tiny\naxes: {hidden_size: " + str(list(range(8, 8 + 40))) + ", num_layers: "
