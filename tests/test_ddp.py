@@ -49,7 +49,8 @@ def single_worker_losses(batch_size):
     spec = TrialSpec("x", "one_worker", 0, config.to_dict(), TrainSpec(**(TRAIN | {"batch_size": batch_size})),
                      tracking_uri=None, experiment="x")
     tracker = MemoryTracker()
-    from k3lab.train.trainer import Trainer, train
+    from k3lab.train.loop import train
+    from k3lab.train.trainer import Trainer
 
     train(config, spec.train, tracker=tracker, trainer=Trainer(config, spec.train, seed=0))
     return [v for _, v in tracker.metrics["train_loss"]]

@@ -7,7 +7,8 @@ import pytest
 from k3lab.registry import load_preset
 from k3lab.train.checkpoint import load_checkpoint
 from k3lab.train.spec import TrainSpec
-from k3lab.train.trainer import Trainer, fit
+from k3lab.train.loop import fit
+from k3lab.train.trainer import Trainer
 from k3lab.tune.reporter import TrialReporter
 from k3lab.tune.trial import TrialSpec
 

@@ -9,8 +9,9 @@ from mlflow.tracking import MlflowClient
 from k3lab.cli import main
 from k3lab.registry import TrainSpec, load_preset
 from k3lab.train.checkpoint import load_checkpoint
+from k3lab.train.loop import train
 from k3lab.train.trainer import (DIVERGED, FINISHED, Trainer, keep_states_where_kda_is_fused, lr_factor,
-                                 save_trainer, train)
+                                 save_trainer)
 from k3lab.store.tracking import MemoryTracker, MLflowTracker
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
@@ -427,11 +428,12 @@ def test_relocation_leaves_other_artifact_locations_alone(tmp_path):
 def test_train_final_line_shows_the_run_average_tokens_per_s_not_the_last_windows(monkeypatch, capsys):
     import types
 
+    from k3lab.train import loop as loop_module
     from k3lab.train import trainer as train_module
 
     clock = {"now": 0.0}  # a fake clock: five slow steps, then five fast ones
-    monkeypatch.setattr(train_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"],
-                                                                    time=train_module.time.time))
+    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"],
+                                                                   time=loop_module.time.time))
     original = train_module.Trainer.train_step
 
     def timed_step(self):

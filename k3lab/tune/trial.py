@@ -30,7 +30,8 @@ from k3lab.store.tracking import BUILD_PARTS, MLflowTracker, flatten
 from k3lab.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from k3lab.train.metrics import device_name
 from k3lab.train.spec import TrainSpec
-from k3lab.train.trainer import FINISHED, TrainResult, Trainer, fit
+from k3lab.train.loop import fit
+from k3lab.train.trainer import FINISHED, TrainResult, Trainer
 from k3lab.tune.reporter import TrialReporter
 
 
