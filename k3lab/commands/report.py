@@ -88,7 +88,7 @@ def report_design(args, run, parent_run_id: str) -> dict:
 def check_report_flags(args, run, out: Path) -> None:
     """`k3lab report`'s flags, before any work: what fails only when the report is written would
     leave summary.json and the plots written and the markdown not."""
-    from k3lab.tune.preflight import check_writable
+    from k3lab.runtime.preflight import check_writable
 
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file, not a folder (the report writes its plots and summary.json there)")
@@ -108,7 +108,7 @@ def check_store_writable(run) -> None:
     state and its UI view there, and SQLite writes a journal beside the file (in a read-only folder
     each write was an MLflow traceback, and the report exited 0)."""
     from k3lab.store.tracking import sqlite_path
-    from k3lab.tune.preflight import check_writable
+    from k3lab.runtime.preflight import check_writable
 
     store = sqlite_path(run.tracking_uri)
     if store is None or not store.exists():
