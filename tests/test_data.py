@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from k3lab.data import (BatchSampler, ByteTokenizer, Dataset, get_source, get_tokenizer, list_datasets,
                         load_dataset_info, prepare_dataset)
 from k3lab.data import prepare as prepare_module
-from k3lab.data.commands import register
+from k3lab.commands.data import register
 from k3lab.errors import UserError
 
 

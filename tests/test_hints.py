@@ -13,7 +13,7 @@ from mlflow import MlflowClient
 from test_ui import fake_sweep
 
 from k3lab.cli import build_parser, main
-from k3lab.commands.runs import sweep_run_from_args
+from k3lab.commands.sweep import sweep_run_from_args
 from k3lab.store import runs
 
 PROFILES = """profiles:

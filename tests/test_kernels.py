@@ -105,7 +105,7 @@ def test_sweep_mfu_is_left_out_without_a_known_gpu():
 
 
 def test_the_efficiency_line_names_mfu_warm_up_and_start_up_only_where_they_exist():
-    from k3lab.commands.runs import efficiency_line
+    from k3lab.report.efficiency import efficiency_line
 
     gpu = efficiency_line({"sweep_tokens": 131072000, "sweep_wall_s": 478, "sweep_tokens_per_s": 274299,
                            "sweep_mfu": 0.056, "kernel_warmup_s": 62.8, "trial_startup_s_max": 47.1})

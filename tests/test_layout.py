@@ -28,11 +28,16 @@ def test_train_imports_without_ray_mlflow_or_the_sweep_parser():
 
 
 # Each package with the packages above it in the layers of ../shared/DESIGN.md (cli -> commands
-# -> tune -> runtime; tune -> report -> store): none of them may be imported from it.
+# -> tune -> runtime; tune -> report -> store; commands -> registry, data, bundle): none of them
+# may be imported from it.
 ABOVE = {
     "k3lab.runtime": ("k3lab.tune", "k3lab.report", "k3lab.commands", "k3lab.cli"),
     "k3lab.tune": ("k3lab.commands", "k3lab.cli"),
+    "k3lab.report": ("k3lab.tune", "k3lab.commands", "k3lab.cli"),
     "k3lab.store": ("k3lab.tune", "k3lab.runtime", "k3lab.report", "k3lab.commands", "k3lab.cli"),
+    "k3lab.registry": ("k3lab.commands", "k3lab.cli"),
+    "k3lab.data": ("k3lab.commands", "k3lab.cli"),
+    "k3lab.bundle": ("k3lab.commands", "k3lab.cli"),
 }
 
 
@@ -56,3 +61,21 @@ def test_no_import_points_up_the_layers():
             upward += [f"{path.relative_to(REPO)} imports {name}" for name in imported_modules(path)
                        if name.startswith(above)]
     assert not upward, upward
+
+
+def test_cli_imports_every_command_group_statically():
+    """Every command group is a module of k3lab/commands/ with `register`, and cli.py names each
+    in an import statement (no importlib, no group registered from another package)."""
+    import ast
+
+    groups = {path.stem for path in (REPO / "k3lab" / "commands").glob("*.py")
+              if any(isinstance(node, ast.FunctionDef) and node.name == "register"
+                     for node in ast.parse(path.read_text()).body)}
+    cli = REPO / "k3lab" / "cli.py"
+    imported = {name.removeprefix("k3lab.commands.") for name in imported_modules(cli)
+                if name.startswith("k3lab.commands.")}
+    assert groups and groups <= imported, sorted(groups - imported)
+    assert "importlib" not in cli.read_text()
+    elsewhere = [str(path.relative_to(REPO)) for path in sorted((REPO / "k3lab").rglob("*.py"))
+                 if path.parent.name != "commands" and "def register(subparsers" in path.read_text()]
+    assert not elsewhere, elsewhere

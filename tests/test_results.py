@@ -617,7 +617,7 @@ def test_a_sweeps_crashes_are_the_sum_of_its_trials_crash_counts():
 
 
 def test_the_efficiency_line_says_how_often_trials_crashed_only_when_they_did():
-    from k3lab.commands.runs import efficiency_line
+    from k3lab.report.efficiency import efficiency_line
 
     e = {"sweep_tokens": 1000, "sweep_wall_s": 10, "sweep_tokens_per_s": 100}
     assert efficiency_line(e | {"sweep_crashes": 2.0}).endswith(
@@ -627,7 +627,7 @@ def test_the_efficiency_line_says_how_often_trials_crashed_only_when_they_did():
 
 
 def test_the_efficiency_line_says_where_the_trials_time_went_where_it_is_known():
-    from k3lab.commands.runs import efficiency_line
+    from k3lab.report.efficiency import efficiency_line
 
     e = {"sweep_tokens": 1000, "sweep_wall_s": 10, "sweep_tokens_per_s": 100}
     shares = {"sweep_slots": 4.0, "sweep_share_training": 0.55, "sweep_share_evaluating": 0.13,

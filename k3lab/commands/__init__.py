@@ -1,1 +1,2 @@
-"""The `k3lab` sub-commands that drive training, sweeps and reports (see `k3lab.cli`)."""
+"""Every `k3lab` sub-command, one module a command group, each with `register(subparsers)`
+(`k3lab.cli` imports them all): thin, they parse, call the package that does the work, and print."""

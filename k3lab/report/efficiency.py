@@ -54,6 +54,7 @@ def figures_of(runs) -> list[dict]:
 
 
 SHARES = ("training", "evaluating", "starting")  # sweep_share_<name>: parent metrics, fractions of the trials' time
+SHARE_LABELS = {"starting": "starting up"}
 
 
 def time_shares(tracking_uri: str, trials: list, wall_s: float, slots: int | None = None) -> dict[str, float]:
@@ -136,3 +137,33 @@ def crashes(trials: list) -> dict[str, float]:
     on from their last checkpoint, over every part of the sweep (each trial's `k3lab.crashes`).
     Each cost a process start and build, and the steps since that checkpoint."""
     return {"sweep_crashes": float(sum(crash_count(trial.data.tags) for trial in trials))}
+
+
+def efficiency_line(e: dict) -> str:
+    """The sweep's hardware use in one line, from its sweep_* figures (those of this module)."""
+    mfu = f"sweep MFU {e['sweep_mfu']:.1%}" if "sweep_mfu" in e else "sweep MFU n/a (no known GPU)"
+    times = [f"kernel warm-up {e['kernel_warmup_s']:.1f} s"] if e.get("kernel_warmup_s") else []
+    if "trial_startup_s_max" in e:
+        times.append(f"trial start-up up to {e['trial_startup_s_max']:.1f} s")
+    parts = parts_note(e.get("sweep_parts", 1))
+    return (f"sweep: {e['sweep_tokens']:,.0f} tokens in {e['sweep_wall_s']:.0f} s{parts} = {e['sweep_tokens_per_s']:,.0f} "
+            f"tokens/s, {mfu}" + (f"; {', '.join(times)}" if times else "") + shares_clause(e) + crashes_clause(e))
+
+
+def parts_note(parts: float) -> str:
+    """What follows a wall time that sums a sweep's parts (a first run and its resumes)."""
+    return f" (the sum of {int(parts)} parts)" if parts > 1 else ""
+
+
+def crashes_clause(e: dict) -> str:
+    """Crashed trials that went on from a checkpoint (`crashes`), if any."""
+    n = int(e.get("sweep_crashes") or 0)
+    return f"; {n} {'crash' if n == 1 else 'crashes'}, each trial restarted from its last checkpoint" if n else ""
+
+
+def shares_clause(e: dict) -> str:
+    """Where the trials' time went (`time_shares`), where it is known."""
+    if "sweep_slots" not in e:
+        return ""
+    shares = ", ".join(f"{e[f'sweep_share_{name}']:.0%} {SHARE_LABELS.get(name, name)}" for name in SHARES)
+    return f"; {e['sweep_slots']:.0f} trials at once spent {shares}"

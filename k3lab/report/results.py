@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from k3lab.errors import UserError
-from k3lab.report.efficiency import sweep_efficiency, wall_to_the_end
+from k3lab.report.efficiency import parts_note, sweep_efficiency, wall_to_the_end
 from k3lab.report.summary import TrialRecord, mean_std
 from k3lab.store import runs
 from k3lab.store.tracking import BUILD_PARTS
@@ -207,11 +207,6 @@ def sweep_line(parent: ParentRecord, records: list[TrialRecord]) -> str:
         return sweep_totals(metrics)
     totals = sweep_efficiency(figures, wall_s, gpus=0, device_name=None)
     return "parent run not closed; from its trials, to the last one's end: " + sweep_totals(totals)
-
-
-def parts_note(parts: float) -> str:
-    """What follows a wall time that sums a sweep's parts (a first run and its resumes)."""
-    return f" (the sum of {int(parts)} parts)" if parts > 1 else ""
 
 
 def date_range(start_ms: int | None, end_ms: int | None, state: str = "") -> str:

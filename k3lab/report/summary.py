@@ -88,6 +88,31 @@ def summary_table(rows: list[dict], metric: str = "val_loss", title: str = "swee
     return table
 
 
+def print_summary(console, experiment: str, summary: dict) -> None:
+    """`build_report`'s summary on a rich console: the per-variant table, the paired comparisons
+    against the baselines, then the sweep's hardware use and the report files written."""
+    metric = summary["metric"]
+    console.print(summary_table(summary["rows"], metric, title=f"{experiment}: final {metric}"))
+    if summary.get("comparisons"):
+        from k3lab.report.family import sequential_table
+
+        console.print(sequential_table(summary["comparisons"], metric, summary["design"],
+                                       title=f"{experiment}: {metric} against the baselines, paired by seed"))
+    for line in summary.get("diverged", []):
+        console.print(f"diverged: {line}", markup=False, highlight=False)
+    if len({row["step"] for row in summary.get("curves", [])}) > 1:
+        from k3lab.report.family import curve_table
+
+        console.print(curve_table(summary["curves"], f"{experiment}: {metric} - baseline at every evaluation, "
+                                                     "% of the baseline's"))
+    if summary.get("efficiency"):
+        from k3lab.report.efficiency import efficiency_line
+
+        console.print(efficiency_line(summary["efficiency"]))
+    for path in summary["files"]:
+        console.print(f"wrote {path}")
+
+
 def file_order(names: Iterable[str], variant_order: Sequence[str]) -> list[str]:
     """`names` in the sweep file's order; names the file does not list (any more) come last, sorted."""
     position = {name: i for i, name in enumerate(variant_order)}

@@ -1,0 +1,247 @@
+"""`k3lab sweep`: every variant x seed of a sweep file as Ray Tune trials; what it shares with
+`k3lab train` and `k3lab report` (the store's flags, the sweep they name, a wide console)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from k3lab.errors import UserError
+from k3lab.registry.commands import add_profile_argument
+from k3lab.registry.spec import duration_seconds
+
+STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
+TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
+MAX_FAILURES = 2  # --max-failures' default
+STOPPED_ON_TIME = 3  # exit code of a sweep --stop-after stopped: resumable, not failed
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    sweep = subparsers.add_parser("sweep", help="run every variant x seed of a sweep file as Ray Tune trials")
+    sweep.add_argument("file", help="sweep file, e.g. experiments/attnres_block.yaml")
+    add_profile_argument(sweep)
+    sweep.add_argument("--storage", help=STORAGE_HELP)
+    sweep.add_argument("--kernel-cache", default=None,
+                       help="GPU kernel cache folder (default: the sweep file's kernel_cache, $K3LAB_KERNEL_CACHE, "
+                            "or ~/.cache/k3lab/kernels)")
+    sweep.add_argument("--tracking-uri", help=TRACKING_HELP)
+    sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray instance)")
+    sweep.add_argument("--resume", action="store_true", help="continue an interrupted run of this sweep")
+    sweep.add_argument("--overwrite", action="store_true", help="discard an earlier run of this sweep and start again")
+    sweep.add_argument("--max-failures", type=int, default=MAX_FAILURES,
+                       help="retries of a crashed trial (from its checkpoint)")
+    sweep.add_argument("--max-concurrent", type=int, help="trials at a time (default: the sweep file's, else all "
+                                                          "that fit)")
+    sweep.add_argument("--stop-after", metavar="DURATION",
+                       help="stop cleanly after this wall time (10m, 1h30m, 90s), the state saved for --resume, "
+                            f"as before a job scheduler's time limit or a preemptible node's end; exit code {STOPPED_ON_TIME}")
+    sweep.add_argument("--dry-run", action="store_true", help="list the trials that would run, start nothing")
+    sweep.add_argument("--no-live", action="store_true",
+                       help="plain progress lines instead of the live table (the default when stdout or stderr "
+                            "is not a terminal: logs, tee, CI)")
+    sweep.add_argument("--verbose", action="store_true",
+                       help="Ray's and MLflow's notices on the terminal, not in <storage>/<experiment>.log")
+    sweep.set_defaults(func=run_sweep_command)
+
+
+def wide_console():
+    """A console at least 120 columns wide, so summary tables do not wrap in logs."""
+    import shutil
+
+    from rich.console import Console
+
+    return Console(width=max(120, shutil.get_terminal_size().columns))
+
+
+def sweep_run_from_args(args, **options):
+    """The sweep file under its profile, with the storage and tracking store the flags name."""
+    from k3lab.registry.commands import load_sweep_for
+    from k3lab.store.state import default_storage, tracking_uri_or_default
+    from k3lab.tune.run import SweepRun
+
+    if args.storage is not None and not args.storage.strip():
+        raise UserError("--storage: names no folder (leave it out for K3LAB_STORAGE or ./k3lab_runs)")
+    return SweepRun(sweep=load_sweep_for(args.file, args.profile),
+                    storage=Path(args.storage) if args.storage else default_storage(),
+                    tracking_uri=tracking_uri_or_default(args.tracking_uri), **options)
+
+
+def run_sweep_command(args) -> int:
+    from k3lab.registry.commands import print_plan, print_variant_table
+    from k3lab.report.summary import print_summary
+    from k3lab.runtime.sigterm import stop_on_sigterm
+    from k3lab.tune.sweep import run_sweep
+
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
+    if args.max_failures < 0:
+        raise UserError(f"--max-failures must be 0 or more (retries of a crashed trial), got {args.max_failures}")
+    if args.resume and args.overwrite:  # --overwrite would delete the very state --resume continues
+        raise UserError("--resume and --overwrite: pass one (--resume continues the earlier run, --overwrite "
+                        "discards it)")
+    stop_after = stop_after_seconds(args.stop_after)
+    run = sweep_run_from_args(args, address=args.address, resume=args.resume, overwrite=args.overwrite,
+                              max_failures=args.max_failures, max_concurrent=args.max_concurrent,
+                              kernel_cache_dir=args.kernel_cache, command=args.command_line, verbose=args.verbose)
+    sweep = run.sweep
+    console = wide_console()
+    print_plan(console, sweep)
+    if args.dry_run:
+        from k3lab.runtime.preflight import check_cpu_memory, check_inputs
+        from k3lab.tune.sweep import sweep_preflight
+
+        plan = sweep_preflight(run, progress=False)
+        check_inputs(plan.train, plan.models, plan.train_from)
+        if plan.local:
+            check_cpu_memory(plan.models, plan.train, plan.gpus)
+        print_variant_table(console, sweep)
+        console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
+                      f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}"
+                      + slots_clause(sweep.resources) + sharing_clause(run))
+        earlier = earlier_run_line(run)
+        if earlier:
+            console.print(earlier, markup=False, highlight=False, soft_wrap=True)
+        return 0
+    def say(line: str) -> None:  # one line as it is: no markup, never wrapped
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    timer = stop_timer(stop_after)
+    try:
+        with stop_on_sigterm():  # a scheduler's SIGTERM stops it as Ctrl-C does
+            summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
+    except KeyboardInterrupt:
+        return stopped_sweep(args, run, on_time=timer is not None and timer.fired.is_set())
+    finally:
+        if timer is not None:
+            timer.cancel()
+    console.line()  # the tables start on a line of their own, after the progress lines or the live table
+    print_summary(console, run.experiment, summary)
+    for error in summary["errors"]:
+        console.print(f"[red]trial error: {error}")
+    return 1 if summary["errors"] else 0
+
+
+def stopped_sweep(args, run, on_time: bool) -> int:
+    """The exit of a sweep stopped by Ctrl-C, SIGTERM or --stop-after: the `--resume` command that
+    continues it where its state was saved, and the exit code (130 for Ctrl-C, re-raised; 143 for
+    SIGTERM; 3 for --stop-after, or 1 when it stopped before anything could be resumed)."""
+    from k3lab.runtime import sigterm
+
+    terminated = not on_time and sigterm.received.is_set()
+    stopped = (f"sweep stopped after {args.stop_after} (--stop-after)" if on_time
+               else "sweep stopped by SIGTERM" if terminated else "sweep stopped")
+    resumable = run.state_file.exists() and run.tune_dir.exists()  # what --resume needs to go on
+    if resumable:
+        print(f"{stopped}, its state saved: continue it with `{resume_command(args, run)}`",
+              file=sys.stderr)
+    if terminated:
+        if not resumable:
+            print(f"{stopped} before its trials started: nothing to resume", file=sys.stderr)
+        return sigterm.EXIT_CODE
+    if not on_time:
+        raise KeyboardInterrupt
+    if not resumable:  # not exit 3: a job script that resumes on 3 would find nothing to resume
+        print(f"{stopped} before its trials started: nothing to resume; give it more time", file=sys.stderr)
+        return 1
+    return STOPPED_ON_TIME
+
+
+def earlier_run_line(run) -> str | None:
+    """For a dry run of a sweep whose seeds policy asks a precision: what the latest run of its
+    experiment in this SQLite store says that precision takes per comparison, at the spreads that
+    run saw (a server store is not contacted: a dry run starts nothing and asks nobody)."""
+    from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
+
+    sweep, path = run.sweep, sqlite_path(run.tracking_uri)
+    if not (sweep.adaptive and sweep.seed_policy.until.rule != "max") or path is None or not holds_mlflow_runs(path):
+        return None
+    from k3lab.report.family import comparisons_for
+    from k3lab.report.sequential import pairs_needed_line
+    from k3lab.report.summary import load_trials
+    from k3lab.store.runs import latest_sweep_run
+    from k3lab.tune.seeds import design_of
+
+    metric = sweep.metric
+    try:
+        parent = latest_sweep_run(run.tracking_uri, run.experiment)
+        if parent is None:
+            return None
+        records = load_trials(run.tracking_uri, parent, curves=(metric.name,))  # the comparisons only, no report
+        comparisons = comparisons_for(records, dict(sweep.baselines), metric.name, metric.mode, design_of(sweep),
+                                      metric.last, rise=metric.diverged)
+    except Exception as error:  # an estimate only: a store it cannot read does not fail the dry run
+        return f"earlier run in this store: not read ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+    return pairs_needed_line(comparisons, sweep.seed_policy.max, parent)
+
+
+def slots_clause(resources) -> str:
+    if resources.training_slots is None:
+        return ""
+    return (f"; at most {resources.training_slots} trials per GPU train at once, the others start up "
+            "and wait (resources.training_slots)")
+
+
+def sharing_clause(run) -> str:
+    """How trials that share a GPU will run on it (`k3lab.runtime.mps`), as the sweep would decide now."""
+    from k3lab.runtime.mps import sharing_plan
+
+    if not run.shares_gpus:
+        return ""
+    mps = run.sweep.resources.mps
+    kind, detail = sharing_plan(mps, run.on_cluster)
+    if kind == "yours":
+        return f"; trials on one GPU run side by side through the MPS daemon at {detail}"
+    if kind == "own":
+        return "; trials on one GPU run side by side through an MPS daemon of the sweep's own (resources.mps)"
+    if kind == "nodes":
+        return f"; trials on one GPU share it as their node has it ({detail})"
+    if mps:
+        return f"; resources.mps: true, but {detail}: the sweep would stop before its first trial"
+    return f"; trials on one GPU take turns on it ({detail})"
+
+
+def stop_after_seconds(value: str | None) -> float | None:
+    """--stop-after as seconds; a value that is not a positive duration is a one-line error."""
+    if value is None:
+        return None
+    seconds = duration_seconds(value)
+    if seconds is None or seconds <= 0:
+        raise UserError(f"--stop-after {value}: not a duration (e.g. 10m, 1h30m, 90s)")
+    return seconds
+
+
+class StopTimer(threading.Timer):
+    """Stops the sweep as Ctrl-C does (SIGINT to this process: Tune saves its state, running trials
+    are checkpointed and end KILLED, `--resume` goes on) once `seconds` have passed; `fired` is set
+    before the signal, so the handler that sees it knows it was the timer."""
+
+    def __init__(self, seconds: float):
+        self.fired = threading.Event()
+        super().__init__(seconds, self.stop)
+        self.daemon = True
+
+    def stop(self) -> None:
+        self.fired.set()
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def stop_timer(seconds: float | None) -> StopTimer | None:
+    """A started StopTimer for --stop-after, or None without one."""
+    if seconds is None:
+        return None
+    timer = StopTimer(seconds)
+    timer.start()
+    return timer
+
+
+def resume_command(args, run) -> str:
+    """The command that continues a stopped sweep: the options that point at it (`SweepRun.hint`),
+    those of the stopped command that say how it runs, and --resume (never --overwrite, which would
+    discard what it continues)."""
+    return run.hint("sweep", kernel_cache=args.kernel_cache, max_concurrent=args.max_concurrent,
+                    max_failures=None if args.max_failures == MAX_FAILURES else args.max_failures,
+                    no_live=args.no_live, verbose=args.verbose, stop_after=args.stop_after, resume=True)

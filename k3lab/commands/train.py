@@ -1,0 +1,189 @@
+"""`k3lab train`: one model (a preset or a model YAML) trained in this process, with live progress."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+from k3lab.commands.sweep import TRACKING_HELP
+from k3lab.errors import UserError
+from k3lab.model.fidelity import FIDELITIES
+from k3lab.registry.spec import SEED_MAX
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    train = subparsers.add_parser("train", help="train one model (a preset or a model YAML) with live progress")
+    train.add_argument("model", nargs="?", default="tiny", help="preset name (tiny, small, base) or model YAML path")
+    train.add_argument("--steps", type=int, help="optimizer steps (default: the train spec's)")
+    train.add_argument("--seed", type=int, default=0,
+                       help=f"the run's seed, 0 .. {SEED_MAX}: its initial weights and the order of its training "
+                            "batches (default 0)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                       help="override a model field (hidden_size=128) or a train field (train.batch_size=16)")
+    train.add_argument("--tracking-uri", help=TRACKING_HELP)
+    train.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    train.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    train.add_argument("--kernel-cache", default=None,
+                       help="GPU kernel cache folder (default: $K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels)")
+    train.add_argument("--fidelity", choices=FIDELITIES,
+                       help="the design document's choices, official K3's or Kimi Linear's (before --set)")
+    train.add_argument("--save", metavar="DIR", help="write the trainer checkpoint there at every evaluation "
+                                                     "(for k3lab export)")
+    train.add_argument("--verbose", action="store_true", help="MLflow's notices on the terminal, not in the log file")
+    train.set_defaults(func=run_train)
+
+
+def parse_overrides(items: list[str]) -> tuple[dict, dict]:
+    """['hidden_size=128', 'train.steps=50'] -> ({'hidden_size': 128}, {'steps': 50}); values as YAML
+    (as sweep files read it: `1e-3` is a number)."""
+    from k3lab.registry.yamlfile import load_text
+
+    model, train = {}, {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set {item!r}: expected FIELD=VALUE")
+        try:
+            value = load_text(raw)
+        except yaml.YAMLError:
+            raise UserError(f"--set {item!r}: the value is not valid YAML") from None
+        if key.startswith("train."):
+            train[key.removeprefix("train.")] = value
+        else:
+            model[key] = value
+    return model, train
+
+
+def build_train_inputs(args):
+    import attrs
+
+    from k3lab.model.config import KimiK3Config, config_fields
+    from k3lab.registry import load_preset
+    from k3lab.registry.axes import apply_fidelity
+    from k3lab.registry.convert import structure
+    from k3lab.registry.fields import check_fields
+    from k3lab.registry.keypath import SpecError
+    from k3lab.registry.presets import model_fields
+    from k3lab.train.spec import TrainSpec
+
+    model_overrides, train_overrides = parse_overrides(args.overrides)
+    load_preset(args.model)  # a preset that does not validate is named in its own error
+    unknown = sorted(set(model_overrides) - set(config_fields()))
+    if unknown:
+        raise UserError(f"--set {unknown[0]}: not a KimiK3Config field (train fields are written train.NAME)")
+    try:  # typed as a sweep file's base overrides are (a float is a number, not any string)
+        model_overrides = check_fields(model_overrides, ())
+    except SpecError as error:
+        raise UserError(f"--set {error}") from None
+    fields = model_fields(args.model, Path.cwd())  # as written: a derived field (layer_types) follows --set num_layers
+    if args.fidelity:
+        fields |= apply_fidelity(args.fidelity, fields | model_overrides)
+    try:
+        config = KimiK3Config(**(fields | model_overrides))
+    except (ValueError, TypeError) as error:
+        raise UserError(f"--set: {error}") from None
+    train_fields = {f.name for f in attrs.fields(TrainSpec)}
+    unknown = sorted(set(train_overrides) - train_fields)
+    if unknown:
+        raise UserError(f"--set train.{unknown[0]}: not a train field ({', '.join(sorted(train_fields))})")
+    if not 0 <= args.seed <= SEED_MAX:
+        raise UserError(f"--seed: must be 0 .. {SEED_MAX}, got {args.seed}")
+    if args.steps is not None:
+        if args.steps < 1:
+            raise UserError(f"--steps: must be positive, got {args.steps}")
+        train_overrides["steps"] = args.steps
+    defaults = TrainSpec()
+    steps = train_overrides.get("steps")
+    if isinstance(steps, int):  # keep warmup and eval inside a short run (any other value: an error below)
+        train_overrides.setdefault("warmup_steps", min(defaults.warmup_steps, max(0, steps // 10)))
+        train_overrides.setdefault("eval_interval", min(defaults.eval_interval, steps))
+    try:  # as a sweep file's train section: typed strictly (a bool is true or false, not any string)
+        spec = structure(train_overrides, TrainSpec)
+    except SpecError as error:
+        raise UserError(f"--set {error.under('train')}") from None
+    return config, spec
+
+
+def parse_device(name: str | None):
+    """The torch device `--device` names (default: cuda when available)."""
+    from k3lab.train.trainer import resolve_device
+
+    try:
+        device = resolve_device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):  # meta, mps, xpu...: k3lab trains on neither
+        raise UserError(f"--device {name}: expected cpu, cuda or cuda:N")
+    return device
+
+
+def train_preflight(args, config, spec, tracking_uri: str | None, device, log_file: Path | None):
+    """What `k3lab train` needs, for `run_preflight`."""
+    from k3lab.runtime.preflight import Preflight
+
+    folders = {"log folder": log_file.parent} if log_file else {}
+    if args.save:  # before training, not at its first evaluation; a .pt path is the checkpoint file itself
+        folders["--save"] = Path(args.save).parent if args.save.endswith(".pt") else Path(args.save)
+    return Preflight(tracking_uri=tracking_uri, train=spec, models={"": config}, folders=folders,
+                     gpus=1 if device.type == "cuda" else 0, gpus_from=f"--device {args.device or device}")
+
+
+class EvalPrinter:
+    """`k3lab train`'s reporter: a line per evaluation, and with --save the trainer checkpoint
+    (naming the MLflow run: `tracker` is set by run_trial)."""
+
+    def __init__(self, console, save: str | None):
+        self.console, self.save, self.tracker = console, save, None
+
+    def on_eval(self, trainer, metrics: dict) -> None:
+        from k3lab.tune.reporter import save_with_run_id
+
+        self.console.print(f"step {metrics['step']}: val_loss {metrics['val_loss']:.4f} val_bpb {metrics['val_bpb']:.3f}")
+        if self.save:
+            save_with_run_id(trainer, self.save, self.tracker)
+
+
+def run_train(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from k3lab.store.state import default_storage, tracking_uri_or_default
+    from k3lab.runtime.logs import library_logs
+    from k3lab.runtime.preflight import run_preflight
+    from k3lab.tune.trial import TrialSpec, run_trial
+
+    config, spec = build_train_inputs(args)
+    tracking_uri = None if args.no_tracking else tracking_uri_or_default(args.tracking_uri)
+    device = parse_device(args.device)
+    log_file = None if args.verbose or tracking_uri is None else default_storage() / "train.log"
+    run_preflight(train_preflight(args, config, spec, tracking_uri, device, log_file))
+    if device.type == "cuda":
+        from k3lab.runtime.kernels import open_kernel_cache
+
+        open_kernel_cache(args.kernel_cache, say=Console(stderr=True).print)
+    name = Path(args.model).stem
+    trial = TrialSpec(variant_id="train", variant_name=name, seed=args.seed, config=config.to_dict(), train=spec,
+                      tracking_uri=tracking_uri, experiment="k3lab-train")
+    console = Console(stderr=True)
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
+    with library_logs(log_file), Progress(*columns, console=console) as bar:
+        task = bar.add_task(f"train {name}", total=spec.steps, info="")
+
+        def progress(step, metrics):
+            bar.update(task, completed=step,
+                       info=f"loss {metrics['train_loss']:.3f}  {metrics['tokens_per_s']:,.0f} tok/s")
+
+        result, run_id = run_trial(trial, device=device, progress=progress, reporter=EvalPrinter(bar.console, args.save))
+    val = "-" if result.val_loss is None else f"{result.val_loss:.4f}"
+    speed = "-" if result.average_tokens_per_s is None else f"{result.average_tokens_per_s:,.0f}"
+    console.print(f"{result.status}: {result.step} steps, {result.tokens:,} tokens, val_loss {val}, "
+                  f"{speed} tokens/s (run average), {result.counts['total']:,} parameters"
+                  + (f"; MLflow run {run_id} in {tracking_uri}" if run_id else "")
+                  + (f"; checkpoint in {args.save}" if args.save else ""))
+    if result.status != "finished":
+        console.print(f"[red]{result.error}")
+        return 1
+    return 0

@@ -1,0 +1,46 @@
+"""`k3lab variants FILE [--profile NAME] [--json]`: list a sweep's variants."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from k3lab.registry.commands import add_profile_argument, load_sweep_for, print_plan, print_variant_table
+
+if TYPE_CHECKING:  # imported where used: `k3lab --help` registers this command without torch
+    from k3lab.registry.sweep import Sweep
+    from k3lab.registry.variants import Variant
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("variants", help="expand a sweep file into model variants and list them")
+    parser.add_argument("file", help="sweep YAML file, e.g. experiments/attnres_block.yaml")
+    add_profile_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    sweep = load_sweep_for(args.file, args.profile)
+    if args.json:
+        print(json.dumps([_json(sweep, v) for v in sweep.variants], indent=2))
+        return 0
+    console = Console(file=sys.stdout, width=max(Console().width, 140))
+    print_plan(console, sweep)
+    print_variant_table(console, sweep)
+    return 0
+
+
+def _json(sweep: Sweep, variant: Variant) -> dict[str, Any]:
+    from k3lab.registry.counts import count
+
+    data = variant.to_json()
+    if variant.config is not None:
+        counts = count(variant.config, sweep.train.seq_len)
+        data["counts"] = {"total": counts.total, "active": counts.active, "embedding": counts.embedding,
+                          "flops_per_token": counts.flops_per_token, "seq_len": counts.seq_len}
+    return data
