@@ -18,7 +18,7 @@ from k3lab.cli import main
 from k3lab.errors import UserError
 from k3lab.registry import load_sweep
 from k3lab.report.sequential import Design
-from k3lab.tune.seeds import FINISHED, SeedPlanner
+from k3lab.tune.planner import FINISHED, SeedPlanner
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from k3lab.report.sequential import (
     compare_sequential, fixed_design, nominal_level, smallest_p_values,
 )
 from k3lab.report.stats import t_interval
-from k3lab.tune.seeds import FINISHED, SeedPlanner
+from k3lab.tune.planner import FINISHED, SeedPlanner
 
 decisions = pytest.importorskip("bench.decisions")
 

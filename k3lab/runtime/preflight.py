@@ -260,7 +260,7 @@ def prepared_dataset(train: TrainSpec, progress: bool) -> Dataset:
 def check_prepared(plan: Preflight, dataset: Dataset) -> None:
     """The prepared corpus suits the trials: every model holds its vocabulary, and each split
     a window of train.seq_len + 1 tokens (from its manifest)."""
-    from k3lab.train.trainer import check_splits
+    from k3lab.train.checks import check_splits
 
     check_models(plan.models, plan.train, dataset.vocab_size)
     try:
@@ -272,7 +272,7 @@ def check_prepared(plan: Preflight, dataset: Dataset) -> None:
 def check_models(models: dict[str, KimiK3Config], train: TrainSpec, vocab_size: int | None = None) -> None:
     """Every model can train on this data: sequence length and KDA chunks, and the vocabulary
     where `vocab_size` is known."""
-    from k3lab.train.trainer import check_seq_len, check_vocab
+    from k3lab.train.checks import check_seq_len, check_vocab
 
     for label, config in models.items():
         try:
