@@ -104,6 +104,17 @@ def test_variants_and_dry_run_show_the_policy_and_the_worst_case(tmp_path, capsy
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_plan_says_which_rule_decides_the_seeds(tmp_path, capsys):
+    decided = SWEEP.replace(POLICY, "seeds: {start: 2, max: 4}").replace("resources:", "metric: {margin: 0.005}\nresources:")
+    assert main(["variants", str(write(tmp_path, decided)), "--profile", "none"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "each comparison not yet decided, the widest first, up to 4 (until decided: better or worse where" in text
+    assert "equivalent where it lies inside +/-0.5% of the baseline's val_loss" in text
+    assert main(["variants", str(write(tmp_path, SWEEP.replace(POLICY, "seeds: {start: 2, max: 4, until: max}"))),
+                 "--profile", "none"]) == 0
+    assert "then seed pairs up to 4 for every comparison" in " ".join(capsys.readouterr().out.split())
+
+
 def test_the_worst_case_time_when_the_rate_is_known(tmp_path, capsys):
     path = write(tmp_path, SWEEP + "budget: {tokens_per_s: 2.0, trials: 6}\n")
     assert main(["variants", str(path), "--profile", "none"]) == 0

@@ -98,10 +98,11 @@ def policy_lines(sweep: Sweep) -> list[str]:
         rule = (f"then a seed pair at a time for each comparison whose {family} is wider than "
                 f"{100 * until.halfwidth:g}% of the baseline's {metric}, the widest first, up to {policy.max}")
     elif until.rule == "decided":
-        equivalent = (f" or equivalent (inside +/-{100 * margin:g}% of the baseline's {metric})"
+        equivalent = (f", equivalent where it lies inside +/-{100 * margin:g}% of the baseline's {metric}"
                       if margin is not None else "")
-        rule = (f"then a seed pair at a time for each comparison not yet decided (rule: until decided: its {family} "
-                f"on {metric} excludes 0{equivalent}), the widest first, up to {policy.max}")
+        rule = (f"then a seed pair at a time for each comparison not yet decided, the widest first, up to "
+                f"{policy.max} (until decided: better or worse where its {family} on {metric} excludes 0"
+                f"{equivalent})")
     else:
         rule = f"then seed pairs up to {policy.max} for every comparison ({family} on {metric}), the widest first"
     budget = sweep.budget
