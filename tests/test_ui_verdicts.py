@@ -2,6 +2,8 @@
 each compared trial's paired difference at every evaluation, each variant's effect and verdict on
 the parent run, each trial's outcome."""
 
+import json
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -127,3 +129,84 @@ def test_more_differences_than_one_log_batch_takes_are_sent_in_batches(tmp_path)
 
 def test_variant_names_become_valid_metric_keys():
     assert verdicts.effect_key(verdicts.VS_BASELINE, "bs=2,full") == "vs_baseline_pct/bs_2_full"
+
+
+def view_of(uri: str) -> dict:
+    from k3lab.store import views
+
+    experiment = MlflowClient(uri).get_experiment_by_name("mini")
+    return views.unpack_state(json.loads(experiment.tags[views.SHARED_VIEW + views.LOSS_VIEW])["state"])
+
+
+def test_the_saved_views_first_chart_is_the_difference_against_tokens_in_its_own_first_section(tmp_path):
+    from k3lab.store import views
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, _ = curve_sweep(uri)
+    views.present_sweep(uri, parent, axes=["attn_res_block_size"], variant_order=["attnres_off", "attnres_bs1"])
+    state = view_of(uri)
+    first = state["compareRunCharts"][0]
+    assert first["metricKey"] == verdicts.VS_BASELINE
+    assert (first["xAxisKey"], first["selectedXAxisMetricKey"], first["useGlobalXaxisKey"]) == ("metric", "tokens",
+                                                                                               False)
+    assert first["range"] == {"yMin": -1.0, "yMax": 1.0}  # 1% is half the axis
+    assert state["compareRunSections"][0]["uuid"] == first["metricSectionId"]
+    assert state["compareRunSections"][0]["name"].startswith("Difference from the baseline")
+
+
+def test_group_labels_name_variants_not_axis_values(tmp_path):
+    from k3lab.store import views
+
+    assert views.loss_view_state(["attn_res_block_size"])["groupBy"]["groupByKeys"] == [
+        {"mode": "tag", "groupByData": runs.VARIANT_NAME}]
+
+
+def test_the_difference_charts_axis_widens_to_hold_every_variants_interval(tmp_path):
+    from k3lab.store import views
+
+    assert views.difference_limit({"vs_baseline_low/a": -2.4, "vs_baseline_high/a": -0.3, "val_loss": 9}) == 3.0
+    assert views.difference_limit({"vs_baseline_pct/a": 0.2}) == 1.0
+
+
+def test_the_runs_table_shows_verdict_difference_and_outcome_columns():
+    from k3lab.store import views
+
+    columns = views.loss_view_state(["attn_res_block_size"])["selectedColumns"]
+    assert columns[:3] == ["tags.`k3lab.verdict`", "metrics.`vs_baseline_pct`", "tags.`k3lab.outcome`"]
+
+
+def test_the_parent_description_leads_with_its_links_and_names_each_variants_verdict(tmp_path):
+    from k3lab.store import views
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, _ = curve_sweep(uri)
+    summary = report(uri, parent)
+    views.present_sweep(uri, parent, variant_order=["attnres_off", "attnres_bs1"], description="two variants")
+    note = MlflowClient(uri).get_run(parent).data.tags[runs.NOTE].splitlines()
+    assert note[0].startswith(f"[{views.LOSS_VIEW_NAME}]")  # above the UI's fold
+    line = next(line for line in note if line.startswith("- **attnres_bs1**"))
+    assert f"{summary['comparisons'][0].verdict}, -1.00% against its baseline (interval " in line
+
+
+def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refreshes_its_view(tmp_path):
+    from k3lab.commands.ui import prepare_store
+    from k3lab.store import views
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, trials = curve_sweep(uri)
+    report(uri, parent, record=False)  # as an older k3lab reported it
+    client = MlflowClient(uri)
+    client.log_artifact(parent, __file__, "report")  # it has a report: none rebuilt
+    old = views.loss_view_state([]) | {"compareRunCharts": [views.line_chart("train_loss", "s")]}
+    experiment_id = client.get_run(parent).info.experiment_id
+    for key, value in views.saved_view_tag(views.LOSS_VIEW, views.LOSS_VIEW_NAME, old).items():
+        client.set_experiment_tag(experiment_id, key, value)
+    said = []
+    prepare_store(uri, say=said.append)
+    assert any("verdicts" in line for line in said), said
+    assert client.get_metric_history(trials[("attnres_bs1", 0)], verdicts.VS_BASELINE)
+    assert view_of(uri)["compareRunCharts"][0]["metricKey"] == verdicts.VS_BASELINE
+    assert "- **attnres_bs1**" in client.get_run(parent).data.tags[runs.NOTE]
+    said.clear()
+    prepare_store(uri, say=said.append)
+    assert said == []  # nothing left to do
