@@ -146,7 +146,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
                                                        mode, colours, title, design.interval_name))
         if len({row["step"] for row in curves}) > 1:  # the whole curve, when there is more than the end
             files.append(family.plot_curve_differences(curves, out_dir / f"{metric}_curve_vs_baseline.png", metric,
-                                                       mode, colours, design.interval_name))
+                                                       mode, colours, design.interval_name, title))
         summary_path = out_dir / "summary.json"
         summary_path.write_text(json.dumps({"design": design.to_json() if design else None, "variants": rows},
                                            indent=2, default=str))
