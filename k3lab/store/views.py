@@ -35,7 +35,7 @@ SHARED_VIEW = "mlflow.sharedViewState."
 LOSS_VIEW, LOSS_VIEW_NAME = "k3lab-loss-curves", "Loss curves by variant"
 FIRST_CHARTS = ("train_loss", "val_loss", "tokens_per_s")  # the loss section, in this order
 LOSS_SECTION = "Loss and throughput"
-DIFFERENCE_SECTION = "Difference from the baseline (% of its value, paired by seed)"
+DIFFERENCE_SECTION = "Difference from the baseline, %"
 DIFFERENCE_LIMIT = 1.0  # % : the difference chart's y axis spans at least +/- this
 REPORT_PLOT = "report/loss_curves.png"  # the parent run's artifact the links open (the report's folder beside it)
 
