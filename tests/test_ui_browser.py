@@ -176,7 +176,8 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
             assert headings[:4] == ["vs_baseline_pct", "train_loss", "val_loss", "tokens_per_s"], headings
             cards.first.locator("path.js-line").first.wait_for()
             charts.wait_for_timeout(2000)  # every chart drawn
-            first = set(cards.first.evaluate("c => Array.from(c.querySelectorAll('path.js-line'), p => p.style.stroke)"))
+            strokes_in = "c => Array.from(c.querySelectorAll('path.js-line'), p => p.style.stroke)"
+            first = set(cards.first.evaluate(strokes_in))
             assert first == {rgb(colours["attnres_bs1"])}, first  # the compared variant's series, in its colour
             strokes = set(charts.evaluate("Array.from(document.querySelectorAll('path.js-line'), p => p.style.stroke)"))
             assert strokes == {rgb(colours["attnres_off"]), rgb(colours["attnres_bs1"])}, strokes  # one per variant

@@ -13,9 +13,10 @@ without expanding the parent, each trial drawn in its own colour (`mlflow.runCol
 variant's), all of them (not the UI's default first 10). Its first section is the answer: each
 compared trial's difference from its baseline trial (`vs_baseline_pct`, written by `k3lab report`:
 `k3lab.store.verdicts`) against tokens trained, on a y axis of +/- 1% widened to the variants'
-intervals; then train_loss, val_loss and tokens_per_s. The experiment's description (shown above its runs) links to it and to the sweep's
-report plots; the parent run's description says how to compare and links to the metric page
-with every trial's loss curves overlaid.
+intervals; then train_loss, val_loss and tokens_per_s. The experiment's description (shown above
+its runs) links to it and to the sweep's report plots; the parent run's description leads with
+its links (the UI's fold covers the lower lines of a long description), lists each variant's
+verdict and says how to compare.
 """
 
 from __future__ import annotations
