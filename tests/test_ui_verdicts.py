@@ -210,3 +210,21 @@ def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refres
     said.clear()
     prepare_store(uri, say=said.append)
     assert said == []  # nothing left to do
+
+
+@pytest.mark.slow
+def test_the_sweeps_own_report_writes_the_differences_and_verdicts(tmp_path, sweep_file, isolated_data):
+    """The end-of-sweep report (`k3lab.tune.parent.report_sweep`) takes the same path as `k3lab report`."""
+    from conftest import sweep_args
+
+    from k3lab.cli import main
+
+    assert main(sweep_args(tmp_path, sweep_file)) == 0
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = runs.sweep_runs(uri)[0]
+    trial = {runs.variant_of(t): t for t in runs.trial_runs(uri, parent.info.run_id)}
+    history = MlflowClient(uri).get_metric_history(trial["attnres_bs1"].info.run_id, verdicts.VS_BASELINE)
+    assert sorted(m.step for m in history) == [4, 8]  # the mini sweep evaluates at steps 4 and 8
+    assert parent.data.tags["k3lab.verdict.attnres_bs1"] == "not resolved"  # one seed: one pair
+    assert "vs_baseline_pct/attnres_bs1" in parent.data.metrics
+    assert {t.data.tags[verdicts.OUTCOME] for t in trial.values()} == {"finished"}
