@@ -228,3 +228,18 @@ def test_the_sweeps_own_report_writes_the_differences_and_verdicts(tmp_path, swe
     assert parent.data.tags["k3lab.verdict.attnres_bs1"] == "not resolved"  # one seed: one pair
     assert "vs_baseline_pct/attnres_bs1" in parent.data.metrics
     assert {t.data.tags[verdicts.OUTCOME] for t in trial.values()} == {"finished"}
+
+
+def test_a_report_with_another_baseline_or_metric_leaves_the_stores_verdicts_alone(tmp_path, sweep_file):
+    from k3lab.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, trials = curve_sweep(uri, seeds=(0, 1))
+    command = ["report", str(sweep_file), "--storage", str(tmp_path / "runs"), "--tracking-uri", uri,
+               "--out", str(tmp_path / "out")]
+    assert main([*command, "--metric", "train_loss"]) == 0
+    client = MlflowClient(uri)
+    assert client.get_metric_history(trials[("attnres_bs1", 0)], verdicts.VS_BASELINE) == []
+    assert verdicts.OUTCOME not in client.get_run(trials[("attnres_bs1", 0)]).data.tags
+    assert main(command) == 0  # the sweep's own comparison
+    assert len(client.get_metric_history(trials[("attnres_bs1", 0)], verdicts.VS_BASELINE)) == len(EVALS)
