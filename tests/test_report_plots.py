@@ -93,3 +93,28 @@ def test_the_loss_plots_difference_panels_take_their_y_axis_from_the_later_half(
                            "sweep")
     val = figures["loss.png"].axes[2]
     assert val.get_ylim()[1] < 0.3  # v's +0.6 gap at the first evaluation does not stretch it
+
+
+def test_the_loss_plots_metric_panel_draws_each_evaluations_interval(figures, tmp_path):
+    records = early_gap_records()
+    rows = family.curve_differences(records, {"v": "base"}, "val_loss")
+    plots.plot_loss_curves(records, tmp_path / "loss.png", "val_loss", {"base": "C0", "v": "C1"}, "base", "sweep",
+                           rows)
+    val = figures["loss.png"].axes[2]
+    bars = [c for c in val.containers if c.has_yerr]
+    assert len(bars) == 1 and len(bars[0].lines[2][0].get_segments()) == len(rows)
+    assert "interval" in val.get_title()
+
+
+def test_a_report_from_stored_baselines_draws_the_loss_plots_differences(figures, tmp_path):
+    """The stored design names baselines per variant (no single `baseline`), as `k3lab ui` rebuilds it."""
+    from test_ui_verdicts import curve_sweep
+
+    from k3lab.report.summary import build_report
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, _ = curve_sweep(uri)
+    build_report(uri, parent, out_dir=tmp_path / "out", baselines={"attnres_bs1": "attnres_off"},
+                 variant_order=["attnres_off", "attnres_bs1"], record=False)
+    val = figures["loss_curves.png"].axes[2]
+    assert "minus the baseline attnres_off" in val.get_title()

@@ -106,11 +106,22 @@ def paired_curve(records, variant: str, baseline: str, name: str, window: int, f
     return np.array(steps), np.array([sum(diffs[s]) / len(diffs[s]) for s in steps])
 
 
+def draw_difference_rows(ax, rows: list[dict], colour: str) -> list[tuple]:
+    """A variant's rows of `k3lab.report.family.curve_differences` (mean paired difference at each
+    evaluation, its interval as error bars); returns the drawn (steps, values) of both bounds."""
+    steps = [r["step"] for r in rows]
+    means = [r["difference"] for r in rows]
+    halves = [r["half_width"] or 0.0 for r in rows]
+    ax.errorbar(steps, means, yerr=halves, color=colour, marker="o", markersize=4, capsize=2, elinewidth=0.9)
+    return [(steps, [m - h for m, h in zip(means, halves)]), (steps, [m + h for m, h in zip(means, halves)])]
+
+
 def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], baseline: str | None = None,
-                     title: str = "") -> Path:
+                     title: str = "", curves: list[dict] | None = None) -> Path:
     """Three panels: train_loss of every trial (log scale, smoothed), then, against the baseline
     paired by seed, train_loss over the second half and `metric` at each evaluation (without a
-    baseline: those two as they are, the second half of training zoomed)."""
+    baseline: those two as they are, the second half of training zoomed). `curves`: the report's
+    `curve_differences`, drawn in the metric's panel with their intervals."""
     plt = pyplot()
     fig, (whole, late, val) = figure(plt, 17, 5.4, columns=3)
     window = smoothing_window(records)
@@ -138,6 +149,10 @@ def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], 
             if compared:
                 if variant == baseline:
                     continue
+                rows = [r for r in curves or [] if r["variant"] == variant]
+                if name == metric and rows:
+                    drawn += draw_difference_rows(ax, rows, colour)
+                    continue
                 steps, values = paired_curve(records, variant, baseline, name, window if name == "train_loss" else 1,
                                              start)
                 ax.plot(steps, values, color=colour, marker="o" if name != "train_loss" else None, markersize=4)
@@ -158,7 +173,8 @@ def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], 
         ax.ticklabel_format(axis="y", useOffset=False)
     paired = f"minus the baseline {baseline} (dashed), paired by seed"
     late.set_title(f"train_loss over the second half of training\n{paired if compared else ''}", fontsize=10)
-    val.set_title(f"{metric} at each evaluation\n{paired if compared else ''}", fontsize=10)
+    bars = ", with its interval" if compared and curves else ""
+    val.set_title(f"{metric} at each evaluation\n{paired + bars if compared else ''}", fontsize=10)
     for ax in (whole, late, val):
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)

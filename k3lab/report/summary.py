@@ -136,7 +136,9 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
         out_dir.mkdir(parents=True, exist_ok=True)
         colours = variant_colours(order, variant_order)
         title = experiment_title(tracking_uri, parent_run_id)
-        files.append(plots.plot_loss_curves(records, out_dir / "loss_curves.png", metric, colours, baseline, title))
+        one = baseline or (next(iter(pairs.values())) if len(set(pairs.values())) == 1 else None)
+        files.append(plots.plot_loss_curves(records, out_dir / "loss_curves.png", metric, colours, one, title,
+                                            curves))
         files.append(plots.plot_metric_by_variant(rows, out_dir / f"{metric}_by_variant.png", metric, colours,
                                                   baseline, title))
         files.append(plots.plot_metric_vs_params(rows, out_dir / f"{metric}_vs_params.png", metric, colours,
