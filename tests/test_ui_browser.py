@@ -16,6 +16,7 @@ installs it); Playwright never downloads a browser here. Without them the test s
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -158,6 +159,7 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
             assert page.get_by_text("Detect Issues").count() == 0 and "overview" not in page.url
             view = page.get_by_role("link", name="Loss curves by variant")
             expect(view).to_be_visible()  # in the experiment's description, its first line
+            page.get_by_text(re.compile(r"^[1-9][0-9]* matching runs?$")).wait_for()  # the runs table has loaded
             page.screenshot(path=shots / "01-experiment-runs.png")
 
             # one click more: the difference from the baseline first, then every trial's train_loss,
