@@ -211,6 +211,7 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
             page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{ids['parent']}")
             link = page.get_by_role("link", name="every trial's val_loss and train_loss on one page")
             expect(link).to_be_visible()
+            page.screenshot(path=shots / "07-parent-run.png")
             with context.expect_page() as opened:
                 click_centre(link)
             metric_page = opened.value

@@ -184,8 +184,8 @@ def test_the_parent_description_leads_with_its_links_and_names_each_variants_ver
     views.present_sweep(uri, parent, variant_order=["attnres_off", "attnres_bs1"], description="two variants")
     note = MlflowClient(uri).get_run(parent).data.tags[runs.NOTE].splitlines()
     assert note[0].startswith(f"[{views.LOSS_VIEW_NAME}]")  # above the UI's fold
-    line = next(line for line in note if line.startswith("- **attnres_bs1**"))
-    assert f"{summary['comparisons'][0].verdict}, -1.00% against its baseline (interval " in line
+    assert note[2].startswith("val_loss against the baseline, %")  # right under the links
+    assert f"**attnres_bs1**: {summary['comparisons'][0].verdict}, -1.00% (-1." in note[2]
 
 
 def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refreshes_its_view(tmp_path):
@@ -206,7 +206,7 @@ def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refres
     assert any("verdicts" in line for line in said), said
     assert client.get_metric_history(trials[("attnres_bs1", 0)], verdicts.VS_BASELINE)
     assert view_of(uri)["compareRunCharts"][0]["metricKey"] == verdicts.VS_BASELINE
-    assert "- **attnres_bs1**" in client.get_run(parent).data.tags[runs.NOTE]
+    assert "**attnres_bs1**: " in client.get_run(parent).data.tags[runs.NOTE]
     said.clear()
     prepare_store(uri, say=said.append)
     assert said == []  # nothing left to do

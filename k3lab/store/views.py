@@ -165,30 +165,30 @@ def verdict_lines(parent_data, variant_order: Sequence[str] = ()) -> list[str]:
     for name in sorted(found, key=lambda n: (order.get(n, len(order)), n)):
         effect = {p: parent_data.metrics.get(verdicts.effect_key(p, name))
                   for p in (verdicts.VS_BASELINE, verdicts.VS_LOW, verdicts.VS_HIGH)}
-        interval = (f" (interval {percent(effect[verdicts.VS_LOW])} to {percent(effect[verdicts.VS_HIGH])})"
+        interval = (f" ({percent(effect[verdicts.VS_LOW])} to {percent(effect[verdicts.VS_HIGH])})"
                     if effect[verdicts.VS_LOW] is not None else "")
-        lines.append(f"- **{name}**: {parent_data.tags[prefix + name]}, "
-                     f"{percent(effect[verdicts.VS_BASELINE])} against its baseline{interval}")
+        lines.append(f"**{name}**: {parent_data.tags[prefix + name]}, {percent(effect[verdicts.VS_BASELINE])}"
+                     f"{interval}")
     return lines
 
 
 def parent_note(experiment_id: str, parent_run_id: str, description: str, axes: Sequence[str], metric: str,
                 trial_run_ids: Sequence[str] = (), state: str | None = None, verdicts_: Sequence[str] = ()) -> str:
     """The parent run's description: where to look (the links first, clear of the UI's fold),
-    what the sweep is, its verdicts, how to compare."""
+    the verdicts, what the sweep is, how to compare."""
     links = [f"[{LOSS_VIEW_NAME}]({view_link(experiment_id)})",
              f"[report plots and summary.json]({artifacts_link(experiment_id, parent_run_id, REPORT_PLOT)})"]
     if trial_run_ids:
         curves = list(dict.fromkeys([metric, "train_loss"]))
         links.insert(1, f"[every trial's {' and '.join(curves)} on one page]"
                         f"({metric_page_link(experiment_id, trial_run_ids, curves)})")
-    lines = [" · ".join(links), "", description or "k3lab sweep", ""]
+    lines = [" · ".join(links), ""]
+    if verdicts_:  # one paragraph, above the fold
+        lines += [f"{metric} against the baseline, % (family-wise interval): " + " · ".join(verdicts_), ""]
+    lines += [description or "k3lab sweep", ""]
     if state == runs.INTERRUPTED:
         lines += ["**Interrupted**: its driver stopped before the sweep ended; `k3lab sweep FILE --resume` "
                   "continues it, `k3lab report FILE --close` ends it.", ""]
-    if verdicts_:
-        lines += [f"{metric} against the baselines, paired by seed (% of the baseline's; family-wise intervals):",
-                  "", *verdicts_, ""]
     lines += [how_to_compare(axes, metric) + "."]
     return "\n".join(lines)
 
