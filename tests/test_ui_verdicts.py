@@ -161,11 +161,11 @@ def test_group_labels_name_variants_not_axis_values(tmp_path):
         {"mode": "tag", "groupByData": runs.VARIANT_NAME}]
 
 
-def test_the_difference_charts_axis_widens_to_hold_every_variants_interval(tmp_path):
+def test_the_difference_charts_axis_widens_to_hold_every_variants_mean_difference(tmp_path):
     from k3lab.store import views
 
-    assert views.difference_limit({"vs_baseline_low/a": -2.4, "vs_baseline_high/a": -0.3, "val_loss": 9}) == 3.0
-    assert views.difference_limit({"vs_baseline_pct/a": 0.2}) == 1.0
+    assert views.difference_limit({"vs_baseline_pct/a": -2.4, "vs_baseline_low/a": -7.0, "val_loss": 9}) == 3.0
+    assert views.difference_limit({"vs_baseline_pct/a": 0.2, "vs_baseline_high/a": 4.0}) == 1.0
 
 
 def test_the_runs_table_shows_verdict_difference_and_outcome_columns():

@@ -13,10 +13,10 @@ without expanding the parent, each trial drawn in its own colour (`mlflow.runCol
 variant's), all of them (not the UI's default first 10). Its first section is the answer: each
 compared trial's difference from its baseline trial (`vs_baseline_pct`, written by `k3lab report`:
 `k3lab.store.verdicts`) against tokens trained, on a y axis of +/- 1% widened to the variants'
-intervals; then train_loss, val_loss and tokens_per_s. The experiment's description (shown above
-its runs) links to it and to the sweep's report plots; the parent run's description leads with
-its links (the UI's fold covers the lower lines of a long description), lists each variant's
-verdict and says how to compare.
+mean differences; then train_loss, val_loss and tokens_per_s. The experiment's description
+(shown above its runs) links to it and to the sweep's report plots; the parent run's description
+leads with its links (the UI's fold covers the lower lines of a long description), then each
+variant's verdict, and says how to compare.
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ def difference_chart(section: str, limit: float = DIFFERENCE_LIMIT) -> dict:
 
 
 def difference_limit(parent_metrics: dict) -> float:
-    """+/- DIFFERENCE_LIMIT, widened to whole % to hold every variant's interval on the parent."""
-    prefixes = tuple(f"{p}/" for p in (verdicts.VS_BASELINE, verdicts.VS_LOW, verdicts.VS_HIGH))
-    bounds = [abs(v) for k, v in parent_metrics.items() if k.startswith(prefixes) and math.isfinite(v)]
+    """+/- DIFFERENCE_LIMIT, widened to whole % to hold every variant's mean difference on the parent
+    (not its interval: an interval of few pairs would squeeze the curves)."""
+    bounds = [abs(v) for k, v in parent_metrics.items()
+              if k.startswith(verdicts.VS_BASELINE + "/") and math.isfinite(v)]
     return float(max(DIFFERENCE_LIMIT, math.ceil(max(bounds, default=0.0))))
 
 
