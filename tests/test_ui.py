@@ -51,8 +51,9 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
     envelope = json.loads(experiment.tags[views.SHARED_VIEW + views.LOSS_VIEW])
     state = views.unpack_state(envelope["state"])
     assert envelope["name"] == "Loss curves by variant"
-    assert [c["metricKey"] for c in state["compareRunCharts"]] == ["train_loss", "val_loss", "tokens_per_s"]
-    assert state["groupBy"]["groupByKeys"] == [{"mode": "param", "groupByData": "axis.attn_res_block_size"}]
+    assert [c["metricKey"] for c in state["compareRunCharts"]] == ["vs_baseline_pct", "train_loss", "val_loss",
+                                                                    "tokens_per_s"]
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
     assert state["runsHiddenMode"] == "SHOW_ALL" and state["useGroupedValuesInCharts"] is False
     note = experiment.tags[runs.NOTE]
     assert views.view_link(experiment.experiment_id) in note.splitlines()[0]  # in the line the UI shows
@@ -63,9 +64,9 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
         assert run.info.run_name == f"{variant}-s{seed}"
         assert run.data.tags[runs.RUN_COLOR] == colours[variant]  # both seeds of a variant: one colour
     parent_note = client.get_run(parent_run_id).data.tags[runs.NOTE]
-    assert parent_note.startswith("two variants")
+    assert parent_note.splitlines()[2] == "two variants"
     assert "#/metric/val_loss?runs=" in parent_note and all(r in parent_note for r in trials.values())
-    assert "Group by* `axis.attn_res_block_size`" in parent_note
+    assert f"Group by* the tag `{runs.VARIANT_NAME}`" in parent_note
     views.present_sweep(uri, parent_run_id, axes=["attn_res_block_size"])  # again: the same, one view
     assert [k for k in client.get_experiment_by_name("mini").tags if k.startswith(views.SHARED_VIEW)] == \
         [views.SHARED_VIEW + views.LOSS_VIEW]

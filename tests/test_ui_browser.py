@@ -1,10 +1,12 @@
 """The MLflow UI in a real browser: Playwright driving Debian's chromium against `k3lab ui` on the
 store of a CPU mini sweep made here, clicking as a researcher would from the experiment list.
 
-Checks what issue 25 found wrong: the experiment opens in the training view (not GenAI's Overview)
-with the parent run; the loss curves of every trial, one colour per variant, are two clicks away
-(the test counts them); a trial's val_loss chart renders; its params say "off" for AttnRes off;
-the parent's report plots open as artifacts. Screenshots go to K3LAB_UI_SCREENSHOTS (docs/ui for
+Checks what issues 25 and 65 found wrong: the experiment opens in the training view (not GenAI's
+Overview) with the parent run; the loss curves of every trial, one colour per variant, are two
+clicks away (the test counts them), the first chart the difference from the baseline
+(`vs_baseline_pct`, the compared variant's series in its colour); a trial's val_loss chart renders;
+its params say "off" for AttnRes off; the parent's report plots open as artifacts; the
+descriptions' links open under a mouse click at their centre. Screenshots go to K3LAB_UI_SCREENSHOTS (docs/ui for
 the README: `K3LAB_UI_SCREENSHOTS=docs/ui python -m pytest tests/test_ui_browser.py`), else to
 the test's temporary folder.
 
@@ -14,6 +16,7 @@ installs it); Playwright never downloads a browser here. Without them the test s
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -121,6 +124,14 @@ def rgb(colour: str) -> str:
     return f"rgb({red}, {green}, {blue})"
 
 
+def click_centre(locator) -> None:
+    """A mouse click at the centre of the element's box, as a researcher clicks (not `goto`, not a
+    click Playwright would move to wherever the element is not covered)."""
+    locator.scroll_into_view_if_needed()
+    box = locator.bounding_box()
+    locator.page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+
+
 def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
@@ -148,24 +159,32 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
             assert page.get_by_text("Detect Issues").count() == 0 and "overview" not in page.url
             view = page.get_by_role("link", name="Loss curves by variant")
             expect(view).to_be_visible()  # in the experiment's description, its first line
+            page.get_by_text(re.compile(r"^[1-9][0-9]* matching runs?$")).wait_for()  # the runs table has loaded
             page.screenshot(path=shots / "01-experiment-runs.png")
 
-            # one click more: every trial's train_loss, val_loss and tokens_per_s, grouped by the axis
+            # one click more: the difference from the baseline first, then every trial's train_loss,
+            # val_loss and tokens_per_s, grouped by variant
             with context.expect_page() as opened:  # the description's links open a new tab
-                view.click()
+                click_centre(view)
             clicks.append("'Loss curves by variant' in the experiment's description")
             charts = opened.value
             charts.get_by_text("Loss and throughput").wait_for()
-            expect(charts.get_by_text("Group by: axis.attn_res_block_size")).to_be_visible()
+            expect(charts.get_by_text("Difference from the baseline").first).to_be_visible()
+            expect(charts.get_by_text("Group by: k3lab.variant_name")).to_be_visible()
             for name in ("attnres_off-s0", "attnres_bs1-s0"):  # the trials, without expanding the parent
                 expect(charts.get_by_role("link", name=name, exact=True)).to_be_visible()
-            headings = charts.locator("[data-testid=experiment-view-compare-runs-card] h4").all_inner_texts()
-            assert headings[:3] == ["train_loss", "val_loss", "tokens_per_s"], headings
-            charts.locator("path.js-line").first.wait_for()
+            cards = charts.locator("[data-testid=experiment-view-compare-runs-card]")
+            headings = cards.locator("h4").all_inner_texts()
+            assert headings[:4] == ["vs_baseline_pct", "train_loss", "val_loss", "tokens_per_s"], headings
+            cards.first.locator("path.js-line").first.wait_for()
             charts.wait_for_timeout(2000)  # every chart drawn
+            strokes_in = "c => Array.from(c.querySelectorAll('path.js-line'), p => p.style.stroke)"
+            first = set(cards.first.evaluate(strokes_in))
+            assert first == {rgb(colours["attnres_bs1"])}, first  # the compared variant's series, in its colour
             strokes = set(charts.evaluate("Array.from(document.querySelectorAll('path.js-line'), p => p.style.stroke)"))
             assert strokes == {rgb(colours["attnres_off"]), rgb(colours["attnres_bs1"])}, strokes  # one per variant
             charts.screenshot(path=shots / "02-loss-curves-by-variant.png")
+            cards.first.screenshot(path=shots / "06-difference-from-the-baseline.png")
             assert len(clicks) <= 2, clicks
 
             # a trial: its val_loss chart renders; AttnRes off reads off in its params
@@ -187,14 +206,19 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
                 expect(page.get_by_text(name, exact=True)).to_be_visible()
             page.screenshot(path=shots / "04-parent-report-artifacts.png")
 
-            # the parent's description links the metric page with every trial's curves overlaid
+            # the parent's description links the metric page with every trial's curves overlaid:
+            # a real click at the link's centre opens it
             page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{ids['parent']}")
             link = page.get_by_role("link", name="every trial's val_loss and train_loss on one page")
-            page.goto(base + "/" + link.get_attribute("href"))
-            page.locator("path.js-line").first.wait_for()
+            expect(link).to_be_visible()
+            page.screenshot(path=shots / "07-parent-run.png")
+            with context.expect_page() as opened:
+                click_centre(link)
+            metric_page = opened.value
+            metric_page.locator("path.js-line").first.wait_for()
             for name in ids["trials"]:
-                expect(page.get_by_role("link", name=name, exact=True).first).to_be_visible()
-            page.screenshot(path=shots / "05-metric-page.png")
+                expect(metric_page.get_by_role("link", name=name, exact=True).first).to_be_visible()
+            metric_page.screenshot(path=shots / "05-metric-page.png")
         finally:
             browser.close()
     (shots / "clicks.json").write_text(json.dumps({"from": "the experiment list", "to": "every trial's loss curves, "

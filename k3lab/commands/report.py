@@ -48,7 +48,7 @@ def run_report(args) -> int:
     console = wide_console()
     state = check_interrupted(console, run, parent_run_id, close=args.close)
     summary = build_report(run.tracking_uri, parent_run_id, out_dir=out, baseline=args.baseline or run.sweep.baseline,
-                           **options)
+                           record=not (args.baseline or args.metric), **options)  # the store keeps the sweep's own
     written = write_results_markdown(args, run, parent_run_id, summary) if args.markdown else None
     with contextlib.suppress(Exception):  # the UI's view and descriptions, as of now
         present(run, parent_run_id, state=state)

@@ -6,10 +6,12 @@ or ./mlflow.db. Before the server starts, a local store is made to show what it 
 
 - its artifact locations (absolute paths in the database) point at the `mlartifacts/` beside it,
   so a store copied from another machine shows its artifacts (`relocate_store_artifacts`);
-- sweeps recorded before k3lab wrote the UI's view and descriptions get them
-  (`k3lab.store.views.present_earlier_sweeps`), and a sweep whose parent run has no report
-  artifacts (a store copied without `mlartifacts/`) gets its report rebuilt from the store
-  and logged to the parent run (plots, summary.json);
+- a sweep whose parent run has no report artifacts (a store copied without `mlartifacts/`) gets
+  its report rebuilt from the store and logged to the parent run (plots, summary.json), and one
+  reported before k3lab wrote its verdicts into the store gets them (`k3lab.report.verdicts`:
+  the differences from the baselines the view's first chart draws);
+- sweeps recorded before k3lab wrote the UI's current view and descriptions, or whose verdicts
+  were just written, get them (`k3lab.store.views.present_earlier_sweeps`);
 
 then `mlflow server --app-name k3lab` (`k3lab.commands.ui_app`: MLflow's app, starting a new
 browser in the "Model training" view) serves it.
@@ -92,11 +94,15 @@ def prepare_store(tracking_uri: str, say=print) -> None:
     moved = relocate_store_artifacts(tracking_uri)
     if moved:
         say(f"pointed {moved} runs' artifact locations at {artifact_folder_for(tracking_uri)}")
-    presented = present_earlier_sweeps(tracking_uri)
-    if presented:
-        say(f"added the loss view and descriptions to {presented} sweeps recorded before them")
-    for parent_run_id, name in rebuild_missing_reports(tracking_uri):
+    rebuilt = rebuild_missing_reports(tracking_uri)
+    for parent_run_id, name in rebuilt:
         say(f"rebuilt the report of {name} (parent run {parent_run_id}) from the store into its artifacts")
+    recorded = record_missing_verdicts(tracking_uri)
+    if recorded:
+        say(f"wrote the verdicts and differences from the baselines of {len(recorded)} sweeps into the store")
+    presented = present_earlier_sweeps(tracking_uri, refresh={run_id for run_id, _ in rebuilt} | set(recorded))
+    if presented:
+        say(f"added the current loss view and descriptions to {presented} sweeps")
 
 
 def rebuild_missing_reports(tracking_uri: str) -> list[tuple[str, str]]:
@@ -123,6 +129,24 @@ def rebuild_missing_reports(tracking_uri: str) -> list[tuple[str, str]]:
                 client.log_artifact(run_id, str(path), "report")
         rebuilt.append((run_id, client.get_experiment(parent.info.experiment_id).name))
     return rebuilt
+
+
+def record_missing_verdicts(tracking_uri: str) -> list[str]:
+    """Write the verdicts (`k3lab.report.verdicts`) of every sweep with a trial that has no outcome
+    tag (reported before k3lab wrote them); returns their parent run ids."""
+    from k3lab.report.summary import build_report, stored_options
+    from k3lab.store import runs
+    from k3lab.store.verdicts import OUTCOME
+
+    recorded = []
+    for parent in runs.sweep_runs(tracking_uri):
+        run_id = parent.info.run_id
+        trials = runs.trial_runs(tracking_uri, run_id)
+        if trials and any(OUTCOME not in t.data.tags for t in trials):
+            build_report(tracking_uri, run_id, **(stored_options(tracking_uri, run_id) or
+                                                  options_of_old_store(parent, trials)))
+            recorded.append(run_id)
+    return recorded
 
 
 def options_of_old_store(parent, trials: list) -> dict:

@@ -195,31 +195,58 @@ def curve_differences(records: list[TrialRecord], baselines: dict[str, str], met
     return rows
 
 
+def token_count(value: float, _position=None) -> str:
+    """Tokens as 0, 500K, 12M, 1.5B (an axis without matplotlib's 1e7 offset)."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.0f}"
+
+
+def late_limits(curves: list[dict], share: float = 0.5) -> tuple[float, float] | None:
+    """y limits holding 0 and every interval over the last `share` of the tokens trained (the part
+    of training the verdict is about), with a margin; None without such rows."""
+    end = max((r["tokens"] for r in curves), default=0)
+    ends = [(r["relative"] - (r["relative_half_width"] or 0.0), r["relative"] + (r["relative_half_width"] or 0.0))
+            for r in curves if r["relative"] is not None and r["tokens"] >= (1 - share) * end]
+    if not ends:
+        return None
+    low, high = min(0.0, *(lo for lo, _ in ends)), max(0.0, *(hi for _, hi in ends))
+    margin = 0.08 * ((high - low) or 1.0)
+    return low - margin, high + margin
+
+
 def plot_curve_differences(curves: list[dict], path: Path, metric: str, mode: str, colours: dict,
-                           interval: str) -> Path:
-    """Difference from the baseline in % of its metric against tokens trained, one line per variant,
-    its interval shaded (where finite)."""
+                           interval: str, title: str = "") -> Path:
+    """Difference from the baseline in % of its metric against tokens trained, one line per variant
+    with its interval as error bars (variants set slightly apart), y limits from the later half of
+    training (earlier points may leave the axes), titled with the sweep."""
+    from matplotlib.ticker import FuncFormatter
+
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    for variant in dict.fromkeys(row["variant"] for row in curves):
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
+    variants = list(dict.fromkeys(row["variant"] for row in curves))
+    span = (max(r["tokens"] for r in curves) - min(r["tokens"] for r in curves)) if curves else 0
+    for i, variant in enumerate(variants):
         rows = [r for r in curves if r["variant"] == variant and r["relative"] is not None]
         if not rows:
             continue
-        x = [r["tokens"] for r in rows]
-        y = [r["relative"] for r in rows]
-        colour = colours.get(variant, "C0")
-        ax.plot(x, y, marker="o", color=colour, label=f"{variant} vs {rows[0]['baseline']}")
-        bounded = [r for r in rows if r["relative_half_width"] is not None]
-        if bounded:
-            ax.fill_between([r["tokens"] for r in bounded], [r["relative"] - r["relative_half_width"] for r in bounded],
-                            [r["relative"] + r["relative_half_width"] for r in bounded], color=colour, alpha=0.15)
+        shift = 0.008 * span * (i - (len(variants) - 1) / 2)
+        x = [r["tokens"] + shift for r in rows]
+        error = [r["relative_half_width"] if r["relative_half_width"] is not None else 0.0 for r in rows]
+        ax.errorbar(x, [r["relative"] for r in rows], yerr=error, color=colours.get(variant, "C0"), marker="o",
+                    markersize=4, capsize=2, linewidth=1.4, elinewidth=0.9, label=f"{variant} vs {rows[0]['baseline']}")
     ax.axhline(0.0, color="black", linewidth=0.8)
+    limits = late_limits(curves)
+    if limits is not None:
+        ax.set_ylim(*limits)
+    ax.xaxis.set_major_formatter(FuncFormatter(token_count))
     ax.set_xlabel("tokens trained")
-    ax.set_ylabel(f"{metric} - baseline, % of baseline ({'lower' if mode == 'min' else 'higher'} is better)")
-    ax.set_title(f"{metric} against the baseline at every evaluation, paired by seed ({interval}, pointwise)",
-                 fontsize=9)
+    ax.set_ylabel(f"{metric} − baseline, % ({'lower' if mode == 'min' else 'higher'} is better)")
+    ax.set_title(f"{metric} against the baseline, paired by seed\n{interval}, pointwise", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8, loc="best")
+    fig.suptitle(title or f"{metric} against the baseline", fontsize=11)
     return save_figure(plt, fig, path)
 
 

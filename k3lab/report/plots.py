@@ -1,10 +1,12 @@
 """The report's plots: each titled with the sweep, the baseline drawn where variants are compared,
 one colour per variant (`k3lab.store.colours`, the trials' colour in the MLflow UI too), and a
-trial that did not finish (stopped early by the scheduler, failed, diverged) marked with a cross.
+trial that stopped before the sweep's last step (by the scheduler, failed) marked with a cross at
+its own last point; curves of differences take their y axis from the later half of training.
 
     loss_curves.png         train_loss (log scale, smoothed); train_loss minus the baseline over
                             the second half of training and the metric minus the baseline at each
-                            evaluation, paired by seed (differences of ~1% that overlaid curves hide)
+                            evaluation with its interval, paired by seed (differences of ~1% that
+                            overlaid curves hide)
     <metric>_by_variant.png the final metric per variant, mean ± std over seeds, the baseline's as a line
     <metric>_vs_params.png  the final metric against active parameters (variants of equal size side
                             by side, labelled), the baseline's as a line
@@ -61,11 +63,30 @@ def plain_log_ticks(ax) -> None:
     ax.tick_params(axis="y", which="minor", labelsize=7)
 
 
-def mark_stopped(ax, record, steps, values, colour) -> None:
-    """A cross at the last point of a trial that did not finish."""
-    if record.status in STOPPED and len(steps):
+def last_step(record) -> float:
+    return max((step for step, _ in record.curves.get("train_loss", [])), default=0)
+
+
+def stopped_early(record, end: float) -> bool:
+    """The trial did not finish and stopped before the sweep's last step `end`."""
+    return record.status in STOPPED and last_step(record) < end
+
+
+def mark_stopped(ax, record, steps, values, colour, end: float) -> None:
+    """A cross at the last point of a trial that stopped early (`stopped_early`)."""
+    if stopped_early(record, end) and len(steps):
         ax.plot(steps[-1], values[-1], marker="X", markersize=9, color=colour, markeredgecolor="black",
                 linestyle="none", zorder=5)
+
+
+def limit_to_late(ax, curves: list, from_step: float) -> None:
+    """y limits holding 0 and every curve's (steps, values) from `from_step` on, with a margin:
+    the later part of training sets the axis, not the first evaluation's gap."""
+    late = [v for steps, values in curves for s, v in zip(steps, values) if s >= from_step and math.isfinite(v)]
+    if late:
+        low, high = min(0.0, *late), max(0.0, *late)
+        margin = 0.08 * ((high - low) or 1.0)
+        ax.set_ylim(low - margin, high + margin)
 
 
 def stopped_handle():
@@ -86,11 +107,22 @@ def paired_curve(records, variant: str, baseline: str, name: str, window: int, f
     return np.array(steps), np.array([sum(diffs[s]) / len(diffs[s]) for s in steps])
 
 
+def draw_difference_rows(ax, rows: list[dict], colour: str) -> list[tuple]:
+    """A variant's rows of `k3lab.report.family.curve_differences` (mean paired difference at each
+    evaluation, its interval as error bars); returns the drawn (steps, values) of both bounds."""
+    steps = [r["step"] for r in rows]
+    means = [r["difference"] for r in rows]
+    halves = [r["half_width"] or 0.0 for r in rows]
+    ax.errorbar(steps, means, yerr=halves, color=colour, marker="o", markersize=4, capsize=2, elinewidth=0.9)
+    return [(steps, [m - h for m, h in zip(means, halves)]), (steps, [m + h for m, h in zip(means, halves)])]
+
+
 def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], baseline: str | None = None,
-                     title: str = "") -> Path:
+                     title: str = "", curves: list[dict] | None = None) -> Path:
     """Three panels: train_loss of every trial (log scale, smoothed), then, against the baseline
     paired by seed, train_loss over the second half and `metric` at each evaluation (without a
-    baseline: those two as they are, the second half of training zoomed)."""
+    baseline: those two as they are, the second half of training zoomed). `curves`: the report's
+    `curve_differences`, drawn in the metric's panel with their intervals."""
     plt = pyplot()
     fig, (whole, late, val) = figure(plt, 17, 5.4, columns=3)
     window = smoothing_window(records)
@@ -105,32 +137,36 @@ def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], 
         label = record.variant if record.variant not in labelled else None
         labelled.add(record.variant)
         whole.plot(steps, values, color=colour, alpha=0.85, linewidth=1.2, label=label)
-        mark_stopped(whole, record, steps, values, colour)
+        mark_stopped(whole, record, steps, values, colour, last)
     whole.set_yscale("log")
     plain_log_ticks(whole)
     smoothed = f", smoothed over {window} steps" if window > 1 else ""
     whole.set_title(f"train_loss, every trial\n(log scale{smoothed})", fontsize=10)
     compared = baseline is not None and baseline in variants
     for ax, name, start in ((late, "train_loss", last / 2), (val, metric, 0)):
+        drawn = []
         for variant in variants:
             colour = colours[variant]
             if compared:
                 if variant == baseline:
                     continue
+                rows = [r for r in curves or [] if r["variant"] == variant]
+                if name == metric and rows:
+                    drawn += draw_difference_rows(ax, rows, colour)
+                    continue
                 steps, values = paired_curve(records, variant, baseline, name, window if name == "train_loss" else 1,
                                              start)
                 ax.plot(steps, values, color=colour, marker="o" if name != "train_loss" else None, markersize=4)
-                stopped = next((r for r in records if r.variant == variant and r.status in STOPPED), None)
-                if stopped is not None:
-                    mark_stopped(ax, stopped, steps, values, colour)
+                drawn.append((steps, values))
             else:
                 for record in (r for r in records if r.variant == variant):
                     steps, values = smooth(record.curves.get(name, []), window if name == "train_loss" else 1)
                     keep = steps >= start
                     ax.plot(steps[keep], values[keep], color=colour, alpha=0.85,
                             marker="o" if name != "train_loss" else None, markersize=4)
-                    mark_stopped(ax, record, steps[keep], values[keep], colour)
+                    mark_stopped(ax, record, steps[keep], values[keep], colour, last)
         if compared:
+            limit_to_late(ax, drawn, last / 2)
             ax.axhline(0.0, **BASELINE_STYLE)
             ax.set_ylabel(f"{name} − baseline")
         else:
@@ -138,13 +174,14 @@ def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], 
         ax.ticklabel_format(axis="y", useOffset=False)
     paired = f"minus the baseline {baseline} (dashed), paired by seed"
     late.set_title(f"train_loss over the second half of training\n{paired if compared else ''}", fontsize=10)
-    val.set_title(f"{metric} at each evaluation\n{paired if compared else ''}", fontsize=10)
+    bars = ", with its interval" if compared and curves else ""
+    val.set_title(f"{metric} at each evaluation\n{paired + bars if compared else ''}", fontsize=10)
     for ax in (whole, late, val):
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
     whole.set_ylabel("train_loss")
     handles, labels = whole.get_legend_handles_labels()
-    if any(r.status in STOPPED for r in records):
+    if any(stopped_early(r, last) for r in records):
         handles, labels = [*handles, stopped_handle()], [*labels, "stopped early or failed"]
     if labels:  # none before any trial logged a step
         fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=9, frameon=False)

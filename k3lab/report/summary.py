@@ -128,7 +128,8 @@ def variant_colours(variants: Sequence[str], variant_order: Sequence[str] = ()) 
 def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss", mode: str = "min",
                  out_dir: Path | None = None, baseline: str | None = None,
                  variant_order: Sequence[str] = (), baselines: dict[str, str] | None = None, design=None,
-                 last: int = 1, unfinished: str | None = None, rise: float | None = None) -> dict:
+                 last: int = 1, unfinished: str | None = None, rise: float | None = None,
+                 record: bool = True) -> dict:
     """Summary rows, the comparisons with the baselines, and plot and JSON files in out_dir; returns
     {"rows", "records", "files", "metric", "baseline", "comparisons", "design", "curves", "pairs"
     (variant -> the baseline it is compared with), "last", "diverged" (one line per diverged trial)}.
@@ -138,7 +139,8 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     (`k3lab.report.sequential.Design`; default: one look, Bonferroni t over the family), last
     (verdicts on the mean of the last N evaluations), rise (the divergence rule): see
     `k3lab.report.family`; unfinished: why a comparison its rule did not stop has no more seeds
-    (default: read from the store)."""
+    (default: read from the store); record: write the verdicts into the store for the MLflow UI
+    (`k3lab.report.verdicts`)."""
     from k3lab.report import family
 
     records = load_trials(tracking_uri, parent_run_id, curves=("train_loss", metric))
@@ -159,7 +161,9 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
         out_dir.mkdir(parents=True, exist_ok=True)
         colours = variant_colours(order, variant_order)
         title = experiment_title(tracking_uri, parent_run_id)
-        files.append(plots.plot_loss_curves(records, out_dir / "loss_curves.png", metric, colours, baseline, title))
+        one = baseline or (next(iter(pairs.values())) if len(set(pairs.values())) == 1 else None)
+        files.append(plots.plot_loss_curves(records, out_dir / "loss_curves.png", metric, colours, one, title,
+                                            curves))
         files.append(plots.plot_metric_by_variant(rows, out_dir / f"{metric}_by_variant.png", metric, colours,
                                                   baseline, title))
         files.append(plots.plot_metric_vs_params(rows, out_dir / f"{metric}_vs_params.png", metric, colours,
@@ -169,14 +173,29 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
                                                        mode, colours, title, design.interval_name))
         if len({row["step"] for row in curves}) > 1:  # the whole curve, when there is more than the end
             files.append(family.plot_curve_differences(curves, out_dir / f"{metric}_curve_vs_baseline.png", metric,
-                                                       mode, colours, design.interval_name))
+                                                       mode, colours, design.interval_name, title))
         summary_path = out_dir / "summary.json"
         summary_path.write_text(json.dumps({"design": design.to_json() if design else None, "variants": rows},
                                            indent=2, default=str))
         files.append(summary_path)
-    return {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
-            "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last,
-            "mode": mode, "rise": rise, "diverged": family.diverged_lines(records, metric, mode, rise)}
+    summary = {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
+               "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last,
+               "mode": mode, "rise": rise, "diverged": family.diverged_lines(records, metric, mode, rise)}
+    if record and records:
+        record_in_store(tracking_uri, parent_run_id, summary)
+    return summary
+
+
+def record_in_store(tracking_uri: str, parent_run_id: str, summary: dict) -> None:
+    """`k3lab.report.verdicts.record_verdicts`; a store that cannot be written still gets its report."""
+    from mlflow.exceptions import MlflowException
+
+    from k3lab.report.verdicts import record_verdicts
+
+    try:
+        record_verdicts(tracking_uri, parent_run_id, summary)
+    except (MlflowException, OSError) as error:
+        print(f"the verdicts were not written into the store: {error}")
 
 
 def stored_options(tracking_uri: str, parent_run_id: str) -> dict | None:

@@ -7,31 +7,37 @@ browser, per experiment, and shares it through saved views: an experiment tag
 listed under the page's "Views" button. (The UI leaves a view's `runsExpanded`, `runsPinned`,
 `runsHidden` and `runsVisibilityMap` out: nested trials are reached by grouping instead.)
 
-Every k3lab sweep's experiment gets one such view, LOSS_VIEW: the chart view, runs grouped by the
-swept axes (`axis.*` params; the variant name without axes) so the nested trials show without
-expanding the parent, each trial drawn in its own colour (`mlflow.runColor`: its variant's), all
-of them (not the UI's default first 10), and a first section with train_loss, val_loss and
-tokens_per_s. The experiment's description (shown above its runs) links to it and to the sweep's
-report plots; the parent run's description says how to compare and links to the metric page
-with every trial's loss curves overlaid.
+Every k3lab sweep's experiment gets one such view, LOSS_VIEW: the chart view, runs grouped by
+variant (the tag `k3lab.variant_name`, so group labels name variants) so the nested trials show
+without expanding the parent, each trial drawn in its own colour (`mlflow.runColor`: its
+variant's), all of them (not the UI's default first 10). Its first section is the answer: each
+compared trial's difference from its baseline trial (`vs_baseline_pct`, written by `k3lab report`:
+`k3lab.store.verdicts`) against tokens trained, on a y axis of +/- 1% widened to the variants'
+mean differences; then train_loss, val_loss and tokens_per_s. The experiment's description
+(shown above its runs) links to it and to the sweep's report plots; the parent run's description
+leads with its links (the UI's fold covers the lower lines of a long description), then each
+variant's verdict, and says how to compare.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 import time
 import urllib.parse
 import zlib
-from typing import Sequence
+from typing import Collection, Sequence
 
-from k3lab.store import runs
+from k3lab.store import runs, verdicts
 from k3lab.store.colours import variant_colours
 
 SHARED_VIEW = "mlflow.sharedViewState."
 LOSS_VIEW, LOSS_VIEW_NAME = "k3lab-loss-curves", "Loss curves by variant"
-FIRST_CHARTS = ("train_loss", "val_loss", "tokens_per_s")  # the view's first section, in this order
+FIRST_CHARTS = ("train_loss", "val_loss", "tokens_per_s")  # the loss section, in this order
 LOSS_SECTION = "Loss and throughput"
+DIFFERENCE_SECTION = "Difference from the baseline, %"
+DIFFERENCE_LIMIT = 1.0  # % : the difference chart's y axis spans at least +/- this
 REPORT_PLOT = "report/loss_curves.png"  # the parent run's artifact the links open (the report's folder beside it)
 
 
@@ -44,33 +50,50 @@ def line_chart(metric: str, section: str) -> dict:
             "ignoreOutliers": False, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True}
 
 
-def group_keys(axes: Sequence[str]) -> list[dict]:
-    """Group by the swept axes' params (a sweep of named variants: by the variant name tag)."""
-    if axes:
-        return [{"mode": "param", "groupByData": f"axis.{axis}"} for axis in axes]
+def difference_chart(section: str, limit: float = DIFFERENCE_LIMIT) -> dict:
+    """The paired difference from the baseline against tokens trained, y within +/- limit."""
+    return line_chart(verdicts.VS_BASELINE, section) | {
+        "xAxisKey": "metric", "selectedXAxisMetricKey": "tokens", "useGlobalXaxisKey": False,
+        "range": {"yMin": -limit, "yMax": limit}}
+
+
+def difference_limit(parent_metrics: dict) -> float:
+    """+/- DIFFERENCE_LIMIT, widened to whole % to hold every variant's mean difference on the parent
+    (not its interval: an interval of few pairs would squeeze the curves)."""
+    bounds = [abs(v) for k, v in parent_metrics.items()
+              if k.startswith(verdicts.VS_BASELINE + "/") and math.isfinite(v)]
+    return float(max(DIFFERENCE_LIMIT, math.ceil(max(bounds, default=0.0))))
+
+
+def group_keys(axes: Sequence[str] = ()) -> list[dict]:
+    """Group by the variant name tag: group labels name variants (not an axis value such as `off`)."""
     return [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
 
 
-def loss_view_state(axes: Sequence[str], metric: str = "val_loss") -> dict:
+def loss_view_state(axes: Sequence[str], metric: str = "val_loss", limit: float = DIFFERENCE_LIMIT) -> dict:
     """The experiment page's state for LOSS_VIEW (the keys of MLflow 3.17's saved views)."""
-    section = "k3lab-loss"
+    section, first = "k3lab-loss", "k3lab-difference"
     charts = list(dict.fromkeys([*FIRST_CHARTS[:2], metric, *FIRST_CHARTS[2:]]))
-    columns = [f"params.`axis.{axis}`" for axis in axes] + [f"metrics.`{name}`" for name in
-                                                            dict.fromkeys([metric, "train_loss", "avg_tokens_per_s"])]
+    columns = [f"tags.`{verdicts.VERDICT}`", f"metrics.`{verdicts.VS_BASELINE}`", f"tags.`{verdicts.OUTCOME}`"]
+    columns += [f"params.`axis.{axis}`" for axis in axes] + [
+        f"metrics.`{name}`" for name in dict.fromkeys([metric, "train_loss", "avg_tokens_per_s"])]
     return {
         "searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
         "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
         "selectedColumns": columns + ["params.`params.active`"], "columnOrder": [], "columnWidths": {},
         "runsHiddenMode": "SHOW_ALL",  # the UI's default draws the first 10 runs only
-        "compareRunCharts": [line_chart(name, section) for name in charts],
-        "compareRunSections": [{"uuid": section, "name": LOSS_SECTION, "display": True, "isReordered": False,
-                                "deleted": False, "isGenerated": False}],
+        "compareRunCharts": [difference_chart(first, limit), *(line_chart(name, section) for name in charts)],
+        "compareRunSections": [chart_section(first, DIFFERENCE_SECTION), chart_section(section, LOSS_SECTION)],
         "viewMaximized": False, "runListHidden": False, "isAccordionReordered": True,
         "useGroupedValuesInCharts": False,  # every trial its own line, in its run colour
         "hideEmptyCharts": True,
         "groupBy": {"aggregateFunction": "average", "groupByKeys": group_keys(axes)}, "groupsExpanded": {},
         "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
     }
+
+
+def chart_section(uuid: str, name: str) -> dict:
+    return {"uuid": uuid, "name": name, "display": True, "isReordered": False, "deleted": False, "isGenerated": False}
 
 
 def pack_state(state: dict) -> str:
@@ -111,10 +134,9 @@ def metric_page_link(experiment_id: str, run_ids: Sequence[str], metrics: Sequen
 # -- descriptions ----------------------------------------------------------------------------
 
 def how_to_compare(axes: Sequence[str], metric: str) -> str:
-    group = ", ".join(f"`axis.{a}`" for a in axes) or f"the tag `{runs.VARIANT_NAME}`"
-    return (f"To compare by hand: *Runs*, the chart view, *Group by* {group} (the seeds of one variant "
-            f"together, and the trials show without expanding the parent run). Curves of chosen trials "
-            f"overlaid: open a trial, *Model metrics*, a chart's title: the metric page, where more runs "
+    return (f"To compare by hand: *Runs*, the chart view, *Group by* the tag `{runs.VARIANT_NAME}` (the seeds "
+            f"of one variant together, and the trials show without expanding the parent run). Curves of chosen "
+            f"trials overlaid: open a trial, *Model metrics*, a chart's title: the metric page, where more runs "
             f"can be added. Trials are named `variant-sN` (seed N), one colour per variant as in k3lab's "
             f"plots; each trial's final {metric} is `final_{metric}`.")
 
@@ -125,26 +147,52 @@ def experiment_note(experiment_id: str, parent_run_id: str, title: str) -> str:
     return (f"**{title}** · [{LOSS_VIEW_NAME}]({view_link(experiment_id)}) · "
             f"[report plots of the latest sweep]({artifacts_link(experiment_id, parent_run_id, REPORT_PLOT)})\n\n"
             f"One parent run per sweep (the latest: `{parent_run_id}`), one nested run per trial. "
-            f"The view above: every trial's train_loss, val_loss and tokens_per_s, one colour per variant, "
-            f"grouped by the swept axes (it is also under *Views*).")
+            f"The view above: first each compared trial's difference from its baseline trial of the same seed "
+            f"(`{verdicts.VS_BASELINE}`, % of the baseline's value; below 0: lower), then every trial's "
+            f"train_loss, val_loss and tokens_per_s; one colour per variant, grouped by variant (also under "
+            f"*Views*).")
+
+
+def percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.2f}%"
+
+
+def verdict_lines(parent_data, variant_order: Sequence[str] = ()) -> list[str]:
+    """One line per compared variant from the parent's verdict tags and effect metrics (`k3lab report`)."""
+    prefix = verdicts.VERDICT + "."
+    found = [key.removeprefix(prefix) for key in parent_data.tags if key.startswith(prefix)]
+    lines = []
+    order = {name: i for i, name in enumerate(variant_order)}
+    for name in sorted(found, key=lambda n: (order.get(n, len(order)), n)):
+        effect = {p: parent_data.metrics.get(verdicts.effect_key(p, name))
+                  for p in (verdicts.VS_BASELINE, verdicts.VS_LOW, verdicts.VS_HIGH)}
+        interval = (f" ({percent(effect[verdicts.VS_LOW])} to {percent(effect[verdicts.VS_HIGH])})"
+                    if effect[verdicts.VS_LOW] is not None else "")
+        lines.append(f"**{name}**: {parent_data.tags[prefix + name]}, {percent(effect[verdicts.VS_BASELINE])}"
+                     f"{interval}")
+    return lines
 
 
 def parent_note(experiment_id: str, parent_run_id: str, description: str, axes: Sequence[str], metric: str,
-                trial_run_ids: Sequence[str] = (), state: str | None = None,
+                trial_run_ids: Sequence[str] = (), state: str | None = None, verdicts_: Sequence[str] = (),
                 next_steps: tuple[str, str] = ("k3lab sweep FILE --resume", "k3lab report FILE --close")) -> str:
-    """The parent run's description: what the sweep is, where to look, how to compare; interrupted,
-    `next_steps`: the commands that continue it and that end it (`k3lab.hints`)."""
-    lines = [description or "k3lab sweep", ""]
-    if state == runs.INTERRUPTED:
-        lines += [f"**Interrupted**: its driver stopped before the sweep ended; `{next_steps[0]}` "
-                  f"continues it, `{next_steps[1]}` ends it.", ""]
+    """The parent run's description: where to look (the links first, clear of the UI's fold),
+    the verdicts, what the sweep is, how to compare; interrupted, `next_steps`: the commands that
+    continue it and that end it (`k3lab.hints`)."""
     links = [f"[{LOSS_VIEW_NAME}]({view_link(experiment_id)})",
              f"[report plots and summary.json]({artifacts_link(experiment_id, parent_run_id, REPORT_PLOT)})"]
     if trial_run_ids:
         curves = list(dict.fromkeys([metric, "train_loss"]))
         links.insert(1, f"[every trial's {' and '.join(curves)} on one page]"
                         f"({metric_page_link(experiment_id, trial_run_ids, curves)})")
-    lines += [" · ".join(links), "", how_to_compare(axes, metric) + "."]
+    lines = [" · ".join(links), ""]
+    if verdicts_:  # one paragraph, above the fold
+        lines += [f"{metric} against the baseline, % (family-wise interval): " + " · ".join(verdicts_), ""]
+    lines += [description or "k3lab sweep", ""]
+    if state == runs.INTERRUPTED:
+        lines += [f"**Interrupted**: its driver stopped before the sweep ended; `{next_steps[0]}` "
+                  f"continues it, `{next_steps[1]}` ends it.", ""]
+    lines += [how_to_compare(axes, metric) + "."]
     return "\n".join(lines)
 
 
@@ -166,7 +214,8 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axes: Sequence[str] 
         created = json.loads(experiment.tags[SHARED_VIEW + LOSS_VIEW]).get("createdAt")
     title = title or f"k3lab sweep {experiment.name}"
     tags = {runs.EXPERIMENT_KIND: runs.MODEL_TRAINING, runs.NOTE: experiment_note(experiment_id, parent_run_id, title)}
-    tags |= saved_view_tag(LOSS_VIEW, LOSS_VIEW_NAME, loss_view_state(axes, metric), created)
+    view = loss_view_state(axes, metric, difference_limit(parent.data.metrics))
+    tags |= saved_view_tag(LOSS_VIEW, LOSS_VIEW_NAME, view, created)
     for key, value in tags.items():
         if experiment.tags.get(key) != value:
             client.set_experiment_tag(experiment_id, key, value)
@@ -182,19 +231,32 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axes: Sequence[str] 
     ordered = sorted(trials, key=lambda t: (variant_order.index(runs.variant_of(t)) if runs.variant_of(t) in
                                             variant_order else len(variant_order), runs.seed_of(t)))
     note = parent_note(experiment_id, parent_run_id, description, axes, metric,
-                       [t.info.run_id for t in ordered], state, **({"next_steps": next_steps} if next_steps else {}))
+                       [t.info.run_id for t in ordered], state, verdict_lines(parent.data, variant_order),
+                       **({"next_steps": next_steps} if next_steps else {}))
     if parent.data.tags.get(runs.NOTE) != note:
         client.set_tag(parent_run_id, runs.NOTE, note)
 
 
-def present_earlier_sweeps(tracking_uri: str) -> int:
-    """`present_sweep` for the sweeps of experiments without the loss view (stores from an older
-    k3lab): axes from the trials' params, the baseline's colour first. Returns how many."""
+def view_is_current(experiment_tags: dict) -> bool:
+    """The experiment has LOSS_VIEW as this k3lab writes it (its first chart the difference)."""
+    envelope = experiment_tags.get(SHARED_VIEW + LOSS_VIEW)
+    try:
+        charts = unpack_state(json.loads(envelope)["state"])["compareRunCharts"] if envelope else []
+    except (ValueError, KeyError, TypeError, zlib.error):
+        return False
+    return bool(charts) and charts[0].get("metricKey") == verdicts.VS_BASELINE
+
+
+def present_earlier_sweeps(tracking_uri: str, refresh: Collection[str] = ()) -> int:
+    """`present_sweep` for the sweeps of experiments without the current loss view (stores from an
+    older k3lab) and for the parent runs in `refresh` (verdicts just recorded): axes from the
+    trials' params, the baseline's colour first. Returns how many."""
     client = runs.client(tracking_uri)
     done, count = set(), 0
     for parent in reversed(runs.sweep_runs(tracking_uri)):  # oldest first: the latest ends in the description
         experiment_id = parent.info.experiment_id
-        if experiment_id not in done and SHARED_VIEW + LOSS_VIEW in client.get_experiment(experiment_id).tags:
+        if (experiment_id not in done and parent.info.run_id not in refresh
+                and view_is_current(client.get_experiment(experiment_id).tags)):
             continue
         done.add(experiment_id)
         trials = runs.trial_runs(tracking_uri, parent.info.run_id)

@@ -1,0 +1,81 @@
+"""A report's verdicts as the MLflow UI shows them (`k3lab.store.verdicts` writes them): each
+compared trial's paired difference from its baseline trial at every evaluation, each variant's
+mean difference, interval and verdict, and each trial's outcome.
+
+Differences are in % of the baseline trial's (or, per variant, the baseline's mean) value; a trial
+that diverged (`k3lab.report.family.diverged_step`) has none from the step where it or its
+baseline trial did.
+"""
+
+from __future__ import annotations
+
+from k3lab.report import stats
+from k3lab.report.family import diverged_step, diverged_trials
+from k3lab.report.records import TrialRecord
+from k3lab.store import verdicts as store
+
+OUTCOMES = {"FINISHED": store.FINISHED, "KILLED": store.KILLED, "FAILED": store.FAILED, "RUNNING": store.RUNNING}
+
+
+def usable_points(record: TrialRecord, metric: str, mode: str, rise: float | None) -> dict[int, float]:
+    """{step: value} of a trial's finite evaluations before it diverged."""
+    points = record.curves.get(metric, [])
+    end = diverged_step(points, mode, rise)
+    return {step: value for step, value in points if stats.usable(value) and (end is None or step < end)}
+
+
+def trial_differences(records: list[TrialRecord], pairs: dict[str, str], metric: str, mode: str = "min",
+                      rise: float | None = None) -> dict[str, list[tuple[int, float]]]:
+    """{compared trial's run id: [(step, 100 * (value - baseline's) / |baseline's|)]} at every step
+    it and its variant's baseline trial of the same seed both evaluated."""
+    by_key = {(r.variant, r.seed): r for r in records}
+    out = {}
+    for record in records:
+        base = by_key.get((pairs.get(record.variant), record.seed))
+        if base is None:
+            continue
+        mine, theirs = (usable_points(r, metric, mode, rise) for r in (record, base))
+        out[record.run_id] = [(step, 100 * (mine[step] - theirs[step]) / abs(theirs[step]))
+                              for step in sorted(mine.keys() & theirs.keys()) if theirs[step]]
+    return out
+
+
+def percent_of(value: float | None, reference: float | None) -> float | None:
+    return None if value is None or not reference else 100 * value / abs(reference)
+
+
+def variant_effects(comparisons: list[stats.Comparison]) -> list[dict]:
+    """{variant, pairs, mean, low, high, verdict} per comparison with pairs (in % of the
+    baseline's mean over the paired seeds)."""
+    return [{"variant": c.variant, "pairs": c.pairs, "verdict": c.verdict,
+             "mean": percent_of(c.mean_diff, c.baseline_mean), "low": percent_of(c.low, c.baseline_mean),
+             "high": percent_of(c.high, c.baseline_mean)}
+            for c in comparisons if c.pairs and c.mean_diff is not None]
+
+
+def trial_outcomes(records: list[TrialRecord], metric: str, mode: str = "min",
+                   rise: float | None = None) -> dict[str, str]:
+    """{run id: finished, killed, failed, running or diverged}."""
+    diverged = {record.run_id for record, _ in diverged_trials(records, metric, mode, rise)}
+    return {r.run_id: store.DIVERGED if r.run_id in diverged else OUTCOMES.get(r.status, r.status.lower())
+            for r in records}
+
+
+def trial_tags(records: list[TrialRecord], comparisons: list[stats.Comparison], metric: str, mode: str = "min",
+               rise: float | None = None) -> dict[str, dict[str, str]]:
+    """{run id: {k3lab.outcome, and for a compared trial k3lab.verdict}}."""
+    verdict = {c.variant: c.verdict for c in comparisons}
+    tags = {run_id: {store.OUTCOME: outcome} for run_id, outcome in trial_outcomes(records, metric, mode, rise).items()}
+    for record in records:
+        if record.variant in verdict:
+            tags[record.run_id][store.VERDICT] = verdict[record.variant]
+    return tags
+
+
+def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> None:
+    """A `build_report` summary's differences, effects, verdicts and outcomes into the store."""
+    records, metric, mode, rise = summary["records"], summary["metric"], summary["mode"], summary["rise"]
+    store.log_differences(tracking_uri, trial_differences(records, summary["pairs"], metric, mode, rise))
+    store.log_effects(tracking_uri, parent_run_id, variant_effects(summary["comparisons"]))
+    store.set_trial_tags(tracking_uri, trial_tags(records, summary["comparisons"], metric, mode, rise),
+                         {r.run_id: r.tags for r in records})

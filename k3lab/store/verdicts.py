@@ -1,0 +1,92 @@
+"""How a sweep's verdicts reach the MLflow UI: metrics and tags the runs table and the charts show.
+
+    trial run   vs_baseline_pct                (step: each evaluation) its value minus its baseline
+                                               trial's of the same seed, in % of the baseline's
+                k3lab.outcome                  finished, killed, failed, diverged or running
+                k3lab.verdict                  its variant's verdict (compared trials only)
+    parent run  vs_baseline_pct/<variant>      (step: the pairs it rests on) the mean paired
+                vs_baseline_low/<variant>      difference in % of the baseline's mean, and its
+                vs_baseline_high/<variant>     interval's bounds
+                k3lab.verdict.<variant>        better, worse, equivalent or not resolved
+
+`k3lab.report` computes them (`k3lab.report.verdicts`); writing them again writes nothing new.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Iterable
+
+from k3lab.store import runs
+
+VS_BASELINE = "vs_baseline_pct"
+VS_LOW, VS_HIGH = "vs_baseline_low", "vs_baseline_high"
+VERDICT = "k3lab.verdict"  # on a trial: its variant's; on the parent, VERDICT + "." + variant
+OUTCOME = "k3lab.outcome"
+FINISHED, KILLED, FAILED, DIVERGED, RUNNING = "finished", "killed", "failed", "diverged", "running"
+MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
+
+
+def metric_safe(name: str) -> str:
+    """A variant name as part of an MLflow metric or tag key (letters, digits, _ - . / and spaces)."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
+
+
+def effect_key(prefix: str, variant: str) -> str:
+    return f"{prefix}/{metric_safe(variant)}"
+
+
+def verdict_tag(variant: str) -> str:
+    return f"{VERDICT}.{metric_safe(variant)}"
+
+
+def log_batches(client, run_id: str, metrics: list) -> None:
+    for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+
+
+def log_differences(tracking_uri: str, differences: dict[str, Iterable[tuple[int, float]]]) -> int:
+    """{trial run id: [(step, % difference)]} as VS_BASELINE, only at steps the run does not have
+    yet. Returns the points written."""
+    from mlflow.entities import Metric
+
+    client = runs.client(tracking_uri)
+    now, written = int(time.time() * 1000), 0
+    for run_id, points in differences.items():
+        logged = {m.step for m in client.get_metric_history(run_id, VS_BASELINE)}
+        new = [Metric(VS_BASELINE, float(value), now, int(step)) for step, value in points if step not in logged]
+        log_batches(client, run_id, new)
+        written += len(new)
+    return written
+
+
+def log_effects(tracking_uri: str, parent_run_id: str, effects: list[dict]) -> None:
+    """Per variant on the parent run: {variant, pairs, mean, low, high, verdict} (in %; low and
+    high None without an interval), each metric logged where its latest value differs."""
+    from mlflow.entities import Metric
+
+    client = runs.client(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    now, metrics = int(time.time() * 1000), []
+    for effect in effects:
+        for prefix, name in ((VS_BASELINE, "mean"), (VS_LOW, "low"), (VS_HIGH, "high")):
+            key, value = effect_key(prefix, effect["variant"]), effect[name]
+            if value is not None and parent.data.metrics.get(key) != value:
+                metrics.append(Metric(key, float(value), now, int(effect["pairs"])))
+        tag = verdict_tag(effect["variant"])
+        if parent.data.tags.get(tag) != effect["verdict"]:
+            client.set_tag(parent_run_id, tag, effect["verdict"])
+    log_batches(client, parent_run_id, metrics)
+
+
+def set_trial_tags(tracking_uri: str, tags: dict[str, dict[str, str]], current: dict[str, dict] | None = None) -> None:
+    """{trial run id: {tag: value}}, set where the run's tag (`current`: run id -> its tags, else
+    read) differs."""
+    client = runs.client(tracking_uri)
+    for run_id, wanted in tags.items():
+        have = (current or {}).get(run_id)
+        have = client.get_run(run_id).data.tags if have is None else have
+        for key, value in wanted.items():
+            if have.get(key) != value:
+                client.set_tag(run_id, key, value)
