@@ -65,3 +65,31 @@ def test_a_report_on_a_store_that_does_not_exist_creates_nothing(tmp_path, capsy
     err = capsys.readouterr().err
     assert code == 2 and f"no store at {missing}" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_store_whose_writer_was_killed_mid_transaction_still_holds_its_runs(tmp_path):
+    """kill -9 of a sweep while it wrote to its SQLite store leaves a hot journal, which a read-only
+    connection cannot roll back ('attempt to write a readonly database'): `sweep --resume` then said
+    the sweep's parent run was not in its store."""
+    import os
+    import subprocess
+    import sys
+
+    from k3lab.store.tracking import holds_mlflow_runs
+
+    path = tmp_path / "mlflow.db"
+    with sqlite3.connect(path) as db:
+        for table in ("experiments", "runs", "metrics"):
+            db.execute(f"CREATE TABLE {table} (x)")
+        db.executemany("INSERT INTO metrics VALUES (?)", [(i,) for i in range(20000)])
+    writer = ("import os, signal, sqlite3\n"
+              f"db = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+              "db.execute('PRAGMA cache_size=1'); db.execute('BEGIN IMMEDIATE')\n"
+              "db.execute('UPDATE metrics SET x = x + 1')  # spills pages into the file: the journal is hot\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    subprocess.run([sys.executable, "-c", writer], check=False)
+    assert (tmp_path / "mlflow.db-journal").stat().st_size > 0
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True).execute("SELECT name FROM sqlite_master").fetchall()
+    assert holds_mlflow_runs(path)
+    assert not os.path.exists(tmp_path / "mlflow.db-journal") or (tmp_path / "mlflow.db-journal").stat().st_size == 0

@@ -143,16 +143,21 @@ def check_database_driver(uri: str, where: str) -> None:
 
 
 def holds_mlflow_runs(path: Path) -> bool:
-    """Whether a file is a SQLite database with MLflow's tables, looked at read-only (MLflow itself
-    would create its tables in an empty or foreign file; a dry run must write nothing)."""
+    """Whether a file is a SQLite database with MLflow's tables, looked at without creating anything
+    (MLflow itself would create its tables in an empty or foreign file; a dry run must write
+    nothing). Read-only first; a store whose writer was killed mid-transaction (kill -9) has a hot
+    journal that only a read-write connection can roll back, so that one is opened read-write
+    (`mode=rw` never creates a file, and falls back to read-only where the file is write-protected)."""
     if not path.is_file():
         return False
-    try:
-        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    except sqlite3.Error:
-        return False
-    return {"experiments", "runs", "metrics"} <= tables
+    for mode in ("ro", "rw"):
+        try:
+            with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode={mode}", uri=True)) as db:
+                tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            return {"experiments", "runs", "metrics"} <= tables
+        except sqlite3.Error:
+            continue
+    return False
 
 
 def artifact_folder_for(tracking_uri: str | None) -> Path | None:
