@@ -90,7 +90,8 @@ def _overrides(variant: Variant) -> str:
 def _override_parts(variant: Variant) -> list[str]:
     """`field=value` per swept field, then the fields parameter matching resized."""
     parts = [f"{k}={_show(v)}" for k, v in variant.overrides.items()]
-    return parts + [f"{k}={v} (matched)" for k, v in variant.matched.items()]
+    parts += [f"{k}={v} (matched)" for k, v in variant.matched.items()]
+    return parts + ([f"{variant.compute_scale:g}x tokens"] if variant.stretches else [])
 
 
 def _show(value: Any) -> str:

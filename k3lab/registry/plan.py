@@ -19,7 +19,8 @@ def profile_label(sweep: Sweep) -> str:
 
 
 def plan_header(sweep: Sweep) -> str:
-    """One line: the sweep, its profile, variants x seeds = trials, and the length of a trial."""
+    """One line: the sweep, its profile, variants x seeds = trials, and the length of a trial
+    (the points of a compute curve are counted as variants here; `compute_lines` names them)."""
     if sweep.adaptive:
         policy = sweep.seed_policy
         return (f"{sweep.name} ({profile_label(sweep)}): {len(sweep.valid_variants)} variants x {policy.start} to "
@@ -29,12 +30,33 @@ def plan_header(sweep: Sweep) -> str:
             f"seeds = {len(sweep.trials)} trials, {sweep.train.steps} steps of {sweep.train.tokens_per_step:,} tokens")
 
 
+def compute_lines(sweep: Sweep) -> list[str]:
+    """The baselines' compute curves: which trials they add and how long those train."""
+    lines = []
+    for baseline, points in sweep.compute_curves.items():
+        steps = ", ".join(f"{name} {round(scale * sweep.train.steps)}" for name, scale in points.items())
+        lines.append(f"compute curve: {baseline} also at {', '.join(f'{s:g}x' for s in points.values())} its tokens "
+                     f"(steps: {steps}), with its seeds, for the compute multipliers")
+    if lines:
+        extra = [t for t in sweep.trials if t.variant.stretches]
+        tokens = sum(sweep.train_of(t.variant).total_tokens for t in extra)
+        lines.append(f"compute curve trials: {len(extra)}{' at most' if sweep.adaptive else ''}, {tokens:,} tokens, "
+                     f"{100 * tokens / trial_tokens(sweep):.0f}% of the sweep's")
+    return lines
+
+
+def trial_tokens(sweep: Sweep) -> int:
+    """Tokens every trial of the sweep trains together (a compute curve's trials train longer)."""
+    return sum(sweep.train_of(trial.variant).total_tokens for trial in sweep.trials)
+
+
 def plan_lines(sweep: Sweep) -> list[str]:
     """The header, every variant the plan drops and why, the seeds policy and its worst case (a
     sweep with `seeds: {start, max, ...}`), a final evaluation larger than the others, the
     baselines by group, data that trials would repeat,
     then a note for every default adapted to the file's settings."""
-    lines = [plan_header(sweep)] + dropped_lines(sweep) + policy_lines(sweep) + evaluation_lines(sweep)
+    lines = [plan_header(sweep)] + dropped_lines(sweep) + compute_lines(sweep) + policy_lines(sweep)
+    lines += evaluation_lines(sweep)
     lines += checkpoint_lines(sweep)
     lines += group_lines(sweep)
     return lines + [f"note: {note}" for note in (*sweep.notes, *data_notes(sweep))]
@@ -114,7 +136,7 @@ def policy_lines(sweep: Sweep) -> list[str]:
     lines = [f"seeds: {policy.start} per variant (seeds {policy.first}..{policy.first + policy.start - 1}), {rule}; "
              f"budget: {', '.join(limits) if limits else 'none'}"]
     worst = len(sweep.trials)
-    tokens = worst * sweep.train.total_tokens
+    tokens = trial_tokens(sweep)
     rate = budget.tokens_per_s if budget else None
     if rate:
         time = f"about {_minutes(tokens / rate)} at {rate:,.0f} tokens/s (budget.tokens_per_s)"

@@ -23,7 +23,7 @@ from k3lab.registry.keypath import Path, SpecError
 from k3lab.registry.spec import NAME_MAX, NAME_PATTERN
 
 PROFILE_KEYS = ("base", "axes", "variants", "seeds", "baseline", "budget", "train", "metric", "resources", "scheduler",
-                "match")
+                "match", "compute")
 _SECTIONS = ("train", "metric", "resources", "match", "budget")
 RESERVED = ("auto", "none")  # --profile's own choices: a profile named so could never be picked
 

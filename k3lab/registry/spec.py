@@ -34,6 +34,7 @@ NAME_MAX = 100  # a sweep's name is part of file names (its folder, state file, 
 SEED_MAX = 2**31 - 1  # torch, numpy and the data sampler all take seeds 0 .. 2**31 - 1
 DIVERGED_RISE = 0.2  # a metric 20% worse than the trial's own best: it blew up
 SEEDS_POLICY_MAX = 1000  # seeds a policy may add per variant: more is a typo (and a long plan to list)
+COMPUTE_SCALES_MAX = 8  # points of a baseline's compute curve: more is a typo (each is a whole trial per seed)
 
 
 # -- sections -------------------------------------------------------------------
@@ -141,6 +142,30 @@ class BudgetSpec:
     @property
     def wall_s(self) -> float | None:
         return None if self.wall is None else duration_seconds(self.wall)
+
+
+@attrs.frozen
+class ComputeSpec:
+    """`compute: {scales: [1.25, 1.6, 2.0]}`: the baseline of every group also trains at these
+    multiples of the file's token budget (steps, warmup and decay stretched alike; same seeds and
+    data order), so that the report can say what each variant is worth in compute: the baseline
+    compute that reaches its loss, over its own (`k3lab.report.compute`)."""
+
+    scales: tuple[float, ...] = attrs.field(converter=tuple)
+
+    @scales.validator
+    def _check_scales(self, attribute, value) -> None:
+        if not value:
+            raise FieldError(attribute.name, "must list at least one multiple of the token budget, e.g. [1.5, 2.0]")
+        if len(value) > COMPUTE_SCALES_MAX:
+            raise FieldError(attribute.name, f"must list at most {COMPUTE_SCALES_MAX} multiples, got {len(value)}")
+        for i, scale in enumerate(value):
+            if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 100:
+                raise FieldError(f"{attribute.name}[{i}]", f"must be a number in (0, 100], got {scale!r}")
+            if scale == 1:
+                raise FieldError(f"{attribute.name}[{i}]", "must not be 1: the baseline itself is the curve's 1x")
+        if len(set(value)) != len(value):
+            raise FieldError(attribute.name, f"must not repeat a multiple, got {list(value)}")
 
 
 @attrs.frozen
@@ -278,6 +303,7 @@ class SweepSpec:
     resources: ResourceSpec = ResourceSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
     match: MatchSpec | None = None
+    compute: ComputeSpec | None = None  # the baselines' compute curves (`compute: {scales: [...]}`)
     kernel_cache: str | None = None  # GPU kernel cache folder; null: $K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels
     profiles: dict[str, Any] = attrs.Factory(dict)
 

@@ -25,8 +25,8 @@ from k3lab.registry.fields import check_fields
 from k3lab.registry.keypath import SpecError
 from k3lab.registry.presets import model_fields
 from k3lab.registry.profiles import apply_profile, check_profiles, locate, profile_names
-from k3lab.registry.spec import (BaseSpec, BudgetSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec, SeedsSpec,
-                                 SweepSpec)
+from k3lab.registry.spec import (BaseSpec, BudgetSpec, ComputeSpec, MatchSpec, MetricSpec, ResourceSpec,
+                                 SchedulerSpec, SeedsSpec, SweepSpec)
 from k3lab.train.spec import TrainSpec
 from k3lab.registry.variants import Point, Variant, expand, parse_explicit, point_names, points
 from k3lab.registry.yamlfile import read_yaml
@@ -76,6 +76,21 @@ class Sweep:
     baselines: dict[str, str] = attrs.Factory(dict)  # compared variant -> the baseline of its group, in file order
     baseline_axes: dict[str, Any] = attrs.Factory(dict)  # `baseline: {axis: value}` as parsed, or the default's
     # compared axis (`default_baselines`); {} for one baseline
+    compute: ComputeSpec | None = None  # the baselines' compute curves: their stretched copies are in `variants`
+
+    def train_of(self, variant: Variant) -> TrainSpec:
+        """How `variant` trains: the file's `train`, stretched for a point of a compute curve."""
+        return self.train if variant.compute_scale == 1 else self.train.stretched(variant.compute_scale)
+
+    @property
+    def compute_curves(self) -> dict[str, dict[str, float]]:
+        """baseline -> {its stretched copy: the multiple of the token budget it trains}, in file order."""
+        curves: dict[str, dict[str, float]] = {}
+        for variant in self.valid_variants:
+            if variant.stretches is not None:
+                steps = self.train_of(variant).steps
+                curves.setdefault(variant.stretches, {})[variant.name] = steps / self.train.steps
+        return curves
 
     @property
     def adaptive(self) -> bool:
@@ -275,6 +290,7 @@ def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved:
         wanted, baselines = default_baselines(resolved.axes, variants, baseline)
     else:
         baselines = {v.name: baseline for v in variants if v.ok and v.name != baseline}
+    variants += compute_variants(path, profile, spec.compute, baselines, variants)
     start_trials = policy.start * sum(v.ok for v in variants) if policy is not None else 0
     if spec.budget is not None and spec.budget.trials is not None and spec.budget.trials < start_trials:
         raise UserError(f"{path}: budget.trials: must be at least the {start_trials} trials of the start seeds "
@@ -286,7 +302,27 @@ def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved:
         resources=spec.resources, scheduler=spec.scheduler.resolved(spec.train), match=spec.match,
         variants=variants, baseline=baseline, kernel_cache=_relative_to(path.parent, spec.kernel_cache),
         notes=notes, seed_policy=policy, budget=spec.budget, baselines=baselines, baseline_axes=wanted,
+        compute=spec.compute,
     )
+
+
+def compute_variants(path: Path, profile: str | None, compute: ComputeSpec | None, baselines: dict[str, str],
+                     variants: tuple[Variant, ...]) -> tuple[Variant, ...]:
+    """The points of each baseline's compute curve (`compute: {scales: [...]}`): the baseline
+    stretched to each scale, after the file's variants."""
+    if compute is None:
+        return ()
+    if not baselines:
+        raise UserError(f"{path}: compute: needs a comparison (a baseline and a variant compared with it)"
+                        f"{_profile_note(profile)}")
+    by_name = {v.name: v for v in variants}
+    stretched = tuple(by_name[b].stretched(scale) for b in dict.fromkeys(baselines.values())
+                      for scale in sorted(compute.scales))
+    taken = next((v.name for v in stretched if v.name in by_name), None)
+    if taken is not None:
+        raise UserError(f"{path}: compute.scales: the baseline's stretched copy {taken} has the name of a variant of "
+                        f"the file; rename that variant{_profile_note(profile)}")
+    return stretched
 
 
 def _relative_to(directory: Path, value: str | None) -> str | None:

@@ -47,7 +47,9 @@ class Point:
 @attrs.frozen
 class Variant:
     """One model variant of a sweep. `config` is None when rejected; `matched`
-    holds fields that parameter matching resized."""
+    holds fields that parameter matching resized. A point of a baseline's compute curve
+    (`compute: {scales: [...]}`) is the baseline `stretches` trained at `compute_scale` times the
+    token budget: the same model, more (or fewer) steps, and no comparison of its own."""
 
     id: str
     name: str
@@ -57,10 +59,17 @@ class Variant:
     config: KimiK3Config | None = None
     reason: str | None = None
     matched: dict[str, int] = attrs.field(factory=dict)
+    compute_scale: float = 1.0
+    stretches: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+    def stretched(self, scale: float) -> "Variant":
+        """This variant as a point of its compute curve: `<name>_x<scale>`, trained `scale` times as long."""
+        return attrs.evolve(self, id=f"{self.id}x{scale:g}", name=f"{self.name}_x{scale:g}", compute_scale=scale,
+                            stretches=self.name)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form `k3lab variants --json` prints."""
@@ -68,7 +77,7 @@ class Variant:
             "id": self.id, "name": self.name, "status": self.status, "reason": self.reason,
             "seeds": list(self.seeds), "overrides": _jsonable(self.overrides), "matched": dict(self.matched),
             "config": self.config.to_dict() if self.config is not None else None,
-        }
+        } | ({"compute_scale": self.compute_scale, "stretches": self.stretches} if self.stretches else {})
 
 
 def points(axes: tuple[Axis, ...], explicit: tuple[Point, ...] = ()) -> tuple[Point, ...]:

@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from k3lab.report.sequential import (BUDGET, FIXED, MAX, RUNNING, SEQUENTIAL_COLUMNS, STOPPED, Design,
                                      comparison_cells, compare_sequential, fixed_design, sequential_headers,
@@ -140,7 +141,7 @@ def design_record(options: dict, stored_by: str = "sweep") -> dict:
 
 def options_from_record(record: dict) -> dict:
     """The stored record back as `build_report` options (`design_record`'s inverse)."""
-    names = ("metric", "mode", "baselines", "design", "last", "rise", "variant_order")
+    names = ("metric", "mode", "baselines", "design", "last", "rise", "variant_order", "compute")
     options = {name: record[name] for name in names if name in record}
     if options.get("design") is not None:
         options["design"] = Design.from_json(options["design"])
@@ -304,29 +305,53 @@ def columns_of(comparisons: list[stats.Comparison], design: Design) -> tuple[str
     return tuple(c for c in design_columns(design) if not (one and c == "baseline"))
 
 
-def sequential_table(comparisons: list[stats.Comparison], metric: str, design: Design, title: str) -> Table:
+MULTIPLIER_HEADER = "compute multiplier"
+
+
+def sequential_table(comparisons: list[stats.Comparison], metric: str, design: Design, title: str,
+                     multipliers=()) -> Table:
+    """The comparisons as a rich table; with `multipliers` (`k3lab.report.compute.Multiplier`) a
+    compute multiplier column and a caption saying what it is."""
     headers = sequential_headers(metric, design)
     if len({c.baseline for c in comparisons}) == 1:
         headers = headers | {"difference": f"{metric} - {comparisons[0].baseline}"}
-    table = Table(title=title, caption=sequential_note(design))
+    caption = sequential_note(design)
+    if multipliers:
+        from k3lab.report.compute import multiplier_note
+
+        caption += "\n" + multiplier_note(list(multipliers), design.interval_name)
+    table = Table(title=title, caption=caption)
     columns = columns_of(comparisons, design)
     for column in columns:
         table.add_column(headers[column], justify="left" if column in ("variant", "baseline", "verdict", "stopping")
                          else "right", no_wrap=column == "verdict")
+    by_variant = {m.variant: Text(m.cell) for m in multipliers}  # "[below 1x, ...]" is not markup
+    if multipliers:
+        table.add_column(MULTIPLIER_HEADER, justify="right")
     for comparison in comparisons:
         cells = comparison_cells(comparison)
-        table.add_row(*(cells[column] for column in columns))
+        extra = [by_variant.get(comparison.variant, "n/a")] if multipliers else []
+        table.add_row(*(cells[column] for column in columns), *extra)
     return table
 
 
-def sequential_table_lines(comparisons: list[stats.Comparison], metric: str, design: Design) -> list[str]:
+def sequential_table_lines(comparisons: list[stats.Comparison], metric: str, design: Design,
+                           multipliers=()) -> list[str]:
     headers = sequential_headers(metric, design)
     columns = design_columns(design)
+    by_variant = {m.variant: m.cell for m in multipliers}
+    extra_header = [MULTIPLIER_HEADER] if multipliers else []
     lines = [f"Against the baselines, paired by seed ({sequential_note(design)}):", "",
-             "| " + " | ".join(headers[c] for c in columns) + " |", "|" + "---|" * len(columns)]
+             "| " + " | ".join([*(headers[c] for c in columns), *extra_header]) + " |",
+             "|" + "---|" * (len(columns) + len(extra_header))]
     for comparison in comparisons:
         cells = comparison_cells(comparison)
-        lines.append("| " + " | ".join(cells[c] for c in columns) + " |")
+        extra = [by_variant.get(comparison.variant, "n/a")] if multipliers else []
+        lines.append("| " + " | ".join([*(cells[c] for c in columns), *extra]) + " |")
+    if multipliers:
+        from k3lab.report.compute import multiplier_note
+
+        lines += ["", multiplier_note(list(multipliers), design.interval_name)]
     return lines
 
 

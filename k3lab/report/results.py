@@ -128,7 +128,8 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
     if summary.get("comparisons"):
         from k3lab.report.family import sequential_table_lines
 
-        lines += [*sequential_table_lines(summary["comparisons"], metric, summary["design"]), ""]
+        lines += [*sequential_table_lines(summary["comparisons"], metric, summary["design"],
+                                          summary.get("multipliers", ())), ""]
     lines += [f"- Diverged: {line}" for line in summary.get("diverged", [])] + (
         [""] if summary.get("diverged") else [])
     if any(c.pairs > 1 for c in summary.get("comparisons", [])):

@@ -97,7 +97,8 @@ def print_summary(console, experiment: str, summary: dict) -> None:
         from k3lab.report.family import sequential_table
 
         console.print(sequential_table(summary["comparisons"], metric, summary["design"],
-                                       title=f"{experiment}: {metric} against the baselines, paired by seed"))
+                                       title=f"{experiment}: {metric} against the baselines, paired by seed",
+                                       multipliers=summary.get("multipliers", ())))
     for line in summary.get("diverged", []):
         console.print(f"diverged: {line}", markup=False, highlight=False)
     if len({row["step"] for row in summary.get("curves", [])}) > 1:
@@ -129,16 +130,18 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
                  out_dir: Path | None = None, baseline: str | None = None,
                  variant_order: Sequence[str] = (), baselines: dict[str, str] | None = None, design=None,
                  last: int = 1, unfinished: str | None = None, rise: float | None = None,
-                 record: bool = True) -> dict:
+                 record: bool = True, compute: dict[str, dict[str, float]] | None = None) -> dict:
     """Summary rows, the comparisons with the baselines, and plot and JSON files in out_dir; returns
     {"rows", "records", "files", "metric", "baseline", "comparisons", "design", "curves", "pairs"
-    (variant -> the baseline it is compared with), "last", "diverged" (one line per diverged trial)}.
+    (variant -> the baseline it is compared with), "last", "diverged" (one line per diverged trial),
+    "multipliers" (`k3lab.report.compute.Multiplier`s, with compute curves)}.
 
     variant_order: the variant names as the sweep file lists them; rows, legends and colours follow it.
     baselines (variant -> its group's baseline; default: every variant against `baseline`), design
     (`k3lab.report.sequential.Design`; default: one look, Bonferroni t over the family), last
     (verdicts on the mean of the last N evaluations), rise (the divergence rule): see
-    `k3lab.report.family`; unfinished: why a comparison its rule did not stop has no more seeds
+    `k3lab.report.family`; compute: the baselines' compute curves (baseline -> {its stretched copy:
+    multiple}; `k3lab.report.compute`); unfinished: why a comparison its rule did not stop has no more seeds
     (default: read from the store); record: write the verdicts into the store for the MLflow UI
     (`k3lab.report.verdicts`)."""
     from k3lab.report import family
@@ -154,7 +157,12 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     if pairs:
         unfinished = unfinished or stored_unfinished_reason(tracking_uri, parent_run_id)
         comparisons = family.comparisons_for(records, pairs, metric, mode, design, last, unfinished, rise)
-    add_paired_columns(rows, comparisons, pairs)
+    multipliers = []
+    if pairs and compute:
+        from k3lab.report.compute import compute_multipliers
+
+        multipliers = compute_multipliers(records, pairs, compute, metric, design, last, mode, rise)
+    add_paired_columns(rows, comparisons, pairs, multipliers)
     curves = family.curve_differences(records, pairs, metric, design, mode, rise) if pairs else []
     files = []
     if out_dir is not None and records:
@@ -174,13 +182,19 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
         if len({row["step"] for row in curves}) > 1:  # the whole curve, when there is more than the end
             files.append(family.plot_curve_differences(curves, out_dir / f"{metric}_curve_vs_baseline.png", metric,
                                                        mode, colours, design.interval_name, title))
+        if multipliers:
+            from k3lab.report.compute import plot_compute_curve
+
+            files.append(plot_compute_curve(records, multipliers, compute, out_dir / "compute_multiplier.png", metric,
+                                            colours, last, mode, rise, title))
         summary_path = out_dir / "summary.json"
         summary_path.write_text(json.dumps({"design": design.to_json() if design else None, "variants": rows},
                                            indent=2, default=str))
         files.append(summary_path)
     summary = {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
                "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last,
-               "mode": mode, "rise": rise, "diverged": family.diverged_lines(records, metric, mode, rise)}
+               "mode": mode, "rise": rise, "diverged": family.diverged_lines(records, metric, mode, rise),
+               "multipliers": multipliers}
     if record and records:
         record_in_store(tracking_uri, parent_run_id, summary)
     return summary
@@ -222,10 +236,14 @@ def experiment_title(tracking_uri: str, parent_run_id: str) -> str:
     return client.get_experiment(client.get_run(parent_run_id).info.experiment_id).name
 
 
-def add_paired_columns(rows: list[dict], comparisons: list[stats.Comparison], pairs: dict[str, str]) -> None:
-    """Each row gets "baseline" (the variant it is compared against, None for a baseline) and
-    "paired" (its comparison), so summary.json carries the comparisons too."""
+def add_paired_columns(rows: list[dict], comparisons: list[stats.Comparison], pairs: dict[str, str],
+                       multipliers: Sequence = ()) -> None:
+    """Each row gets "baseline" (the variant it is compared against, None for a baseline), "paired"
+    (its comparison) and, with a compute curve, "compute_multiplier", so summary.json carries them too."""
     by_variant = {c.variant: c.to_json() for c in comparisons}
+    multiplier = {m.variant: m.to_json() for m in multipliers}
     for row in rows:
         row["baseline"] = pairs.get(row["variant"])
         row["paired"] = by_variant.get(row["variant"])
+        if row["variant"] in multiplier:
+            row["compute_multiplier"] = multiplier[row["variant"]]

@@ -79,3 +79,6 @@ def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> Non
     store.log_effects(tracking_uri, parent_run_id, variant_effects(summary["comparisons"]))
     store.set_trial_tags(tracking_uri, trial_tags(records, summary["comparisons"], metric, mode, rise),
                          {r.run_id: r.tags for r in records})
+    store.log_multipliers(tracking_uri, parent_run_id, [
+        {"variant": m.variant, "pairs": m.pairs, "mean": m.estimate, "low": m.low, "high": m.high}
+        for m in summary.get("multipliers", [])])

@@ -8,6 +8,9 @@
                 vs_baseline_low/<variant>      difference in % of the baseline's mean, and its
                 vs_baseline_high/<variant>     interval's bounds
                 k3lab.verdict.<variant>        better, worse, equivalent or not resolved
+                compute_multiplier/<variant>   (step: the pairs it rests on) with a compute curve:
+                compute_multiplier_low/...     the variant's compute multiplier (`k3lab.report.compute`)
+                compute_multiplier_high/...    and its interval's bounds
 
 `k3lab.report` computes them (`k3lab.report.verdicts`); writing them again writes nothing new.
 """
@@ -22,6 +25,7 @@ from k3lab.store import runs
 
 VS_BASELINE = "vs_baseline_pct"
 VS_LOW, VS_HIGH = "vs_baseline_low", "vs_baseline_high"
+MULTIPLIER, MULTIPLIER_LOW, MULTIPLIER_HIGH = "compute_multiplier", "compute_multiplier_low", "compute_multiplier_high"
 VERDICT = "k3lab.verdict"  # on a trial: its variant's; on the parent, VERDICT + "." + variant
 OUTCOME = "k3lab.outcome"
 FINISHED, KILLED, FAILED, DIVERGED, RUNNING = "finished", "killed", "failed", "diverged", "running"
@@ -64,20 +68,36 @@ def log_differences(tracking_uri: str, differences: dict[str, Iterable[tuple[int
 def log_effects(tracking_uri: str, parent_run_id: str, effects: list[dict]) -> None:
     """Per variant on the parent run: {variant, pairs, mean, low, high, verdict} (in %; low and
     high None without an interval), each metric logged where its latest value differs."""
-    from mlflow.entities import Metric
-
     client = runs.client(tracking_uri)
     parent = client.get_run(parent_run_id)
-    now, metrics = int(time.time() * 1000), []
+    log_batches(client, parent_run_id, changed_metrics(parent, effects, (VS_BASELINE, VS_LOW, VS_HIGH)))
     for effect in effects:
-        for prefix, name in ((VS_BASELINE, "mean"), (VS_LOW, "low"), (VS_HIGH, "high")):
-            key, value = effect_key(prefix, effect["variant"]), effect[name]
-            if value is not None and parent.data.metrics.get(key) != value:
-                metrics.append(Metric(key, float(value), now, int(effect["pairs"])))
         tag = verdict_tag(effect["variant"])
         if parent.data.tags.get(tag) != effect["verdict"]:
             client.set_tag(parent_run_id, tag, effect["verdict"])
-    log_batches(client, parent_run_id, metrics)
+
+
+def log_multipliers(tracking_uri: str, parent_run_id: str, multipliers: list[dict]) -> None:
+    """Per variant on the parent run: {variant, pairs, mean, low, high}, its compute multiplier
+    and its interval's bounds (None: none), each logged where its latest value differs."""
+    client = runs.client(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    log_batches(client, parent_run_id, changed_metrics(parent, multipliers, (MULTIPLIER, MULTIPLIER_LOW,
+                                                                             MULTIPLIER_HIGH)))
+
+
+def changed_metrics(parent, rows: list[dict], prefixes: tuple[str, str, str]) -> list:
+    """Metrics `<prefix>/<variant>` of rows' mean, low and high (step: their pairs) whose value is
+    not the parent's latest."""
+    from mlflow.entities import Metric
+
+    now, metrics = int(time.time() * 1000), []
+    for row in rows:
+        for prefix, name in zip(prefixes, ("mean", "low", "high")):
+            key, value = effect_key(prefix, row["variant"]), row[name]
+            if value is not None and parent.data.metrics.get(key) != value:
+                metrics.append(Metric(key, float(value), now, int(row["pairs"])))
+    return metrics
 
 
 def set_trial_tags(tracking_uri: str, tags: dict[str, dict[str, str]], current: dict[str, dict] | None = None) -> None:

@@ -95,6 +95,13 @@ class TrainSpec:
             return (f"train.warmup_steps: the default {DEFAULT_WARMUP_STEPS} is clipped to steps={self.steps}",)
         return ()
 
+    def stretched(self, scale: float) -> "TrainSpec":
+        """The same training at `scale` times the token budget: steps and warmup scaled alike, so the
+        learning-rate schedule keeps its shape over the longer (or shorter) run; evaluations stay
+        every `eval_interval` steps. For a baseline's compute curve (`compute: {scales: [...]}`)."""
+        steps = max(1, round(self.steps * scale))
+        return attrs.evolve(self, steps=steps, warmup_steps=min(steps, round(self.warmup_steps * scale)))
+
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len * self.grad_accum

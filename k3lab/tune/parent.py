@@ -208,6 +208,8 @@ def record_sweep(run: SweepRun, parent: ParentRun) -> None:
                              max_concurrent_trials=run.max_concurrent or sweep.resources.max_concurrent_trials)
     params |= flatten("train", attrs.asdict(sweep.train)) | flatten("resources", attrs.asdict(resources))
     params |= flatten("scheduler", attrs.asdict(sweep.scheduler))
+    if sweep.compute is not None:
+        params["compute.scales"] = list(sweep.compute.scales)
     parent.tracker.log_params(params)
     write_design(run.tracking_uri, parent.run_id, design_record(report_options(sweep)))
     parent.log_artifact(sweep.path)

@@ -52,7 +52,8 @@ class SeedPlanner:
     variants: every variant that runs, in the sweep file's order; baselines: variant -> the
     baseline of its group, for every compared variant (a baseline is a variant too, and has no
     entry); seeds: every seed the policy may use, in order (len = max); start: seeds every
-    variant starts with; design: the comparisons' intervals and the rule that stops them.
+    variant starts with; design: the comparisons' intervals and the rule that stops them;
+    followers: a point of a baseline's compute curve -> that baseline, whose seeds it runs too.
     """
 
     variants: list[str]
@@ -60,6 +61,7 @@ class SeedPlanner:
     seeds: list[int]
     start: int
     design: Design
+    followers: dict[str, str] = attrs.Factory(dict)
     budget_trials: int | None = None
     budget_wall_s: float | None = None
     clock: Callable[[], float] = time.time
@@ -126,6 +128,8 @@ class SeedPlanner:
             return True
         if k >= len(self.seeds):
             return False
+        if variant in self.followers:  # a point of a compute curve: part of its baseline
+            return self.decision(self.followers[variant], k)
         if variant not in self.baselines:  # a baseline: a seed as long as a variant of its own needs it
             decisions = [self.decision(v, k) for v, b in self.baselines.items() if b == variant]
             if any(d is True for d in decisions):
@@ -165,7 +169,9 @@ class SeedPlanner:
         return [(v, self.seeds[k]) for v, k in sorted(wanted, key=key)]
 
     def _width_of(self, variant: str, k: int) -> float:
-        """How wide the comparison that needs this trial is (a baseline: its widest dependant)."""
+        """How wide the comparison that needs this trial is (a baseline: its widest dependant; a point
+        of a compute curve: its baseline's)."""
+        variant = self.followers.get(variant, variant)
         if variant in self.baselines:
             return self.relative_half_width(variant, k)
         widths = [self.relative_half_width(v, k) for v, b in self.baselines.items() if b == variant

@@ -73,6 +73,10 @@ class SweepProgress(tune.Callback):
         key = trial.config["trial"]
         return self.specs[key].name if key in self.specs else key
 
+    def _total_steps(self, key: str) -> int:
+        """The trial's steps (a point of a compute curve trains longer than the file's `train.steps`)."""
+        return self.specs[key].train.steps if key in self.specs else self.sweep.train.steps
+
     def on_trial_start(self, iteration, trials, trial, **info):
         self._row(trial)["status"] = "running"
         self._line(trial, "started")
@@ -81,8 +85,8 @@ class SweepProgress(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         row = self._row(trial)
         self._show_result(row, result)
-        if row["step"] < self.sweep.train.steps:  # the last evaluation is shown as the trial's end
-            self._line(trial, f"step {self._steps(row)}: {self._figures(row)}")
+        if row["step"] < self._total_steps(trial.config["trial"]):  # the last evaluation: the trial's end
+            self._line(trial, f"step {self._steps(trial)}: {self._figures(row)}")
         self._refresh()
 
     def on_trial_recover(self, iteration, trials, trial, **info):
@@ -93,13 +97,13 @@ class SweepProgress(tune.Callback):
         row["status"] = completed_status(trial.last_result or {})
         if row["status"] == "done":
             self._show_result(row, trial.last_result or {})
-        self._line(trial, f"{row['status']} at step {self._steps(row)}: {self._figures(row)}")
+        self._line(trial, f"{row['status']} at step {self._steps(trial)}: {self._figures(row)}")
         self._refresh()
 
     def on_trial_error(self, iteration, trials, trial, **info):
         row = self._row(trial)
         row["status"] = "error"
-        self._line(trial, f"error at step {self._steps(row)}: {crash_line(trial)[:300]}")
+        self._line(trial, f"error at step {self._steps(trial)}: {crash_line(trial)[:300]}")
         self._refresh()
 
     def show_earlier(self, trials) -> None:
@@ -112,7 +116,7 @@ class SweepProgress(tune.Callback):
             self._show_result(row, trial.last_result)
             if trial.status == "TERMINATED":
                 row["status"] = completed_status(trial.last_result)
-                self._line(trial, f"{row['status']} in an earlier run, at step {self._steps(row)}: "
+                self._line(trial, f"{row['status']} in an earlier run, at step {self._steps(trial)}: "
                                   f"{self._figures(row)}")
         self._refresh()
 
@@ -125,8 +129,9 @@ class SweepProgress(tune.Callback):
         row.update(step=result.get("done_steps", row["step"]), loss=result.get("train_loss"),
                    val=result.get("val_loss"), tps=result.get("tokens_per_s"))
 
-    def _steps(self, row: dict) -> str:
-        return f"{row['step']}/{self.sweep.train.steps}"
+    def _steps(self, trial) -> str:
+        key = trial.config["trial"]
+        return f"{self._row(trial)['step']}/{self._total_steps(key)}"
 
     @staticmethod
     def _figures(row: dict) -> str:
@@ -143,14 +148,13 @@ class SweepProgress(tune.Callback):
             self._live.update(self.table())
 
     def table(self) -> Table:
-        steps = self.sweep.train.steps
         elapsed = time.time() - self.started
         table = Table(title=f"{self.sweep.name} ({profile_label(self.sweep)}) - {elapsed:.0f}s")
         for column in ("trial", "status", "step", "train loss", "val loss", LAST_WINDOW_TPS):
             table.add_column(column, justify="left" if column in ("trial", "status") else "right")
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         for key, row in self.rows.items():
-            table.add_row(self.specs[key].name if key in self.specs else key, row["status"], f"{row['step']}/{steps}",
+            table.add_row(self.specs[key].name if key in self.specs else key, row["status"], f"{row['step']}/{self._total_steps(key)}",
                           fmt(row["loss"], ".3f"), fmt(row["val"], ".4f"), fmt(row["tps"], ",.0f"))
         return table
 

@@ -145,6 +145,7 @@ def build_searcher(sweep, tracking_uri: str) -> SeedSearcher:
 
     policy, budget = sweep.seed_policy, sweep.budget
     planner = SeedPlanner(variants=[v.name for v in sweep.valid_variants], baselines=dict(sweep.baselines),
+                          followers={v.name: v.stretches for v in sweep.valid_variants if v.stretches},
                           seeds=list(policy.seeds), start=policy.start, design=design_of(sweep),
                           budget_trials=budget.trials if budget else None,
                           budget_wall_s=budget.wall_s if budget else None)
@@ -157,9 +158,10 @@ def build_searcher(sweep, tracking_uri: str) -> SeedSearcher:
 
 def report_options(sweep) -> dict:
     """What `build_report` needs to compare a sweep's variants as its file asks: the metric, the
-    baseline of each group, the design, the verdict metric's `last`, the divergence rule and the
-    variants in the file's order. The parent run stores them (`k3lab.report.family.design_record`)."""
+    baseline of each group, the design, the verdict metric's `last`, the divergence rule, the
+    variants in the file's order and the baselines' compute curves. The parent run stores them
+    (`k3lab.report.family.design_record`)."""
     metric = sweep.metric
     return {"metric": metric.name, "mode": metric.mode, "baselines": dict(sweep.baselines),
             "design": design_of(sweep), "last": metric.last, "rise": metric.diverged,
-            "variant_order": [v.name for v in sweep.valid_variants]}
+            "variant_order": [v.name for v in sweep.valid_variants], "compute": sweep.compute_curves}

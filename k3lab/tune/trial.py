@@ -76,7 +76,7 @@ def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None) -> dict
     colours = variant_colours([v.name for v in run.sweep.valid_variants])
     return {
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
-                            config=trial.variant.config.to_dict(), train=run.sweep.train,
+                            config=trial.variant.config.to_dict(), train=run.sweep.train_of(trial.variant),
                             tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id,
                             overrides={k: str(v) for k, v in trial.variant.overrides.items()},
                             metric=run.sweep.metric.name, mode=run.sweep.metric.mode,

@@ -1,0 +1,151 @@
+"""The compute multiplier (`k3lab.report.compute`), the compute curve's trials in a sweep file
+(`compute: {scales: [...]}`) and the seeds policy's handling of them."""
+
+import math
+import random
+
+import pytest
+
+from k3lab.errors import UserError
+from k3lab.registry.sweep import load_sweep
+from k3lab.report.compute import Multiplier, compute_multipliers, power_law
+from k3lab.report.records import TrialRecord
+from k3lab.report.sequential import HALFWIDTH, Design, fixed_design
+from k3lab.tune.planner import SeedPlanner
+
+SCALES = (1.25, 1.6, 2.0)
+CURVES = {"base": {f"base_x{s:g}": s for s in SCALES}}
+STEPS, FLOPS = 1000, 1.0e6
+
+
+def record(variant: str, seed: int, steps: int, flops: float, loss: float) -> TrialRecord:
+    return TrialRecord(run_id=f"{variant}-{seed}", variant=variant, seed=seed, status="FINISHED",
+                       params={"train.steps": str(steps), "train.batch_size": "1", "train.seq_len": "1000"},
+                       final={"flops_per_token": flops, "val_loss": loss}, start_ms=None, end_ms=None,
+                       curves={"val_loss": [(steps, loss)]})
+
+
+def simulated_sweep(rng: random.Random, truths: dict[str, float], seeds: int, alpha: float = 0.1,
+                    sd_seed: float = 0.01, sd_trial: float = 0.004, extra_flops: float = 0.01) -> list[TrialRecord]:
+    """Losses from a power law L = 2 C^-alpha (C in the baseline's budgets) times a seed's effect
+    shared by its trials and a trial's own noise; a variant with true multiplier M and `extra_flops`
+    more FLOPs per token ends where the baseline's law is at M times the variant's compute."""
+    records = []
+    for seed in range(seeds):
+        shared = rng.gauss(0, sd_seed)
+        for scale in (1.0, *SCALES):
+            name = "base" if scale == 1 else f"base_x{scale:g}"
+            loss = 2.0 * scale ** -alpha * math.exp(shared + rng.gauss(0, sd_trial))
+            records.append(record(name, seed, round(STEPS * scale), FLOPS, loss))
+        for variant, truth in truths.items():
+            compute = 1 + extra_flops
+            loss = 2.0 * (truth * compute) ** -alpha * math.exp(shared + rng.gauss(0, sd_trial))
+            records.append(record(variant, seed, STEPS, FLOPS * compute, loss))
+    return records
+
+
+def test_multiplier_of_noiseless_curves_is_the_true_one_with_extra_flops_counted_against_the_variant():
+    records = simulated_sweep(random.Random(0), {"a": 1.4}, seeds=3, sd_seed=0.0, sd_trial=0.0, extra_flops=0.05)
+    [found] = compute_multipliers(records, {"a": "base"}, CURVES, "val_loss", fixed_design(1, 3))
+    assert found.estimate == pytest.approx(1.4, rel=1e-9)
+    assert found.lowest == pytest.approx(1 / 1.05) and found.highest == pytest.approx(2 / 1.05)
+    assert found.cell.startswith("1.40x")
+
+
+def test_intervals_cover_the_true_multipliers_family_wise_at_their_nominal_rate():
+    truths = {"better": 1.25, "same": 1.0, "worse": 0.9, "much": 1.5}
+    rng, sweeps, seeds = random.Random(7), 400, 6
+    design = fixed_design(len(truths), seeds)
+    covered_all, covered_null = 0, 0
+    for _ in range(sweeps):
+        found = compute_multipliers(simulated_sweep(rng, truths, seeds), {v: "base" for v in truths}, CURVES,
+                                    "val_loss", design)
+        assert len(found) == len(truths)
+        covered_all += all(m.low <= truths[m.variant] <= m.high for m in found)
+        covered_null += next(m for m in found if m.variant == "same").low <= 1.0 <= next(
+            m for m in found if m.variant == "same").high
+    # 0.95 family-wise; the bound leaves three binomial standard errors of 400 sweeps
+    assert covered_all / sweeps >= 0.95 - 3 * math.sqrt(0.95 * 0.05 / sweeps)
+    assert covered_null / sweeps >= 1 - 0.05 / len(truths) - 3 * math.sqrt(0.0125 * 0.9875 / sweeps)
+
+
+def test_a_variant_no_better_than_the_baseline_gets_an_interval_that_covers_one():
+    records = simulated_sweep(random.Random(3), {"same": 1.0}, seeds=8)
+    [found] = compute_multipliers(records, {"same": "base"}, CURVES, "val_loss", fixed_design(1, 8))
+    assert found.low < 1.0 < found.high
+
+
+def test_a_loss_below_the_curves_largest_compute_reads_beyond_it_not_an_extrapolated_number():
+    records = simulated_sweep(random.Random(1), {"far": 3.0}, seeds=4, sd_seed=0.0, sd_trial=0.001, extra_flops=0.0)
+    [found] = compute_multipliers(records, {"far": "base"}, CURVES, "val_loss", fixed_design(1, 4))
+    assert found.estimate > 2.0
+    assert found.shown(found.estimate) == "beyond 2x" and found.cell.startswith("beyond 2x [beyond 2x")
+    assert Multiplier("v", "b", {0: 0.5}, 0.5, None, None, 1.0, 2.0, (1.0, 2.0)).cell == "below 1x"
+
+
+def test_a_seed_whose_curve_does_not_fall_with_compute_gives_no_multiplier():
+    assert power_law([(1.0, 2.0), (2.0, 2.1)]) is None
+    assert power_law([(1.0, 2.0)]) is None
+    records = simulated_sweep(random.Random(2), {"a": 1.2}, seeds=3, sd_seed=0.0, sd_trial=0.0)
+    flat = [r for r in records if not (r.seed == 2 and r.variant.startswith("base"))]
+    flat += [record(name, 2, round(STEPS * scale), FLOPS, 1.5) for name, scale in
+             (("base", 1.0), *((f"base_x{s:g}", s) for s in SCALES))]
+    [found] = compute_multipliers(flat, {"a": "base"}, CURVES, "val_loss", fixed_design(1, 3))
+    assert sorted(found.seeds) == [0, 1] and found.skipped == (2,)
+
+
+def test_the_interval_is_the_designs_half_width_on_the_log_scale():
+    records = simulated_sweep(random.Random(4), {"a": 1.3}, seeds=5)
+    design = Design(comparisons=1, max_pairs=16, start=4, halfwidth=0.01, rule=HALFWIDTH).calibrated()
+    [found] = compute_multipliers(records, {"a": "base"}, CURVES, "val_loss", design)
+    logs = [math.log(m) for m in found.seeds.values()]
+    half = design.half_width(logs)
+    assert math.log(found.high) - math.log(found.estimate) == pytest.approx(half)
+    assert math.log(found.estimate) - math.log(found.low) == pytest.approx(half)
+
+
+SWEEP = """\
+name: curve
+base: {preset: tiny, num_layers: 2}
+axes:
+  attn_res_block_size: [off, full]
+seeds: SEEDS
+baseline: attnres_off
+compute: {scales: [1.5, 2.0]}
+train: {steps: 20, batch_size: 2, seq_len: 32, warmup_steps: 4, eval_interval: 10, eval_batches: 1}
+"""
+
+
+def test_compute_scales_add_the_baselines_stretched_trials_with_its_seeds(tmp_path):
+    path = tmp_path / "curve.yaml"
+    path.write_text(SWEEP.replace("SEEDS", "[0, 1]"))
+    sweep = load_sweep(path)
+    stretched = [v for v in sweep.valid_variants if v.stretches]
+    assert [v.name for v in stretched] == ["attnres_off_x1.5", "attnres_off_x2"]
+    assert [sweep.train_of(v).steps for v in stretched] == [30, 40]
+    assert [sweep.train_of(v).warmup_steps for v in stretched] == [6, 8]  # the schedule stretched with it
+    assert sweep.baselines == {"attnres_full": "attnres_off"}  # no comparison of their own
+    assert sweep.compute_curves == {"attnres_off": {"attnres_off_x1.5": 1.5, "attnres_off_x2": 2.0}}
+    assert len(sweep.trials) == 8
+
+
+def test_compute_without_a_comparison_is_refused_naming_the_field(tmp_path):
+    path = tmp_path / "curve.yaml"
+    path.write_text(SWEEP.replace("SEEDS", "[0]").replace("[off, full]", "[off]"))
+    with pytest.raises(UserError, match=r"curve.yaml: compute: needs a comparison"):
+        load_sweep(path)
+    path.write_text(SWEEP.replace("SEEDS", "[0]").replace("[1.5, 2.0]", "[1, 2.0]"))
+    with pytest.raises(UserError, match=r"compute.scales\[0\]: must not be 1"):
+        load_sweep(path)
+
+
+def test_the_seeds_policy_runs_the_curves_trials_for_every_seed_its_baseline_runs():
+    design = Design(comparisons=1, max_pairs=6, start=2, rule="max")
+    plan = SeedPlanner(["base", "a", "base_x2"], {"a": "base"}, list(range(6)), 2, design,
+                       followers={"base_x2": "base"})
+    started = []
+    while (chosen := plan.next_trial()) not in ("FINISHED", None):
+        started.append(chosen)
+        plan.complete(*chosen, 1.0 + 0.01 * chosen[1])
+    assert sorted(s for v, s in started if v == "base_x2") == sorted(s for v, s in started if v == "base") == \
+        list(range(6))
