@@ -10,6 +10,7 @@ from conftest import bench_script
 from k3lab.errors import UserError
 from k3lab.registry.sweep import load_sweep
 from k3lab.report.compute import Multiplier, compute_multipliers, power_law
+from k3lab.report.compute import size_multipliers as multipliers_across_sizes
 from k3lab.report.sequential import HALFWIDTH, Design, fixed_design
 from k3lab.tune.planner import SeedPlanner
 
@@ -46,7 +47,7 @@ def test_a_loss_below_the_curves_largest_compute_reads_beyond_it_not_an_extrapol
     [found] = compute_multipliers(records, {"far": "base"}, CURVES, "val_loss", fixed_design(1, 4))
     assert found.estimate > 2.0
     assert found.shown(found.estimate) == "beyond 2x" and found.cell.startswith("beyond 2x [beyond 2x")
-    assert Multiplier("v", "b", {0: 0.5}, 0.5, None, None, 1.0, 2.0, (1.0, 2.0)).cell == "below 1x"
+    assert Multiplier("v", "b", {0: 0.5}, 0.5, None, None, 1.0, 2.0, ("below 1x", "beyond 2x"), "").cell == "below 1x"
 
 
 def test_a_seed_whose_curve_does_not_fall_with_compute_gives_no_multiplier():
@@ -115,3 +116,42 @@ def test_the_seeds_policy_runs_the_curves_trials_for_every_seed_its_baseline_run
         plan.complete(*chosen, 1.0 + 0.01 * chosen[1])
     assert sorted(s for v, s in started if v == "base_x2") == sorted(s for v, s in started if v == "base") == \
         list(range(6))
+
+
+def test_across_sizes_the_multiplier_is_read_from_each_familys_fit_at_the_named_compute():
+    sizes = {"axis": "hidden_size", "at": 2.0e12,  # FLOPs: the sizes train 1e12 to 2.2e12
+             "families": {"off": ["off_h1", "off_h2", "off_h3"], "full": ["full_h1", "full_h2", "full_h3"]},
+             "baselines": {"full": "off"}}
+    records = []
+    for seed in range(4):
+        shared = random.Random(seed).gauss(0, 0.01)
+        for size, flops in enumerate((1.0e6, 1.5e6, 2.2e6), start=1):
+            compute = flops * STEPS * 1000
+            records.append(record(f"off_h{size}", seed, STEPS, flops, 3.0 * compute ** -0.05 * math.exp(shared)))
+            records.append(record(f"full_h{size}", seed, STEPS, flops, 3.0 * (1.3 * compute) ** -0.05
+                                  * math.exp(shared)))
+    [found] = multipliers_across_sizes(records, sizes, "val_loss", fixed_design(1, 4))
+    assert (found.variant, found.baseline, found.pairs) == ("full", "off", 4)
+    assert found.estimate == pytest.approx(1.3, rel=1e-9)
+    assert found.lowest == pytest.approx(1.0 / 2.0) and found.highest == pytest.approx(2.2 / 2.0)
+
+
+def test_sizes_must_name_an_axis_that_is_not_the_compared_one(tmp_path):
+    path = tmp_path / "sizes.yaml"
+    text = SWEEP.replace("SEEDS", "[0]").replace("  attn_res_block_size: [off, full]",
+                                                 "  attn_res_block_size: [off, full]\n  hidden_size: [64, 96]")
+    path.write_text(text.replace("baseline: attnres_off", "baseline: {attn_res_block_size: off}")
+                    .replace("compute: {scales: [1.5, 2.0]}", "compute: {sizes: hidden_size, at: 2.0e9}"))
+    sweep = load_sweep(path)
+    assert sweep.compute_sizes["families"] == {"attnres_off": ["attnres_off_h64", "attnres_off_h96"],
+                                               "attnres_full": ["attnres_full_h64", "attnres_full_h96"]}
+    assert sweep.compute_sizes["baselines"] == {"attnres_full": "attnres_off"}
+    path.write_text(path.read_text().replace("sizes: hidden_size", "sizes: num_layers"))
+    with pytest.raises(UserError, match=r"compute.sizes: must name one of the sweep's axes"):
+        load_sweep(path)
+    path.write_text(path.read_text().replace("sizes: num_layers", "sizes: attn_res_block_size"))
+    with pytest.raises(UserError, match=r"compute.sizes: attn_res_block_size is the axis the variants are compared"):
+        load_sweep(path)
+    path.write_text(path.read_text().replace(", at: 2.0e9", ""))
+    with pytest.raises(UserError, match=r"compute.at: goes with sizes"):
+        load_sweep(path)

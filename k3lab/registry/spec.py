@@ -20,7 +20,7 @@ import attrs
 from k3lab.errors import FieldError
 from k3lab.model.fidelity import FIDELITIES
 from k3lab.train.spec import TrainSpec
-from k3lab.validators import non_negative, one_of, open_unit_interval, positive
+from k3lab.validators import non_empty, non_negative, one_of, open_unit_interval, positive
 
 METRIC_MODES = ("min", "max")
 METRICS = ("val_loss", "val_bpb", "train_loss")  # what every trial reports at each evaluation
@@ -146,17 +146,19 @@ class BudgetSpec:
 
 @attrs.frozen
 class ComputeSpec:
-    """`compute: {scales: [1.25, 1.6, 2.0]}`: the baseline of every group also trains at these
-    multiples of the file's token budget (steps, warmup and decay stretched alike; same seeds and
-    data order), so that the report can say what each variant is worth in compute: the baseline
-    compute that reaches its loss, over its own (`k3lab.report.compute`)."""
+    """What the variants are worth in compute (`k3lab.report.compute`). `scales: [1.25, 1.6, 2.0]`:
+    the baseline of every group also trains at these multiples of the file's token budget (steps,
+    warmup and decay stretched alike; same seeds and data order), and each variant's multiplier is
+    the baseline compute that reaches its loss, over its own. `sizes: AXIS` with `at: FLOPS`: the
+    axis that sets the model's size; each variant's loss is fitted against compute over the sizes,
+    and its multiplier is read at that training compute (as the AttnRes paper reads its own)."""
 
-    scales: tuple[float, ...] = attrs.field(converter=tuple)
+    scales: tuple[float, ...] = attrs.field(default=(), converter=tuple)
+    sizes: str | None = attrs.field(default=None, validator=attrs.validators.optional(non_empty))
+    at: float | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
 
     @scales.validator
     def _check_scales(self, attribute, value) -> None:
-        if not value:
-            raise FieldError(attribute.name, "must list at least one multiple of the token budget, e.g. [1.5, 2.0]")
         if len(value) > COMPUTE_SCALES_MAX:
             raise FieldError(attribute.name, f"must list at most {COMPUTE_SCALES_MAX} multiples, got {len(value)}")
         for i, scale in enumerate(value):
@@ -166,6 +168,14 @@ class ComputeSpec:
                 raise FieldError(f"{attribute.name}[{i}]", "must not be 1: the baseline itself is the curve's 1x")
         if len(set(value)) != len(value):
             raise FieldError(attribute.name, f"must not repeat a multiple, got {list(value)}")
+
+    def __attrs_post_init__(self) -> None:
+        if not self.scales and self.sizes is None:
+            raise FieldError("scales", "must list at least one multiple of the token budget, e.g. [1.5, 2.0] "
+                                       "(or set sizes: AXIS and at: FLOPS)")
+        if (self.sizes is None) != (self.at is None):
+            raise FieldError("at" if self.sizes is not None else "sizes",
+                             "goes with sizes: AXIS and at: FLOPS, the training compute to read the multiplier at")
 
 
 @attrs.frozen

@@ -20,6 +20,7 @@ from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.axes import Axis, apply_fidelity, axis_kind, parse_axes
 from k3lab.registry.baselines import baseline_values, default_baselines, group_baselines, named_baseline
+from k3lab.registry.compute import compute_variants, size_families
 from k3lab.registry.convert import describe, structure
 from k3lab.registry.fields import check_fields
 from k3lab.registry.keypath import SpecError
@@ -77,6 +78,7 @@ class Sweep:
     baseline_axes: dict[str, Any] = attrs.Factory(dict)  # `baseline: {axis: value}` as parsed, or the default's
     # compared axis (`default_baselines`); {} for one baseline
     compute: ComputeSpec | None = None  # the baselines' compute curves: their stretched copies are in `variants`
+    compute_sizes: dict[str, Any] | None = None  # with compute.sizes: `k3lab.registry.compute.size_families`
 
     def train_of(self, variant: Variant) -> TrainSpec:
         """How `variant` trains: the file's `train`, stretched for a point of a compute curve."""
@@ -290,7 +292,11 @@ def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved:
         wanted, baselines = default_baselines(resolved.axes, variants, baseline)
     else:
         baselines = {v.name: baseline for v in variants if v.ok and v.name != baseline}
-    variants += compute_variants(path, profile, spec.compute, baselines, variants)
+    try:
+        variants += compute_variants(spec.compute, baselines, variants)
+        sizes = size_families(spec.compute, resolved.axes, baselines, variants)
+    except SpecError as error:
+        raise UserError(f"{path}: {error}{_profile_note(profile)}") from None
     start_trials = policy.start * sum(v.ok for v in variants) if policy is not None else 0
     if spec.budget is not None and spec.budget.trials is not None and spec.budget.trials < start_trials:
         raise UserError(f"{path}: budget.trials: must be at least the {start_trials} trials of the start seeds "
@@ -302,27 +308,8 @@ def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved:
         resources=spec.resources, scheduler=spec.scheduler.resolved(spec.train), match=spec.match,
         variants=variants, baseline=baseline, kernel_cache=_relative_to(path.parent, spec.kernel_cache),
         notes=notes, seed_policy=policy, budget=spec.budget, baselines=baselines, baseline_axes=wanted,
-        compute=spec.compute,
+        compute=spec.compute, compute_sizes=sizes,
     )
-
-
-def compute_variants(path: Path, profile: str | None, compute: ComputeSpec | None, baselines: dict[str, str],
-                     variants: tuple[Variant, ...]) -> tuple[Variant, ...]:
-    """The points of each baseline's compute curve (`compute: {scales: [...]}`): the baseline
-    stretched to each scale, after the file's variants."""
-    if compute is None:
-        return ()
-    if not baselines:
-        raise UserError(f"{path}: compute: needs a comparison (a baseline and a variant compared with it)"
-                        f"{_profile_note(profile)}")
-    by_name = {v.name: v for v in variants}
-    stretched = tuple(by_name[b].stretched(scale) for b in dict.fromkeys(baselines.values())
-                      for scale in sorted(compute.scales))
-    taken = next((v.name for v in stretched if v.name in by_name), None)
-    if taken is not None:
-        raise UserError(f"{path}: compute.scales: the baseline's stretched copy {taken} has the name of a variant of "
-                        f"the file; rename that variant{_profile_note(profile)}")
-    return stretched
 
 
 def _relative_to(directory: Path, value: str | None) -> str | None:

@@ -36,8 +36,8 @@ class Loader(yaml.SafeLoader):
 
 Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),  # the form YAML 1.1 lacks; SafeLoader's own rules still apply
-    list("-+0123456789"))
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),  # 1e9, 2.0e9: the forms YAML 1.1
+    list("-+.0123456789"))  # lacks (its exponent needs a sign); SafeLoader's own rules still apply
 
 
 def load_text(text: str) -> Any:

@@ -18,6 +18,11 @@ verdicts' paired differences; the estimate is their geometric mean, with the des
 interval (`k3lab.report.sequential.Design.half_width`) on the log scale. A value the curve does not
 reach (above its largest compute or below its smallest) is reported as "beyond 2x" or "below 1x"
 (the curve's ends, in multiples of the baseline's budget), not extrapolated silently.
+
+Across model sizes (`compute: {sizes: AXIS, at: FLOPS}`), as the paper fits its five sizes: per
+seed, each family of variants (one value of the other axes) gets its own power law over its
+sizes; the compared family's fitted loss at `at` FLOPs, and the compute at which the baseline
+family's fit reaches it, give m_s = C_b(L_v(at)) / at (`size_multipliers`).
 """
 
 from __future__ import annotations
@@ -67,7 +72,8 @@ class Multiplier:
     """One variant's compute multiplier against its baseline's curve. estimate/low/high: the
     geometric mean over the seeds and its interval (None: under two seeds); lowest/highest: the
     multipliers at the curve's smallest and largest compute (outside them the curve is not
-    known); ends: those computes in multiples of the baseline's budget (e.g. 1.0, 2.0)."""
+    known); outside: what a value below or above them is shown as (e.g. "below 1x", "beyond 2x");
+    basis: what the baseline's compute is read from, for the report's note."""
 
     variant: str
     baseline: str
@@ -77,7 +83,8 @@ class Multiplier:
     high: float | None
     lowest: float
     highest: float
-    ends: tuple[float, float]
+    outside: tuple[str, str]
+    basis: str
     skipped: tuple[int, ...] = ()  # seeds whose curve did not fall with compute
 
     @property
@@ -89,9 +96,9 @@ class Multiplier:
         if value is None:
             return "n/a"
         if value > self.highest * (1 + 1e-9):
-            return f"beyond {self.ends[1]:g}x"
+            return self.outside[1]
         if value < self.lowest * (1 - 1e-9):
-            return f"below {self.ends[0]:g}x"
+            return self.outside[0]
         return f"{value:.2f}x"
 
     @property
@@ -103,7 +110,7 @@ class Multiplier:
 
     def to_json(self) -> dict:
         return {"variant": self.variant, "baseline": self.baseline, "pairs": self.pairs, "estimate": self.estimate,
-                "low": self.low, "high": self.high, "shown": self.cell, "curve_ends": list(self.ends),
+                "low": self.low, "high": self.high, "shown": self.cell, "basis": self.basis,
                 "in_curve": [self.lowest, self.highest], "seeds": {str(s): m for s, m in self.seeds.items()},
                 "skipped_seeds": list(self.skipped)}
 
@@ -139,17 +146,26 @@ def multiplier_of(variant: str, baseline: str, records: list[TrialRecord], curve
         seeds[record.seed] = compute_at(fit, value) / compute
         computes = [c for c, _ in points[record.seed]]
         spans.append((min(computes) / compute, max(computes) / compute))
+    ends = (min(1.0, *curve.values()), max(1.0, *curve.values()))
+    return summarised(variant, baseline, seeds, design, spans, (f"below {ends[0]:g}x", f"beyond {ends[1]:g}x"),
+                      f"its power-law fit over {ends[0]:g}x-{ends[1]:g}x its budget, per seed", skipped)
+
+
+def summarised(variant: str, baseline: str, seeds: dict[int, float], design: Design,
+               spans: list[tuple[float, float]], outside: tuple[str, str], basis: str,
+               skipped: list[int]) -> Multiplier | None:
+    """The seeds' multipliers as a `Multiplier`: geometric mean and the design's interval on the logs."""
     if not seeds:
         return None
     logs = [math.log(m) for m in seeds.values()]
     centre = statistics.fmean(logs)
     half = design.half_width(logs)
     low, high = (math.exp(centre - half), math.exp(centre + half)) if math.isfinite(half) else (None, None)
-    ends = (min(1.0, *curve.values()), max(1.0, *curve.values()))
     return Multiplier(variant=variant, baseline=baseline, seeds=dict(sorted(seeds.items())),
                       estimate=math.exp(centre), low=low, high=high,
                       lowest=statistics.geometric_mean(lo for lo, _ in spans),
-                      highest=statistics.geometric_mean(hi for _, hi in spans), ends=ends, skipped=tuple(skipped))
+                      highest=statistics.geometric_mean(hi for _, hi in spans), outside=outside, basis=basis,
+                      skipped=tuple(skipped))
 
 
 def compute_multipliers(records: list[TrialRecord], pairs: dict[str, str], curves: dict[str, dict[str, float]],
@@ -164,10 +180,63 @@ def compute_multipliers(records: list[TrialRecord], pairs: dict[str, str], curve
 
 def multiplier_note(multipliers: list[Multiplier], interval: str) -> str:
     """What the column says, in one sentence for the report."""
-    ends = multipliers[0].ends
-    return (f"Compute multiplier: the baseline's compute (its power-law fit over {ends[0]:g}x-{ends[1]:g}x its budget, "
-            f"per seed) that reaches the variant's loss, over the variant's own compute (FLOPs per token x tokens); "
-            f"geometric mean over the seeds with the {interval}; >1: the variant is worth more compute than it costs.")
+    return (f"Compute multiplier: the baseline's compute ({multipliers[0].basis}) that reaches the variant's loss, "
+            f"over the variant's own compute (FLOPs per token x tokens); geometric mean over the seeds with the "
+            f"{interval}; >1: the variant is worth more compute than it costs.")
+
+
+def size_multipliers(records: list[TrialRecord], sizes: dict, metric: str, design: Design, last: int = 1,
+                     mode: str = "min", rise: float | None = None) -> list[Multiplier]:
+    """Across model sizes (`k3lab.registry.compute.size_families`), as the AttnRes paper: per seed,
+    each family's loss fitted against compute over its sizes; the compared family's fitted loss at
+    `sizes["at"]` FLOPs; the baseline family's compute that reaches it, over `at`."""
+    found = []
+    for family, baseline in sizes["baselines"].items():
+        mine = curve_points(records, sizes["families"][family], metric, last, mode, rise)
+        theirs = curve_points(records, sizes["families"][baseline], metric, last, mode, rise)
+        at, seeds, skipped, spans = sizes["at"], {}, [], []
+        for seed in sorted(mine.keys() & theirs.keys()):
+            fit_mine, fit_theirs = power_law(mine[seed]), power_law(theirs[seed])
+            if fit_mine is None or fit_theirs is None:
+                skipped.append(seed)
+                continue
+            loss = math.exp(fit_mine[0] - fit_mine[1] * math.log(at))
+            seeds[seed] = compute_at(fit_theirs, loss) / at
+            computes = [c for c, _ in theirs[seed]]
+            spans.append((min(computes) / at, max(computes) / at))
+        multiplier = summarised(family, baseline, seeds, design, spans, ("below the smallest size",
+                                                                         "beyond the largest size"),
+                                f"its family's power-law fit over the {sizes['axis']} sizes, per seed, read at "
+                                f"{at:.3g} FLOPs", skipped)
+        if multiplier is not None:
+            found.append(multiplier)
+    return found
+
+
+def size_multiplier_title(sizes: dict, interval: str) -> str:
+    return (f"Compute multiplier across {sizes['axis']} at {sizes['at']:.3g} FLOPs (each family's loss against compute "
+            f"fitted over its sizes, per seed; the {interval})")
+
+
+def size_multiplier_lines(multipliers: list[Multiplier], sizes: dict, interval: str) -> list[str]:
+    """Markdown: the multipliers across sizes, one row per compared family."""
+    lines = [size_multiplier_title(sizes, interval) + ":", "",
+             "| family | baseline | seeds | compute multiplier |", "|---|---|---|---|"]
+    lines += [f"| {m.variant} | {m.baseline} | {m.pairs} | {m.cell} |" for m in multipliers]
+    return lines
+
+
+def size_multiplier_table(multipliers: list[Multiplier], sizes: dict, interval: str):
+    """The same as a rich table, for the terminal."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=size_multiplier_title(sizes, interval))
+    for column in ("family", "baseline", "seeds", "compute multiplier"):
+        table.add_column(column, justify="right" if column in ("seeds", "compute multiplier") else "left")
+    for m in multipliers:
+        table.add_row(m.variant, m.baseline, str(m.pairs), Text(m.cell))
+    return table
 
 
 def plot_compute_curve(records: list[TrialRecord], multipliers: list[Multiplier], curves: dict[str, dict[str, float]],

@@ -141,7 +141,7 @@ def design_record(options: dict, stored_by: str = "sweep") -> dict:
 
 def options_from_record(record: dict) -> dict:
     """The stored record back as `build_report` options (`design_record`'s inverse)."""
-    names = ("metric", "mode", "baselines", "design", "last", "rise", "variant_order", "compute")
+    names = ("metric", "mode", "baselines", "design", "last", "rise", "variant_order", "compute", "compute_sizes")
     options = {name: record[name] for name in names if name in record}
     if options.get("design") is not None:
         options["design"] = Design.from_json(options["design"])

@@ -130,6 +130,11 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
 
         lines += [*sequential_table_lines(summary["comparisons"], metric, summary["design"],
                                           summary.get("multipliers", ())), ""]
+    if summary.get("size_multipliers"):
+        from k3lab.report.compute import size_multiplier_lines
+
+        lines += [*size_multiplier_lines(summary["size_multipliers"], summary["compute_sizes"],
+                                         summary["design"].interval_name), ""]
     lines += [f"- Diverged: {line}" for line in summary.get("diverged", [])] + (
         [""] if summary.get("diverged") else [])
     if any(c.pairs > 1 for c in summary.get("comparisons", [])):

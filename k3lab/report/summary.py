@@ -101,6 +101,11 @@ def print_summary(console, experiment: str, summary: dict) -> None:
                                        multipliers=summary.get("multipliers", ())))
     for line in summary.get("diverged", []):
         console.print(f"diverged: {line}", markup=False, highlight=False)
+    if summary.get("size_multipliers"):
+        from k3lab.report.compute import size_multiplier_table
+
+        console.print(size_multiplier_table(summary["size_multipliers"], summary["compute_sizes"],
+                                            summary["design"].interval_name))
     if len({row["step"] for row in summary.get("curves", [])}) > 1:
         from k3lab.report.family import curve_table
 
@@ -130,11 +135,13 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
                  out_dir: Path | None = None, baseline: str | None = None,
                  variant_order: Sequence[str] = (), baselines: dict[str, str] | None = None, design=None,
                  last: int = 1, unfinished: str | None = None, rise: float | None = None,
-                 record: bool = True, compute: dict[str, dict[str, float]] | None = None) -> dict:
+                 record: bool = True, compute: dict[str, dict[str, float]] | None = None,
+                 compute_sizes: dict | None = None) -> dict:
     """Summary rows, the comparisons with the baselines, and plot and JSON files in out_dir; returns
     {"rows", "records", "files", "metric", "baseline", "comparisons", "design", "curves", "pairs"
     (variant -> the baseline it is compared with), "last", "diverged" (one line per diverged trial),
-    "multipliers" (`k3lab.report.compute.Multiplier`s, with compute curves)}.
+    "multipliers" (`k3lab.report.compute.Multiplier`s, with compute curves), "size_multipliers"
+    (across model sizes), "compute_sizes"}.
 
     variant_order: the variant names as the sweep file lists them; rows, legends and colours follow it.
     baselines (variant -> its group's baseline; default: every variant against `baseline`), design
@@ -162,6 +169,11 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
         from k3lab.report.compute import compute_multipliers
 
         multipliers = compute_multipliers(records, pairs, compute, metric, design, last, mode, rise)
+    size_multipliers = []
+    if pairs and compute_sizes:
+        from k3lab.report.compute import size_multipliers as across_sizes
+
+        size_multipliers = across_sizes(records, compute_sizes, metric, design, last, mode, rise)
     add_paired_columns(rows, comparisons, pairs, multipliers)
     curves = family.curve_differences(records, pairs, metric, design, mode, rise) if pairs else []
     files = []
@@ -188,13 +200,15 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
             files.append(plot_compute_curve(records, multipliers, compute, out_dir / "compute_multiplier.png", metric,
                                             colours, last, mode, rise, title))
         summary_path = out_dir / "summary.json"
-        summary_path.write_text(json.dumps({"design": design.to_json() if design else None, "variants": rows},
-                                           indent=2, default=str))
+        document = {"design": design.to_json() if design else None, "variants": rows}
+        if size_multipliers:
+            document["compute_across_sizes"] = [m.to_json() for m in size_multipliers]
+        summary_path.write_text(json.dumps(document, indent=2, default=str))
         files.append(summary_path)
     summary = {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
                "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last,
                "mode": mode, "rise": rise, "diverged": family.diverged_lines(records, metric, mode, rise),
-               "multipliers": multipliers}
+               "multipliers": multipliers, "size_multipliers": size_multipliers, "compute_sizes": compute_sizes}
     if record and records:
         record_in_store(tracking_uri, parent_run_id, summary)
     return summary

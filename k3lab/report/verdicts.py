@@ -81,4 +81,4 @@ def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> Non
                          {r.run_id: r.tags for r in records})
     store.log_multipliers(tracking_uri, parent_run_id, [
         {"variant": m.variant, "pairs": m.pairs, "mean": m.estimate, "low": m.low, "high": m.high}
-        for m in summary.get("multipliers", [])])
+        for m in [*summary.get("multipliers", []), *summary.get("size_multipliers", [])]])

@@ -164,4 +164,5 @@ def report_options(sweep) -> dict:
     metric = sweep.metric
     return {"metric": metric.name, "mode": metric.mode, "baselines": dict(sweep.baselines),
             "design": design_of(sweep), "last": metric.last, "rise": metric.diverged,
-            "variant_order": [v.name for v in sweep.valid_variants], "compute": sweep.compute_curves}
+            "variant_order": [v.name for v in sweep.valid_variants], "compute": sweep.compute_curves,
+            "compute_sizes": sweep.compute_sizes}
