@@ -59,6 +59,24 @@ def test_each_compared_trial_carries_its_paired_difference_in_percent_at_every_e
         assert client.get_metric_history(trials[("attnres_off", seed)], verdicts.VS_BASELINE) == []
 
 
+def test_a_trial_that_ends_gets_its_differences_as_soon_as_its_pair_has_ended_too(tmp_path):
+    from types import SimpleNamespace
+
+    from k3lab.tune.differences import DifferencesCallback
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, trials = curve_sweep(uri, status={("attnres_off", 1): "RUNNING"})  # seed 1's baseline still trains
+    specs = {f"key-{seed}": SimpleNamespace(seed=seed) for seed in (0, 1)}
+    callback = DifferencesCallback(uri, parent, specs, {"attnres_bs1": "attnres_off"}, "val_loss", "min", None)
+    for seed in (0, 1):  # Tune: the compared trial of each seed ended
+        callback.on_trial_complete(0, [], SimpleNamespace(config={"trial": f"key-{seed}"}))
+    client = MlflowClient(uri)
+    assert [m.step for m in client.get_metric_history(trials[("attnres_bs1", 0)], verdicts.VS_BASELINE)] == \
+        list(EVALS)
+    assert client.get_metric_history(trials[("attnres_bs1", 1)], verdicts.VS_BASELINE) == []  # its pair runs
+    assert client.get_metric_history(trials[("attnres_bs1", 2)], verdicts.VS_BASELINE) == []  # not ended here
+
+
 def test_a_second_report_does_not_duplicate_the_difference_points(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, trials = curve_sweep(uri)

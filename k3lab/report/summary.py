@@ -22,11 +22,15 @@ from k3lab.store import runs
 from k3lab.store.colours import variant_colours as palette
 
 
-def load_trials(tracking_uri: str, parent_run_id: str, curves=("train_loss", "val_loss")) -> list[TrialRecord]:
-    """Every trial run nested under the sweep's parent run, with the named metric histories."""
+def load_trials(tracking_uri: str, parent_run_id: str, curves=("train_loss", "val_loss"),
+                seed: int | None = None) -> list[TrialRecord]:
+    """Every trial run nested under the sweep's parent run (or only those of `seed`), with the named
+    metric histories."""
     client = runs.client(tracking_uri)
     records = []
     for run in runs.trial_runs(tracking_uri, parent_run_id):
+        if seed is not None and runs.seed_of(run) != seed:
+            continue
         raw = {name: client.get_metric_history(run.info.run_id, name) for name in {"train_loss", *curves}}
         histories = {name: sorted((m.step, m.value) for m in raw[name]) for name in curves}
         first_step = min(raw["train_loss"], key=lambda m: m.step, default=None)

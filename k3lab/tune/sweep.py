@@ -140,6 +140,15 @@ def ray_session(run: SweepRun):
         yield
 
 
+def differences_callback(run: SweepRun, parent_run_id: str, specs: dict):
+    """The callback that logs each compared trial's difference from its baseline as pairs end."""
+    from k3lab.tune.differences import DifferencesCallback
+
+    metric = run.sweep.metric
+    return DifferencesCallback(run.tracking_uri, parent_run_id, specs, run.sweep.baselines, metric.name, metric.mode,
+                               metric.diverged)
+
+
 def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
                dataset_dir: str | None = None) -> tuple[list[str], dict]:
     """Every trial through Ray Tune, with the live table, after the kernel warm-up on GPU sweeps.
@@ -163,7 +172,7 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
     hardware = {"gpus": ray.cluster_resources().get("GPU", 0) if run.uses_gpus else 0}
     hardware |= warm_kernels_on_a_gpu(run, say=say)
     with progress:
-        callbacks = [progress, MLflowStatusCallback(run.tracking_uri)]
+        callbacks = [progress, MLflowStatusCallback(run.tracking_uri), differences_callback(run, parent_run_id, specs)]
         tuner = (make_tuner(run, specs, callbacks) if searcher is None else make_tuner(run, specs, callbacks, searcher))
         if searcher is not None and run.resume:  # the searcher Tune restores (its state: from the folder)
             searcher = tuner._local_tuner._tune_config.search_alg
