@@ -155,3 +155,31 @@ def test_sizes_must_name_an_axis_that_is_not_the_compared_one(tmp_path):
     path.write_text(path.read_text().replace(", at: 2.0e9", ""))
     with pytest.raises(UserError, match=r"compute.at: goes with sizes"):
         load_sweep(path)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("isolated_data")
+def test_a_cpu_sweep_with_compute_scales_trains_the_curve_and_reports_the_multiplier(tmp_path, capsys, monkeypatch):
+    from conftest import mini_sweep, sweep_args
+    from mlflow.tracking import MlflowClient
+
+    from k3lab.cli import main
+
+    path = tmp_path / "curve.yaml"
+    path.write_text(mini_sweep("curve", "a compute curve").replace("seeds: [0]", "seeds: [0, 1]")
+                    + "compute: {scales: [2.0]}\n")
+    assert main(sweep_args(tmp_path, path, "--max-concurrent", "2")) == 0
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("curve").experiment_id])
+    steps = {(r.data.tags.get("k3lab.variant_name"), r.data.params.get("train.steps")) for r in runs}
+    assert {("attnres_off", "8"), ("attnres_bs1", "8"), ("attnres_off_x2", "16")} <= steps
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "250")  # the table and its caption on one line each
+    assert main(["report", str(path), "--storage", str(tmp_path / "runs"),
+                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 0
+    out = capsys.readouterr().out
+    assert "compute multiplier" in out and "Compute multiplier: the baseline's compute" in out
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    metrics = client.get_run(parent.info.run_id).data.metrics
+    assert {"compute_multiplier/attnres_bs1", "compute_multiplier_low/attnres_bs1",
+            "compute_multiplier_high/attnres_bs1"} <= set(metrics)
