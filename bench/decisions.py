@@ -12,7 +12,6 @@ same scenarios and asserts the issue's targets.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -133,17 +132,9 @@ def table(sweeps: int, seed: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sweeps", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=2026)
-    parser.add_argument("--write", action="store_true", help=f"write the table into {DOC.relative_to(DOC.parents[1])}")
-    args = parser.parse_args()
-    body = table(args.sweeps, args.seed)
-    print(body)
-    if args.write:
-        from bench.report import write_section
+    from bench.report import simulation_main
 
-        write_section(SECTION, body, doc=DOC)
+    simulation_main(__doc__, table, SECTION, 10_000, DOC)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ docs/statistics.md; tests/test_compute.py asserts the coverage on the same simul
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 import statistics
@@ -95,17 +94,9 @@ def table(sweeps: int, seed: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sweeps", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=2026)
-    parser.add_argument("--write", action="store_true", help=f"write the table into {DOC.relative_to(DOC.parents[1])}")
-    args = parser.parse_args()
-    body = table(args.sweeps, args.seed)
-    print(body)
-    if args.write:
-        from bench.report import write_section
+    from bench.report import simulation_main
 
-        write_section(SECTION, body, doc=DOC)
+    simulation_main(__doc__, table, SECTION, 2000, DOC)
 
 
 if __name__ == "__main__":

@@ -51,3 +51,21 @@ def check_stores(parser, stores: list[str]) -> list[tuple[str, str]]:
             parser.error(f"{store!r}: expected LABEL=PATH with PATH an MLflow SQLite file")
         pairs.append((label, path))
     return pairs
+
+
+def simulation_main(doc: str, table, section: str, sweeps: int, doc_path: Path) -> None:
+    """The command line of a simulation benchmark: --sweeps, --seed, and --write to put
+    `table(sweeps, seed)` into `doc_path`'s `section`; `doc` is the script's docstring."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--sweeps", type=int, default=sweeps)
+    parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--write", action="store_true",
+                        help=f"write the table into {doc_path.relative_to(doc_path.parents[1])}")
+    args = parser.parse_args()
+    body = table(args.sweeps, args.seed)
+    print(body)
+    if args.write:
+        write_section(section, body, doc=doc_path)
+
