@@ -348,6 +348,9 @@ class SweepSpec:
     def __attrs_post_init__(self) -> None:
         if self.budget is not None and not isinstance(self.seeds, SeedsSpec):
             raise FieldError("budget", "needs a seeds policy (seeds: {start: ..., max: ...}), not a list of seeds")
+        if self.compute is not None and self.metric.mode != "min":
+            raise FieldError("compute", "needs a metric that falls with compute (metric.mode: min, a loss), got "
+                                        f"mode {self.metric.mode}")
         if isinstance(self.seeds, SeedsSpec) and self.scheduler.kind != "none":
             raise FieldError("scheduler", f"must be none with a seeds policy (a trial that {self.scheduler.kind} "
                                           f"stops early has no final metric to compare), got {self.scheduler.kind}")
