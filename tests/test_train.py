@@ -40,18 +40,18 @@ def test_every_step_is_logged_once_with_window_metrics():
     assert [s for s, _ in tracker.metrics["train_loss"]] == list(range(1, 13))
     assert [s for s, _ in tracker.metrics["val_loss"]] == [6, 12]
     assert all(v > 0 for _, v in tracker.metrics["tokens_per_s"])
-    diag = sorted(k for k in tracker.metrics if k.startswith("diag/"))
-    assert not [k for k in tracker.metrics if not k.startswith("diag/") and "/" in k]  # all under one prefix
+    diag = sorted(k for k in tracker.metrics if k.startswith("probe/"))
+    assert not [k for k in tracker.metrics if not k.startswith("probe/") and "/" in k]  # all under one prefix
     # tiny: one series per MoE layer (3) and per AttnRes layer (4), two chart sections in the UI
-    assert diag == [f"diag/attnres_entropy/L0{i}" for i in range(4)] + [f"diag/moe_balance/L0{i}" for i in (1, 2, 3)]
-    assert [s for s, _ in tracker.metrics["diag/attnres_entropy/L03"]] == [3, 6, 9, 12]
-    assert sorted(tracker.tables) == ["diag/attnres_mixture/step_000006.json", "diag/attnres_mixture/step_000012.json",
-                                      "diag/moe_load/step_000006.json", "diag/moe_load/step_000012.json"]
-    table = tracker.tables["diag/attnres_mixture/step_000012.json"]
+    assert diag == [f"probe/attnres_entropy/L0{i}" for i in range(4)] + [f"probe/moe_balance/L0{i}" for i in (1, 2, 3)]
+    assert [s for s, _ in tracker.metrics["probe/attnres_entropy/L03"]] == [3, 6, 9, 12]
+    assert sorted(tracker.tables) == ["probe/attnres_mixture/step_000006.json", "probe/attnres_mixture/step_000012.json",
+                                      "probe/moe_load/step_000006.json", "probe/moe_load/step_000012.json"]
+    table = tracker.tables["probe/attnres_mixture/step_000012.json"]
     assert table["columns"][:3] == ["layer", "site", "c0"] and table["data"][0][0] == "L00"
     assert {row[1] for row in table["data"]} == {"attn", "ffn"}
     assert all(sum(w for w in row[2:] if w is not None) == pytest.approx(1, abs=1e-4) for row in table["data"])
-    loads = tracker.tables["diag/moe_load/step_000012.json"]
+    loads = tracker.tables["probe/moe_load/step_000012.json"]
     assert loads["columns"][:4] == ["layer", "load_entropy", "load_max_min", "e0"] and len(loads["data"]) == 3
     assert all(sum(row[3:]) == pytest.approx(1, abs=1e-4) for row in loads["data"])
 

@@ -187,7 +187,16 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
             cards.first.screenshot(path=shots / "06-difference-from-the-baseline.png")
             assert len(clicks) <= 2, clicks
 
-            # a trial: its val_loss chart renders; AttnRes off reads off in its params
+            # a trial: its page opens on the loss, then throughput, then the per-layer diagnostics;
+            # its val_loss chart renders; AttnRes off reads off in its params
+            trial = ids["trials"]["attnres_bs1-s0"]
+            page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{trial}/model-metrics")
+            headers = page.locator("[data-testid=experiment-view-compare-runs-section-header]")
+            headers.first.wait_for()
+            sections = [text.split("\n")[0].strip() for text in headers.all_inner_texts()]
+            assert sections[:3] == ["loss", "perf", "probe/attnres_entropy"], sections
+            page.locator("path.js-line").first.wait_for()
+            page.screenshot(path=shots / "08-trial-page.png")
             trial = ids["trials"]["attnres_off-s0"]
             page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{trial}/model-metrics")
             page.get_by_role("searchbox", name="Search metric charts").fill("val_loss")  # charts draw when in view

@@ -1,41 +1,52 @@
-"""The names under which a trial's per-layer diagnostics reach MLflow, and their tables.
+"""The names under which a trial's metrics reach MLflow's run page, its per-layer diagnostics, and their tables.
+
+MLflow's run page makes one chart section of every metric name's part before its last "/", sorts
+the named sections alphabetically and puts the unnamed "Model metrics" section (train_loss,
+val_loss, ...) after all of them. So that a trial's page opens on its loss, then its throughput,
+then its diagnostics, the loss and throughput are also logged under `loss/` and `perf/`
+(`with_page_sections`; the plain names stay what sweeps, reports and views read), and the
+diagnostics sit under `probe/`, which sorts after both.
 
 The training loop hands its diagnostics over as numbers per layer (`k3lab.train.metrics.diagnostics`);
 here they get their names: all under one prefix, one summary series per layer, zero-padded layer
 numbers (L00 = model.layers[0]) so that layers sort in order:
 
-    diag/attnres_entropy/L03   the AttnRes mixture's entropy over its depth candidates, normalised
+    probe/attnres_entropy/L03  the AttnRes mixture's entropy over its depth candidates, normalised
                                (1 = uniform, 0 = one candidate), mean of the layer's two sites
                                (before attention, before the FFN)
-    diag/moe_balance/L01       the MoE layer's expert load entropy, normalised (1 = balanced),
+    probe/moe_balance/L01      the MoE layer's expert load entropy, normalised (1 = balanced),
                                over a logging window
 
-The name ends in the layer because MLflow's UI makes one chart section of every name's part
-before its last "/": these give two sections ("diag/attnres_entropy", "diag/moe_balance") with a
-chart per layer, in order, instead of a section per layer and site. (Those sections still come
-before the UI's "Model metrics" section of train_loss and val_loss on a run's page: the UI sorts
-named sections first; the experiment's saved view, `k3lab.store.views`, puts the loss first.)
+The name ends in the layer so that these give two sections ("probe/attnres_entropy",
+"probe/moe_balance") with a chart per layer, in order, instead of a section per layer and site.
 
 At each evaluation the full picture goes into table artifacts (MLflow's `log_table` layout,
 {"columns", "data"}):
 
-    diag/attnres_mixture/step_000080.json   layer, site, c0, c1, ... (c0 = the embedding, the last
+    probe/attnres_mixture/step_000080.json  layer, site, c0, c1, ... (c0 = the embedding, the last
                                             = the live prefix)
-    diag/moe_load/step_000080.json          layer, load_entropy, load_max_min, e0, e1, ... (each
+    probe/moe_load/step_000080.json         layer, load_entropy, load_max_min, e0, e1, ... (each
                                             expert's share of the routed tokens)
 
-Stores written before had `moe/L{i}/load_max_min`, `moe/L{i}/load_entropy` and
-`attnres/L{i}/{site}/c{k}`; nothing k3lab reports reads them.
+Stores written before had the diagnostics under `diag/` (and before that `moe/L{i}/...`,
+`attnres/L{i}/{site}/c{k}`); nothing k3lab reports reads them.
 """
 
 from __future__ import annotations
 
 import math
 
-DIAG = "diag"
-ATTN_RES, MOE = DIAG + "/attnres_entropy", DIAG + "/moe_balance"
-MIXTURE_TABLE = DIAG + "/attnres_mixture/step_{step:06d}.json"
-LOAD_TABLE = DIAG + "/moe_load/step_{step:06d}.json"
+PROBE = "probe"
+ATTN_RES, MOE = PROBE + "/attnres_entropy", PROBE + "/moe_balance"
+MIXTURE_TABLE = PROBE + "/attnres_mixture/step_{step:06d}.json"
+LOAD_TABLE = PROBE + "/moe_load/step_{step:06d}.json"
+PAGE_SECTIONS = {"train_loss": "loss/train_loss", "val_loss": "loss/val_loss",  # loss < perf < probe
+                 "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu"}
+
+
+def with_page_sections(metrics: dict[str, float]) -> dict[str, float]:
+    """`metrics` and, for the loss and throughput, their copies under the run page's first sections."""
+    return metrics | {PAGE_SECTIONS[k]: v for k, v in metrics.items() if k in PAGE_SECTIONS}
 
 
 def layer_label(index: int) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from k3lab.errors import UserError
-from k3lab.store.metrics import diagnostic_metrics, diagnostic_tables
+from k3lab.store.metrics import diagnostic_metrics, diagnostic_tables, with_page_sections
 from k3lab.store.runs import EXPERIMENT_KIND, MODEL_TRAINING, client, flatten  # noqa: F401  (flatten: for callers)
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
@@ -284,6 +284,7 @@ class MLflowTracker:
 
         start = time.perf_counter()
         now = int(time.time() * 1000)
+        metrics = with_page_sections(metrics)
         if step <= self._logged_through:  # keys the run never had (final figures) and each attempt's start-up still go
             metrics = {k: v for k, v in metrics.items() if k not in self._logged_keys or k in PER_ATTEMPT}
         self._pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
@@ -293,7 +294,7 @@ class MLflowTracker:
             self.flush()
 
     def log_diagnostics(self, diagnostics: dict, step: int, table: bool = False) -> None:
-        """A window's per-layer diagnostics as `diag/...` metrics (`k3lab.store.metrics`), sent with
+        """A window's per-layer diagnostics as `probe/...` metrics (`k3lab.store.metrics`), sent with
         the step's metrics; with `table`, in full as table artifacts, now."""
         from mlflow.entities import Metric
 
