@@ -152,8 +152,9 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     (`k3lab.report.sequential.Design`; default: one look, Bonferroni t over the family), last
     (verdicts on the mean of the last N evaluations), rise (the divergence rule): see
     `k3lab.report.family`; compute: the baselines' compute curves (baseline -> {its stretched copy:
-    multiple}; `k3lab.report.compute`); unfinished: why a comparison its rule did not stop has no more seeds
-    (default: read from the store); record: write the verdicts into the store for the MLflow UI
+    multiple}) and compute_sizes (families over a size axis, `k3lab.registry.compute.size_families`),
+    for the compute multipliers (`k3lab.report.compute`); unfinished: why a comparison its rule did
+    not stop has no more seeds (default: read from the store); record: write the verdicts into the store for the MLflow UI
     (`k3lab.report.verdicts`)."""
     from k3lab.report import family
 

@@ -154,7 +154,8 @@ class SweepProgress(tune.Callback):
             table.add_column(column, justify="left" if column in ("trial", "status") else "right")
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         for key, row in self.rows.items():
-            table.add_row(self.specs[key].name if key in self.specs else key, row["status"], f"{row['step']}/{self._total_steps(key)}",
+            name = self.specs[key].name if key in self.specs else key
+            table.add_row(name, row["status"], f"{row['step']}/{self._total_steps(key)}",
                           fmt(row["loss"], ".3f"), fmt(row["val"], ".4f"), fmt(row["tps"], ",.0f"))
         return table
 
