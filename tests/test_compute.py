@@ -94,6 +94,12 @@ def test_compute_scales_add_the_baselines_stretched_trials_with_its_seeds(tmp_pa
     assert sweep.baselines == {"attnres_full": "attnres_off"}  # no comparison of their own
     assert sweep.compute_curves == {"attnres_off": {"attnres_off_x1.5": 1.5, "attnres_off_x2": 2.0}}
     assert len(sweep.trials) == 8
+    from k3lab.registry.plan import plan_lines
+
+    lines = plan_lines(sweep)
+    assert ("compute curve: attnres_off also at 1.5x, 2x its tokens (steps: attnres_off_x1.5 30, attnres_off_x2 40)"
+            in "\n".join(lines))
+    assert "compute curve trials: 4, 8,960 tokens, 64% of the sweep's" in lines  # 2 x (30 + 40) x 64 of 14,080
 
 
 def test_compute_without_a_comparison_is_refused_naming_the_field(tmp_path):

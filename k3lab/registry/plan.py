@@ -37,8 +37,13 @@ def compute_lines(sweep: Sweep) -> list[str]:
         steps = ", ".join(f"{name} {round(scale * sweep.train.steps)}" for name, scale in points.items())
         lines.append(f"compute curve: {baseline} also at {', '.join(f'{s:g}x' for s in points.values())} its tokens "
                      f"(steps: {steps}), with its seeds, for the compute multipliers")
-    if lines:
-        extra = [t for t in sweep.trials if t.variant.stretches]
+    sizes = sweep.compute_sizes
+    if sizes:
+        pairs = ", ".join(f"{family} against {baseline}" for family, baseline in sizes["baselines"].items())
+        lines.append(f"compute across sizes: each family's loss fitted against compute over its {sizes['axis']} "
+                     f"values, the multiplier read at {sizes['at']:.3g} FLOPs ({pairs})")
+    extra = [t for t in sweep.trials if t.variant.stretches]
+    if extra:
         tokens = sum(sweep.train_of(t.variant).total_tokens for t in extra)
         lines.append(f"compute curve trials: {len(extra)}{' at most' if sweep.adaptive else ''}, {tokens:,} tokens, "
                      f"{100 * tokens / trial_tokens(sweep):.0f}% of the sweep's")
