@@ -233,3 +233,18 @@ def test_a_cpu_trial_that_blew_up_but_trained_every_step_is_named_diverged_and_l
     row, = summary["comparisons"]
     assert (row.variant, row.pairs, row.seeds) == ("attnres_bs1", 0, 1)
     assert {r.variant: r.status for r in summary["records"]} == {"attnres_off": "FAILED", "attnres_bs1": "FINISHED"}
+
+
+def test_a_stored_design_gives_the_comparisons_back_in_the_sweep_files_order(tmp_path):
+    from k3lab.report.family import design_record, options_from_record
+    from k3lab.store import runs
+    from k3lab.store.tracking import MLflowTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = MLflowTracker.start(uri, "order", "order")
+    order = ["off", "full", "bs2", "bs8"]
+    runs.write_design(uri, parent.run_id, design_record({"baselines": {v: "off" for v in order[1:]}, "design": None,
+                                                         "variant_order": order}))
+    record = runs.read_design(uri, runs.client(uri).get_run(parent.run_id))
+    assert list(record["baselines"]) == ["bs2", "bs8", "full"]  # the tag's JSON has its keys sorted
+    assert list(options_from_record(record)["baselines"]) == ["full", "bs2", "bs8"]

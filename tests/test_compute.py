@@ -27,6 +27,19 @@ def test_multiplier_of_noiseless_curves_is_the_true_one_with_extra_flops_counted
     assert found.cell.startswith("1.40x")
 
 
+def test_a_variant_that_ends_where_the_baseline_does_is_worth_1x_where_the_curve_bends():
+    bent = {0.5: 3.07, 1.0: 2.57, 2.0: 2.14}  # a CPU store's seed: one power law through these misses 1x
+    curves = {"base": {"base_x0.5": 0.5, "base_x2": 2.0}}
+    records = [record("base" if s == 1 else f"base_x{s:g}", 0, round(STEPS * s), FLOPS, loss) for s, loss in bent.items()]
+    records += [record("same", 0, STEPS, FLOPS, 2.57), record("between", 0, STEPS, FLOPS, math.sqrt(2.57 * 2.14))]
+    found = {m.variant: m for m in compute_multipliers(records, {"same": "base", "between": "base"}, curves,
+                                                       "val_loss", fixed_design(2, 1))}
+    assert found["same"].estimate == pytest.approx(1.0)
+    assert found["between"].estimate == pytest.approx(math.sqrt(2.0))  # halfway in log L: halfway in log C
+    a, alpha = power_law(list(zip(bent, bent.values())))
+    assert math.exp(a) * 1.0 ** -alpha != pytest.approx(2.57, abs=0.002)  # the single fit would have missed it
+
+
 def test_intervals_cover_the_true_multipliers_family_wise_at_their_nominal_rate():
     sweeps = 400
     outcome = multipliers.simulate(seeds=6, sweeps=sweeps, seed=7)

@@ -2,15 +2,18 @@
 
 A sweep with `compute: {scales: [1.25, 1.6, 2.0]}` trains each baseline at those multiples of its
 token budget too (its compute curve). For every seed s, the baseline's losses L against training
-compute C (FLOPs per token as k3lab counts them for MFU, times tokens trained) are fitted by a
-power law, least squares on the logs over the curve's points of that seed:
+compute C (FLOPs per token as k3lab counts them for MFU, times tokens trained) are joined point to point by power
+laws, i.e. straight lines in log L against log C (`curve_compute`), and a variant's multiplier at
+seed s is the compute at which that curve reaches the variant's loss, over the variant's own
+compute (what the count adds for a variant counts against it):
 
-    log L = a_s - alpha_s * log C
+    m_s = C_b,s(L_v,s) / C_v,s
 
-and a variant's multiplier at seed s is the compute at which that fit reaches the variant's loss,
-over the variant's own compute (AttnRes's extra FLOPs count against it):
-
-    m_s = exp((a_s - log L_v,s) / alpha_s) / C_v,s
+The curve goes through the baseline's own trials, so a variant that ends where the baseline does
+is worth 1x whatever the curve's shape between its points; one power law over all the points
+would miss the baseline's own 1x point where the curve bends (at small budgets it does) and give
+a variant equal to the baseline some other multiplier. A seed whose curve does not fall from
+point to point gives none.
 
 m > 1: the variant reaches with its compute a loss the baseline needs m times that compute for.
 Each seed's fit uses that seed's trials alone, so the seeds' log m_s are independent like the
@@ -50,6 +53,21 @@ def trial_compute(record: TrialRecord) -> float | None:
     except (KeyError, ValueError):
         return None
     return per_token * per_step * steps if per_token and per_step else None
+
+
+def curve_compute(points: list[tuple[float, float]], loss: float) -> float | None:
+    """The compute at which the curve through (compute, loss) points, a power law between each two
+    neighbours, reaches `loss` (beyond its ends: its end pieces extended); None under two points
+    or where the loss does not fall from point to point."""
+    points = sorted(points)
+    x = [math.log(c) for c, _ in points]
+    y = [math.log(v) for _, v in points]
+    if len(points) < 2 or any(later >= earlier for earlier, later in zip(y, y[1:])):
+        return None
+    target = math.log(loss)
+    piece = next((i for i in range(len(y) - 1) if y[i + 1] <= target), len(y) - 2)  # y falls with i
+    slope = (x[piece + 1] - x[piece]) / (y[piece + 1] - y[piece])
+    return math.exp(x[piece] + (target - y[piece]) * slope)
 
 
 def power_law(points: list[tuple[float, float]]) -> tuple[float, float] | None:
@@ -137,18 +155,19 @@ def multiplier_of(variant: str, baseline: str, records: list[TrialRecord], curve
         if record.variant != variant or record.seed not in points:
             continue
         value, compute = trial_value(record, metric, last, mode, rise), trial_compute(record)
-        fit = power_law(points[record.seed])
         if value is None or value <= 0 or not compute:
             continue
-        if fit is None:
+        reached = curve_compute(points[record.seed], value)
+        if reached is None:
             skipped.append(record.seed)
             continue
-        seeds[record.seed] = compute_at(fit, value) / compute
+        seeds[record.seed] = reached / compute
         computes = [c for c, _ in points[record.seed]]
         spans.append((min(computes) / compute, max(computes) / compute))
     ends = (min(1.0, *curve.values()), max(1.0, *curve.values()))
     return summarised(variant, baseline, seeds, design, spans, (f"below {ends[0]:g}x", f"beyond {ends[1]:g}x"),
-                      f"its power-law fit over {ends[0]:g}x-{ends[1]:g}x its budget, per seed", skipped)
+                      f"its curve over {ends[0]:g}x-{ends[1]:g}x its budget, a power law between neighbouring points, "
+                      "per seed", skipped)
 
 
 def summarised(variant: str, baseline: str, seeds: dict[int, float], design: Design,
@@ -242,7 +261,7 @@ def size_multiplier_table(multipliers: list[Multiplier], sizes: dict, interval: 
 def plot_compute_curve(records: list[TrialRecord], multipliers: list[Multiplier], curves: dict[str, dict[str, float]],
                        path: Path, metric: str, colours: dict[str, str], last: int = 1, mode: str = "min",
                        rise: float | None = None, title: str = "") -> Path:
-    """The baseline's loss against compute (its seeds' points and the fit through their means), each
+    """The baseline's loss against compute (its seeds' points and the line through their means), each
     variant as a point at its own compute (mean over its seeds) labelled with its multiplier."""
     from matplotlib.ticker import FuncFormatter
 
@@ -257,12 +276,12 @@ def plot_compute_curve(records: list[TrialRecord], multipliers: list[Multiplier]
         if not flat:
             continue
         ax.scatter([c for c, _ in flat], [v for _, v in flat], s=10, color="black", alpha=0.3)
-        fits = [f for f in (power_law(p) for p in points.values()) if f is not None]
-        if fits:
-            a, alpha = statistics.fmean(f[0] for f in fits), statistics.fmean(f[1] for f in fits)
-            xs = np.geomspace(min(c for c, _ in flat) / 1.15, max(c for c, _ in flat) * 1.15, 50)
-            ax.plot(xs, np.exp(a - alpha * np.log(xs)), color="black", linewidth=1.2,
-                    label=f"{baseline}: {metric} = A·C^-{alpha:.3f} (mean of the seeds' fits)")
+        by_compute: dict[float, list[float]] = {}
+        for c, v in flat:
+            by_compute.setdefault(c, []).append(v)
+        xs = sorted(by_compute)
+        ax.plot(xs, [statistics.geometric_mean(by_compute[c]) for c in xs], color="black", linewidth=1.2,
+                label=f"{baseline} at {len(xs)} budgets (geometric mean of the seeds)")
     for multiplier in multipliers:
         mine = [(trial_compute(r), trial_value(r, metric, last, mode, rise)) for r in records
                 if r.variant == multiplier.variant]
