@@ -262,7 +262,8 @@ def plot_compute_curve(records: list[TrialRecord], multipliers: list[Multiplier]
                        path: Path, metric: str, colours: dict[str, str], last: int = 1, mode: str = "min",
                        rise: float | None = None, title: str = "") -> Path:
     """The baseline's loss against compute (its seeds' points and the line through their means), each
-    variant as a point at its own compute (mean over its seeds) labelled with its multiplier."""
+    variant as a point at its own compute (mean over its seeds), its legend entry its multiplier
+    (variants of one compute share an x, so the labels go to the legend)."""
     from matplotlib.ticker import FuncFormatter
 
     from k3lab.report.figures import pyplot, save_figure
@@ -291,8 +292,6 @@ def plot_compute_curve(records: list[TrialRecord], multipliers: list[Multiplier]
         x, y = statistics.fmean(c for c, _ in mine), statistics.fmean(v for _, v in mine)
         colour = colours.get(multiplier.variant, "C0")
         ax.scatter([x], [y], s=40, color=colour, zorder=3, label=f"{multiplier.variant}: {multiplier.cell}")
-        ax.annotate(multiplier.shown(multiplier.estimate), (x, y), textcoords="offset points", xytext=(6, 4),
-                    fontsize=8, color=colour)
     ax.set_xscale("log")
     ax.set_yscale("log")
     plain_log_ticks(ax)
