@@ -69,7 +69,8 @@ def test_a_sweep_killed_with_sigkill_and_resumed_counts_both_parts_and_logs_each
         tmp_path, data_dir):
     """kill -9 of the driver and its Ray instance once the first trial has checkpointed, then --resume."""
     path = tmp_path / "mini.yaml"
-    path.write_text(mini_sweep("mini", "killed and resumed", steps=60, eval_interval=20, log_interval=5))
+    # long enough that the sweep still runs a beat after its first checkpoint on a fast, quiet machine
+    path.write_text(mini_sweep("mini", "killed and resumed", steps=600, eval_interval=200, log_interval=50))
     env = {k: v for k, v in os.environ.items() if k != "K3LAB_FAIL_AT_STEP"} | {
         "PYTHONPATH": str(REPO), "K3LAB_DATA_DIR": str(data_dir)}
     args = [sys.executable, "-m", "k3lab.cli", *sweep_args(tmp_path, path, "--max-concurrent", "1")]
