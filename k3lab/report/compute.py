@@ -38,7 +38,7 @@ import attrs
 import numpy as np
 from scipy import stats as scipy_stats
 
-from k3lab.report.family import tokens_per_step, trial_value
+from k3lab.report.family import ExtraColumn, tokens_per_step, trial_value
 from k3lab.report.records import TrialRecord
 from k3lab.report.sequential import Design
 
@@ -195,6 +195,14 @@ def compute_multipliers(records: list[TrialRecord], pairs: dict[str, str], curve
     found = (multiplier_of(v, b, records, curves[b], metric, design, last, mode, rise)
              for v, b in pairs.items() if b in curves)
     return [m for m in found if m is not None]
+
+
+def multiplier_column(multipliers: list[Multiplier], interval: str) -> ExtraColumn | None:
+    """The comparisons table's compute multiplier column (None without multipliers)."""
+    if not multipliers:
+        return None
+    return ExtraColumn("compute multiplier", {m.variant: m.cell for m in multipliers},
+                       multiplier_note(multipliers, interval))
 
 
 def multiplier_note(multipliers: list[Multiplier], interval: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
@@ -309,54 +310,54 @@ def columns_of(comparisons: list[stats.Comparison], design: Design) -> tuple[str
     return tuple(c for c in design_columns(design) if not (one and c == "baseline"))
 
 
-MULTIPLIER_HEADER = "compute multiplier"
+@dataclass(frozen=True)
+class ExtraColumn:
+    """A column of the comparisons table that another module computes (the compute multiplier,
+    `k3lab.report.compute.multiplier_column`): its header, its cell per variant ("n/a" where it
+    has none), and a note saying what it is."""
+
+    header: str
+    cells: dict[str, str]
+    note: str
+
+    def cell(self, variant: str) -> str:
+        return self.cells.get(variant, "n/a")
 
 
 def sequential_table(comparisons: list[stats.Comparison], metric: str, design: Design, title: str,
-                     multipliers=()) -> Table:
-    """The comparisons as a rich table; with `multipliers` (`k3lab.report.compute.Multiplier`) a
-    compute multiplier column and a caption saying what it is."""
+                     extra: ExtraColumn | None = None) -> Table:
+    """The comparisons as a rich table; `extra`: one more column, its note under the caption."""
     headers = sequential_headers(metric, design)
     if len({c.baseline for c in comparisons}) == 1:
         headers = headers | {"difference": f"{metric} - {comparisons[0].baseline}"}
-    caption = sequential_note(design)
-    if multipliers:
-        from k3lab.report.compute import multiplier_note
-
-        caption += "\n" + multiplier_note(list(multipliers), design.interval_name)
+    caption = sequential_note(design) + (f"\n{extra.note}" if extra else "")
     table = Table(title=title, caption=caption)
     columns = columns_of(comparisons, design)
     for column in columns:
         table.add_column(headers[column], justify="left" if column in ("variant", "baseline", "verdict", "stopping")
                          else "right", no_wrap=column == "verdict")
-    by_variant = {m.variant: Text(m.cell) for m in multipliers}  # "[below 1x, ...]" is not markup
-    if multipliers:
-        table.add_column(MULTIPLIER_HEADER, justify="right")
+    if extra:
+        table.add_column(extra.header, justify="right")
     for comparison in comparisons:
         cells = comparison_cells(comparison)
-        extra = [by_variant.get(comparison.variant, "n/a")] if multipliers else []
-        table.add_row(*(cells[column] for column in columns), *extra)
+        more = [Text(extra.cell(comparison.variant))] if extra else []  # "[below 1x, ...]" is not markup
+        table.add_row(*(cells[column] for column in columns), *more)
     return table
 
 
 def sequential_table_lines(comparisons: list[stats.Comparison], metric: str, design: Design,
-                           multipliers=()) -> list[str]:
+                           extra: ExtraColumn | None = None) -> list[str]:
     headers = sequential_headers(metric, design)
     columns = design_columns(design)
-    by_variant = {m.variant: m.cell for m in multipliers}
-    extra_header = [MULTIPLIER_HEADER] if multipliers else []
+    more_header = [extra.header] if extra else []
     lines = [f"Against the baselines, paired by seed ({sequential_note(design)}):", "",
-             "| " + " | ".join([*(headers[c] for c in columns), *extra_header]) + " |",
-             "|" + "---|" * (len(columns) + len(extra_header))]
+             "| " + " | ".join([*(headers[c] for c in columns), *more_header]) + " |",
+             "|" + "---|" * (len(columns) + len(more_header))]
     for comparison in comparisons:
         cells = comparison_cells(comparison)
-        extra = [by_variant.get(comparison.variant, "n/a")] if multipliers else []
-        lines.append("| " + " | ".join([*(cells[c] for c in columns), *extra]) + " |")
-    if multipliers:
-        from k3lab.report.compute import multiplier_note
-
-        lines += ["", multiplier_note(list(multipliers), design.interval_name)]
-    return lines
+        more = [extra.cell(comparison.variant)] if extra else []
+        lines.append("| " + " | ".join([*(cells[c] for c in columns), *more]) + " |")
+    return lines + (["", extra.note] if extra else [])
 
 
 def epochs_line(records: list[TrialRecord]) -> str | None:

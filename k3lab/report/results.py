@@ -126,10 +126,11 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
     lines = [f"### {title}", "", *run_lines(parent, records, report_command), "",
              *variant_table_lines(summary["rows"], metric), ""]
     if summary.get("comparisons"):
+        from k3lab.report.compute import multiplier_column
         from k3lab.report.family import sequential_table_lines
 
-        lines += [*sequential_table_lines(summary["comparisons"], metric, summary["design"],
-                                          summary.get("multipliers", ())), ""]
+        extra = multiplier_column(summary.get("multipliers", []), summary["design"].interval_name)
+        lines += [*sequential_table_lines(summary["comparisons"], metric, summary["design"], extra), ""]
     if summary.get("size_multipliers"):
         from k3lab.report.compute import size_multiplier_lines
 

@@ -98,11 +98,13 @@ def print_summary(console, experiment: str, summary: dict) -> None:
     metric = summary["metric"]
     console.print(summary_table(summary["rows"], metric, title=f"{experiment}: final {metric}"))
     if summary.get("comparisons"):
+        from k3lab.report.compute import multiplier_column
         from k3lab.report.family import sequential_table
 
+        extra = multiplier_column(summary.get("multipliers", []), summary["design"].interval_name)
         console.print(sequential_table(summary["comparisons"], metric, summary["design"],
                                        title=f"{experiment}: {metric} against the baselines, paired by seed",
-                                       multipliers=summary.get("multipliers", ())))
+                                       extra=extra))
     for line in summary.get("diverged", []):
         console.print(f"diverged: {line}", markup=False, highlight=False)
     if summary.get("size_multipliers"):
