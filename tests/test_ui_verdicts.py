@@ -66,7 +66,7 @@ def test_a_trial_that_ends_gets_its_differences_as_soon_as_its_pair_has_ended_to
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, trials = curve_sweep(uri, status={("attnres_off", 1): "RUNNING"})  # seed 1's baseline still trains
-    specs = {f"key-{seed}": SimpleNamespace(seed=seed) for seed in (0, 1)}
+    specs = {f"key-{seed}": SimpleNamespace(seed=seed, variant_name="attnres_bs1") for seed in (0, 1)}
     callback = DifferencesCallback(uri, parent, specs, {"attnres_bs1": "attnres_off"}, "val_loss", "min", None)
     for seed in (0, 1):  # Tune: the compared trial of each seed ended
         callback.on_trial_complete(0, [], SimpleNamespace(config={"trial": f"key-{seed}"}))

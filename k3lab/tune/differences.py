@@ -19,12 +19,13 @@ class DifferencesCallback(tune.Callback):
     def __init__(self, tracking_uri: str, parent_run_id: str, specs: dict, pairs: dict[str, str], metric: str,
                  mode: str, rise: float | None):
         self.tracking_uri, self.parent_run_id = tracking_uri, parent_run_id
-        self.seeds = {key: spec.seed for key, spec in specs.items()}
+        paired = set(pairs) | set(pairs.values())  # a compute curve's trials have no pair: nothing to read
+        self.seeds = {key: spec.seed for key, spec in specs.items() if spec.variant_name in paired}
         self.pairs, self.metric, self.mode, self.rise = dict(pairs), metric, mode, rise
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         seed = self.seeds.get(trial.config.get("trial"))
-        if seed is None or not self.pairs:
+        if seed is None:
             return
         try:
             log_seed_differences(self.tracking_uri, self.parent_run_id, seed, self.pairs, self.metric, self.mode,
