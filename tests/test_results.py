@@ -606,24 +606,26 @@ def test_time_shares_split_the_trials_time_once_and_count_every_attempts_work_up
     assert most_at_once([(0, 10), (5, 15), (10, 20), (12, 13)]) == 3  # one ends as another begins: not both
 
 
-def test_a_sweeps_crashes_are_the_sum_of_its_trials_crash_counts():
+def test_a_sweeps_restarts_are_the_sum_of_its_trials_counts_by_cause():
     from types import SimpleNamespace as NS
 
     from k3lab.report.efficiency import crashes
 
-    trials = [NS(data=NS(tags={"k3lab.crashes": "2"})), NS(data=NS(tags={})), NS(data=NS(tags={"k3lab.crashes": "1"}))]
-    assert crashes(trials) == {"sweep_crashes": 3.0}
-    assert crashes(trials[1:2]) == {"sweep_crashes": 0.0}
+    trials = [NS(data=NS(tags={"k3lab.crashes": "2", "k3lab.restarts_oom": "1"})), NS(data=NS(tags={})),
+              NS(data=NS(tags={"k3lab.crashes": "1", "k3lab.restarts_oom": "3"}))]
+    assert crashes(trials) == {"sweep_crashes": 3.0, "sweep_restarts_oom": 4.0}
+    assert crashes(trials[1:2]) == {"sweep_crashes": 0.0, "sweep_restarts_oom": 0.0}
 
 
-def test_the_efficiency_line_says_how_often_trials_crashed_only_when_they_did():
+def test_the_efficiency_line_names_the_restarts_by_cause():
     from k3lab.report.efficiency import efficiency_line
 
     e = {"sweep_tokens": 1000, "sweep_wall_s": 10, "sweep_tokens_per_s": 100}
-    assert efficiency_line(e | {"sweep_crashes": 2.0}).endswith(
-        "; 2 crashes, each trial restarted from its last checkpoint")
-    assert efficiency_line(e | {"sweep_crashes": 1.0}).endswith("; 1 crash, each trial restarted from its last checkpoint")
-    assert "crash" not in efficiency_line(e | {"sweep_crashes": 0.0}) and "crash" not in efficiency_line(e)
+    assert efficiency_line(e | {"sweep_crashes": 1.0, "sweep_restarts_oom": 2.0}).endswith(
+        "; restarts: 3 (out of memory 2, crashed 1)")
+    assert efficiency_line(e | {"sweep_crashes": 1.0}).endswith("; restarts: 1 (crashed 1)")
+    assert efficiency_line(e | {"sweep_crashes": 0.0, "sweep_restarts_oom": 0.0}).endswith("; restarts: 0")
+    assert "restarts" not in efficiency_line(e)  # a report of a store that did not count them
 
 
 def test_the_efficiency_line_says_where_the_trials_time_went_where_it_is_known():

@@ -91,6 +91,9 @@ def run_sweep_command(args) -> int:
     console = wide_console()
     print_plan(console, sweep)
     if args.dry_run:
+        from k3lab.commands.variants import print_packing
+
+        print_packing(console, sweep, args.kernel_cache)
         from k3lab.runtime.preflight import check_cpu_memory, check_inputs
         from k3lab.tune.sweep import sweep_preflight
 

@@ -31,8 +31,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     console = Console(file=sys.stdout, width=max(Console().width, 140))
     print_plan(console, sweep)
+    print_packing(console, sweep)
     print_variant_table(console, sweep)
     return 0
+
+
+def print_packing(console, sweep: Sweep, cache_dir: str | None = None) -> None:
+    """The trials at once per GPU model that has measured this sweep's variants (`k3lab.runtime.memory`)."""
+    from k3lab.runtime.kernels import resolve_kernel_cache
+    from k3lab.runtime.memory import packing_lines
+
+    for line in packing_lines(sweep, resolve_kernel_cache(cache_dir, sweep.kernel_cache)):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _json(sweep: Sweep, variant: Variant) -> dict[str, Any]:

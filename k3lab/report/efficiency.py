@@ -15,7 +15,7 @@ evaluating, starting up: where a sweep's tokens/s falls short of one trial alone
 
 from __future__ import annotations
 
-from k3lab.store.runs import client, crash_count
+from k3lab.store.runs import client, crash_count, oom_restart_count
 from k3lab.train.metrics import peak_flops_of
 
 
@@ -134,9 +134,11 @@ def most_at_once(spans: list[tuple[float, float]]) -> int:
 
 def crashes(trials: list) -> dict[str, float]:
     """`sweep_crashes`: how often the sweep's trials crashed (a segfault, a lost worker) and went
-    on from their last checkpoint, over every part of the sweep (each trial's `k3lab.crashes`).
-    Each cost a process start and build, and the steps since that checkpoint."""
-    return {"sweep_crashes": float(sum(crash_count(trial.data.tags) for trial in trials))}
+    on from their last checkpoint, over every part of the sweep (each trial's `k3lab.crashes`);
+    `sweep_restarts_oom`: how often they ran out of GPU memory and went on so. Each cost a process
+    start and build, and the steps since that checkpoint."""
+    return {"sweep_crashes": float(sum(crash_count(trial.data.tags) for trial in trials)),
+            "sweep_restarts_oom": float(sum(oom_restart_count(trial.data.tags) for trial in trials))}
 
 
 def efficiency_line(e: dict) -> str:
@@ -156,9 +158,13 @@ def parts_note(parts: float) -> str:
 
 
 def crashes_clause(e: dict) -> str:
-    """Crashed trials that went on from a checkpoint (`crashes`), if any."""
-    n = int(e.get("sweep_crashes") or 0)
-    return f"; {n} {'crash' if n == 1 else 'crashes'}, each trial restarted from its last checkpoint" if n else ""
+    """The trials' restarts from a checkpoint by cause (`crashes`): '; restarts: 0' or
+    '; restarts: 3 (out of memory 2, crashed 1)'; nothing for a report without the counts (an older store)."""
+    if "sweep_crashes" not in e:
+        return ""
+    oom, crashed = int(e.get("sweep_restarts_oom") or 0), int(e.get("sweep_crashes") or 0)
+    causes = [f"{label} {n}" for label, n in (("out of memory", oom), ("crashed", crashed)) if n]
+    return f"; restarts: {oom + crashed}" + (f" ({', '.join(causes)})" if causes else "")
 
 
 def shares_clause(e: dict) -> str:

@@ -38,6 +38,8 @@ VARIANT_ID, VARIANT_NAME, SEED = "k3lab.variant_id", "k3lab.variant_name", "k3la
 ERROR = "k3lab.error"  # the first line of what stopped a trial
 STOPPED_AT = "k3lab.stopped_at_step"  # a trial the scheduler (or a signal) stopped
 CRASHES, LAST_CRASH = "k3lab.crashes", "k3lab.last_crash"  # a trial's crashes Tune restarted from a checkpoint
+OOM_RESTARTS = "k3lab.restarts_oom"  # its restarts after running out of GPU memory (not crashes: no budget used)
+CRASHED, OOM = "crashed", "out of memory"  # the causes of a restart
 DEVICE, HOST = "k3lab.device", "k3lab.host"
 COMMAND, RESUMED_WITH = "k3lab.command", "k3lab.resumed_with"  # on the parent run: how it was run
 DRIVER = "k3lab.driver"  # on the parent run: host:pid of the process running the sweep (the last one)
@@ -197,14 +199,21 @@ def crash_count(tags: dict) -> int:
     return int(tags.get(CRASHES, "0"))
 
 
-def count_crash(tracking_uri: str, run_id: str, error: str) -> int:
-    """One more crash of a trial that goes on from its last checkpoint, on its run: how many
-    (`k3lab.crashes`, over every part of a sweep) and the last one's error line. Returns the count."""
+def oom_restart_count(tags: dict) -> int:
+    """How often a trial ran out of GPU memory and went on from its last checkpoint."""
+    return int(tags.get(OOM_RESTARTS, "0"))
+
+
+def count_crash(tracking_uri: str, run_id: str, error: str, cause: str = CRASHED) -> int:
+    """One more restart of a trial that goes on from its last checkpoint, on its run, by cause: a
+    crash (`k3lab.crashes`) or out of GPU memory (`k3lab.restarts_oom`), each over every part of a
+    sweep, and the last one's error line. Returns that cause's count."""
     mlflow = client(tracking_uri)
-    crashes = crash_count(mlflow.get_run(run_id).data.tags) + 1
-    mlflow.set_tag(run_id, CRASHES, str(crashes))
+    tags = mlflow.get_run(run_id).data.tags
+    tag, count = (OOM_RESTARTS, oom_restart_count(tags) + 1) if cause == OOM else (CRASHES, crash_count(tags) + 1)
+    mlflow.set_tag(run_id, tag, str(count))
     mlflow.set_tag(run_id, LAST_CRASH, error[:MAX_TAG])
-    return crashes
+    return count
 
 
 def stopped_tags(step) -> dict[str, str]:

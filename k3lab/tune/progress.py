@@ -25,6 +25,7 @@ from rich.live import Live
 from rich.table import Table
 
 from k3lab.registry.plan import profile_label
+from k3lab.tune.reporter import OUT_OF_MEMORY
 from k3lab.tune.status import crash_line
 
 DONE_STATUSES = ("done", "stopped early", "diverged", "error")
@@ -45,8 +46,10 @@ def earlier_trials(tune_dir: Path) -> list:
 
 
 class SweepProgress(tune.Callback):
-    def __init__(self, sweep, specs: dict, mode: str = "live", tracking_uri: str | None = None, say=None):
+    def __init__(self, sweep, specs: dict, mode: str = "live", tracking_uri: str | None = None, say=None,
+                 ooms=None):
         self.sweep, self.specs, self.mode, self.tracking_uri = sweep, specs, mode, tracking_uri
+        self.ooms = ooms  # which failures were out of GPU memory (`k3lab.tune.status.OutOfMemoryRestarts`)
         self.say = say or (lambda line: print(line, flush=True))
         self.rows = {key: _pending() for key in specs}
         self.started = time.time()
@@ -83,6 +86,8 @@ class SweepProgress(tune.Callback):
         self._refresh()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if OUT_OF_MEMORY in result:  # not an evaluation: the trial is about to fail (`on_trial_recover`)
+            return
         row = self._row(trial)
         self._show_result(row, result)
         if row["step"] < self._total_steps(trial.config["trial"]):  # the last evaluation: the trial's end
@@ -90,6 +95,10 @@ class SweepProgress(tune.Callback):
         self._refresh()
 
     def on_trial_recover(self, iteration, trials, trial, **info):
+        if self.ooms is not None and self.ooms.is_oom(trial):
+            self._line(trial, "out of GPU memory: restarting from its last checkpoint once its GPU has room "
+                              "(one trial fewer at once on it from now on)")
+            return
         self._line(trial, f"crashed ({crash_line(trial)[:200]}): restarting from its last checkpoint")
 
     def on_trial_complete(self, iteration, trials, trial, **info):

@@ -36,18 +36,23 @@ class TrialReporter:
 
     checkpoints: this process saves checkpoints (not the other ranks of a DDP trial);
     extra: added to every report but a diverged trial's (a DDP trial's world_size);
-    tracker: the trial's MLflow run, set by run_trial once it is open (None: not tracked)."""
+    tracker: the trial's MLflow run, set by run_trial once it is open (None: not tracked);
+    meter: measures the trial's GPU memory after each evaluation (`k3lab.runtime.memory.MemoryMeter`)."""
 
     def __init__(self, spec, report, checkpoint_type, restored: bool, checkpoints: bool = True,
-                 extra: dict | None = None):
+                 extra: dict | None = None, meter=None):
         self.spec, self.report, self.checkpoint_type = spec, report, checkpoint_type
         self.restored, self.checkpoints, self.extra = restored, checkpoints, extra or {}
+        self.meter = meter
+        self.last: dict = {}  # the last report sent
         self.tracker = None
         self.held: dict = {}  # the last evaluation's report, sent by `finish`
         self.held_directory: str | None = None
 
     def on_eval(self, trainer, metrics: dict) -> None:
         """After each evaluation (`on_eval` of the training loop)."""
+        if self.meter is not None:
+            self.meter.after_eval(trainer.device)
         metrics = report_metrics(self.spec, trainer, metrics, self.tracker) | self.extra
         if trainer.step >= self.spec.train.steps:  # the last: held until the run is closed
             self.held = metrics
@@ -68,6 +73,14 @@ class TrialReporter:
         # a test crash after the metrics are sent: the hardest place
         inject_failure(metrics["done_steps"], restored=self.restored)
         self.report(metrics, checkpoint=checkpoint)
+        self.last = metrics
+
+    def report_out_of_memory(self, error: str) -> None:
+        """Before an out-of-memory error reaches Tune: a report that says so (`OUT_OF_MEMORY`), with
+        the last evaluation's figures (Tune wants the sweep's metric in every report), so that the
+        driver can let the trial restart without counting a crash (`k3lab.tune.status`)."""
+        metrics = self.last or diverged_report(self.spec, _NoResult, self.tracker.run_id if self.tracker else None)
+        self.report(metrics | {OUT_OF_MEMORY: error[:300], "trial_status": "running"}, checkpoint=None)
 
     def finish(self, result, run_id: str | None) -> None:
         """After run_trial: the held report (the run is closed: Ray may end us here). A diverged
@@ -103,6 +116,15 @@ class TrialReporter:
         return figures | {RUN_ID_KEY: run_id, "variant": self.spec.variant_name, "trial_status": "finished",
                           "seed": self.spec.seed, "done_steps": result.step, "step": result.step,
                           "total_steps": self.spec.train.steps} | self.extra
+
+
+OUT_OF_MEMORY = "out_of_memory"  # in a report: the trial ran out of GPU memory and is about to fail
+
+
+class _NoResult:
+    """The figures of a trial with no evaluation yet, for `diverged_report`."""
+
+    tokens, status, error, step = 0, "running", None, 0
 
 
 EVAL_REPORT = ("val_loss", "val_bpb", "train_loss", "tokens", "tokens_per_s")  # an evaluation's figures

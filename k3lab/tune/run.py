@@ -22,6 +22,7 @@ from k3lab.registry import Sweep
 from k3lab.registry.sweep import profile_option
 from k3lab.runtime.kernels import resolve_kernel_cache
 from k3lab.runtime.lock import lock_file
+from k3lab.runtime.memory import Packing
 from k3lab.runtime.reaper import record_file
 from k3lab.store.state import check_parent_run, first_difference, read_state, state_file, sweep_spec
 
@@ -41,6 +42,7 @@ class SweepRun:
     kernel_cache_dir: str | None = None  # --kernel-cache; else the sweep file's, $K3LAB_KERNEL_CACHE, ~/.cache
     command: str = ""  # the command line that ran it, recorded on the parent run for reports
     verbose: bool = False  # Ray's and MLflow's notices on the terminal instead of in `log_file`
+    packing: Packing | None = None  # trials at once per GPU from their measured memory (`k3lab.runtime.memory`)
 
     @property
     def experiment(self) -> str:

@@ -19,6 +19,28 @@ from ray import tune
 from k3lab.store import runs
 from k3lab.store.runs import RUN_ID_KEY
 from k3lab.runtime.crashes import dead_worker_log, fault_line
+from k3lab.tune.reporter import OUT_OF_MEMORY
+
+
+class OutOfMemoryRestarts(tune.Callback):
+    """Trials that ran out of GPU memory restart without using their crash budget: the trial
+    reports `OUT_OF_MEMORY` before its error reaches Tune (`k3lab.tune.trial.out_of_memory`, which
+    has also lowered the trials at once on its GPU), and this callback, first in the driver's
+    list, raises that trial's `max_failures` by one before Tune weighs the failure. `is_oom` tells
+    the other callbacks which failure it was."""
+
+    def __init__(self):
+        self.expected: dict[str, int] = {}  # Tune's trial id -> its failure count once the OOM lands
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if OUT_OF_MEMORY in result:
+            self.expected[trial.trial_id] = trial.run_metadata.num_failures + 1
+            if trial.max_failures >= 0:
+                trial.max_failures += 1
+
+    def is_oom(self, trial) -> bool:
+        expected = self.expected.get(trial.trial_id)
+        return expected is not None and expected == trial.run_metadata.num_failures
 
 
 def final_status(result: dict, errored: bool) -> str:
@@ -30,9 +52,10 @@ def final_status(result: dict, errored: bool) -> str:
 
 
 class MLflowStatusCallback(tune.Callback):
-    def __init__(self, tracking_uri: str):
+    def __init__(self, tracking_uri: str, ooms: OutOfMemoryRestarts | None = None):
         self.tracking_uri = tracking_uri
-        self.uncounted: dict[str, list] = {}  # Tune's trial id -> crashes before its run was known
+        self.ooms = ooms or OutOfMemoryRestarts()
+        self.uncounted: dict[str, list] = {}  # Tune's trial id -> restarts before its run was known
 
     def _close(self, trial, errored: bool) -> None:
         result = trial.last_result or {}
@@ -61,7 +84,7 @@ class MLflowStatusCallback(tune.Callback):
         A trial that crashed before its first report (a reused actor, as it set the trial up) has
         no run yet: its crash is counted on the run its first report names."""
         run_id = (trial.last_result or {}).get(RUN_ID_KEY)
-        crash = crash_report(trial)
+        crash = (*crash_report(trial), runs.OOM if self.ooms.is_oom(trial) else runs.CRASHED)
         if run_id:
             count_crash(self.tracking_uri, run_id, *crash)
         else:
@@ -74,9 +97,11 @@ class MLflowStatusCallback(tune.Callback):
                 count_crash(self.tracking_uri, run_id, *crash)
 
 
-def count_crash(tracking_uri: str, run_id: str, line: str, worker_log: tuple[int, str] | None) -> None:
-    """One more crash on the run (`runs.count_crash`), with the dead worker's log kept."""
-    keep_worker_log(tracking_uri, run_id, str(runs.count_crash(tracking_uri, run_id, line)), worker_log)
+def count_crash(tracking_uri: str, run_id: str, line: str, worker_log: tuple[int, str] | None,
+                cause: str = "crashed") -> None:
+    """One more restart on the run (`runs.count_crash`, by cause), with the dead worker's log kept."""
+    count = runs.count_crash(tracking_uri, run_id, line, cause)
+    keep_worker_log(tracking_uri, run_id, f"{count}" if cause == runs.CRASHED else f"oom-{count}", worker_log)
 
 
 def keep_worker_log(tracking_uri: str, run_id: str, which: str, worker_log: tuple[int, str] | None) -> None:

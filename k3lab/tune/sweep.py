@@ -12,6 +12,7 @@ import os
 
 from k3lab.errors import UserError
 from k3lab.registry import ResourceSpec, Sweep
+from k3lab.runtime.memory import host_packing
 from k3lab.runtime.preflight import Preflight, check_prepared, cuda_gpus, run_preflight_overlapped
 from k3lab.runtime.session import sweep_log, sweep_runtime, watched_ray, worker_env
 from k3lab.runtime.warmup import open_sweep_cache, warm_kernels_on_a_gpu
@@ -106,6 +107,10 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
     dataset = run_preflight_overlapped(plan)  # tokenizing while Ray starts
     check_parent(run, say)  # after the preflight, which found the tracking server answering
     open_sweep_cache(run)
+    if run.uses_gpus and not run.on_cluster:
+        run.packing = host_packing(run.sweep, run.kernel_cache, gpus=cuda_gpus())  # a variant too large: refused
+    if run.packing is not None:
+        say(f"GPU memory: {run.packing.line()}")
     if run.overwrite:
         discard_earlier_run(run)
     with sweep_log(run):
@@ -157,10 +162,12 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
     import ray
 
     from k3lab.tune.progress import SweepProgress, earlier_trials, progress_mode
-    from k3lab.tune.status import MLflowStatusCallback, plain
+    from k3lab.tune.status import MLflowStatusCallback, OutOfMemoryRestarts, plain
 
-    specs = trial_specs(run, parent_run_id, dataset_dir)
-    progress = SweepProgress(run.sweep, specs, mode=progress_mode(live), tracking_uri=run.tracking_uri, say=say)
+    specs = trial_specs(run, parent_run_id, dataset_dir, run.packing)
+    ooms = OutOfMemoryRestarts()
+    progress = SweepProgress(run.sweep, specs, mode=progress_mode(live), tracking_uri=run.tracking_uri, say=say,
+                             ooms=ooms)
     searcher = None
     if run.sweep.adaptive:  # seeds until decided: a Searcher picks the trials (k3lab.tune.seeds)
         from k3lab.tune.seeds import build_searcher
@@ -172,7 +179,8 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
     hardware = {"gpus": ray.cluster_resources().get("GPU", 0) if run.uses_gpus else 0}
     hardware |= warm_kernels_on_a_gpu(run, say=say)
     with progress:
-        callbacks = [progress, MLflowStatusCallback(run.tracking_uri), differences_callback(run, parent_run_id, specs)]
+        callbacks = [ooms, progress, MLflowStatusCallback(run.tracking_uri, ooms),
+                     differences_callback(run, parent_run_id, specs)]
         tuner = (make_tuner(run, specs, callbacks) if searcher is None else make_tuner(run, specs, callbacks, searcher))
         if searcher is not None and run.resume:  # the searcher Tune restores (its state: from the folder)
             searcher = tuner._local_tuner._tune_config.search_alg

@@ -22,6 +22,7 @@ import attrs
 from k3lab.data.dataset import MANIFEST, Dataset
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.variants import inactive_fields
+from k3lab.runtime.memory import MemoryGate, MemoryMeter, Packing, TrialMemory, gate_folder, is_out_of_memory, variant_key
 from k3lab.runtime.slots import TrainingSlot, slot_folder
 from k3lab.store import runs
 from k3lab.store.colours import variant_colours
@@ -53,6 +54,7 @@ class TrialSpec:
     colour: str | None = None  # the variant's, in k3lab's plots and the MLflow UI (k3lab.store.colours)
     training_slots: int | None = None  # at most this many trials on one GPU train at once (k3lab.runtime.slots)
     dataset_dir: str | None = None  # the corpus the sweep's driver prepared (k3lab.data.Dataset's folder)
+    memory: TrialMemory | None = None  # a one-GPU trial's part of the GPU memory packing (k3lab.runtime.memory)
 
     @property
     def name(self) -> str:
@@ -70,10 +72,13 @@ def run_order(trials) -> list:
     return sorted(trials, key=lambda trial: trial.variant.seeds.index(trial.seed))  # stable: variants keep their order
 
 
-def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None) -> dict[str, TrialSpec]:
+def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None,
+                packing: Packing | None = None) -> dict[str, TrialSpec]:
     """One TrialSpec per trial of `run` (a `k3lab.tune.run.SweepRun`), in `run_order`;
-    dataset_dir: the corpus the driver prepared, for every trial."""
+    dataset_dir: the corpus the driver prepared, for every trial; packing: the trials at once on
+    one GPU of this host's model (None: the sweep file's ceiling, each trial's GPU gives the budget)."""
     colours = variant_colours([v.name for v in run.sweep.valid_variants])
+    owner = f"{parent_run_id}:{os.getpid()}"  # each part of a sweep starts from its own packing
     return {
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
                             config=trial.variant.config.to_dict(), train=run.sweep.train_of(trial.variant),
@@ -81,9 +86,26 @@ def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None) -> dict
                             overrides={k: str(v) for k, v in trial.variant.overrides.items()},
                             metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
                             colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots,
-                            dataset_dir=dataset_dir)
+                            dataset_dir=dataset_dir, memory=trial_memory(run, trial.variant, packing, owner))
         for trial in run_order(run.sweep.trials)
     }
+
+
+def trial_memory(run, variant, packing: Packing | None, owner: str) -> TrialMemory | None:
+    """The packing's part for one-GPU trials of a GPU sweep (None on CPU and for DDP trials)."""
+    from k3lab.runtime.memory import known_peaks, trials_ceiling
+
+    if not run.uses_gpus or run.sweep.resources.strategy is not None:
+        return None
+    key = variant_key(variant.config, run.sweep.train_of(variant))
+    expected = None
+    if packing is not None:
+        entry = known_peaks(run.kernel_cache).get(key, {}).get(packing.gpu.name)
+        expected = int(entry["peak_bytes"]) if entry else None
+    trials = packing.trials if packing is not None else trials_ceiling(run.sweep.resources)
+    return TrialMemory(key=key, variant=variant.name, expected_bytes=expected, trials=trials,
+                       budget_bytes=packing.gpu.budget_bytes if packing is not None else 0, owner=owner,
+                       cache=str(run.kernel_cache))
 
 
 def trial_params(spec: TrialSpec, counts: dict) -> dict:
@@ -246,6 +268,9 @@ class KeptTrainer:
         self.trainer = self.key = None
         return trainer if trainer is not None and key == self.key_of(spec) else None
 
+    def drop(self) -> None:
+        self.trainer = self.key = None
+
     def keep(self, spec: TrialSpec, trainer: Trainer) -> None:
         self.key, self.trainer = self.key_of(spec), trainer
 
@@ -269,6 +294,9 @@ def forget_earlier_trial(restarting: bool = False) -> None:
         gc.collect()  # the earlier trial's model and CUDA graphs, if a reference cycle still held them
         if "torch._dynamo" in sys.modules:
             torch._dynamo.reset()
+        if torch.cuda.is_initialized():  # its cached blocks go back to the GPU: the packing counts this
+            torch.cuda.synchronize()  # trial's own peak, not the earlier trial's reservation
+            torch.cuda.empty_cache()
     if torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
 
@@ -312,9 +340,44 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
     limit_threads()
     trainer = _kept.take(spec)
     forget_earlier_trial(restarting=trainer is not None)
+    gate = enter_gate(spec)
     restored = tune.get_checkpoint()
-    reporter = TrialReporter(spec, tune.report, tune.Checkpoint, restored=restored is not None)
-    result, run_id = run_trial(spec, checkpoint=load_ray_checkpoint(restored), reporter=reporter,
-                               flush_with_checkpoints=True, started_at=started_at, trainer=trainer,
-                               keep=functools.partial(_kept.keep, spec))
+    meter = MemoryMeter(spec.memory, gate, spec.name) if gate is not None else None
+    reporter = TrialReporter(spec, tune.report, tune.Checkpoint, restored=restored is not None, meter=meter)
+    try:
+        result, run_id = run_trial(spec, checkpoint=load_ray_checkpoint(restored), reporter=reporter,
+                                   flush_with_checkpoints=True, started_at=started_at, trainer=trainer,
+                                   keep=functools.partial(_kept.keep, spec))
+    except Exception as error:
+        if gate is not None and is_out_of_memory(error):
+            out_of_memory(gate, reporter, error)
+        raise
     reporter.finish(result, run_id)
+
+
+_gate: MemoryGate | None = None  # this process's place on its GPU, held from its first trial to its end
+
+
+def enter_gate(spec: TrialSpec) -> MemoryGate | None:
+    """Wait, before this process touches CUDA, until its GPU has the memory for this trial
+    (`k3lab.runtime.memory.MemoryGate`); None for trials outside the packing (CPU, DDP)."""
+    global _gate
+    if spec.memory is None or not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return None
+    if _gate is None:
+        _gate = MemoryGate(gate_folder(), spec.memory.limits())
+    _gate.acquire(spec.memory.expected_bytes, spec.name)
+    return _gate
+
+
+def out_of_memory(gate: MemoryGate, reporter: TrialReporter, error: BaseException) -> None:
+    """A CUDA out-of-memory error: one trial fewer at once on this GPU for the rest of the sweep,
+    and the driver told before the error reaches Tune (`k3lab.tune.status`), so that the restart
+    it makes from the last checkpoint, in a fresh process, is not counted as a crash. A trial that
+    was alone on its GPU does not fit at all: its error is a crash like any other."""
+    global _gate
+    if gate.lower_after_oom() >= 1:
+        reporter.report_out_of_memory(str(error))
+    _kept.drop()
+    gate.release()
+    _gate = None

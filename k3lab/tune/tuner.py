@@ -31,7 +31,7 @@ def build_trainable(run: SweepRun, specs: dict[str, TrialSpec]):
 
     resources = run.sweep.resources
     if resources.strategy != "ddp":
-        return tune.with_resources(tune.with_parameters(tune_trainable, trials=specs), resources.tune_resources())
+        return tune.with_resources(tune.with_parameters(tune_trainable, trials=specs), trial_resources(run))
     from k3lab.tune.distributed import ddp_trainable
 
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
@@ -39,6 +39,15 @@ def build_trainable(run: SweepRun, specs: dict[str, TrialSpec]):
                                      cpus_per_worker=resources.cpu, use_gpu=use_gpu,
                                      storage=str(run.ddp_dir.resolve()))
     return tune.with_resources(trainable, {"cpu": DDP_DRIVER_CPU})  # the workers hold the real resources
+
+
+def trial_resources(run: SweepRun) -> dict[str, float]:
+    """A one-process trial's Ray resources: the sweep file's, with the GPU share the memory packing
+    allows where it allows fewer trials at once than the file (`run.packing`)."""
+    resources = run.sweep.resources.tune_resources()
+    if run.packing is not None and 0 < resources["gpu"] < run.packing.fraction:
+        resources["gpu"] = run.packing.fraction
+    return resources
 
 
 def make_tuner(run: SweepRun, specs: dict[str, TrialSpec], callbacks: list, searcher=None):

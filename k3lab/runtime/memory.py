@@ -1,0 +1,478 @@
+"""GPU memory packing: how many trials fit on one GPU at once, from each variant's measured peak.
+
+A trial's peak GPU memory is set by its model and the train spec's shapes (batch, sequence,
+autocast, compiled blocks, CUDA graphs, kept KDA states): the same on every run of one GPU
+model. Trials measure it (`measure_footprint`: the allocator's peak reservation plus the memory
+outside it, the CUDA context and loaded kernels) and add it to the memory record, per GPU model:
+
+    <kernel cache>/triton/k3lab-memory.json   {variant key: {GPU name: {"peak_bytes", "gpu_bytes", ...}}}
+    k3lab/tunings/gpu-memory.json             the same, shipped: measured on the GPUs k3lab was tuned on
+
+From it, `plan_packing` gives the trials at once per GPU so that their peaks sum to at most
+(1 - HEADROOM) of the card; the sweep file's `resources.gpu` (0.25: four at once) is the ceiling,
+never a promise. A variant that does not fit alone is refused before anything starts.
+
+`MemoryGate` holds a trial off the GPU until its memory is there: a slot per process (a record
+lock, as `k3lab.runtime.slots`), the bytes each holder uses beside it, and the GPU's limits (the
+trials at once and the byte budget) in `limits.json`, which the sweep's driver writes and an
+out-of-memory error lowers (`lower_after_oom`) for the rest of the sweep. A trial whose variant is
+not yet in the record runs on its own until its first evaluation has measured it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import math
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import attrs
+
+from k3lab.registry.variants import short_hash
+
+HEADROOM = 0.10  # of the card's memory kept free: allocator fragmentation, an evaluation's extra tensors
+NON_TORCH_BYTES = 1 << 30  # outside PyTorch's allocator (CUDA context, kernel images) where NVML cannot say
+RECORD_NAME = "k3lab-memory.json"
+SHIPPED_RECORD = Path(__file__).resolve().parents[1] / "tunings" / "gpu-memory.json"
+ENV_VAR = "K3LAB_GATE_DIR"  # where the gate folders are (default: the temp directory, per user)
+POLL_S = 0.5
+GIB = 1 << 30
+
+# the train spec's fields that change a trial's memory (the rest: schedule, steps, intervals)
+MEMORY_FIELDS = ("batch_size", "seq_len", "grad_accum", "compile", "compile_muon", "cuda_graph",
+                 "activation_checkpointing", "kda_keep_states", "dtype", "autocast", "eval_batches",
+                 "final_eval_batches")
+
+
+def variant_key(config, train) -> str:
+    """What decides a trial's peak memory: its model config and the train spec's MEMORY_FIELDS."""
+    fields = {name: getattr(train, name) for name in MEMORY_FIELDS}
+    return short_hash([config.to_dict(), fields])
+
+
+# -- the record ------------------------------------------------------------------------------
+
+def record_path(cache: Path) -> Path:
+    return Path(cache) / "triton" / RECORD_NAME
+
+
+def read_record(path: Path) -> dict:
+    """{variant key: {GPU name: entry}}; empty when missing or unreadable (a record only saves a measurement)."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def known_peaks(cache: Path | None) -> dict:
+    """The shipped record, overlaid with this machine's (measured here, so newer)."""
+    record = read_record(SHIPPED_RECORD)
+    if cache is not None:
+        for key, by_gpu in read_record(record_path(cache)).items():
+            record.setdefault(key, {}).update(by_gpu)
+    return record
+
+
+def add_measurement(cache: Path, key: str, variant: str, gpu: str, peak_bytes: int, gpu_bytes: int) -> None:
+    """Add (or raise) a variant's peak on `gpu` in the cache's record, under a lock: trials on one
+    host write it at once. A record that cannot be written costs a later measurement only."""
+    path = record_path(cache)
+    with contextlib.suppress(OSError), locked(path.with_name(f".{RECORD_NAME}.lock")):
+        record = read_record(path)
+        entry = record.setdefault(key, {}).get(gpu, {})
+        if entry.get("peak_bytes", 0) >= peak_bytes:
+            return
+        record[key][gpu] = {"variant": variant, "peak_bytes": int(peak_bytes), "gpu_bytes": int(gpu_bytes),
+                            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        partial = path.with_name(f".{RECORD_NAME}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(record, indent=1, sort_keys=True))
+        partial.replace(path)
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock on `path` (created) for the block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+# -- the packing -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GPUModel:
+    """A kind of GPU: its name (as nvidia-smi and torch give it) and its memory."""
+
+    name: str
+    total_bytes: int
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.total_bytes * (1 - HEADROOM))
+
+
+@attrs.frozen
+class Packing:
+    """Trials at once on one GPU of a model, and why."""
+
+    gpu: GPUModel
+    trials: int  # at once, on one GPU
+    ceiling: int  # what the sweep file allows (resources.gpu, max_concurrent_trials)
+    peak_bytes: int | None  # the largest measured peak of the sweep's variants; None: not measured on this GPU
+    unmeasured: tuple[str, ...] = ()  # variants with no measurement on this GPU model
+
+    @property
+    def fraction(self) -> float:
+        """Ray's share of a GPU per trial."""
+        return 1.0 / self.trials
+
+    def line(self) -> str:
+        """e.g. 'NVIDIA H100 80GB HBM3 (79 GiB): 3 trials at once, ~24 GiB each'."""
+        head = f"{self.gpu.name} ({self.gpu.total_bytes / GIB:.0f} GiB)"
+        if self.peak_bytes is None:
+            return (f"{head}: up to {self.ceiling} trials at once (resources.gpu); each variant's first trial runs "
+                    "alone until it has measured its memory")
+        each = f"{self.trials} trial{'s' if self.trials != 1 else ''} at once, ~{self.peak_bytes / GIB:.0f} GiB each"
+        capped = " (the sweep file's ceiling)" if self.trials == self.ceiling and self.trials > 1 else ""
+        rest = f"; not measured: {', '.join(self.unmeasured)} (run alone first)" if self.unmeasured else ""
+        return f"{head}: {each}{capped}, {HEADROOM:.0%} of the card kept free{rest}"
+
+
+class DoesNotFit(Exception):
+    """A variant's measured peak is above one GPU's budget: not even one trial fits."""
+
+    def __init__(self, variant: str, peak_bytes: int, gpu: GPUModel):
+        super().__init__(f"variant {variant} needs ~{peak_bytes / GIB:.1f} GiB of GPU memory at its batch and "
+                         f"sequence length, over the {gpu.budget_bytes / GIB:.1f} GiB a trial may use on "
+                         f"{gpu.name} ({gpu.total_bytes / GIB:.0f} GiB, {HEADROOM:.0%} kept free): lower "
+                         "train.batch_size or train.seq_len, or set train.activation_checkpointing")
+        self.variant = variant
+
+
+def trials_ceiling(resources, gpus: int = 1) -> int:
+    """Trials per GPU the sweep file allows: 1/resources.gpu, and max_concurrent_trials spread over the GPUs."""
+    most = max(1, math.floor(1 / resources.gpu + 1e-9)) if 0 < resources.gpu < 1 else 1
+    if resources.max_concurrent_trials:
+        most = min(most, max(1, math.ceil(resources.max_concurrent_trials / max(1, gpus))))
+    return most
+
+
+def plan_packing(variants: dict[str, str], gpu: GPUModel, ceiling: int, record: dict) -> Packing:
+    """variants: {name: variant_key}. Raises DoesNotFit when one measured variant cannot run alone."""
+    peaks, unmeasured = {}, []
+    for name, key in variants.items():
+        entry = record.get(key, {}).get(gpu.name)
+        if entry is None:
+            unmeasured.append(name)
+        else:
+            peaks[name] = int(entry["peak_bytes"])
+    for name, peak in peaks.items():
+        if peak > gpu.budget_bytes:
+            raise DoesNotFit(name, peak, gpu)
+    if not peaks:
+        return Packing(gpu, ceiling, ceiling, None, tuple(unmeasured))
+    largest = max(peaks.values())
+    return Packing(gpu, max(1, min(ceiling, gpu.budget_bytes // largest)), ceiling, largest, tuple(unmeasured))
+
+
+def recorded_gpus(variants: dict[str, str], record: dict) -> list[GPUModel]:
+    """The GPU models the record measured any of `variants` on (for plans made without a GPU)."""
+    gpus = {}
+    for key in variants.values():
+        for name, entry in record.get(key, {}).items():
+            gpus[name] = GPUModel(name, int(entry["gpu_bytes"]))
+    return sorted(gpus.values(), key=lambda gpu: gpu.name)
+
+
+def host_gpu() -> GPUModel | None:
+    """This host's GPU model from nvidia-smi, without CUDA in this process (a sweep's driver must not
+    hold a context on a GPU its trials share); None without nvidia-smi or with GPUs of several kinds."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    rows = {tuple(part.strip() for part in line.split(",")) for line in out.stdout.splitlines() if line.strip()}
+    if out.returncode != 0 or len(rows) != 1:
+        return None
+    name, mib = rows.pop()
+    return GPUModel(name, int(float(mib)) << 20) if mib.replace(".", "").isdigit() else None
+
+
+# -- what a trial uses -----------------------------------------------------------------------
+
+def measure_footprint(device) -> int:
+    """This process's GPU memory at its peak: the allocator's peak reservation plus what lies
+    outside the allocator (NVML's count for this process where it has one, else NON_TORCH_BYTES)."""
+    import torch
+
+    reserved_peak = torch.cuda.max_memory_reserved(device)
+    outside = process_gpu_bytes(device)
+    non_torch = outside - torch.cuda.memory_reserved(device) if outside else NON_TORCH_BYTES
+    return int(reserved_peak + max(non_torch, 0))
+
+
+def process_gpu_bytes(device) -> int | None:
+    """NVML's GPU memory of this process on `device` (None where NVML or the process is not listed:
+    no nvidia-ml-py, or MPS clients not shown)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        visible = [part for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part]
+        index = device.index or 0
+        physical = int(visible[index]) if visible else index
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(physical)):
+            if process.pid == os.getpid() and process.usedGpuMemory:
+                return int(process.usedGpuMemory)
+    except Exception:  # no pynvml, no NVML, a UUID in CUDA_VISIBLE_DEVICES, an MPS client it does not list
+        return None
+    return None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A CUDA out-of-memory error, as torch raises it (also inside a CUDA-graph capture or a compiled kernel)."""
+    import torch
+
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "out of memory" in str(error).lower() and "cuda" in str(error).lower())
+
+
+# -- the gate --------------------------------------------------------------------------------
+
+def gate_folder(device_index: int | None = None) -> Path:
+    """The gate of the GPU this process sees (CUDA_VISIBLE_DEVICES as Ray sets it for the trial)."""
+    key = f"cuda-{os.environ.get('CUDA_VISIBLE_DEVICES', 'all').replace(',', '_')}-{device_index or 0}"
+    root = os.environ.get(ENV_VAR) or Path(tempfile.gettempdir()) / f"k3lab-gpu-{os.getuid()}"
+    return Path(root) / key
+
+
+@attrs.frozen
+class Limits:
+    """What one GPU takes at once: trials, and bytes of their peaks together. `owner`: the sweep
+    (its parent run) that set them, so a later sweep starts from its own packing."""
+
+    trials: int
+    budget_bytes: int
+    owner: str = ""
+
+
+def read_limits(folder: Path) -> Limits | None:
+    try:
+        raw = json.loads((folder / "limits.json").read_text())
+        return Limits(int(raw["trials"]), int(raw["budget_bytes"]), str(raw.get("owner", "")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_limits(folder: Path, limits: Limits) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".limits.{os.getpid()}.partial"
+    partial.write_text(json.dumps(attrs.asdict(limits)))
+    partial.replace(folder / "limits.json")
+
+
+def set_limits(folder: Path, limits: Limits) -> None:
+    """The sweep's packing for this GPU, unless this sweep set them already (and an out-of-memory
+    error may have lowered them since)."""
+    with locked(folder / "gate.lock"):
+        current = read_limits(folder)
+        if current is None or current.owner != limits.owner:
+            write_limits(folder, limits)
+
+
+class MemoryGate:
+    """A slot among the trials on one GPU, taken before the process touches CUDA and held until it
+    ends: each holder's bytes (its variant's recorded peak, or its own measurement, None while
+    unknown) sit beside its slot; a newcomer enters when the GPU's `Limits` allow one more."""
+
+    def __init__(self, folder: Path, limits: Limits, poll_s: float = POLL_S):
+        self.folder, self.poll_s = Path(folder), poll_s
+        set_limits(self.folder, limits)
+        self.slot: int | None = None
+        self.fd: int | None = None
+
+    def acquire(self, expected_bytes: int | None, name: str = "") -> float:
+        """Wait until the GPU takes this trial (`admits`), then hold a slot; the seconds waited.
+        A process that holds one already (a reused Ray actor) keeps it."""
+        started = time.perf_counter()
+        if self.fd is not None:
+            self.update(expected_bytes, name)
+        while self.fd is None:
+            with locked(self.folder / "gate.lock"):
+                limits, holders, free = read_limits(self.folder), *self._holders()
+                if admits(limits, list(holders.values()), expected_bytes) and free:
+                    self._take(free[0], expected_bytes, name)
+            if self.fd is None:
+                time.sleep(self.poll_s)
+        return time.perf_counter() - started
+
+    def _holders(self) -> tuple[dict[int, int | None], list[int]]:
+        """({slot: bytes} of the slots other processes hold, [free slots]), over the slot files there
+        are, plus one. This process's own slot is skipped: closing any descriptor of a file drops
+        the process's record lock on it."""
+        limits = read_limits(self.folder)
+        held, free = {}, []
+        for slot in range(max(limits.trials if limits else 1, len(list(self.folder.glob("slot-*.lock")))) + 1):
+            if slot == self.slot:
+                continue
+            fd = os.open(self.folder / f"slot-{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                free.append(slot)
+            except OSError as error:
+                if error.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
+                held[slot] = read_bytes(self.folder / f"slot-{slot}.json")
+            finally:
+                os.close(fd)  # drops the probe's lock
+        return held, free
+
+    def _take(self, slot: int, expected_bytes: int | None, name: str) -> None:
+        fd = os.open(self.folder / f"slot-{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self.slot, self.fd = slot, fd
+        self.update(expected_bytes, name)
+
+    def update(self, used_bytes: int | None, name: str = "") -> None:
+        """The bytes this holder uses (its measurement), for the next newcomer's admission."""
+        if self.slot is not None:
+            (self.folder / f"slot-{self.slot}.json").write_text(json.dumps({"bytes": used_bytes, "trial": name}))
+
+    def lower_after_oom(self) -> int:
+        """An out-of-memory error on this GPU: one trial fewer at once than now hold it (this one
+        included), for the rest of the sweep; the new number. 0 when this trial was alone on it."""
+        with locked(self.folder / "gate.lock"):
+            holders = len(self._holders()[0]) + (1 if self.fd is not None else 0)
+            limits = read_limits(self.folder)
+            lowered = max(holders - 1, 0)
+            if limits is not None and lowered >= 1:
+                write_limits(self.folder, attrs.evolve(limits, trials=min(limits.trials, lowered)))
+            return lowered
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = self.slot = None
+
+
+def read_bytes(path: Path) -> int | None:
+    try:
+        value = json.loads(path.read_text()).get("bytes")
+        return int(value) if value is not None else None
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def admits(limits: Limits | None, holders: list[int | None], expected_bytes: int | None) -> bool:
+    """Whether a GPU whose holders use `holders` bytes (None: not measured yet) takes one more trial
+    expected to use `expected_bytes` (None: not measured on this GPU model: it is taken alone, or
+    as large as the largest holder)."""
+    if not holders:
+        return True
+    if limits is None:
+        return False
+    if len(holders) >= limits.trials or any(used is None for used in holders):
+        return False
+    expected = expected_bytes if expected_bytes is not None else max(holders)
+    return sum(holders) + expected <= limits.budget_bytes
+
+
+# -- a trial's part --------------------------------------------------------------------------
+
+@attrs.frozen
+class TrialMemory:
+    """What a trial needs of the packing: its variant's key in the record and its recorded peak on
+    this GPU model (None: not measured), the GPU's limits as the sweep planned them (budget 0:
+    the trial's GPU decides), and the kernel cache that holds the record."""
+
+    key: str
+    variant: str
+    expected_bytes: int | None
+    trials: int
+    budget_bytes: int
+    owner: str
+    cache: str
+
+    def limits(self) -> Limits:
+        budget = self.budget_bytes
+        if not budget:
+            gpu = host_gpu()
+            budget = gpu.budget_bytes if gpu is not None else 1 << 62  # no nvidia-smi: the count alone
+        return Limits(self.trials, budget, self.owner)
+
+
+class MemoryMeter:
+    """After each evaluation: the trial's footprint (`measure_footprint`), for its holder's bytes
+    in the gate and for the record, when it has grown."""
+
+    def __init__(self, plan: TrialMemory, gate: MemoryGate, name: str):
+        self.plan, self.gate, self.name = plan, gate, name
+        self.measured = 0
+
+    def after_eval(self, device) -> None:
+        if device.type != "cuda":
+            return
+        import torch
+
+        used = measure_footprint(device)
+        if used <= self.measured:
+            return
+        self.measured = used
+        self.gate.update(used, self.name)
+        total = torch.cuda.get_device_properties(device).total_memory
+        add_measurement(Path(self.plan.cache), self.plan.key, self.plan.variant, torch.cuda.get_device_name(device),
+                        used, total)
+
+
+def sweep_packing(sweep, gpu: GPUModel, cache: Path | None, gpus: int = 1) -> Packing:
+    """The packing of `sweep`'s trials on one GPU of `gpu`'s model, from the record."""
+    variants = {v.name: variant_key(v.config, sweep.train_of(v)) for v in sweep.valid_variants}
+    return plan_packing(variants, gpu, trials_ceiling(sweep.resources, gpus), known_peaks(cache))
+
+
+def host_packing(sweep, cache: Path | None, gpus: int = 1) -> Packing | None:
+    """The packing of a one-GPU-trial sweep on this host's GPU model (None where there is no such
+    GPU, or the trials take whole GPUs); a variant that does not fit alone is a one-line error."""
+    from k3lab.errors import UserError
+
+    gpu = host_gpu()
+    if gpu is None or sweep.resources.strategy is not None or not 0 < sweep.resources.gpu <= 1:
+        return None
+    try:
+        return sweep_packing(sweep, gpu, cache, gpus)
+    except DoesNotFit as error:
+        raise UserError(f"{sweep.path}: {error}") from None
+
+
+def packing_lines(sweep, cache: Path | None) -> list[str]:
+    """For a plan printed anywhere (`k3lab variants`, `--dry-run`): the packing of a GPU sweep on
+    every GPU model the record has measured its variants on, and on this host's GPU."""
+    if sweep.resources.strategy is not None or not 0 < sweep.resources.gpu <= 1:
+        return []
+    variants = {v.name: variant_key(v.config, sweep.train_of(v)) for v in sweep.valid_variants}
+    record = known_peaks(cache)
+    gpus = {gpu.name: gpu for gpu in recorded_gpus(variants, record)}
+    here = host_gpu()
+    if here is not None:
+        gpus.setdefault(here.name, here)
+    lines = []
+    for gpu in gpus.values():
+        try:
+            lines.append(f"GPU memory: {plan_packing(variants, gpu, trials_ceiling(sweep.resources), record).line()}")
+        except DoesNotFit as error:
+            lines.append(f"GPU memory: {gpu.name}: does not fit: {error}")
+    return lines
