@@ -95,10 +95,10 @@ class FakeFetcher(Fetcher):
 TARGET = Target("3.12", ("manylinux_2_28_x86_64", "manylinux2014_x86_64"))
 
 
-def resolve(tmp_path, index, root_requires, extras=(), exclude=None, substitutes=None, with_=()):
+def resolve(tmp_path, index, root_requires, extras=(), exclude=None, substitutes=None, with_=(), pins=None):
     root = WheelInfo.read(make_wheel(tmp_path / "root", "k3lab", "0.1.0", root_requires))
     fetcher = FakeFetcher(index, TARGET, tmp_path / "work")
-    resolver = Resolver(TARGET, fetcher, exclude or {}, substitutes or {}, log=lambda *a: None)
+    resolver = Resolver(TARGET, fetcher, exclude or {}, substitutes or {}, log=lambda *a: None, pins=pins)
     return resolver.resolve(root, set(extras), with_), fetcher
 
 
@@ -316,6 +316,41 @@ def test_a_pinned_exclusion_rejects_versions_that_need_more(tmp_path):
         resolve(tmp_path / "c", INDEX, ["huggingface-hub>=1.31"], exclude={"huggingface-hub": "==1.0"})
 
 
+def test_constraints_hold_the_bundle_at_the_locked_versions_through_the_substitution(tmp_path):
+    """The GPU bundle took mlflow-skinny 3.18.0 while laptops resolved 3.17.2: a store neither could share."""
+    index = {**INDEX, "mlflow-skinny": {**INDEX["mlflow-skinny"], "3.18.0": ["click<9"]}}
+    skinny = {"mlflow": ("mlflow-skinny", ("sqlalchemy>=1.4,<3", "alembic"))}
+    free, _ = resolve(tmp_path / "a", index, ["mlflow>=3.3.0", "ray>=2.51"], substitutes=skinny,
+                      exclude={"markupsafe": "", "numpy": ""})
+    assert free.wheels["mlflow-skinny"].version == "3.18.0" and free.wheels["ray"].version == "2.60.0"
+    locked, _ = resolve(tmp_path / "b", index, ["mlflow>=3.3.0", "ray>=2.51"], substitutes=skinny,
+                        exclude={"markupsafe": "", "numpy": ""},
+                        pins={"mlflow": "==3.17.2", "ray": "==2.59.0", "not-needed": "==1.0"})
+    assert locked.wheels["mlflow-skinny"].version == "3.17.2" and locked.wheels["ray"].version == "2.59.0"
+    assert "not-needed" not in locked.wheels  # a constraint narrows, it never adds
+
+
+def test_a_requirement_the_constraints_rule_out_is_one_line_naming_both(tmp_path):
+    with pytest.raises(UserError, match=r"^k3lab 0.1.0 needs ray>=2.60, but the constraints pin ray==2.59.0$"):
+        resolve(tmp_path, INDEX, ["ray>=2.60"], exclude={"numpy": ""}, pins={"ray": "==2.59.0"})
+
+
+def test_parse_constraints_reads_pip_constraints_files_and_names_a_bad_line(tmp_path):
+    lock = tmp_path / "constraints.txt"
+    lock.write_text("# the lock\nMLflow_Skinny==3.17.2  # the store\n\nray==2.60.0\n")
+    assert bundle.parse_constraints([lock]) == {"mlflow-skinny": "==3.17.2", "ray": "==2.60.0"}
+    lock.write_text("ray==2.60.0\nray[tune]==2.60.0\n")
+    with pytest.raises(UserError, match=rf"^{lock}:2: 'ray\[tune\]==2.60.0': a constraint names a version range only"):
+        bundle.parse_constraints([lock])
+    with pytest.raises(UserError, match="--constraint /no/such: no such file"):
+        bundle.parse_constraints(["/no/such"])
+
+
+def test_the_manifest_records_the_constraints_the_bundled_wheels_were_held_to(tmp_path):
+    options, manifest = fake_bundle(tmp_path, constraints={"click": "==8.5.1", "attrs": "==26.1.0", "zz": "==1"})
+    assert manifest["constraints"] == {"click": "==8.5.1"}  # attrs is the target's, zz not bundled
+
+
 def test_unresolvable_requirement_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="nosuchpkg"):
         resolve(tmp_path, INDEX, ["nosuchpkg>=1"])
@@ -325,7 +360,7 @@ def test_unresolvable_requirement_is_a_user_error(tmp_path):
 
 
 def fake_bundle(tmp_path, max_size=None, target=None, spare_max=2**20, index=None, root_requires=None, exclude=None,
-                part_size=None, include_project=True):
+                part_size=None, include_project=True, constraints=None):
     index = index or {"ray": {"2.60.0": ["click>=7"]}, "click": {"8.5.1": []}, "cattrs": {"26.2.1": ["attrs>=25.4"]},
                       "attrs": {"26.1.0": []}}
     root_requires = root_requires or ["ray[tune]>=2.50", "cattrs>=23.2", "attrs>=23.1", "torch>=2.9"]
@@ -334,7 +369,7 @@ def fake_bundle(tmp_path, max_size=None, target=None, spare_max=2**20, index=Non
     options = BundleOptions(out=tmp_path / "bundle", target=target, exclude=exclude or {"torch": "==2.11.0", "attrs": ""},
                             max_size=max_size, slim={"ray": ("ray/jars",)}, project_wheel=project_wheel,
                             use_cache=False, spare_max=spare_max, substitutes={}, part_size=part_size,
-                            include_project=include_project)
+                            include_project=include_project, constraints=constraints or {})
     fetcher = FakeFetcher(index, target, tmp_path / "work", sizes={"ray": 20_000})
     return options, build_bundle(options, log=lambda *a: None, fetcher=fetcher)
 

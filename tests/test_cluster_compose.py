@@ -437,8 +437,13 @@ def test_images_are_built_as_the_readme_installs(base, cpu):
     gpu_file = (ROOT / "docker" / "Dockerfile").read_text()
     cpu_file = (ROOT / "docker" / "Dockerfile.cpu").read_text()
     assert re.search(r"ARG BASE_IMAGE=pytorch/pytorch:\S+-cuda\S+-runtime", gpu_file)
-    assert 'pip install ".[gpu]"' in gpu_file
-    assert "ARG BASE_IMAGE=python:3.11-slim" in cpu_file and re.search(r"&& pip install \. \\$", cpu_file, re.M)
+    assert 'pip install -c constraints.txt ".[gpu]"' in gpu_file
+    assert "ARG BASE_IMAGE=python:3.11-slim" in cpu_file
+    assert re.search(r"&& pip install -c constraints\.txt \. \\$", cpu_file, re.M)
+    for text in (gpu_file, cpu_file):  # every pip install takes the versions every other install has
+        assert "COPY pyproject.toml README.md constraints.txt ./" in text
+        installs = re.findall(r"pip install (?!--no-deps)[^\n]*", text)
+        assert installs and all(line.startswith("pip install -c constraints.txt ") for line in installs), installs
     for text in (gpu_file, cpu_file):
         assert "psycopg2-binary" in text and "USER k3lab" in text
         assert "COPY --chmod=755 docker/entrypoint.sh /usr/local/bin/k3lab-entrypoint" in text

@@ -16,8 +16,9 @@ from k3lab.store.tracking import artifact_folder_for
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 QUICK_START = (
-    "python -m venv .venv && . .venv/bin/activate && pip install -e . && k3lab sweep experiments/attnres_block.yaml",
-    'python -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && python -m pytest -q',
+    "python -m venv .venv && . .venv/bin/activate && pip install -c constraints.txt -e . "
+    "&& k3lab sweep experiments/attnres_block.yaml",
+    'python -m venv .venv && . .venv/bin/activate && pip install -c constraints.txt -e ".[test]" && python -m pytest -q',
 )
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from k3lab.cli import main
 from k3lab.errors import UserError
-from k3lab.store import runs
+from k3lab.store import runs, schema
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,6 +38,36 @@ def test_a_store_from_a_newer_mlflow_is_one_line_saying_so(written, tmp_path):
     with pytest.raises(UserError, match=rf"^{tmp_path}/mlflow.db: written by a newer MLflow than the installed "
                                         r"[\d.]+ \(schema 0123456789ab, unknown to it\); open it with that MLflow"):
         runs.client(uri)
+
+
+def test_a_store_tagged_by_a_newer_mlflow_says_which_version_to_install(written, tmp_path):
+    uri = with_schema(written, tmp_path, "0123456789ab")
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        run = db.execute("SELECT run_uuid FROM runs").fetchone()[0]
+        db.executemany("INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?)",
+                       [(schema.MLFLOW_VERSION, "3.99.1", run), ("other", "4.0.0", run)])
+    with pytest.raises(UserError) as error:
+        runs.client(uri)
+    assert str(error.value).endswith("(schema 0123456789ab, mlflow 3.99.1's); open it with that one: "
+                                     "pip install 'mlflow==3.99.1'")
+
+
+def test_a_store_from_before_the_tag_is_named_by_its_schema_head(written, tmp_path):
+    """The H100 bundle's mlflow-skinny 3.18.0 wrote schema f4a9b2c7d1e6, which 3.17.2 refused."""
+    import mlflow.store.db_migrations
+
+    revision, release = next(iter(schema.RELEASE_OF_SCHEMA.items()))
+    if any((Path(mlflow.store.db_migrations.__file__).parent / "versions").glob(f"{revision}_*.py")):
+        pytest.skip(f"the installed MLflow has schema {revision}")
+    with pytest.raises(UserError, match=rf"open it with that one: pip install 'mlflow=={release}'$"):
+        runs.client(with_schema(written, tmp_path, revision))
+
+
+def test_every_run_k3lab_creates_names_the_mlflow_that_wrote_it():
+    import mlflow
+
+    for tags in (runs.trial_tags("id", "v", 0), runs.sweep_tags("s", None, "0.1", "abc", "", "k3lab sweep", None)):
+        assert tags[schema.MLFLOW_VERSION] == mlflow.__version__
 
 
 def test_a_store_from_an_older_mlflow_says_how_to_upgrade_it(written, tmp_path):

@@ -10,11 +10,11 @@
 
 from k3lab.bundle.build import BundleOptions, build_bundle, prepare_out_dir, run, tidy_specifier
 from k3lab.bundle.install import install_script
-from k3lab.bundle.resolve import Fetcher, Resolver, Target, parse_excludes
+from k3lab.bundle.resolve import Fetcher, Resolver, Target, parse_constraints, parse_excludes
 from k3lab.bundle.sizes import check_size, parse_size
 from k3lab.bundle.wheels import WheelInfo, slim_wheel
 from k3lab.errors import UserError
 
 __all__ = ["BundleOptions", "Fetcher", "Resolver", "Target", "UserError", "WheelInfo", "build_bundle", "check_size",
-           "install_script", "parse_excludes", "parse_size", "prepare_out_dir", "run", "slim_wheel",
+           "install_script", "parse_constraints", "parse_excludes", "parse_size", "prepare_out_dir", "run", "slim_wheel",
            "tidy_specifier"]

@@ -48,7 +48,7 @@ from typing import Sequence
 from k3lab.bundle.install import (CHECK_IMPORTS, INSTALL_SH, MANIFEST, SPARES, WHEELS, file_entry,
                                   write_install_script, write_manifest)
 from k3lab.bundle.parts import split_bundle
-from k3lab.bundle.resolve import SUBSTITUTES, Fetcher, Resolution, Resolver, Target, parse_excludes
+from k3lab.bundle.resolve import SUBSTITUTES, Fetcher, Resolution, Resolver, Target, parse_constraints, parse_excludes
 from k3lab.bundle.sizes import check_size, human, parse_size
 from k3lab.bundle.wheels import SLIM_RULES, SlimResult, WheelInfo, canonical, packaging_modules, sha256_of, slim_wheel
 from k3lab.errors import UserError
@@ -152,6 +152,7 @@ class BundleOptions:
     strip: bool = True  # ELF files of the slimmed wheels, where binutils' strip is on PATH
     part_size: int | None = None  # split into parts of at most this size (`k3lab.bundle.parts`)
     include_project: bool = True  # False: the target runs k3lab from a checkout on PYTHONPATH
+    constraints: dict[str, str] = field(default_factory=dict)  # --constraint files: canonical name -> specifier
 
 
 def build_bundle(options: BundleOptions, log=print, fetcher: Fetcher | None = None) -> dict:
@@ -195,7 +196,8 @@ def _build_into(out: Path, options: BundleOptions, log, fetcher: Fetcher | None)
             f"{options.target.python_version} {', '.join(options.target.platforms) or '(this platform)'}"
             f", {len(options.exclude)} packages excluded")
         fetcher = fetcher or Fetcher(options.target, work, log)
-        resolver = Resolver(options.target, fetcher, options.exclude, options.substitutes, log)
+        resolver = Resolver(options.target, fetcher, options.exclude, options.substitutes, log, options.constraints)
+        log_constraints_left_to_target(options, log)
         resolution = resolver.resolve(root, {canonical(e) for e in options.extras}, options.with_requirements)
         strip = strip_program(options, log)
         files: list[dict] = []
@@ -233,6 +235,8 @@ def _build_into(out: Path, options: BundleOptions, log, fetcher: Fetcher | None)
             "excluded": dict(sorted(options.exclude.items())),
             "substituted": resolution.substituted,
             "with": list(options.with_requirements),
+            "constraints": {name: options.constraints[name] for name in sorted(resolution.wheels)
+                            if name in options.constraints},
             "files": files,
             "target_requirements": {k: v for k, v in sorted(resolution.from_target.items())},
             "imports": imports,
@@ -251,6 +255,18 @@ def _build_into(out: Path, options: BundleOptions, log, fetcher: Fetcher | None)
             entries = [e for e in manifest["files"] if e["path"].startswith(name + "/")]
             log(f"{name}: {human(sum(e['size'] for e in entries))} in {len(entries)} files")
     return manifest
+
+
+def log_constraints_left_to_target(options: BundleOptions, log=print) -> None:
+    """Constrained packages the target supplies (--exclude) keep the target's version: say how many, and
+    which of them the target pins at another version."""
+    left = sorted(name for name in options.constraints if name in options.exclude)
+    if not left:
+        return
+    differ = [f"{name}{options.constraints[name]} (the target's {options.exclude[name]})" for name in left
+              if options.exclude[name] and options.exclude[name].replace(" ", "") != options.constraints[name]]
+    log(f"  constraints: {len(left)} constrained packages are the target's"
+        + (f"; at other versions there: {', '.join(differ)}" if differ else ""))
 
 
 def strip_program(options: BundleOptions, log=print) -> str | None:
@@ -302,7 +318,8 @@ def add_spares(out: Path, options: BundleOptions, resolution: Resolution, fetche
     install.sh installs a spare only when the target's version does not satisfy what the
     bundle needs, so a target with recent enough packages keeps its own.
     """
-    wanted = spare_requirements(resolution.from_target, options.exclude)
+    wanted = {name: tidy_specifier(",".join(c for c in (spec, options.constraints.get(name, "")) if c))
+              for name, spec in spare_requirements(resolution.from_target, options.exclude).items()}
     if not wanted:
         return
     log(f"spares: small wheels of {len(wanted)} excluded packages, installed only where the target's are too old")
@@ -364,6 +381,7 @@ def run(args: argparse.Namespace) -> int:
         spare_max=0 if str(args.spare_max_size).lower() in ("none", "0", "") else parse_size(args.spare_max_size),
         part_size=part_size,
         include_project=not args.without_project,
+        constraints=parse_constraints(args.constraint),
     )
     manifest = build_bundle(options)
     out = options.out

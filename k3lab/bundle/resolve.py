@@ -139,13 +139,20 @@ class Resolution:
 
 
 class Resolver:
+    """`pins` (canonical name -> specifier, from `--constraint` files) narrow the versions of the
+    packages the bundle holds, as pip's `-c` does; they never add a package."""
+
     def __init__(self, target: Target, fetcher: Fetcher, exclude: dict[str, str],
-                 substitutes: dict[str, tuple[str, tuple[str, ...]]], log=print):
+                 substitutes: dict[str, tuple[str, tuple[str, ...]]], log=print, pins: dict[str, str] | None = None):
         self.target = target
+        self.pins = {canonical(name): spec for name, spec in (pins or {}).items()}
         self.env = target.marker_environment()
         self.fetcher = fetcher
         self.exclude = exclude  # canonical name -> specifier ("" = any version)
         self.substitutes = {canonical(k): v for k, v in substitutes.items()}
+        for name, (substitute, _) in self.substitutes.items():  # mlflow==X pins mlflow-skinny==X too
+            if name in self.pins:
+                self.pins.setdefault(canonical(substitute), self.pins[name])
         self.log = log
         _, requirements, specifiers, _, version = packaging_modules()
         self._Requirement, self._SpecifierSet, self._Version = (requirements.Requirement, specifiers.SpecifierSet,
@@ -222,6 +229,7 @@ class Resolver:
                     continue
                 if name == root.name:
                     continue
+                self._check_pin(name, requirement.specifier, parent)
                 required_by[name].append(parent)
                 extras[name] |= {canonical(e) for e in requirement.extras}
                 if name in chosen:
@@ -234,7 +242,8 @@ class Resolver:
             if new:
                 specs = {}
                 for name, clauses in new.items():
-                    spec = self._SpecifierSet(",".join(c for c in (*clauses, *sorted(constraints[name])) if c))
+                    pinned = self.pins.get(name, "")
+                    spec = self._SpecifierSet(",".join(c for c in (*clauses, *sorted(constraints[name]), pinned) if c))
                     specs[name] = str(spec)
                 chosen.update(self.fetcher.fetch(specs))
             pending = []
@@ -248,6 +257,37 @@ class Resolver:
                             continue  # a base requirement, already followed
                         pending.append((requirement, f"{name} {wheel.version}"))
         return Resolution(chosen, dict(required_by), dict(from_target), substituted, 0)
+
+
+    def _check_pin(self, name: str, specifier, parent: str) -> None:
+        """A requirement no pinned version meets is one line naming both (not a failed download)."""
+        pin = self.pins.get(name, "")
+        match = re.fullmatch(r"===?\s*([^,*\s]+)", pin.strip())
+        if match and not specifier.contains(self._Version(match.group(1)), prereleases=True):
+            raise UserError(f"{parent} needs {name}{specifier}, but the constraints pin {name}{pin}")
+
+
+def parse_constraints(paths: Iterable[Path | str]) -> dict[str, str]:
+    """pip constraints files ('name==1.2', comments, blank lines) -> {canonical name: specifier}."""
+    requirements = packaging_modules()[1]
+    out: dict[str, str] = {}
+    for value in paths:
+        path = Path(value)
+        if not path.is_file():
+            raise UserError(f"--constraint {path}: no such file")
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            try:
+                requirement = requirements.Requirement(line)
+            except Exception as error:
+                raise UserError(f"{path}:{number}: cannot read {line!r} as a constraint ({error})") from None
+            if requirement.extras or requirement.url:
+                raise UserError(f"{path}:{number}: {line!r}: a constraint names a version range only")
+            name = canonical(requirement.name)
+            out[name] = ",".join(c for c in (out.get(name, ""), str(requirement.specifier)) if c)
+    return out
 
 
 def parse_excludes(values: Iterable[str]) -> dict[str, str]:

@@ -23,6 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--exclude", action="append", default=[], metavar="NAMES",
                         help="packages the target already has, comma-separated, optionally pinned "
                              "(torch==2.11.0,numpy); @FILE reads one a line (repeatable)")
+    parser.add_argument("-c", "--constraint", action="append", default=[], metavar="FILE",
+                        help="pin the bundled packages' versions to a pip constraints file (repeatable), e.g. "
+                             "the checkout's constraints.txt, the versions every install of k3lab shares")
     parser.add_argument("--extras", default="gpu", help="k3lab's extras to bundle, comma-separated (default: gpu; "
                                                         "'' for none)")
     parser.add_argument("--with", dest="with_requirements", action="append", default=[], metavar="REQS",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from k3lab.errors import UserError
+from k3lab.store.schema import mlflow_version_tags, schema_mismatch
 
 RUN_ID_KEY = "mlflow_run_id"  # in a trial's checkpoint extras and in each of its Ray reports
 
@@ -57,8 +58,8 @@ MAX_RUNS = 10000  # of one sweep, in one search
 
 def client(tracking_uri: str):
     """MLflow's client for the store. A store whose schema the installed MLflow does not have is
-    one line: MLflow's own message calls even a store written by a newer MLflow out of date, and
-    its `mlflow db upgrade` would not open that one."""
+    one line (`k3lab.store.schema`): MLflow's own message calls even a store written by a newer
+    MLflow out of date, and its `mlflow db upgrade` would not open that one."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -69,19 +70,6 @@ def client(tracking_uri: str):
         if found is None:
             raise
         raise UserError(schema_mismatch(tracking_uri, *found.groups())) from None
-
-
-def schema_mismatch(tracking_uri: str, found: str, expected: str) -> str:
-    import mlflow
-    import mlflow.store.db_migrations
-
-    where = tracking_uri.removeprefix("sqlite:///")
-    migrations = Path(mlflow.store.db_migrations.__file__).parent / "versions"
-    if any(migrations.glob(f"{found}_*.py")):  # a schema this MLflow migrates from
-        return (f"{where}: its MLflow schema ({found}) is older than mlflow {mlflow.__version__}'s ({expected}); "
-                f"back it up, then `mlflow db upgrade {tracking_uri}`")
-    return (f"{where}: written by a newer MLflow than the installed {mlflow.__version__} (schema {found}, "
-            f"unknown to it); open it with that MLflow (pip install -U mlflow)")
 
 
 def get_run(tracking_uri: str, run_id: str):
@@ -135,14 +123,14 @@ def sweep_tags(name: str, profile: str | None, version: str, commit: str, descri
     """A new parent run's tags."""
     return {KIND: "sweep", "k3lab.sweep": name, "k3lab.profile": profile or "", "k3lab.version": version,
             "git_commit": commit, NOTE: description or "", DESCRIPTION: description or "", COMMAND: command,
-            "k3lab.baseline": baseline} | reopen_tags()
+            "k3lab.baseline": baseline} | reopen_tags() | mlflow_version_tags()
 
 
 def trial_tags(variant_id: str, variant_name: str, seed: int, colour: str | None = None) -> dict[str, str]:
     """A new trial run's tags (with `node_tags` and `execution_tags`); `colour`: the variant's
     (`k3lab.store.colours`), so every seed of a variant has one colour in the MLflow UI."""
     tags = {VARIANT_ID: variant_id, VARIANT_NAME: variant_name, SEED: str(seed), KIND: "trial"}
-    return tags | ({RUN_COLOR: colour} if colour else {})
+    return tags | mlflow_version_tags() | ({RUN_COLOR: colour} if colour else {})
 
 
 def driver_tags() -> dict[str, str]:

@@ -16,4 +16,5 @@ exec "$python" -m k3lab.cli bundle "${1:-.carry/bundle}" \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --exclude @scripts/bundle/h200-preinstalled.txt \
   --extras gpu \
+  --constraint constraints.txt \
   --max-size none --part-size 28MiB --without-project

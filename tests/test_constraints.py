@@ -1,0 +1,122 @@
+"""constraints.txt, the one set of versions the laptop install, the GPU bundle and the compose images
+share: it sits inside pyproject's ranges, this install came from it, and a store written with the
+bundle's MLflow opens with this install's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from k3lab.bundle import Fetcher, Resolver, Target, UserError, WheelInfo, parse_constraints, parse_excludes
+from k3lab.bundle.resolve import SUBSTITUTES
+from k3lab.store import runs
+
+ROOT = Path(__file__).resolve().parents[1]
+CONSTRAINTS = ROOT / "constraints.txt"
+STORE_FORMAT = ("mlflow", "mlflow-skinny", "mlflow-tracing", "sqlalchemy", "alembic")  # what a store's schema follows
+
+
+def pinned() -> dict[str, Version]:
+    return {name: Version(spec.removeprefix("==")) for name, spec in parse_constraints([CONSTRAINTS]).items()}
+
+
+def project_requirements() -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lines = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    return [Requirement(line) for line in lines]
+
+
+def test_every_pin_is_one_version_inside_the_projects_ranges():
+    pins = pinned()
+    assert all(spec.startswith("==") for spec in parse_constraints([CONSTRAINTS]).values())
+    for requirement in project_requirements():
+        name = requirement.name.lower().replace("_", "-")
+        if name in pins:
+            assert requirement.specifier.contains(pins[name], prereleases=True), f"{requirement} vs {pins[name]}"
+    assert {"mlflow", "ray", "datasets", "pyarrow"} <= set(pins)
+
+
+def test_the_mlflow_packages_are_pinned_to_one_release():
+    pins = pinned()
+    assert pins["mlflow"] == pins["mlflow-skinny"] == pins["mlflow-tracing"]
+
+
+def test_the_readme_gpu_section_names_the_pinned_mlflow():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## GPU trials"):readme.index("## Sweep files")]
+    assert f"MLflow {pinned()['mlflow']} there as\nhere" in section
+
+
+def test_this_install_has_the_pinned_store_format():
+    from importlib.metadata import PackageNotFoundError, version
+
+    pins = pinned()
+    for name in STORE_FORMAT:
+        try:
+            installed = Version(version(name))
+        except PackageNotFoundError:
+            continue
+        assert installed == pins[name], f"{name} {installed} here, {pins[name]} in constraints.txt"
+
+
+def test_the_gpu_bundle_and_the_compose_images_install_from_it():
+    assert "--constraint constraints.txt" in (ROOT / "scripts/bundle/h200.sh").read_text()
+    for dockerfile in ("docker/Dockerfile", "docker/Dockerfile.cpu"):
+        assert "pip install -c constraints.txt " in (ROOT / dockerfile).read_text()
+
+
+def bundled_mlflow(tmp_path: Path) -> WheelInfo:
+    """The MLflow wheel the GPU bundle takes (scripts/bundle/h200.sh's excludes and constraints, its mlflow
+    substitution), for this machine's Python: only MLflow itself is fetched, the rest is left to this install."""
+    pins = parse_constraints([CONSTRAINTS])
+    exclude = parse_excludes([f"@{ROOT / 'scripts/bundle/h200-preinstalled.txt'}"])
+    exclude |= {name: "" for name in pins if name not in STORE_FORMAT[:3]}
+    requirement = next(str(r) for r in project_requirements() if r.name == "mlflow")
+    from test_bundle import make_wheel  # tests/ is on sys.path, as pytest puts it
+
+    root = WheelInfo.read(make_wheel(tmp_path / "root", "k3lab", "0.1.0", [requirement]))
+    target = Target("%d.%d" % sys.version_info[:2])
+    resolver = Resolver(target, Fetcher(target, tmp_path / "work", log=lambda *a: None), exclude, SUBSTITUTES,
+                        log=lambda *a: None, pins=pins)
+    try:
+        resolution = resolver.resolve(root, set())
+    except UserError as error:
+        pytest.skip(f"no package index to fetch the bundle's MLflow from: {error}")
+    return resolution.wheels["mlflow-skinny"]
+
+
+WRITE_STORE = """
+import sys, mlflow
+assert mlflow.__file__.startswith(sys.argv[2]), mlflow.__file__
+from k3lab.store.tracking import MLflowTracker
+tracker = MLflowTracker.start(sys.argv[1], "bundle", "written-on-the-gpu")
+tracker.log_metrics({"val_loss": 3.25}, step=7)
+tracker.finish("FINISHED")
+print(mlflow.__version__)
+"""
+
+
+@pytest.mark.slow
+def test_a_store_written_with_the_bundles_mlflow_opens_with_this_install(tmp_path):
+    import mlflow
+
+    wheel = bundled_mlflow(tmp_path)
+    site = tmp_path / "bundle-site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
+                    str(wheel.path)], check=True)
+    uri = f"sqlite:///{tmp_path / 'gpu.db'}"
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-c", WRITE_STORE, uri, str(site)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == wheel.version == mlflow.__version__  # one MLflow on both machines
+    client = runs.client(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("bundle").experiment_id])
+    assert run.data.metrics["val_loss"] == 3.25 and run.info.status == "FINISHED"
