@@ -77,7 +77,7 @@ def test_sweep_logs_one_run_per_trial_and_recovers_from_a_crash(tmp_path, sweep_
     out = capsys.readouterr().out
     assert "attnres_off" in out and "attnres_bs1" in out
     assert "paired by seed" in out and "not resolved (one pair)" in out
-    assert "2 crashes, each trial restarted from its last checkpoint" in out
+    assert "restarts: 2 (crashed 2)" in out
 
 
 def test_a_trial_checkpointing_every_second_evaluation_restarts_from_its_last_checkpoint(tmp_path, monkeypatch):

@@ -43,6 +43,7 @@ NON_TORCH_BYTES = 1 << 30  # outside PyTorch's allocator (CUDA context, kernel i
 RECORD_NAME = "k3lab-memory.json"
 SHIPPED_RECORD = Path(__file__).resolve().parents[1] / "tunings" / "gpu-memory.json"
 ENV_VAR = "K3LAB_GATE_DIR"  # where the gate folders are (default: the temp directory, per user)
+FAKE_GPU_VAR = "K3LAB_FAKE_GPU"  # for tests: "NAME=GIB", a GPU model this host says it has (no CUDA is touched)
 POLL_S = 0.5
 GIB = 1 << 30
 
@@ -162,11 +163,16 @@ class DoesNotFit(Exception):
         self.variant = variant
 
 
-def trials_ceiling(resources, gpus: int = 1) -> int:
-    """Trials per GPU the sweep file allows: 1/resources.gpu, and max_concurrent_trials spread over the GPUs."""
-    most = max(1, math.floor(1 / resources.gpu + 1e-9)) if 0 < resources.gpu < 1 else 1
-    if resources.max_concurrent_trials:
-        most = min(most, max(1, math.ceil(resources.max_concurrent_trials / max(1, gpus))))
+def trials_ceiling(resources, gpus: int = 1, max_concurrent: int | None = None) -> int:
+    """Trials per GPU the sweep allows: 1/resources.gpu, and its trials at once (--max-concurrent, else
+    resources.max_concurrent_trials) spread over the GPUs. A sweep with no GPU share (a fake GPU's test
+    on CPU) takes its trials at once alone."""
+    at_once = max_concurrent or resources.max_concurrent_trials
+    if resources.gpu == 0:
+        return max(1, at_once or 1)
+    most = max(1, math.floor(1 / resources.gpu + 1e-9)) if resources.gpu < 1 else 1
+    if at_once:
+        most = min(most, max(1, math.ceil(at_once / max(1, gpus))))
     return most
 
 
@@ -197,9 +203,17 @@ def recorded_gpus(variants: dict[str, str], record: dict) -> list[GPUModel]:
     return sorted(gpus.values(), key=lambda gpu: gpu.name)
 
 
+def fake_gpu() -> GPUModel | None:
+    """The GPU model $K3LAB_FAKE_GPU names ("NAME=GIB"), for tests of the packing on machines without one."""
+    name, _, gib = os.environ.get(FAKE_GPU_VAR, "").rpartition("=")
+    return GPUModel(name, int(float(gib) * GIB)) if name and gib else None
+
+
 def host_gpu() -> GPUModel | None:
     """This host's GPU model from nvidia-smi, without CUDA in this process (a sweep's driver must not
     hold a context on a GPU its trials share); None without nvidia-smi or with GPUs of several kinds."""
+    if fake_gpu() is not None:
+        return fake_gpu()
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=30)
@@ -438,22 +452,22 @@ class MemoryMeter:
                         used, total)
 
 
-def sweep_packing(sweep, gpu: GPUModel, cache: Path | None, gpus: int = 1) -> Packing:
+def sweep_packing(sweep, gpu: GPUModel, cache: Path | None, gpus: int = 1, max_concurrent: int | None = None) -> Packing:
     """The packing of `sweep`'s trials on one GPU of `gpu`'s model, from the record."""
     variants = {v.name: variant_key(v.config, sweep.train_of(v)) for v in sweep.valid_variants}
-    return plan_packing(variants, gpu, trials_ceiling(sweep.resources, gpus), known_peaks(cache))
+    return plan_packing(variants, gpu, trials_ceiling(sweep.resources, gpus, max_concurrent), known_peaks(cache))
 
 
-def host_packing(sweep, cache: Path | None, gpus: int = 1) -> Packing | None:
+def host_packing(sweep, cache: Path | None, gpus: int = 1, max_concurrent: int | None = None) -> Packing | None:
     """The packing of a one-GPU-trial sweep on this host's GPU model (None where there is no such
     GPU, or the trials take whole GPUs); a variant that does not fit alone is a one-line error."""
     from k3lab.errors import UserError
 
     gpu = host_gpu()
-    if gpu is None or sweep.resources.strategy is not None or not 0 < sweep.resources.gpu <= 1:
+    if gpu is None or sweep.resources.strategy is not None or sweep.resources.gpu > 1:
         return None
     try:
-        return sweep_packing(sweep, gpu, cache, gpus)
+        return sweep_packing(sweep, gpu, cache, gpus, max_concurrent)
     except DoesNotFit as error:
         raise UserError(f"{sweep.path}: {error}") from None
 

@@ -284,17 +284,41 @@ def shipped_archives() -> list[Path]:
     return sorted(path for suffix in COMPRESSIONS for path in SHIPPED_DIR.glob(f"*{suffix}"))
 
 
+# GPUs of one architecture (compute capability): Triton's cache keys by the architecture, so one's
+# autotune results and compiled Triton kernels hold on the others (torch.compile's graphs key by the GPU
+# itself and are compiled again, harmlessly)
+ARCHITECTURES = {"sm_90": ("NVIDIA H100", "NVIDIA H200", "NVIDIA H800", "NVIDIA H20", "NVIDIA GH200")}
+
+
+def architecture(gpu: str | None) -> str | None:
+    """The architecture of a GPU named as nvidia-smi names it ("NVIDIA H100 80GB HBM3": sm_90), or None."""
+    return next((arch for arch, names in ARCHITECTURES.items()
+                 if gpu and any(gpu == name or gpu.startswith(f"{name} ") for name in names)), None)
+
+
+def fits(manifest: dict, gpu: str, versions: dict, same_architecture: bool) -> bool:
+    """An archive fits this GPU when measured on it with these versions, or (`same_architecture`)
+    on another GPU of its architecture with these versions."""
+    if mismatch(manifest, gpu, versions) is None:
+        return True
+    other_gpu_only = mismatch(manifest, manifest.get("gpu"), versions) is None
+    return same_architecture and other_gpu_only and architecture(gpu) is not None \
+        and architecture(manifest.get("gpu")) == architecture(gpu)
+
+
 def start_from_shipped(cache: Path, gpu: str) -> dict | None:
     """Import the shipped archives measured on this GPU with these versions, each once per
-    cache. None when none matches or they were imported already; else what import_tunings
-    returned, summed over them, with "archive": their names."""
+    cache; where none was measured on it, those of another GPU of its architecture (a first
+    warm-up then compiles, with no autotuning). None when none fits or they were imported
+    already; else what import_tunings returned, summed over them, with "archive": their names."""
     done = read_json(cache / SHIPPED_RECORD)
     versions = toolchain_versions()
+    manifests = {archive: read_manifest(archive) for archive in shipped_archives()}  # creation time: one export
+    own = any(mismatch(manifest, gpu, versions) is None for manifest in manifests.values())
     results, names = [], []
-    for archive in shipped_archives():
-        manifest = read_manifest(archive)  # its creation time and counts name one export
+    for archive, manifest in manifests.items():
         digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
-        if digest in done or mismatch(manifest, gpu, versions):
+        if digest in done or not fits(manifest, gpu, versions, same_architecture=not own):
             continue
         results.append(merge_into(cache, *read_archive(archive)))
         names.append(archive.name)

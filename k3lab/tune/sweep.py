@@ -12,7 +12,7 @@ import os
 
 from k3lab.errors import UserError
 from k3lab.registry import ResourceSpec, Sweep
-from k3lab.runtime.memory import host_packing
+from k3lab.runtime.memory import fake_gpu, host_packing
 from k3lab.runtime.preflight import Preflight, check_prepared, cuda_gpus, run_preflight_overlapped
 from k3lab.runtime.session import sweep_log, sweep_runtime, watched_ray, worker_env
 from k3lab.runtime.warmup import open_sweep_cache, warm_kernels_on_a_gpu
@@ -34,7 +34,8 @@ def start_ray(run: SweepRun) -> None:
         env["TUNE_FUNCTION_THREAD_TIMEOUT_S"] = "60"
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    for key in ("K3LAB_FAIL_AT_STEP", "K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI"):  # the first: fault injection for tests
+    for key in ("K3LAB_FAIL_AT_STEP", "K3LAB_OOM_AT_STEP", "K3LAB_FAKE_GPU", "K3LAB_GATE_DIR",  # fault injection and
+                "K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI"):  # the fake GPU: for tests
         if key in os.environ:
             env[key] = os.environ[key]
     kwargs = dict(runtime_env={"env_vars": env}, log_to_driver=False, configure_logging=False)
@@ -107,8 +108,8 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
     dataset = run_preflight_overlapped(plan)  # tokenizing while Ray starts
     check_parent(run, say)  # after the preflight, which found the tracking server answering
     open_sweep_cache(run)
-    if run.uses_gpus and not run.on_cluster:
-        run.packing = host_packing(run.sweep, run.kernel_cache, gpus=cuda_gpus())  # a variant too large: refused
+    if (run.uses_gpus or fake_gpu()) and not run.on_cluster:  # a variant too large for the GPU: refused here
+        run.packing = host_packing(run.sweep, run.kernel_cache, gpus=max(1, cuda_gpus()), max_concurrent=run.max_concurrent)
     if run.packing is not None:
         say(f"GPU memory: {run.packing.line()}")
     if run.overwrite:

@@ -95,7 +95,7 @@ def trial_memory(run, variant, packing: Packing | None, owner: str) -> TrialMemo
     """The packing's part for one-GPU trials of a GPU sweep (None on CPU and for DDP trials)."""
     from k3lab.runtime.memory import known_peaks, trials_ceiling
 
-    if not run.uses_gpus or run.sweep.resources.strategy is not None:
+    if not (run.uses_gpus or packing is not None) or run.sweep.resources.strategy is not None:
         return None
     key = variant_key(variant.config, run.sweep.train_of(variant))
     expected = None
@@ -362,7 +362,7 @@ def enter_gate(spec: TrialSpec) -> MemoryGate | None:
     """Wait, before this process touches CUDA, until its GPU has the memory for this trial
     (`k3lab.runtime.memory.MemoryGate`); None for trials outside the packing (CPU, DDP)."""
     global _gate
-    if spec.memory is None or not os.environ.get("CUDA_VISIBLE_DEVICES"):
+    if spec.memory is None:
         return None
     if _gate is None:
         _gate = MemoryGate(gate_folder(), spec.memory.limits())
