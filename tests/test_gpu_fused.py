@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from conftest import fla_reference
 
-from k3lab.model import attn_res_fused
+from k3lab.ops.attn_res import fused as attn_res_fused, naive as attn_res_naive
 from k3lab.model.config import KimiK3Config, tiny_config
 from k3lab.model.kda import KDAChunkwise
 from k3lab.model.kda_fused import KDAFused
@@ -217,7 +217,7 @@ def mixture_chain(q, w, ow, leaves, fused: bool):
         mix = lambda cands: attn_res_fused.AttnResMixture.apply(q, w, ow, 1e-6, *cands)[0]  # noqa: E731
     else:
         e0, e1 = leaves[0] * 1.0, leaves[1] * 1.0
-        mix = lambda cands: attn_res_fused.reference_attnres(q, cands, w, ow, 1e-6)  # noqa: E731
+        mix = lambda cands: attn_res_naive.reference_attnres(q, cands, w, ow, 1e-6)  # noqa: E731
     h = mix([e0, leaves[2]])
     h2 = mix([e0, e1, h + leaves[3]])
     h3 = mix([e0, e1, h2 + leaves[4]])
@@ -515,14 +515,14 @@ def test_attn_res_forward_kernel_matches_its_twin_and_flas_forward(dtype, K):
     """k3lab's forward kernel against `reference_forward` and against FLA's forward, whose
     statistics (rstd, logit, lse) the backward reads: all four outputs, at a trial's D."""
     needs_fla()
-    from k3lab.model.attn_res_kernel import forward
+    from k3lab.ops.attn_res.kernel import forward
 
     N, D = 4096, 512
     g = torch.Generator(device="cpu").manual_seed(K)
     residuals = [(torch.randn(N, D, generator=g) * (1 + i % 3)).cuda().to(dtype) for i in range(K)]
     q, w, ow = (0.05 * torch.randn(D, generator=g)).cuda(), *(1 + 0.1 * torch.randn(2, D, generator=g)).cuda()
     got = forward(q, w, ow, residuals, 1e-6)
-    twin = attn_res_fused.reference_forward(q, w, ow, residuals, 1e-6)
+    twin = attn_res_naive.reference_forward(q, w, ow, residuals, 1e-6)
     fla = attn_res_fused.fla_forward(q, w, ow, residuals, 1e-6)
     floor = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output rounded once
     for name, a, b, c in zip(["o", "rstd", "logit", "lse"], got, twin, fla):
@@ -540,7 +540,7 @@ def test_attn_res_backward_kernel_matches_its_twin_and_sums_in_place(dtype, K, N
     what the buffer holds where it is set; dq/dw and the output norm's weight summed over rows
     in partial sums (65,536 rows, a `small` trial's step: sixteen rows a program at K = 2, one at
     K = 13)."""
-    from k3lab.model.attn_res_kernel import PARTIAL_ROWS, dv_backward, forward
+    from k3lab.ops.attn_res.kernel import PARTIAL_ROWS, dv_backward, forward
 
     D = 512
     g = torch.Generator(device="cpu").manual_seed(K)
@@ -552,7 +552,7 @@ def test_attn_res_backward_kernel_matches_its_twin_and_sums_in_place(dtype, K, N
     acc = 0b0101010101010 & ((1 << K) - 1)
     targets = [h.clone() for h in held]
     partials = dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc, 1e-6)
-    dvs, want_dqw, want_dow = attn_res_fused.dv_twin(q, w, ow, residuals, do, 1e-6)
+    dvs, want_dqw, want_dow = attn_res_naive.dv_twin(q, w, ow, residuals, do, 1e-6)
     floor = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: one rounding of the stored sum
     for i, (target, dv) in enumerate(zip(targets, dvs)):
         want = dv + held[i].float() if acc >> i & 1 else dv

@@ -11,7 +11,7 @@ State carried between blocks (never between forward calls):
 
 GPU path: with kda_implementation="fused" on CUDA the same state machine runs with the
 endpoints as a tuple of P (B, T, M) tensors and every mixture (with the pre-norm that
-follows it) in one fused kernel each way (`attn_res_fused.fused_attn_res`). The tuple
+follows it) in one fused kernel each way (`k3lab.ops.attn_res.fused`). The tuple
 avoids re-concatenating the endpoints; the candidates and their order are identical.
 Endpoints are made by `as_endpoint`, so that their readers sum their gradient in one buffer.
 """
@@ -32,6 +32,9 @@ from k3lab.model.loss import linear_cross_entropy
 from k3lab.model.mla import GatedMLA
 from k3lab.model.moe import StableLatentMoE, balance_biases
 from k3lab.model.norm import RMSNorm
+from k3lab.ops.attn_res import naive
+from k3lab.ops.attn_res.naive import apply_attn_res, attn_res_mixture  # noqa: F401  (importable from here)
+
 
 
 def build_kda(config: KimiK3Config) -> nn.Module:
@@ -46,43 +49,23 @@ def build_kda(config: KimiK3Config) -> nn.Module:
 
 
 def fused_attn_res(candidates, norm, proj, out_norm):
-    """out_norm(AttnRes mixture of candidates) in the fused kernels: see `attn_res_fused.fused_attn_res`
-    (which is the compiler-disabled one).
+    """out_norm(AttnRes mixture of candidates) in the fused kernels: see `k3lab.ops.attn_res.fused`
+    (whose `fused_attn_res` is the compiler-disabled one).
 
     Imported here, at call time, so the plain model never imports the fused module; and no
     `torch.compiler` decorator at import time, which would import torch._dynamo and with it
     Triton on CUDA builds of torch.
     """
-    from k3lab.model import attn_res_fused
+    from k3lab.ops.attn_res import fused
 
-    return attn_res_fused.fused_attn_res(candidates, norm, proj, out_norm)
+    return fused.fused_attn_res(candidates, norm, proj, out_norm)
 
 
 def as_endpoint(x):
-    """x kept as a block endpoint on the fused path: see `attn_res_fused.as_endpoint`."""
-    from k3lab.model import attn_res_fused
+    """x kept as a block endpoint on the fused path: see `k3lab.ops.attn_res.fused.as_endpoint`."""
+    from k3lab.ops.attn_res import fused
 
-    return attn_res_fused.as_endpoint(x)
-
-
-def attn_res_mixture(block_residual, prefix_sum, norm, proj):
-    """`apply_attn_res`, also returning the mixture weights (BT, K) for logging."""
-    V = torch.cat([block_residual, prefix_sum.unsqueeze(1)], dim=1).float()  # (BT, K, M)
-    with torch.autocast(V.device.type, enabled=False):
-        scores = F.linear(norm(V), proj.weight.float()).squeeze(-1)  # (BT, K)
-        weights = scores.softmax(dim=-1)
-        h = (weights.unsqueeze(-1) * V).sum(dim=1)  # (BT, M), raw candidates, not normalised
-    return h.to(prefix_sum.dtype), weights
-
-
-def apply_attn_res(block_residual, prefix_sum, norm, proj):
-    """Softmax mixture over depth candidates for each token.
-
-    block_residual (BT, P, M) stored endpoints; prefix_sum (BT, M) the live prefix.
-    Candidates V = [endpoints..., prefix] (BT, K=P+1, M); scores = proj(norm(V)) with one
-    learned vector shared over candidates; h = sum_K softmax(scores) * V, in fp32.
-    """
-    return attn_res_mixture(block_residual, prefix_sum, norm, proj)[0]
+    return fused.as_endpoint(x)
 
 
 class KimiK3DecoderBlock(nn.Module):
@@ -142,7 +125,7 @@ class KimiK3DecoderBlock(nn.Module):
         return prefix_sum, block_residual
 
     def forward_fused(self, hidden_states: torch.Tensor, endpoints: tuple):
-        """`forward` with the fused AttnRes kernels (`attn_res_fused`): endpoints is a tuple of P (B, T, M) tensors.
+        """`forward` with the fused AttnRes kernels (`k3lab.ops.attn_res.fused`): endpoints is a tuple of P (B, T, M) tensors.
 
         Each mixture comes back already through the pre-norm that follows it
         (attn_norm / ffn_norm), which the kernel fuses.
@@ -174,7 +157,7 @@ class KimiK3DecoderBlock(nn.Module):
 
     def mix(self, site, block_residual, prefix_sum, norm, proj):
         B, T, C = prefix_sum.shape
-        h, weights = attn_res_mixture(block_residual, prefix_sum.reshape(B * T, C), norm, proj)
+        h, weights = naive.attn_res_mixture(block_residual, prefix_sum.reshape(B * T, C), norm, proj)
         self.attn_res_weights[site] = weights.detach().mean(dim=0)  # (K,)
         return h.view(B, T, C)
 
@@ -253,7 +236,7 @@ class KimiK3(nn.Module):
         for layer in self.layers:
             hidden_states, block_residual = self.run_layer(layer, hidden_states, block_residual)
         if self.config.use_attn_res:
-            hidden_states = apply_attn_res(
+            hidden_states = naive.apply_attn_res(
                 block_residual, hidden_states.reshape(B * T, -1), self.final_res_norm, self.final_res_proj
             ).view(B, T, -1)
         return self.norm(hidden_states)
