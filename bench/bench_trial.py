@@ -139,7 +139,7 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     model.checkpoint_layers = "ckpt" in options
     if "kdastates" in options:
         try:
-            from k3lab.model.kda_fused import keep_kda_states
+            from k3lab.model.kda import keep_kda_states
         except ImportError:  # a --before checkout without it: its trials recomputed the states
             pass
         else:

@@ -15,7 +15,7 @@
   above, sources are padded and tested at run time): forward and backward at K = 5, 6 and 8,
   N = 32,768 rows, D = 1,024 (bench/bench_gpu.py's AttnRes model, whose last block has K = 5),
   with the seconds the first call took (the compile) beside the time per call.
-- `k3lab.model.kda_fused.WIDTH_MULTIPLE` (the fused input matmul's width is padded to it): one
+- `k3lab.model.kda.WIDTH_MULTIPLE` (the fused input matmul's width is padded to it): one
   `small` KDA layer's forward and backward in bf16 autocast, eagerly, at 64 x 1024 tokens.
 - FLA's causal convolution backend (`FLA_CONV_GLUON`, Triton by default, Gluon when set): the
   convolution alone, forward and backward on a strided (64, 1024, 512) view as KDA's q, k and v
@@ -100,7 +100,7 @@ def attn_res_exact_sources(N: int = 32768, D: int = 1024) -> None:
 
 
 def kda_layer_width() -> None:
-    from k3lab.model import kda_fused
+    from k3lab.model import kda as kda_fused
     from k3lab.model.config import KimiK3Config
 
     config = KimiK3Config(**yaml.safe_load((ROOT / "k3lab/presets/small.yaml").read_text()), kda_implementation="fused")
@@ -157,7 +157,7 @@ def kda_backend() -> None:
     if importlib.util.find_spec("tilelang") is None:
         print("kda_backend: the tilelang package is not installed here; skipped", flush=True)
         return
-    from k3lab.model import kda_fused
+    from k3lab.model import kda as kda_fused
     from k3lab.model.config import KimiK3Config
 
     config = KimiK3Config(**yaml.safe_load((ROOT / "k3lab/presets/small.yaml").read_text()), kda_implementation="fused")

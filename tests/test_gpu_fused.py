@@ -31,7 +31,7 @@ from conftest import fla_reference
 from k3lab.ops.attn_res import fused as attn_res_fused, naive as attn_res_naive
 from k3lab.model.config import KimiK3Config, tiny_config
 from k3lab.model.kda import KDAChunkwise
-from k3lab.model.kda_fused import KDAFused
+from k3lab.model.kda import KDAFused
 from k3lab.model.loss import linear_cross_entropy
 from k3lab.model.mla import GatedMLA, causal_attention
 from k3lab.model.model import KimiK3, apply_attn_res, attn_res_mixture, compile_blocks
@@ -159,7 +159,7 @@ def test_fla_bounded_gate_formula_is_decay_gate():
 
 def test_fla_recurrence_is_ours():
     naive = fla_reference("ops/kda/naive.py")
-    from k3lab.model.kda import recurrent_kda
+    from k3lab.ops.kda.naive import recurrent_kda
 
     B, T, H, d = 2, 12, 3, 8
     q, k = F.normalize(torch.randn(B, T, H, d), dim=-1), F.normalize(torch.randn(B, T, H, d), dim=-1)
@@ -435,7 +435,7 @@ def run(module, inputs, dout, bf16: bool):
 
 
 def test_fla_gluon_convolution_is_chosen_unless_the_user_set_fla_conv_gluon():
-    code = "import os, k3lab.model.kda_fused; print(os.environ['FLA_CONV_GLUON'])"
+    code = "import os, k3lab.ops.kda.fused; print(os.environ['FLA_CONV_GLUON'])"
     env = {k: v for k, v in os.environ.items() if k != "FLA_CONV_GLUON"}
     for setting, expected in ((None, "1"), ("0", "0")):
         run_env = env if setting is None else env | {"FLA_CONV_GLUON": setting}

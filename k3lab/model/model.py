@@ -40,7 +40,7 @@ from k3lab.ops.attn_res.naive import apply_attn_res, attn_res_mixture  # noqa: F
 def build_kda(config: KimiK3Config) -> nn.Module:
     """The KDA layer for this config; FLA (and Triton) are imported only for "fused"."""
     if config.uses_fused_kda:
-        from k3lab.model.kda_fused import KDAFused
+        from k3lab.model.kda import KDAFused
 
         return KDAFused(config)
     from k3lab.model.kda import KDAChunkwise

@@ -43,7 +43,7 @@ class TrainSpec:
     instead of storing its activations (less memory for large batches, ~1/3 more compute);
     `kda_keep_states` the other way round for FLA's KDA alone: its backward reads the chunk states
     the forward computed instead of recomputing them (more memory, less compute;
-    `k3lab.model.kda_fused.keep_kda_states`).
+    `k3lab.model.kda.keep_kda_states`).
     `init`: `paired` draws each module's starting weights from (seed, its name), so trials
     of one seed start alike in every module they share (`k3lab.train.init`); `sequential`
     draws the whole model from one stream seeded by the seed.
