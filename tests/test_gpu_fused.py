@@ -741,7 +741,7 @@ def test_a_captured_step_runs_both_optimizers_at_each_steps_learning_rate():
     The reference runs eagerly with the graph's device learning rates, as the trainer's eager
     steps do: with float rates the fp32 rounding of a rate differs by an ulp, which Adam's and
     Muon's normalisations amplify to ~4e-4 within two steps of this model (H200, 2026-12-03)."""
-    from k3lab.model.optim import build_optimizers
+    from k3lab.optim.assignment import build_optimizers
     from k3lab.train.graphs import GraphedStep
 
     rates = [1e-2, 2e-2, 5e-2, 0.0, 3e-2, 1e-3, 2e-2]
@@ -791,7 +791,7 @@ def test_muon_buckets_on_side_streams_update_exactly_as_on_one_stream(compile):
     """The buckets' kernel chains overlap on side streams; each chain is the same kernels on
     the same inputs, so the weights and momenta match the one-stream step bit for bit (eager,
     and with each bucket's steps compiled)."""
-    from k3lab.model.muon import Muon
+    from k3lab.optim.muon import Muon
 
     shapes = [(64, 128), (128, 64), (96, 96), (64, 128), (8, 128), (4, 96, 96)]
     results = {}
@@ -815,7 +815,7 @@ def test_a_muon_step_with_a_float_learning_rate_never_waits_on_the_gpu(compile):
     """Outside a CUDA graph (gradient accumulation, DDP, a failed capture) the learning rate is a
     float; compiled, Muon hands it to its update as a device scalar, which must be filled by a
     kernel, not copied from the host (a copy waits for the stream: a stall per bucket)."""
-    from k3lab.model.muon import Muon
+    from k3lab.optim.muon import Muon
 
     params = [torch.nn.Parameter(torch.randn(*s, device="cuda") * 0.1) for s in [(64, 128), (96, 96), (4, 96, 96)]]
     optimizer = Muon(params, lr=0.02, weight_decay=0.1, compile=compile)

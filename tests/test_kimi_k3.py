@@ -15,7 +15,7 @@ from k3lab.model.mla import GatedMLA
 from k3lab.model.model import KimiK3, apply_attn_res
 from k3lab.model.moe import StableLatentMoE
 from k3lab.model.norm import RMSNorm
-from k3lab.model.optim import build_optimizers, split_parameters
+from k3lab.optim.assignment import build_optimizers, split_parameters
 from k3lab.ops.attn_res import naive
 
 

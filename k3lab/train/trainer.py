@@ -29,7 +29,7 @@ from k3lab.model.counting import count_parameters
 from k3lab.model.inference import eager_if_compiled
 from k3lab.model.kda import keep_kda_states
 from k3lab.model.model import KimiK3, compile_blocks
-from k3lab.model.optim import build_optimizers
+from k3lab.optim.assignment import build_optimizers
 from k3lab.train.spec import TrainSpec
 from k3lab.train.ddp import DDPOptions, wrap_ddp
 from k3lab.train.checks import check_seq_len, check_splits, check_vocab
