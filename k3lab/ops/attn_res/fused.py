@@ -157,3 +157,22 @@ def aligned(x: torch.Tensor) -> torch.Tensor:
     """x contiguous with a 16-byte aligned start, as FLA's attnres kernel asserts."""
     x = x.contiguous()
     return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+# -- the model's AttnRes state on this path: the stored endpoints as a tuple of P (B, T, M) tensors ----
+# (`naive.py` has the same three functions over one stacked tensor; the candidates and their order are the same)
+
+def no_endpoints(x: torch.Tensor) -> tuple:
+    """The state before the first layer: no endpoints."""
+    return ()
+
+
+def with_endpoint(endpoints: tuple, x: torch.Tensor) -> tuple:
+    """endpoints with x (B, T, M) stored after them, in the stream's dtype (the first endpoint's):
+    a tuple, so that no mixture re-concatenates them, and made by `as_endpoint`."""
+    return (*endpoints, as_endpoint(x.to(endpoints[0].dtype) if endpoints else x))
+
+
+def mixture(endpoints: tuple, prefix: torch.Tensor, norm, proj, out_norm):
+    """out_norm(the mixture of [endpoints..., prefix]) (B, T, M) and the mean weights (K,), in one kernel."""
+    return fused_attn_res((*endpoints, prefix), norm, proj, out_norm)
