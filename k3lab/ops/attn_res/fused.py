@@ -29,7 +29,6 @@ FLA API facts `fla_forward` relies on (checked against fla-core 0.6.0):
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from k3lab.ops.attn_res.naive import dv_reference, reference_forward
