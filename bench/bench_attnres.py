@@ -4,7 +4,7 @@
     python bench/bench_attnres.py --sources 4,13 --rows fla,fla_split     # a subset
     python bench/bench_attnres.py --device cpu --tokens 512 --dim 64 --sources 3 --reps 2   # harness check
 
-One AttnRes call as k3lab makes it (`k3lab.model.attn_res_fused`): K sources of N x D in bf16,
+One AttnRes call as k3lab makes it (`k3lab.ops.attn_res.fused`): K sources of N x D in bf16,
 the RMS-normalised scores against a learned query, the softmax over sources, the mixture and the
 pre-norm after it (`output_rms_weight`), with its backward. N = 64 x 1024 tokens and D = 512
 are the `small` preset's trials in the gpu profiles. K is the number of candidates a layer mixes,
@@ -19,8 +19,8 @@ Rows:
                    the output norm's weight gradient by torch.sum over the N rows (which spreads
                    the N axis over the whole GPU), instead of FLA's attnres_bwd_kernel_dqdw,
                    whose grid is D / BD programs (8-32 for D = 512) that each walk all N rows
-    k3lab          what the model runs (`k3lab.model.attn_res_fused.AttnResMixture`): k3lab's
-                   forward and backward kernels (`attn_res_kernel`) and the column sums by
+    k3lab          what the model runs (`k3lab.ops.attn_res.fused.AttnResMixture`): k3lab's
+                   forward and backward kernels (`k3lab.ops.attn_res.kernel`) and the column sums by
                    torch.sum; here every source is a leaf, so each gradient gets its own
                    buffer, as in the rows above
     naive_compiled `reference_attnres` (plain PyTorch, fp32 math, as fla.ops.attnres.naive_attnres)
@@ -28,7 +28,7 @@ Rows:
     dqdw_fla, dqdw_split
                    the reduction stage alone on the same (N, D) fp32 buffers: FLA's kernel
                    against torch.sum
-    fwd            the forward kernel alone, at the largest K (`attn_res_kernel.forward`);
+    fwd            the forward kernel alone, at the largest K (`kernel.forward`);
                    GB/s over the forward's bytes (below)
     dv_store, dv_sum, add
                    a source's gradient, at the largest K: k3lab's backward kernel alone
@@ -66,7 +66,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from k3lab.model.attn_res_fused import column_sums, reference_attnres  # noqa: E402
+from k3lab.ops.attn_res.fused import column_sums  # noqa: E402
+from k3lab.ops.attn_res.naive import reference_attnres  # noqa: E402
 
 SECTION = "AttnRes alone: FLA's kernels against alternatives"
 
@@ -214,7 +215,7 @@ def implementations(names: list[str], device: torch.device) -> dict:
     if device.type == "cuda" and "fla_split" in names:
         found["fla_split"] = split_attnres()
     if "k3lab" in names:  # on CPU: the same function with its plain-PyTorch twins
-        from k3lab.model.attn_res_fused import AttnResMixture
+        from k3lab.ops.attn_res.fused import AttnResMixture
 
         found["k3lab"] = lambda q, r, w, ow, eps: AttnResMixture.apply(q, w, ow, eps, *r)[0]
     if "naive_compiled" in names:
@@ -259,12 +260,12 @@ def measure_dqdw(N: int, D: int, args, device: torch.device) -> dict:
 
 def measure_fwd(K: int, N: int, D: int, args, device: torch.device) -> dict:
     """The forward kernel alone (on a GPU; the plain-PyTorch twin on CPU): {row: GB/s}."""
-    from k3lab.model.attn_res_fused import reference_forward
+    from k3lab.ops.attn_res.naive import reference_forward
 
     residuals, q, w, ow, _ = inputs(K, N, D, device, requires_grad=False)
     kernels = {"fwd": reference_forward}
     if device.type == "cuda":
-        from k3lab.model.attn_res_kernel import forward
+        from k3lab.ops.attn_res.kernel import forward
 
         kernels = {"fwd": forward}
     nbytes = attnres_bytes(K, N, D)[0]
@@ -274,11 +275,11 @@ def measure_fwd(K: int, N: int, D: int, args, device: torch.device) -> dict:
 
 def measure_dv(K: int, N: int, D: int, args, device: torch.device) -> dict:
     """k3lab's backward kernel alone, storing and summing, and one eager add: {row: GB/s}."""
-    from k3lab.model.attn_res_fused import dv_reference, reference_forward
+    from k3lab.ops.attn_res.naive import dv_reference, reference_forward
 
     residuals, q, w, ow, do = inputs(K, N, D, device, requires_grad=False)
     if device.type == "cuda":
-        from k3lab.model.attn_res_kernel import dv_backward, forward
+        from k3lab.ops.attn_res.kernel import dv_backward, forward
         _, rstd, logit, lse = forward(q, w, ow, residuals, 1e-6)
     else:
         dv_backward = dv_reference

@@ -10,7 +10,7 @@ One process runs the configurations one after another on the same shapes, each w
 random tokens (B x T), bf16 autocast over fp32 weights and fused AdamW. TF32 is on for
 the few fp32 matmuls left (FLA's fused cross-entropy accumulates dW with an fp32 GEMM).
 Every row, FLA's too, runs the short convolutions on the backend k3lab picks
-(`k3lab.model.kda_fused`: FLA's Gluon one unless FLA_CONV_GLUON says otherwise); the header
+(`k3lab.ops.kda.fused`: FLA's Gluon one unless FLA_CONV_GLUON says otherwise); the header
 line names it.
 
     fla_kda          FLA KDAForCausalLM: hidden 1024, 12 layers, 8 KDA heads x 128, vocab 32000,
@@ -153,7 +153,7 @@ def k3_config(name: str, seq: int):
 
 def k3_model(name: str, seq: int, compile_blocks_: bool, keep_states: bool = False):
     from k3lab.model.counting import count_parameters
-    from k3lab.model.kda_fused import KDAFused, keep_kda_states
+    from k3lab.model.kda import KDAFused, keep_kda_states
     from k3lab.model.model import KimiK3, compile_blocks
 
     model = KimiK3(k3_config(name, seq))
@@ -315,7 +315,7 @@ def main() -> None:
         sys.exit("bench_gpu.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    importlib.import_module("k3lab.model.kda_fused")  # sets the convolution backend for every row, FLA's rows first
+    importlib.import_module("k3lab.ops.kda.fused")  # sets the convolution backend for every row, FLA's rows first
 
     conv = "Gluon" if os.environ.get("FLA_CONV_GLUON", "0") != "0" else "Triton"
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; TRITON_CACHE_DIR="

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import write_section  # noqa: E402
-from k3lab.model.kda import chunk_kda_reference, recurrent_kda  # noqa: E402
+from k3lab.ops.kda.naive import chunk_kda_reference, recurrent_kda  # noqa: E402
 
 
 def inputs(T, B=1, H=4, d=64):

@@ -124,7 +124,7 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
 
     from k3lab.model.counting import count_parameters
     from k3lab.model.model import KimiK3, compile_blocks
-    from k3lab.model.optim import build_optimizers
+    from k3lab.optim.assignment import build_optimizers
     from k3lab.registry.presets import load_preset
     from k3lab.train.metrics import peak_flops
 
@@ -139,7 +139,7 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     model.checkpoint_layers = "ckpt" in options
     if "kdastates" in options:
         try:
-            from k3lab.model.kda_fused import keep_kda_states
+            from k3lab.model.kda import keep_kda_states
         except ImportError:  # a --before checkout without it: its trials recomputed the states
             pass
         else:

@@ -4,18 +4,18 @@
     python bench/kernel_choices.py OLD_TREE   # an older checkout (its KDA layer only, if it lacks the constants)
     python bench/kernel_choices.py --only conv_backend   # one of the functions below
 
-- `k3lab.model.attn_res_kernel.BWD_ROWS` (token rows a backward block, one warp each) and
+- `k3lab.ops.attn_res.kernel.BWD_ROWS` (token rows a backward block, one warp each) and
   `PARTIAL_ROWS` (the most partial sums of dq/dw a backward leaves): the backward kernel and the
   reduction of its partial sums at N = 65,536 rows, D = 512 (a `small` trial's step), K = 2, 4 and 13
   sources, storing every source's gradient; 1 to 8 rows a program (a warp each), up to one partial sum
   a program, where the kernel has no row loop and needs the fewest registers
   (`scripts/kernel_ptx.py --resources --steps 1`); and so `LOOP_SLOTS` (above how many source
   slots the backward has no row loop at all), which this overrides while it times.
-- `k3lab.model.attn_res_kernel.EXACT_SOURCES` (up to how many sources a kernel is compiled per K;
+- `k3lab.ops.attn_res.kernel.EXACT_SOURCES` (up to how many sources a kernel is compiled per K;
   above, sources are padded and tested at run time): forward and backward at K = 5, 6 and 8,
   N = 32,768 rows, D = 1,024 (bench/bench_gpu.py's AttnRes model, whose last block has K = 5),
   with the seconds the first call took (the compile) beside the time per call.
-- `k3lab.model.kda_fused.WIDTH_MULTIPLE` (the fused input matmul's width is padded to it): one
+- `k3lab.model.kda.WIDTH_MULTIPLE` (the fused input matmul's width is padded to it): one
   `small` KDA layer's forward and backward in bf16 autocast, eagerly, at 64 x 1024 tokens.
 - FLA's causal convolution backend (`FLA_CONV_GLUON`, Triton by default, Gluon when set): the
   convolution alone, forward and backward on a strided (64, 1024, 512) view as KDA's q, k and v
@@ -49,8 +49,8 @@ def mean_ms(fn, reps: int = 20, warmup: int = 3) -> float:
 
 def attn_res_backward_rows(N: int = 65536, D: int = 512) -> None:
     from bench.bench_attnres import inputs
-    from k3lab.model import attn_res_kernel as ark  # Triton: imported once a GPU is known to be here
-    from k3lab.model.attn_res_fused import column_sums
+    from k3lab.ops.attn_res import kernel as ark  # Triton: imported once a GPU is known to be here
+    from k3lab.ops.attn_res.fused import column_sums
 
     if not hasattr(ark, "BWD_ROWS"):  # an older checkout
         return
@@ -76,7 +76,7 @@ def attn_res_exact_sources(N: int = 32768, D: int = 1024) -> None:
     import time
 
     from bench.bench_attnres import inputs
-    from k3lab.model import attn_res_kernel as ark
+    from k3lab.ops.attn_res import kernel as ark
 
     if not hasattr(ark, "EXACT_SOURCES"):  # an older checkout
         return
@@ -100,7 +100,7 @@ def attn_res_exact_sources(N: int = 32768, D: int = 1024) -> None:
 
 
 def kda_layer_width() -> None:
-    from k3lab.model import kda_fused
+    from k3lab.model import kda as kda_fused
     from k3lab.model.config import KimiK3Config
 
     config = KimiK3Config(**yaml.safe_load((ROOT / "k3lab/presets/small.yaml").read_text()), kda_implementation="fused")
@@ -157,7 +157,7 @@ def kda_backend() -> None:
     if importlib.util.find_spec("tilelang") is None:
         print("kda_backend: the tilelang package is not installed here; skipped", flush=True)
         return
-    from k3lab.model import kda_fused
+    from k3lab.model import kda as kda_fused
     from k3lab.model.config import KimiK3Config
 
     config = KimiK3Config(**yaml.safe_load((ROOT / "k3lab/presets/small.yaml").read_text()), kda_implementation="fused")

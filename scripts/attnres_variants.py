@@ -1,4 +1,4 @@
-"""Candidates for k3lab's AttnRes kernels (`k3lab.model.attn_res_kernel`), timed beside them.
+"""Candidates for k3lab's AttnRes kernels (`k3lab.ops.attn_res.kernel`), timed beside them.
 
     python scripts/attnres_variants.py            # on a GPU: each candidate against the model's kernels
     TRITON_INTERPRET=1 python scripts/attnres_variants.py --check   # on CPU: outputs only, small N
@@ -36,7 +36,7 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.bench_attnres import inputs, timed  # noqa: E402
-from k3lab.model import attn_res_kernel as model  # noqa: E402
+from k3lab.ops.attn_res import kernel as model  # noqa: E402
 
 
 @triton.jit

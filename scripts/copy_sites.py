@@ -14,7 +14,7 @@ from torch.profiler import profile, ProfilerActivity
 
 sys.path.insert(0, ".")
 from k3lab.model.model import KimiK3, compile_blocks
-from k3lab.model.optim import build_optimizers
+from k3lab.optim.assignment import build_optimizers
 from k3lab.registry.presets import load_preset
 from k3lab.runtime.kernels import open_kernel_cache
 

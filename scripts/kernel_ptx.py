@@ -72,7 +72,7 @@ def kernel_codes(tree: str, warps: int | None = None, steps: int | None = None,
     sys.path.insert(0, tree)
     for name in [m for m in sys.modules if m == "k3lab" or m.startswith("k3lab.")]:
         del sys.modules[name]
-    kernels = importlib.import_module("k3lab.model.attn_res_kernel")
+    kernels = importlib.import_module("k3lab.ops.attn_res.kernel")
     sys.path.remove(tree)
     bf16, fp32 = (lambda: MockTensor(torch.bfloat16)), (lambda: MockTensor(torch.float32))
     codes = {}

@@ -25,8 +25,8 @@ def main(tree: str) -> None:
 
     from k3lab.model.config import KimiK3Config
     from k3lab.model.model import KimiK3
-    from k3lab.model.muon import Muon
-    from k3lab.model.optim import build_optimizers
+    from k3lab.optim.muon import Muon
+    from k3lab.optim.assignment import build_optimizers
 
     config = KimiK3Config(**yaml.safe_load((Path(tree) / "k3lab/presets/small.yaml").read_text()))
     model = KimiK3(config)

@@ -127,3 +127,38 @@ def sweep_that_gets_sigterm(run, live, say):
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(5)
     raise AssertionError("SIGTERM did not stop the sweep")
+
+
+# -- comparing a fast path with its reference (tests/test_ops_*.py, test_gpu_fused.py) ----------
+
+def err_ratio(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.detach().double(), ref.detach().double()
+    return ((out - ref).square().mean().sqrt() / ref.square().mean().sqrt().clamp(min=1e-30)).item()
+
+
+def assert_as_accurate(name: str, out, ref16, ref32, floor: float) -> None:
+    """out (fused, bf16) is within 2x the bf16 reference's own error against fp32, or within floor."""
+    e_out, e_ref = err_ratio(out, ref32), err_ratio(ref16, ref32)
+    print(f"{name:>28}: fused {e_out:.2e}  bf16 reference {e_ref:.2e}  (floor {floor:.0e})")
+    assert e_out <= max(2 * e_ref, floor), f"{name}: fused error {e_out:.2e}, bf16 reference {e_ref:.2e}"
+
+
+def randomize_scorers(model: torch.nn.Module, std: float = 0.05) -> None:
+    """Non-zero AttnRes scorers, so every mixture is non-uniform."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("res_proj.weight"):
+                p.normal_(std=std)
+
+
+@pytest.fixture
+def fp32_truth():
+    """fp32 means fp32: no TF32 in cuDNN convolutions or cuBLAS matmuls for the truth runs."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def needs_fla():
+    pytest.importorskip("fla")

@@ -1,5 +1,5 @@
-"""k3lab's AttnRes Triton kernels (`k3lab.model.attn_res_kernel`) on CPU, through Triton's
-interpreter, against their plain-PyTorch twins in `attn_res_fused`.
+"""k3lab's AttnRes Triton kernels (`k3lab.ops.attn_res.kernel`) on CPU, through Triton's
+interpreter, against their plain-PyTorch twins in `k3lab.ops.attn_res.naive`.
 
 The GPU tests (tests/test_gpu_fused.py) hold the compiled kernels to the same twins at the trial
 shapes; these run the kernels' own code on any machine with Triton installed, at small shapes,
@@ -32,7 +32,7 @@ def case_errors(K: int, D: int, dtype_name: str, with_out_norm: bool) -> dict[st
     """In the child: each kernel output's max error relative to its twin's largest value."""
     import torch
 
-    from k3lab.model import attn_res_fused, attn_res_kernel
+    from k3lab.ops.attn_res import kernel as attn_res_kernel, naive
 
     g = torch.Generator().manual_seed(K)
     dtype = getattr(torch, dtype_name)
@@ -41,7 +41,7 @@ def case_errors(K: int, D: int, dtype_name: str, with_out_norm: bool) -> dict[st
     ow = ow if with_out_norm else None
     errors = {}
     got = attn_res_kernel.forward(q, w, ow, residuals, 1e-6)
-    want = attn_res_fused.reference_forward(q, w, ow, residuals, 1e-6)
+    want = naive.reference_forward(q, w, ow, residuals, 1e-6)
     errors["o_dtype_matches"] = float(got[0].dtype == dtype)
     for name, a, b in zip(["o", "rstd", "logit", "lse"], got, want):
         errors[name] = relative(a, b)
@@ -50,7 +50,7 @@ def case_errors(K: int, D: int, dtype_name: str, with_out_norm: bool) -> dict[st
     acc = 0b0101010101010 & ((1 << K) - 1)  # every other source already holds a reader's share
     targets = [h.clone() for h in held]
     partials = attn_res_kernel.dv_backward(q, w, ow, residuals, *got[1:], do, targets, acc, 1e-6)  # (1 or 2, G, D)
-    dvs, want_dqw, want_dow = attn_res_fused.dv_twin(q, w, ow, residuals, do, 1e-6)
+    dvs, want_dqw, want_dow = naive.dv_twin(q, w, ow, residuals, do, 1e-6)
     errors["dv_stored"] = max(relative(t, dv) for i, (t, dv) in enumerate(zip(targets, dvs)) if not acc >> i & 1)
     errors["dv_added"] = max(relative(t, dv + h.float()) for i, (t, dv, h) in enumerate(zip(targets, dvs, held))
                              if acc >> i & 1)
@@ -95,7 +95,7 @@ def test_backward_programs_walk_several_blocks_of_rows_when_rows_are_many(errors
 
 
 if __name__ == "__main__":
-    from k3lab.model import attn_res_kernel
+    from k3lab.ops.attn_res import kernel as attn_res_kernel
 
     attn_res_kernel.PARTIAL_ROWS = 3  # so that N = 37 rows take several steps a program,
     attn_res_kernel.LOOP_SLOTS = 32  # at every K

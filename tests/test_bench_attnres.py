@@ -14,7 +14,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from k3lab.model.attn_res_fused import column_sums, dv_twin, reference_attnres  # noqa: E402
+from k3lab.ops.attn_res.fused import column_sums  # noqa: E402
+from k3lab.ops.attn_res.naive import dv_twin, reference_attnres  # noqa: E402
 
 
 @pytest.mark.parametrize("sources", [1, 3, 7])

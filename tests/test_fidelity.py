@@ -11,7 +11,7 @@ from k3lab.model.config import KimiK3Config, tiny_config
 from k3lab.model.counting import count_parameters
 from k3lab.model.fidelity import FIDELITIES, fidelity_fields
 from k3lab.model.model import KimiK3
-from k3lab.model.optim import split_parameters
+from k3lab.optim.assignment import split_parameters
 from k3lab.registry import load_sweep
 
 

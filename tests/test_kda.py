@@ -1,78 +1,10 @@
-import pytest
+"""The KDA layer around the op (`k3lab.model.kda`): its decay gate, initialisation and causality; the op itself: tests/test_ops_kda.py."""
+
 import torch
 import torch.nn.functional as F
-from conftest import fla_reference
 
 from k3lab.model.config import tiny_config
-from k3lab.model.kda import KDAChunkwise, chunk_kda_reference, decay_gate, recurrent_kda
-
-
-def kda_inputs(B=2, T=32, H=2, dk=8, dv=12, decay_scale=1.0):
-    q = torch.randn(B, T, H, dk)
-    k = F.normalize(torch.randn(B, T, H, dk), dim=-1)
-    v = torch.randn(B, T, H, dv)
-    g = F.logsigmoid(torch.randn(B, T, H, dk)) * decay_scale
-    beta = torch.rand(B, T, H)
-    return q, k, v, g, beta
-
-
-@pytest.mark.parametrize("chunk_size", [1, 4, 8, 32])
-def test_chunkwise_matches_token_by_token_recurrence(chunk_size):
-    q, k, v, g, beta = kda_inputs()
-    h0 = torch.randn(2, 2, 8, 12)
-    o_ref, s_ref = recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    o, s = chunk_kda_reference(q, k, v, g, beta, chunk_size=chunk_size, initial_state=h0, output_final_state=True)
-    torch.testing.assert_close(o, o_ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(s, s_ref, atol=1e-5, rtol=1e-5)
-
-
-def test_chunkwise_is_stable_under_strong_decay_within_a_chunk():
-    # cumulative decay over a 32-token chunk reaches about -160: exp(+160) would overflow fp32
-    q, k, v, g, beta = kda_inputs(decay_scale=5.0)
-    g = g.clamp(max=-4.0)
-    o_ref, _ = recurrent_kda(q, k, v, g, beta)
-    o, _ = chunk_kda_reference(q, k, v, g, beta, chunk_size=32)
-    assert torch.isfinite(o).all()
-    torch.testing.assert_close(o, o_ref, atol=1e-5, rtol=1e-5)
-
-
-def test_final_state_continues_the_sequence():
-    q, k, v, g, beta = kda_inputs(T=32)
-    o_full, s_full = chunk_kda_reference(q, k, v, g, beta, chunk_size=8, output_final_state=True)
-    first = [t[:, :16] for t in (q, k, v, g, beta)]
-    second = [t[:, 16:] for t in (q, k, v, g, beta)]
-    o1, s1 = chunk_kda_reference(*first, chunk_size=8, output_final_state=True)
-    o2, s2 = chunk_kda_reference(*second, chunk_size=8, initial_state=s1, output_final_state=True)
-    torch.testing.assert_close(torch.cat([o1, o2], dim=1), o_full, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(s2, s_full, atol=1e-5, rtol=1e-5)
-
-
-def test_no_final_state_unless_asked():
-    q, k, v, g, beta = kda_inputs(T=8)
-    assert chunk_kda_reference(q, k, v, g, beta, chunk_size=8)[1] is None
-
-
-def test_custom_scale_is_applied_to_queries():
-    q, k, v, g, beta = kda_inputs(T=8)
-    o_half, _ = chunk_kda_reference(q, k, v, g, beta, chunk_size=8, scale=0.5)
-    o_one, _ = chunk_kda_reference(q, k, v, g, beta, chunk_size=8, scale=1.0)
-    torch.testing.assert_close(o_half * 2, o_one)
-
-
-def test_length_not_a_multiple_of_chunk_size_is_a_clear_error():
-    q, k, v, g, beta = kda_inputs(T=30)
-    with pytest.raises(ValueError, match="30 is not a multiple of chunk_size=8"):
-        chunk_kda_reference(q, k, v, g, beta, chunk_size=8)
-
-
-def test_gradients_match_the_recurrence():
-    inputs = [t.requires_grad_() for t in kda_inputs(T=16)]
-    o, _ = chunk_kda_reference(*inputs, chunk_size=8)
-    grads = torch.autograd.grad(o.square().sum(), inputs)
-    o_ref, _ = recurrent_kda(*inputs)
-    grads_ref = torch.autograd.grad(o_ref.square().sum(), inputs)
-    for grad, grad_ref in zip(grads, grads_ref):
-        torch.testing.assert_close(grad, grad_ref, atol=1e-4, rtol=1e-4)
+from k3lab.model.kda import KDAChunkwise, decay_gate
 
 
 def test_bounded_gate_stays_within_its_lower_bound():
@@ -107,17 +39,3 @@ def test_kda_layer_is_causal():
     y2 = layer(x2)
     torch.testing.assert_close(y[:, :10], y2[:, :10])
     assert not torch.allclose(y[:, 10:], y2[:, 10:])
-
-
-@pytest.mark.parametrize("chunk_size", [8, 16])
-def test_chunkwise_matches_fla_naive_references(chunk_size):
-    """FLA's own PyTorch references (recurrent and chunked) define the semantics we must match."""
-    naive = fla_reference("ops/kda/naive.py")
-    q, k, v, g, beta = kda_inputs(T=32)
-    h0 = torch.randn(2, 2, 8, 12)
-    o, s = chunk_kda_reference(q, k, v, g, beta, chunk_size=chunk_size, initial_state=h0, output_final_state=True)
-    for reference in (naive.naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True),
-                      naive.naive_chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                            chunk_size=chunk_size)):
-        torch.testing.assert_close(o, reference[0], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(s, reference[1], atol=1e-5, rtol=1e-5)

@@ -14,6 +14,7 @@ from k3lab.registry import load_sweep
 from k3lab.report.efficiency import peak_flops_of, sweep_efficiency
 from k3lab.runtime import kernels, tunings
 from k3lab.runtime.kernels import cache_info, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
+from k3lab.runtime.model_code import model_code_files
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -383,7 +384,7 @@ def test_a_gpu_process_starts_from_the_shipped_tunings_of_its_gpu_once(tmp_path,
 
 def test_the_shipped_flagship_tunings_record_every_gpu_shape_for_this_model_code(monkeypatch):
     """The warm record in k3lab/tunings/nvidia-h200-attnres_block.tar.xz is keyed by the model
-    code (`toolchain_fingerprint` hashes the code text of k3lab/model/*.py), so a change of its
+    code (`toolchain_fingerprint` hashes the code text of `model_code.MODEL_CODE_FILES`), so a change of its
     code (not of its comments or docstrings) leaves a fresh H200 warming the flagship's five
     shapes again: 80.8 s before its first trial on 2026-12-02, against 0.9 s with a matching
     archive. Recomputed here with the versions the archive was measured with; when this fails,
@@ -399,7 +400,7 @@ def test_the_shipped_flagship_tunings_record_every_gpu_shape_for_this_model_code
     toolchain = kernels.toolchain_fingerprint()
     shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
     missing = [shape.name for shape in shapes if kernels.shape_fingerprint(shape, manifest["gpu"], toolchain) not in record]
-    assert not missing, f"the shipped flagship tunings predate k3lab/model/*.py for {missing}"
+    assert not missing, f"the shipped flagship tunings predate the model code for {missing}"
 
 
 def ship_tunings_of(shapes, tmp_path: Path, monkeypatch) -> None:
@@ -515,13 +516,20 @@ def test_the_shipped_tunings_were_measured_with_versions_the_gpu_extra_allows():
         assert manifest["versions"]["fla"] in ranges["flash-linear-attention"]
 
 
+def model_code_copy(folder: Path, monkeypatch) -> None:
+    """The model code's files copied under `folder`, which the warm record's key then reads."""
+    for source in model_code_files():
+        copy = folder / source.relative_to(ROOT / "k3lab")
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(source.read_text())
+    monkeypatch.setattr(kernels, "MODEL_CODE", folder)
+
+
 def test_an_edit_of_the_model_codes_prose_keeps_the_warm_records_key_and_an_edit_of_its_code_does_not(
         tmp_path, monkeypatch):
-    for path in (ROOT / "k3lab" / "model").glob("*.py"):
-        (tmp_path / path.name).write_text(path.read_text())
-    monkeypatch.setattr(kernels, "MODEL_CODE", tmp_path)
+    model_code_copy(tmp_path, monkeypatch)
     before = kernels.toolchain_fingerprint()
-    model = tmp_path / "model.py"
+    model = tmp_path / "model" / "model.py"
     source = model.read_text()
     prose = source.replace('"""', '"""A new first line.\n\n', 1)  # the module docstring, lines shifted
     first_def = prose.index("\ndef ")
@@ -530,6 +538,15 @@ def test_an_edit_of_the_model_codes_prose_keeps_the_warm_records_key_and_an_edit
     model.write_text(prose.replace("\nimport torch\n", "\nimport torch  # and one after the code\n", 1))
     assert kernels.toolchain_fingerprint() == before
     model.write_text(source.replace("def ", "def _", 1))  # a function renamed
+    assert kernels.toolchain_fingerprint() != before
+
+
+@pytest.mark.parametrize("path", ["model/model.py", "ops/attn_res/kernel.py", "ops/kda/fused.py", "optim/muon.py",
+                                  "compiling.py"])
+def test_the_warm_records_key_covers_the_model_its_ops_and_the_optimizer(path, tmp_path, monkeypatch):
+    model_code_copy(tmp_path, monkeypatch)
+    before = kernels.toolchain_fingerprint()
+    (tmp_path / path).write_text((tmp_path / path).read_text() + "\nEXTRA = 1\n")
     assert kernels.toolchain_fingerprint() != before
 
 

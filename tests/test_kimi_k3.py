@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from k3lab.model import model as model_module
 from k3lab.model.config import tiny_config
 from k3lab.model.counting import COMPONENTS, count_config, count_parameters
 from k3lab.model.ffn import DenseFFN
@@ -16,7 +15,8 @@ from k3lab.model.mla import GatedMLA
 from k3lab.model.model import KimiK3, apply_attn_res
 from k3lab.model.moe import StableLatentMoE
 from k3lab.model.norm import RMSNorm
-from k3lab.model.optim import build_optimizers, split_parameters
+from k3lab.optim.assignment import build_optimizers, split_parameters
+from k3lab.ops.attn_res import naive
 
 
 @pytest.fixture
@@ -132,13 +132,13 @@ def test_four_layer_block_size_two_trace_matches_the_seed(monkeypatch):
         if p.ndim == 2 and p.shape[0] == 1:
             torch.nn.init.normal_(p)
     calls = []
-    original = model_module.attn_res_mixture
+    original = naive.attn_res_mixture
 
     def recording(block_residual, prefix_sum, norm, proj):
         calls.append(torch.cat([block_residual, prefix_sum.unsqueeze(1)], dim=1).detach())
         return original(block_residual, prefix_sum, norm, proj)
 
-    monkeypatch.setattr(model_module, "attn_res_mixture", recording)
+    monkeypatch.setattr(naive, "attn_res_mixture", recording)
     out = {}
     for i, layer in enumerate(model.layers):
         layer.attn.register_forward_hook(lambda m, a, o, i=i: out.__setitem__(f"a{i}", o.detach()))

@@ -8,8 +8,8 @@ import torch
 from k3lab.errors import UserError
 from k3lab.model.config import tiny_config
 from k3lab.model.model import KimiK3
-from k3lab.model.muon import Muon, newton_schulz, shape_buckets
-from k3lab.model.optim import build_optimizers, split_parameters
+from k3lab.optim.muon import Muon, newton_schulz, shape_buckets
+from k3lab.optim.assignment import build_optimizers, split_parameters
 from k3lab.registry import TrainSpec
 from k3lab.train.trainer import Trainer
 

@@ -336,7 +336,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
 
 
 def test_kda_keep_states_reaches_every_fused_kda_layer_of_the_trial():
-    from k3lab.model.kda_fused import KDAFused
+    from k3lab.model.kda import KDAFused
 
     config = load_preset("tiny").replace(kda_implementation="fused", kda_chunk_size=32)  # run by the CPU reference here
     for keep in (False, True):

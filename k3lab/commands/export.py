@@ -1,11 +1,11 @@
-"""`k3lab export`: a trained model as a Hugging Face Kimi Linear checkpoint (see `k3lab.report.export`)."""
+"""`k3lab export`: a trained model as a Hugging Face Kimi Linear checkpoint (see `k3lab.export.hugging_face`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from k3lab.report.export import check_hf_folder, checkpoint_config, locate_checkpoint
+from k3lab.export.hugging_face import check_hf_folder, checkpoint_config, locate_checkpoint
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

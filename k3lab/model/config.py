@@ -196,7 +196,7 @@ class KimiK3Config:
 
     @property
     def uses_fused_attn_res(self) -> bool:
-        """AttnRes mixtures run the fused kernels (`attn_res_fused`, on CUDA tensors): with the fused KDA path."""
+        """AttnRes mixtures run the fused kernels (`k3lab.ops.attn_res.fused`, on CUDA tensors): with the fused KDA path."""
         return self.use_attn_res and self.uses_fused_kda
 
     @property

@@ -1,14 +1,8 @@
-"""Kimi Delta Attention (KDA): the chunkwise reference algorithm and the layer around it.
+"""Kimi Delta Attention (KDA): the layer of Kimi Linear / K3 around the KDA op (`k3lab.ops.kda`).
 
-Per head, with state S (dk x dv), log-space per-channel decay g_t (dk) and scalar beta_t:
-
-    S_t = diag(exp(g_t)) S_{t-1}
-    S_t = S_t + beta_t k_t (v_t - S_t^T k_t)^T
-    o_t = S_t^T (q_t * scale)
-
-`recurrent_kda` runs this token by token (the oracle); `chunk_kda_reference` computes
-the same thing a chunk of C tokens at a time (the WY/UT form), which turns most of
-the work into matrix products.
+`KDAChunkwise` runs the op's plain-PyTorch chunkwise form (`ops.kda.naive.chunk_kda_reference`);
+`KDAFused` has the same parameters and runs FLA's fused kernels on CUDA (`ops.kda.fused`), the
+padded reference elsewhere.
 """
 
 from __future__ import annotations
@@ -21,106 +15,7 @@ from torch import nn
 
 from k3lab.model.config import KimiK3Config
 from k3lab.model.norm import RMSNorm
-
-
-def recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
-    """Token-by-token KDA. q, k, g: (B, T, H, dk); v: (B, T, H, dv); beta: (B, T, H).
-
-    Returns o (B, T, H, dv) in v's dtype and the final state (B, H, dk, dv) in fp32 or None.
-    """
-    B, T, H, dk = q.shape
-    scale = dk**-0.5 if scale is None else scale
-    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
-    S = q.new_zeros(B, H, dk, v.shape[-1])
-    if initial_state is not None:
-        S = S + initial_state.float()
-    outputs = []
-    for t in range(T):
-        S = S * g[:, t].exp().unsqueeze(-1)
-        k_t = k[:, t]  # (B, H, dk)
-        residual = v[:, t] - torch.einsum("bhk,bhkv->bhv", k_t, S)
-        S = S + torch.einsum("bhk,bhv->bhkv", beta[:, t, :, None] * k_t, residual)
-        outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))
-    return torch.stack(outputs, dim=1).to(v.dtype), (S if output_final_state else None)
-
-
-def chunk_kda_reference(q, k, v, g, beta, chunk_size=64, scale=None, initial_state=None, output_final_state=False):
-    """Chunkwise KDA in plain PyTorch, exactly the semantics of `recurrent_kda`.
-
-    Layout as FLA: q, k, g (B, T, H, dk), v (B, T, H, dv), beta (B, T, H); g in log space.
-    T must be a multiple of chunk_size. State and arithmetic are fp32.
-
-    Inside a chunk with cumulative decay G_r = sum_{s<=r} g_s, the delta rule's
-    corrections form a unit lower-triangular system (I + A) X = diag(beta) [exp(G) k | v]
-    with A[r, c] = beta_r <k_r, exp(G_r - G_c) k_c> for c < r. Its solution gives
-    W (the state read-out keys) and U (the pseudo-values); the state is then passed
-    between chunks once per chunk instead of once per token.
-    """
-    B, T, H, dk = q.shape
-    dv = v.shape[-1]
-    if T % chunk_size != 0:
-        raise ValueError(f"chunk_kda_reference: sequence length {T} is not a multiple of chunk_size={chunk_size}")
-    scale = dk**-0.5 if scale is None else scale
-    N, C = T // chunk_size, chunk_size
-
-    def chunked(t):  # (B, T, H, ...) -> (B, H, N, C, ...) in fp32
-        return t.float().transpose(1, 2).reshape(B, H, N, C, *t.shape[3:])
-
-    q, k, v, g, beta = chunked(q) * scale, chunked(k), chunked(v), chunked(g), chunked(beta)
-    G = g.cumsum(dim=3)  # (B, H, N, C, dk), non-increasing along C
-
-    Akk, Aqk = decayed_scores(torch.stack([k, q], dim=-3), k, G).unbind(-3)  # (B, H, N, C, C) each
-    A = Akk.tril(-1) * beta.unsqueeze(-1) + torch.eye(C, device=q.device)
-    rhs = beta.unsqueeze(-1) * torch.cat([G.exp() * k, v], dim=-1)
-    WU = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
-    W, U = WU.split([dk, dv], dim=-1)  # (B, H, N, C, dk), (B, H, N, C, dv)
-
-    # between chunks: S_n = (diag(exp(G_last)) - K_tail^T W) S_{n-1} + K_tail^T U, with
-    # K_tail = k decayed to the chunk's end; only this (dk x dk) @ (dk x dv) step is sequential
-    G_last = G[..., -1:, :]  # (B, H, N, 1, dk)
-    K_tail = ((G_last - G).exp() * k).transpose(-1, -2)  # (B, H, N, dk, C)
-    transition = torch.diag_embed(G_last.squeeze(-2).exp()) - K_tail @ W  # (B, H, N, dk, dk)
-    injection = K_tail @ U  # (B, H, N, dk, dv)
-    S = q.new_zeros(B, H, dk, dv)
-    if initial_state is not None:
-        S = S + initial_state.float()
-    states_before = []
-    for n in range(N):
-        states_before.append(S)
-        S = transition[:, :, n] @ S + injection[:, :, n]
-    S_prev = torch.stack(states_before, dim=2)  # (B, H, N, dk, dv): the state entering each chunk
-    V = U - W @ S_prev  # new values after reading the decayed state
-    o = (q * G.exp()) @ S_prev + Aqk @ V  # (B, H, N, C, dv)
-    o = o.reshape(B, H, T, dv).transpose(1, 2)
-    return o.to(v.dtype), (S if output_final_state else None)
-
-
-def decayed_scores(a, b, G, sub_chunk=8):
-    """M[..., r, c] = sum_d a_r[d] b_c[d] exp(G_r[d] - G_c[d]) for c <= r, else 0.
-
-    a: (..., X, C, d) -- X query-like tensors sharing one decay, e.g. (k, q) stacked;
-    b, G: (..., C, d). Returns (..., X, C, C). Never forms exp(+G), which overflows under
-    strong decay: inside a sub-chunk of s rows the pairwise decay is used directly, and a
-    sub-chunk starting at i0 meets all earlier columns through e = G[i0 - 1], where
-    exp(G_r - e) and exp(e - G_c) are both at most 1, so that part is a matrix product.
-    """
-    *_, C, d = G.shape
-    s = sub_chunk if C % sub_chunk == 0 else C
-    blocks = lambda t: t.unflatten(-2, (C // s, s))  # noqa: E731  (..., C, d) -> (..., n, s, d)
-    G_blocks = blocks(G)
-    pair_decay = (G_blocks.unsqueeze(-2) - G_blocks.unsqueeze(-3)).clamp(max=0).exp()  # (..., n, s, s, d)
-    decayed_b = pair_decay * blocks(b).unsqueeze(-3)  # [r, c, d] = exp(G_r - G_c) b_c
-    inside = torch.einsum("...xnrd,...nrcd->...xnrc", blocks(a), decayed_b).tril()  # (..., X, n, s, s)
-    # e_i = G just before sub-chunk i (G[0] for the first, which has no earlier columns)
-    e = torch.cat([G[..., :1, :], G[..., s - 1 : C - 1 : s, :]], dim=-2).unsqueeze(-2)  # (..., n, 1, d)
-    left = blocks(a) * (G_blocks - e).exp().unsqueeze(-4)  # (..., X, n, s, d)
-    out = a.new_zeros(*a.shape[:-1], C)
-    for i, i0 in enumerate(range(0, C, s)):
-        out[..., i0 : i0 + s, i0 : i0 + s] = inside[..., i, :, :]
-        if i0 > 0:  # columns before this sub-chunk, factorised through e_i
-            right = b[..., :i0, :] * (e[..., i, :, :] - G[..., :i0, :]).exp()  # (..., i0, d)
-            out[..., i0 : i0 + s, :i0] = left[..., i, :, :] @ right.unsqueeze(-3).transpose(-1, -2)
-    return out
+from k3lab.ops.kda.naive import chunk_kda_reference, recurrent_kda  # noqa: F401  (importable from here)
 
 
 class ShortConv(nn.Module):
@@ -223,3 +118,92 @@ class KDAChunkwise(nn.Module):
         q, k, v, g, beta = self.project(x)
         o, _ = chunk_kda_reference(q, k, v, g, beta, chunk_size=self.chunk_size)
         return self.gated_output(o, x)
+
+
+WIDTH_MULTIPLE = 16  # the fused input matmul's width is padded to this: FLA's causal conv reads q, k, v
+# as views with that row stride, and Triton vectorises their loads only when the stride is a multiple of 16
+
+
+class KDAFused(KDAChunkwise):
+    """KDAChunkwise's parameters (same names, shapes and state_dict keys) run by FLA kernels.
+
+    On CUDA (`k3lab.ops.kda.fused`): the input projections in one matmul (`input_projections`), FLA's short
+    convolution, `chunk_kda` with the bounded gate, L2 norm and beta sigmoid inside the
+    kernel, and the fused gated RMSNorm. Any sequence length.
+    Elsewhere: the plain PyTorch reference, padded to the chunk size (exact, causal).
+    The output gate g_proj is whichever projection the config asks for (low rank or K3's
+    full rank, with or without bias); the in-kernel q/k L2 norm is always FLA's form, i.e.
+    kda_qk_l2norm="fla", whatever the config says (the two differ by ~1e-6 relative for
+    vectors of norm ~1).
+    """
+
+    keep_states = False  # chunk_kda's disable_recompute: the backward reads the chunk states (w, u, h, ...)
+    # the forward computed instead of recomputing them; set per model by `keep_kda_states`
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            return self.forward_fla(x)
+        return self.forward_reference(x)
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        pad = (-T) % self.chunk_size  # zeros after the end change nothing before it
+        return super().forward(F.pad(x, (0, 0, 0, pad)))[:, :T]
+
+    @torch.compiler.disable
+    def forward_fla(self, x: torch.Tensor) -> torch.Tensor:
+        from k3lab.ops.kda import fused  # imported here: it sets FLA's convolution backend, before FLA runs
+
+        B, T, _ = x.shape
+        H, d = self.num_heads, self.head_dim
+        q, k, v, f, beta, gate = self.input_projections(x)
+        q = fused.short_conv(q, self.q_conv.conv).view(B, T, H, d)  # FLA's conv reads the strided views
+        k = fused.short_conv(k, self.k_conv.conv).view(B, T, H, d)
+        v = fused.short_conv(v, self.v_conv.conv).view(B, T, H, d)
+        o = fused.chunk_kda_gated(  # f: raw decay input, gated in the kernel; beta: logits
+            q, k, v, f.view(B, T, H, d), beta, self.A_log, self.dt_bias, self.lower_bound, self.chunk_size,
+            keep_states=self.keep_states and torch.is_grad_enabled(),  # evaluation keeps nothing
+        )  # (B, T, H, d) in q's dtype
+        o = fused.gated_rms_norm(o, gate.view(B, T, H, d), self.o_norm)
+        return self.o_proj(o.reshape(B, T, H * d))
+
+    def input_projections(self, x: torch.Tensor):
+        """x (B, T, M) -> q, k, v (B, T, H*d) before their convolutions, the decay input f (B, T, H*d),
+        beta logits (B, T, H) and the output gate (B, T, H*d): every Linear that reads x in one matmul.
+
+        One matmul instead of six gives x one gradient in the backward: autograd otherwise adds
+        the six projections' input gradients one eager add at a time (dozens of B x T x M adds
+        a step). The parameters stay the chunkwise layer's.
+        """
+        gate_in, gate_out = self.gate_linears()
+        first = [self.q_proj, self.k_proj, self.v_proj, self.f_proj[0], self.b_proj, gate_in]
+        widths = [linear.out_features for linear in first]
+        pad = -sum(widths) % WIDTH_MULTIPLE  # zero rows: see WIDTH_MULTIPLE
+        zeros = x.new_zeros(pad, x.shape[-1], dtype=first[0].weight.dtype)  # F.pad would copy the weights again
+        weight = torch.cat([linear.weight for linear in first] + [zeros])
+        q, k, v, f, beta, gate, _ = F.linear(x, weight).split(widths + [pad], dim=-1)  # views, row stride sum + pad
+        f = self.f_proj[1](f)
+        if gate_out is not None:  # low rank: the gate's second Linear (with its bias)
+            gate = gate_out(gate)
+        elif gate_in.bias is not None:  # K3's full-rank gate with a bias: added here
+            gate = (gate + gate_in.bias).to(gate.dtype)
+        return q, k, v, f, beta, gate
+
+    def gate_linears(self) -> tuple[nn.Linear, nn.Linear | None]:
+        """The output gate as (the Linear that reads x, the low-rank gate's second Linear or None)."""
+        if isinstance(self.g_proj, nn.Linear):
+            return self.g_proj, None
+        return self.g_proj[0], self.g_proj[1]
+
+
+def keep_kda_states(model: nn.Module, keep: bool) -> None:
+    """Whether the fused KDA layers of `model` keep their forward's chunk states for the backward.
+
+    Keeping them spares the backward FLA's recomputation of the gate cumsum, w, u and the
+    state recurrence h, for more activation memory: per layer B*T*H*d*(5*s + 4) bytes for w, u,
+    qg, kg, v_new (s bytes an element: 2 under bf16 autocast) and the gate cumsum (fp32), plus
+    h's B*(T/chunk)*H*d*d*s.
+    """
+    for module in model.modules():
+        if isinstance(module, KDAFused):
+            module.keep_states = keep

@@ -7,13 +7,13 @@ mixture over depth candidates -- the stored block endpoints and the live prefix.
 
 State carried between blocks (never between forward calls):
     hidden_states   (B, T, M)      the live prefix of the current AttnRes block
-    block_residual  (B*T, P, M)    the P completed block endpoints so far
+    endpoints                      the completed block endpoints so far
 
-GPU path: with kda_implementation="fused" on CUDA the same state machine runs with the
-endpoints as a tuple of P (B, T, M) tensors and every mixture (with the pre-norm that
-follows it) in one fused kernel each way (`attn_res_fused.fused_attn_res`). The tuple
-avoids re-concatenating the endpoints; the candidates and their order are identical.
-Endpoints are made by `as_endpoint`, so that their readers sum their gradient in one buffer.
+One block forward runs both AttnRes paths; the op is chosen at the call (`attn_res_ops`): the
+reference (`k3lab.ops.attn_res.naive`, endpoints stacked as one (B*T, P, M) tensor), or, with
+kda_implementation="fused" on CUDA, the fused kernels (`k3lab.ops.attn_res.fused`, endpoints a
+tuple of P (B, T, M) tensors, each mixture and the pre-norm after it one kernel each way). The
+candidates and their order are the same on both.
 """
 
 from __future__ import annotations
@@ -25,64 +25,34 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from k3lab.model.compiling import raise_recompile_limit
+from k3lab.compiling import raise_recompile_limit
 from k3lab.model.config import KimiK3Config
 from k3lab.model.ffn import DenseFFN
+from k3lab.model.kda import KDAChunkwise, KDAFused
 from k3lab.model.loss import linear_cross_entropy
 from k3lab.model.mla import GatedMLA
 from k3lab.model.moe import StableLatentMoE, balance_biases
 from k3lab.model.norm import RMSNorm
+from k3lab.ops.attn_res import naive
+from k3lab.ops.attn_res.naive import apply_attn_res, attn_res_mixture  # noqa: F401  (importable from here)
 
 
 def build_kda(config: KimiK3Config) -> nn.Module:
-    """The KDA layer for this config; FLA (and Triton) are imported only for "fused"."""
-    if config.uses_fused_kda:
-        from k3lab.model.kda_fused import KDAFused
-
-        return KDAFused(config)
-    from k3lab.model.kda import KDAChunkwise
-
-    return KDAChunkwise(config)
+    """The KDA layer for this config; FLA (and Triton) are imported only when a fused layer runs on CUDA."""
+    return KDAFused(config) if config.uses_fused_kda else KDAChunkwise(config)
 
 
-def fused_attn_res(candidates, norm, proj, out_norm):
-    """out_norm(AttnRes mixture of candidates) in the fused kernels: see `attn_res_fused.fused_attn_res`
-    (which is the compiler-disabled one).
+def attn_res_ops(fused: bool):
+    """The AttnRes op for a forward: `no_endpoints`, `with_endpoint` and `mixture` over its state.
 
-    Imported here, at call time, so the plain model never imports the fused module; and no
-    `torch.compiler` decorator at import time, which would import torch._dynamo and with it
-    Triton on CUDA builds of torch.
+    The fused module is imported here, at call time, so the plain model never imports it: its
+    `torch.compiler.disable` imports torch._dynamo, and with it Triton on CUDA builds of torch.
     """
-    from k3lab.model import attn_res_fused
+    if fused:
+        from k3lab.ops.attn_res import fused as ops
 
-    return attn_res_fused.fused_attn_res(candidates, norm, proj, out_norm)
-
-
-def as_endpoint(x):
-    """x kept as a block endpoint on the fused path: see `attn_res_fused.as_endpoint`."""
-    from k3lab.model import attn_res_fused
-
-    return attn_res_fused.as_endpoint(x)
-
-
-def attn_res_mixture(block_residual, prefix_sum, norm, proj):
-    """`apply_attn_res`, also returning the mixture weights (BT, K) for logging."""
-    V = torch.cat([block_residual, prefix_sum.unsqueeze(1)], dim=1).float()  # (BT, K, M)
-    with torch.autocast(V.device.type, enabled=False):
-        scores = F.linear(norm(V), proj.weight.float()).squeeze(-1)  # (BT, K)
-        weights = scores.softmax(dim=-1)
-        h = (weights.unsqueeze(-1) * V).sum(dim=1)  # (BT, M), raw candidates, not normalised
-    return h.to(prefix_sum.dtype), weights
-
-
-def apply_attn_res(block_residual, prefix_sum, norm, proj):
-    """Softmax mixture over depth candidates for each token.
-
-    block_residual (BT, P, M) stored endpoints; prefix_sum (BT, M) the live prefix.
-    Candidates V = [endpoints..., prefix] (BT, K=P+1, M); scores = proj(norm(V)) with one
-    learned vector shared over candidates; h = sum_K softmax(scores) * V, in fp32.
-    """
-    return attn_res_mixture(block_residual, prefix_sum, norm, proj)[0]
+        return ops
+    return naive
 
 
 class KimiK3DecoderBlock(nn.Module):
@@ -107,8 +77,9 @@ class KimiK3DecoderBlock(nn.Module):
             self.ffn = StableLatentMoE(config)
         self.attn_norm = RMSNorm(M, eps)
         self.ffn_norm = RMSNorm(M, eps)
+        self.mixes_attn_input = layer_idx > 0  # layer 0's attention input is the embedding: nothing to mix
         if self.use_attn_res:  # separate scorers for the attention and FFN inputs
-            if layer_idx > 0:  # layer 0's attention input is the embedding: nothing to mix
+            if self.mixes_attn_input:
                 self.attn_res_norm = RMSNorm(M, eps)
                 self.attn_res_proj = nn.Linear(M, 1, bias=False)
             self.mlp_res_norm = RMSNorm(M, eps)
@@ -116,54 +87,32 @@ class KimiK3DecoderBlock(nn.Module):
         # mean AttnRes weight per depth candidate from the last forward, for logging
         self.attn_res_weights: dict[str, torch.Tensor] = {}
 
-    def forward(self, hidden_states: torch.Tensor, block_residual):
+    def forward(self, hidden_states: torch.Tensor, endpoints, fused: bool = False):
+        """(B, T, M) live prefix and the endpoints -> both after this layer; `fused`: the mixtures
+        in the fused kernels (`attn_res_ops`). Each mixture comes back through the pre-norm after it."""
         if not self.use_attn_res:
-            return self.forward_prenorm(hidden_states), block_residual
-        if isinstance(block_residual, tuple):
-            return self.forward_fused(hidden_states, block_residual)
-        B, T, C = hidden_states.shape
+            return self.forward_prenorm(hidden_states), endpoints
+        ops = attn_res_ops(fused)
         prefix_sum = hidden_states
         stream = prefix_sum.dtype  # the residual stream keeps the embedding's dtype (see KimiK3.embed)
 
         # attention input: a mixture over completed endpoints and the incoming prefix
-        if block_residual.shape[1] > 0:
-            hidden_states = self.mix("attn", block_residual, prefix_sum, self.attn_res_norm, self.attn_res_proj)
+        if self.mixes_attn_input:
+            h, self.attn_res_weights["attn"] = ops.mixture(
+                endpoints, prefix_sum, self.attn_res_norm, self.attn_res_proj, self.attn_norm)
 
         # at a block boundary the incoming prefix (not the mixed input) becomes an endpoint
         if self.starts_block:
-            block_residual = torch.cat([block_residual, prefix_sum.reshape(B * T, 1, C)], dim=1)
+            endpoints = ops.with_endpoint(endpoints, prefix_sum)
             prefix_sum = None
+        if not self.mixes_attn_input:  # after the endpoint: the order autograd sums the embedding's gradient in
+            h = self.attn_norm(hidden_states)
 
-        attn_output = self.attn(self.attn_norm(hidden_states)).to(stream)
-        prefix_sum = attn_output if prefix_sum is None else prefix_sum + attn_output
-
-        hidden_states = self.mix("ffn", block_residual, prefix_sum, self.mlp_res_norm, self.mlp_res_proj)
-        prefix_sum = prefix_sum + self.ffn(self.ffn_norm(hidden_states)).to(stream)
-        return prefix_sum, block_residual
-
-    def forward_fused(self, hidden_states: torch.Tensor, endpoints: tuple):
-        """`forward` with the fused AttnRes kernels (`attn_res_fused`): endpoints is a tuple of P (B, T, M) tensors.
-
-        Each mixture comes back already through the pre-norm that follows it
-        (attn_norm / ffn_norm), which the kernel fuses.
-        """
-        prefix_sum = hidden_states
-        if endpoints:
-            h, self.attn_res_weights["attn"] = fused_attn_res(
-                (*endpoints, prefix_sum), self.attn_res_norm, self.attn_res_proj, self.attn_norm)
-        else:
-            h = self.attn_norm(prefix_sum)
-        if self.starts_block:
-            stream_dtype = endpoints[0].dtype if endpoints else prefix_sum.dtype
-            endpoints = (*endpoints, as_endpoint(prefix_sum.to(stream_dtype)))
-            prefix_sum = None
-
-        stream = hidden_states.dtype  # as in `forward`: the stream stays in the embedding's dtype
         attn_output = self.attn(h).to(stream)
         prefix_sum = attn_output if prefix_sum is None else prefix_sum + attn_output
 
-        h, self.attn_res_weights["ffn"] = fused_attn_res(
-            (*endpoints, prefix_sum), self.mlp_res_norm, self.mlp_res_proj, self.ffn_norm)
+        h, self.attn_res_weights["ffn"] = ops.mixture(
+            endpoints, prefix_sum, self.mlp_res_norm, self.mlp_res_proj, self.ffn_norm)
         prefix_sum = prefix_sum + self.ffn(h).to(stream)
         return prefix_sum, endpoints
 
@@ -171,12 +120,6 @@ class KimiK3DecoderBlock(nn.Module):
         """The standard pre-norm residual stream: the AttnRes ablation baseline."""
         x = x + self.attn(self.attn_norm(x))
         return x + self.ffn(self.ffn_norm(x))
-
-    def mix(self, site, block_residual, prefix_sum, norm, proj):
-        B, T, C = prefix_sum.shape
-        h, weights = attn_res_mixture(block_residual, prefix_sum.reshape(B * T, C), norm, proj)
-        self.attn_res_weights[site] = weights.detach().mean(dim=0)  # (K,)
-        return h.view(B, T, C)
 
 
 class KimiK3(nn.Module):
@@ -243,20 +186,14 @@ class KimiK3(nn.Module):
         if T > self.config.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}")
         hidden_states = self.embed(idx)  # (B, T, M)
-        if self.uses_fused_attn_res(idx):
-            endpoints = ()
-            for layer in self.layers:
-                hidden_states, endpoints = self.run_layer(layer, hidden_states, endpoints)
-            h, _ = fused_attn_res((*endpoints, hidden_states), self.final_res_norm, self.final_res_proj, self.norm)
-            return h
-        block_residual = hidden_states.new_zeros(B * T, 0, self.config.hidden_size)
+        fused = self.uses_fused_attn_res(idx)
+        ops = attn_res_ops(fused)
+        endpoints = ops.no_endpoints(hidden_states)
         for layer in self.layers:
-            hidden_states, block_residual = self.run_layer(layer, hidden_states, block_residual)
-        if self.config.use_attn_res:
-            hidden_states = apply_attn_res(
-                block_residual, hidden_states.reshape(B * T, -1), self.final_res_norm, self.final_res_proj
-            ).view(B, T, -1)
-        return self.norm(hidden_states)
+            hidden_states, endpoints = self.run_layer(layer, hidden_states, endpoints, fused)
+        if not self.config.use_attn_res:
+            return self.norm(hidden_states)
+        return ops.mixture(endpoints, hidden_states, self.final_res_norm, self.final_res_proj, self.norm)[0]
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """(B, T) -> (B, T, M): the start of the residual stream, whose dtype the stream keeps.
@@ -270,13 +207,13 @@ class KimiK3(nn.Module):
             x = x.to(torch.get_autocast_dtype(device))
         return x
 
-    def run_layer(self, layer: KimiK3DecoderBlock, hidden_states: torch.Tensor, state):
+    def run_layer(self, layer: KimiK3DecoderBlock, hidden_states: torch.Tensor, endpoints, fused: bool):
         """One decoder layer; with `checkpoint_layers` in training, its activations are
         recomputed in backward instead of stored. (The MoE load it records is then counted
         twice, which leaves the load fractions that balancing uses unchanged.)"""
         if self.checkpoint_layers and self.training and torch.is_grad_enabled():
-            return checkpoint(layer, hidden_states, state, use_reentrant=False)
-        return layer(hidden_states, state)
+            return checkpoint(layer, hidden_states, endpoints, fused, use_reentrant=False)
+        return layer(hidden_states, endpoints, fused)
 
     def uses_fused_attn_res(self, idx: torch.Tensor) -> bool:
         """The fused AttnRes kernels: where the config says so (`KimiK3Config.uses_fused_attn_res`), on CUDA."""

@@ -80,7 +80,7 @@ class RoutedExperts(nn.Module):
 
     w_gate, w_up (E, I, d) and w_down (E, d, I): expert e's matrices are slices [e]. The
     grouped GEMM takes the stacks as they are (no per-step re-stacking), and Muon still
-    orthogonalises each expert's matrix on its own (`k3lab.model.muon`).
+    orthogonalises each expert's matrix on its own (`k3lab.optim.muon`).
     """
 
     def __init__(self, num_experts: int, dim: int, intermediate: int, beta: float, linear_beta: float,

@@ -17,6 +17,7 @@ tuning happens once, on a quiet GPU, instead of in every concurrent trial at onc
 
     <cache>/triton/k3lab-warm.json  the shapes warmed so far, keyed by a fingerprint of the
                        shape, the GPU, the torch, Triton and FLA versions and what k3lab's model code does
+                       (`toolchain_fingerprint`)
 
 A sweep skips the shapes the record names (a second sweep of the same file starts its
 trials without a warm-up); `k3lab kernels warm` always runs them all. The record lives
@@ -42,7 +43,7 @@ from typing import Callable
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.variants import short_hash
-from k3lab.runtime.model_code import code_text
+from k3lab.runtime.model_code import PACKAGE, add_model_code
 from k3lab.runtime.tunings import read_json, start_from_shipped, write_json
 
 ENV_VAR = "K3LAB_KERNEL_CACHE"
@@ -210,7 +211,7 @@ def host_gpu_name() -> str | None:
 # -- the record of warmed shapes ------------------------------------------------------------------
 
 WARM_RECORD = Path("triton") / "k3lab-warm.json"
-MODEL_CODE = Path(__file__).resolve().parents[1] / "model"
+MODEL_CODE = PACKAGE  # the folder the model code files are found under (`model_code.MODEL_CODE_FILES`)
 
 
 def shape_fingerprint(shape: KernelShape, device: str, toolchain: str) -> str:
@@ -222,13 +223,13 @@ def shape_fingerprint(shape: KernelShape, device: str, toolchain: str) -> str:
 
 
 def toolchain_fingerprint() -> str:
-    """The versions of the libraries that tune and compile, and what k3lab/model/*.py, the code
-    that calls them, does (a change there may call other kernels or shapes; an edit of its
-    comments or docstrings does not: `model_code.code_text`)."""
+    """The versions of the libraries that tune and compile, and what the code that calls them
+    does: k3lab/model/*.py, k3lab/ops/**/*.py, k3lab/optim/*.py and k3lab/compiling.py
+    (`model_code.MODEL_CODE_FILES`; a change there may call other kernels or shapes, an edit of
+    its comments or docstrings does not: `model_code.code_text`)."""
     versions = {name: package_version(name) for name in ("torch", "triton", "fla-core", "flash-linear-attention")}
     digest = hashlib.sha256(json.dumps(versions, sort_keys=True).encode())
-    for path in sorted(MODEL_CODE.glob("*.py")):
-        digest.update(path.name.encode() + code_text(path.read_text()).encode())
+    add_model_code(digest, MODEL_CODE)
     return digest.hexdigest()[:16]
 
 

@@ -1,7 +1,9 @@
 """What k3lab's model code does, for the warm record's key: its source without the prose.
 
 The warm record (`k3lab.runtime.kernels`) is keyed by the model code because a change there may
-call other kernels or shapes. Keyed by the files' bytes, a docstring edit too sent every fresh
+call other kernels or shapes. The model code is every file that decides which kernels a trial
+compiles and tunes (`MODEL_CODE_FILES`, under k3lab/): the model, the ops (k3lab's own Triton
+kernels and the calls into FLA's), the optimizer (Muon's compiled steps) and the compile settings. Keyed by the files' bytes, a docstring edit too sent every fresh
 GPU back to its warm-up, until the shipped archive was re-made on a GPU. The code text here is
 the source with its comments, docstrings, blank lines and trailing spaces taken out; the rest,
 indentation and line breaks included, is kept as written.
@@ -23,6 +25,21 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1]  # k3lab/
+MODEL_CODE_FILES = ("model/*.py", "ops/**/*.py", "optim/*.py", "compiling.py")  # under PACKAGE
+
+
+def model_code_files(root: Path = PACKAGE) -> list[Path]:
+    """The model code's files under `root`, sorted by their path."""
+    return sorted({path for pattern in MODEL_CODE_FILES for path in root.glob(pattern)})
+
+
+def add_model_code(digest, root: Path = PACKAGE) -> None:
+    """Each model code file's path under `root` and its code text, into `digest` (a hashlib object)."""
+    for path in model_code_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + code_text(path.read_text()).encode())
 
 
 def code_text(source: str) -> str:

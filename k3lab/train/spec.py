@@ -26,7 +26,7 @@ class TrainSpec:
 
     `lr` is the AdamW learning rate (embeddings, head, norms, gains, biases);
     `muon_lr` the Muon rate for hidden matrices, null meaning `lr` (Muon's
-    update RMS is matched to AdamW's, see `k3lab.model.optim`).
+    update RMS is matched to AdamW's, see `k3lab.optim.assignment`).
     The schedule is linear warmup for `warmup_steps` (default 20, or `steps`
     when that is fewer), then `cosine` decay to `min_lr_ratio * lr` at `steps`,
     or `constant`. `dtype` is the parameter dtype; `autocast` (null, bfloat16,
@@ -35,7 +35,7 @@ class TrainSpec:
     `eval_batches`): the batches of the last evaluation, whose val_loss the verdicts compare,
     so that the curve's points can cost less GPU time than the answer's.
     `compile` torch.compiles the decoder blocks; `compile_muon` Muon's per-bucket steps too
-    (`k3lab.model.muon`): a few % shorter steps, for more compilation the first time a machine
+    (`k3lab.optim.muon`): a few % shorter steps, for more compilation the first time a machine
     meets its matrix shapes, so it pays in long runs, or where the compiled graphs ship (the
     flagship's gpu profiles; docs/journal/kernel-headroom.md). `cuda_graph` captures the whole step
     (forward, backward, clipping, both optimizers, MoE bias update) as one CUDA graph (null:
@@ -43,7 +43,7 @@ class TrainSpec:
     instead of storing its activations (less memory for large batches, ~1/3 more compute);
     `kda_keep_states` the other way round for FLA's KDA alone: its backward reads the chunk states
     the forward computed instead of recomputing them (more memory, less compute;
-    `k3lab.model.kda_fused.keep_kda_states`).
+    `k3lab.model.kda.keep_kda_states`).
     `init`: `paired` draws each module's starting weights from (seed, its name), so trials
     of one seed start alike in every module they share (`k3lab.train.init`); `sequential`
     draws the whole model from one stream seeded by the seed.

@@ -27,8 +27,9 @@ from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.model.counting import count_parameters
 from k3lab.model.inference import eager_if_compiled
+from k3lab.model.kda import keep_kda_states
 from k3lab.model.model import KimiK3, compile_blocks
-from k3lab.model.optim import build_optimizers
+from k3lab.optim.assignment import build_optimizers
 from k3lab.train.spec import TrainSpec
 from k3lab.train.ddp import DDPOptions, wrap_ddp
 from k3lab.train.checks import check_seq_len, check_splits, check_vocab
@@ -127,8 +128,6 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
 def keep_states_where_kda_is_fused(model: KimiK3, keep: bool, device: torch.device) -> bool:
     """Sets `train.kda_keep_states` on the model's fused KDA layers; whether it takes effect:
     only FLA's kernels on CUDA keep states (the CPU reference and chunkwise KDA have none)."""
-    from k3lab.model.kda_fused import keep_kda_states  # imported here: it sets FLA_CONV_GLUON
-
     keep_kda_states(model, keep)
     return keep and device.type == "cuda" and model.config.kda_implementation == "fused"
 

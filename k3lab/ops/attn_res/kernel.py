@@ -14,7 +14,7 @@ Forward, one read of each source (an online softmax, as flash attention does ove
     o_pre   = sum_l p_l v_l,                 p_l = softmax_l(logit_l) = exp(logit_l - lse)
     o       = RMSNorm(o_pre) * ow            (the pre-norm after the mixture, when ow is given)
 rstd, logit (K, N) and lse (N,) are kept for the backward, in fp32, as FLA's forward keeps them.
-The plain-PyTorch twin is `attn_res_fused.reference_forward`.
+The plain-PyTorch twin is `naive.reference_forward`.
 
 Backward:
     o_pre = sum_l p_l v_l                      the mixture, rebuilt from the sources
@@ -27,7 +27,7 @@ Each program walks STEPS x ROWS rows and writes one partial sum of dqw and one o
 norm's weight gradient over them, into one (2, G, D) fp32 buffer, G = N / (STEPS x ROWS),
 that `column_sums` finishes in one reduction. Per-row buffers would cost two N x D fp32 writes and
 reads a call (at a `small` trial's step more than the kernel's own bf16 traffic at K = 4).
-The plain-PyTorch twin is `attn_res_fused.dv_twin` (per-row terms); the tests hold the kernels
+The plain-PyTorch twin is `naive.dv_twin` (per-row terms); the tests hold the kernels
 to the twins.
 
 What differs from FLA's kernels (fla.ops.attnres.fused), which compute the same terms:
@@ -39,7 +39,7 @@ What differs from FLA's kernels (fla.ops.attnres.fused), which compute the same 
   endpoint's readers costs one read here instead of one more buffer and an eager add per reader;
 - the backward reduces dq/dw over its own rows (FLA's `attnres_bwd_kernel_dqdw` walks all N rows
   on D / BD programs).
-ACC is an int32: at most 31 sources (`attn_res_fused.MAX_SOURCES`).
+ACC is an int32: at most 31 sources (`fused.MAX_SOURCES`).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def row_steps(N: int, K: int) -> int:
 def dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, eps: float) -> torch.Tensor:
     """Write (acc bit l set: add) source l's gradient into targets[l]; returns the partial sums of
     dqw (and of dow when ow is given) over blocks of rows, (1 or 2, G, D) fp32, that
-    `attn_res_fused.column_sums` finishes in one reduction.
+    `fused.column_sums` finishes in one reduction.
 
     residuals, targets: K (N, D) contiguous, 16-byte aligned; rstd, logit: (K, N) fp32; lse (N,).
     """
@@ -202,7 +202,7 @@ def dv_backward(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, ep
 
 def forward(q, w, ow, residuals, eps: float):
     """residuals K x (N, D) contiguous, 16-byte aligned, one dtype -> (o (N, D) in their dtype,
-    rstd (K, N), logit (K, N), lse (N,)) fp32, as `attn_res_fused.reference_forward` returns them."""
+    rstd (K, N), logit (K, N), lse (N,)) fp32, as `naive.reference_forward` returns them."""
     K = len(residuals)
     N, D = residuals[0].shape
     o = torch.empty_like(residuals[0])

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from k3lab.model.moe import RoutedExperts
-from k3lab.model.muon import Muon
+from k3lab.optim.muon import Muon
 
 
 def split_parameters(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
@@ -37,11 +37,11 @@ def build_optimizers(model: nn.Module, lr: float = 3e-3, muon_lr: float | None =
                      capturable: bool = False, compile: bool = False) -> list[torch.optim.Optimizer]:
     """[Muon, AdamW] (Muon omitted when the model has no hidden matrices).
 
-    Muon (k3lab's batched one, `k3lab.model.muon`) uses `adjust_lr_fn="match_rms_adamw"`
+    Muon (k3lab's batched one, `k3lab.optim.muon`) uses `adjust_lr_fn="match_rms_adamw"`
     so its update RMS matches AdamW's, which lets one learning-rate schedule drive both;
     muon_lr defaults to lr. `capturable`: AdamW keeps its step counts on the device, so that
     both steps can be captured in a CUDA graph (k3lab's Muon always can). `compile`: Muon's
-    per-bucket steps torch.compile'd (`k3lab.model.muon`), as trials with `train.compile_muon` run it.
+    per-bucket steps torch.compile'd (`k3lab.optim.muon`), as trials with `train.compile_muon` run it.
     """
     muon_params, adamw_params = split_parameters(model)
     decay = [p for n, p in adamw_params if p.ndim >= 2]

@@ -1,6 +1,6 @@
 """The GPU path of Attention Residuals: the mixture and the pre-norm after it in one kernel each way.
 
-Both ways k3lab's Triton kernels (`attn_res_kernel`): the forward reads each source once, the
+Both ways k3lab's Triton kernels (`kernel.py`): the forward reads each source once, the
 backward sums every stored endpoint's gradient in one buffer. An endpoint is read by every mixture after it (up to
 2 x layers of them), and autograd would give each reader's gradient its own buffer and add them
 one eager add at a time (45 adds a step in a `small` trial: its three endpoints have 24, 16
@@ -11,8 +11,8 @@ norms' weight gradients are summed over rows in the backward kernel, a block of 
 and the (2, G, D) partial sums finished by one torch.sum (`column_sums`); FLA's reduction kernel
 walks all N rows on D / BD programs.
 
-On CPU tensors the same autograd functions run the plain-PyTorch twins (`reference_forward`,
-`dv_twin`), so CPU tests check the bookkeeping; the GPU tests hold the kernels to the twins
+On CPU tensors the same autograd functions run the plain-PyTorch twins (`naive.reference_forward`,
+`naive.dv_reference`), so CPU tests check the bookkeeping; the GPU tests hold the kernels to the twins
 and to FLA's forward (`fla_forward`).
 
 Imported only when the fused path runs (`KimiK3.uses_fused_attn_res`): its
@@ -29,8 +29,9 @@ FLA API facts `fla_forward` relies on (checked against fla-core 0.6.0):
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from k3lab.ops.attn_res.naive import dv_reference, reference_forward
 
 
 @torch.compiler.disable
@@ -118,7 +119,7 @@ class AttnResMixture(torch.autograd.Function):
         return (dq, dw, dow, None, *grads)
 
 
-MAX_SOURCES = 31  # k3lab.model.attn_res_kernel.MAX_SOURCES, kept here so CPU runs never import Triton
+MAX_SOURCES = 31  # kernel.py's ACC bits, kept here so CPU runs never import Triton
 
 
 def fla_forward(q, w, ow, flat, eps):
@@ -130,13 +131,13 @@ def fla_forward(q, w, ow, flat, eps):
 
 
 def forward_kernel(*args):
-    from k3lab.model.attn_res_kernel import forward
+    from k3lab.ops.attn_res.kernel import forward
 
     return forward(*args)
 
 
 def dv_kernel(*args):
-    from k3lab.model.attn_res_kernel import dv_backward
+    from k3lab.ops.attn_res.kernel import dv_backward
 
     return dv_backward(*args)
 
@@ -157,59 +158,20 @@ def aligned(x: torch.Tensor) -> torch.Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
-# -- the plain-PyTorch twins (fp32 math): the CPU path of the functions above, and the kernels' reference
+# -- the model's AttnRes state on this path: the stored endpoints as a tuple of P (B, T, M) tensors ----
+# (`naive.py` has the same three functions over one stacked tensor; the candidates and their order are the same)
 
-def reference_forward(q, w, ow, residuals, eps: float = 1e-6):
-    """residuals K x (N, D) -> (o (N, D) in their dtype, rstd (K, N), logit (K, N), lse (N,)),
-    as FLA's forward kernel returns them."""
-    D = residuals[0].shape[-1]
-    v = torch.stack([r.float() for r in residuals])  # (K, N, D)
-    rstd = torch.rsqrt(v.pow(2).mean(-1) + eps)
-    logit = (v * rstd[..., None] * (q.float() * w.float())).sum(-1)  # (K, N); no matmul, which autocast would cast
-    lse = logit.logsumexp(dim=0)
-    o = ((logit - lse).exp()[..., None] * v).sum(0)
-    if ow is not None:
-        o = F.rms_norm(o, (D,), ow.float(), eps)
-    return o.to(residuals[0].dtype), rstd, logit, lse
+def no_endpoints(x: torch.Tensor) -> tuple:
+    """The state before the first layer: no endpoints."""
+    return ()
 
 
-def reference_attnres(query, residuals, rms_weight, output_rms_weight=None, rms_eps: float = 1e-6):
-    """AttnRes in plain PyTorch, fp32 math, as FLA's `naive_attnres` (which imports Triton, so CPU
-    machines without it cannot use FLA's): residuals K x (N, D) -> (N, D) in their dtype."""
-    return reference_forward(query, rms_weight, output_rms_weight, residuals, rms_eps)[0]
+def with_endpoint(endpoints: tuple, x: torch.Tensor) -> tuple:
+    """endpoints with x (B, T, M) stored after them, in the stream's dtype (the first endpoint's):
+    a tuple, so that no mixture re-concatenates them, and made by `as_endpoint`."""
+    return (*endpoints, as_endpoint(x.to(endpoints[0].dtype) if endpoints else x))
 
 
-def dv_twin(q, w, ow, residuals, do, eps: float = 1e-6):
-    """The backward's per-row terms in plain PyTorch: (dvs K x (N, D) fp32, dqw (N, D),
-    dow_partial (N, D) or None) for residuals K x (N, D), q, w, ow (D,), do (N, D)."""
-    v = torch.stack([r.float() for r in residuals])  # (K, N, D)
-    D = v.shape[-1]
-    rstd = torch.rsqrt(v.pow(2).mean(-1) + eps)  # (K, N)
-    k = v * rstd[..., None]
-    qw = q.float() * w.float()
-    logit = (k * qw).sum(-1)  # (K, N)
-    p = torch.softmax(logit, dim=0)
-    o_pre = (p[..., None] * v).sum(0)  # (N, D)
-    do = do.float()
-    dow_partial = None
-    if ow is not None:
-        o_rstd = torch.rsqrt(o_pre.pow(2).mean(-1, keepdim=True) + eps)
-        xhat = o_pre * o_rstd
-        dow_partial = xhat * do
-        c1 = (xhat * ow.float() * do).sum(-1, keepdim=True) / D
-        do = (ow.float() * do - xhat * c1) * o_rstd
-    delta = (do * o_pre).sum(-1)  # (N,)
-    dp = (v * do).sum(-1)  # (K, N)
-    ds = p * (dp - delta)
-    dv = p[..., None] * do + (ds * rstd)[..., None] * (qw - k * (logit / D)[..., None])
-    dqw = (ds[..., None] * k).sum(0)  # (N, D)
-    return list(dv), dqw, dow_partial
-
-
-def dv_reference(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, eps: float):
-    """`attn_res_kernel.dv_backward` in plain PyTorch (the statistics are recomputed); its
-    partial sums are the per-row terms, (1 or 2, N, D)."""
-    dvs, dqw, dow_partial = dv_twin(q, w, ow, residuals, do, eps)
-    for i, (target, dv) in enumerate(zip(targets, dvs)):
-        target.copy_(target.float() + dv if acc >> i & 1 else dv)
-    return torch.stack([dqw] if ow is None else [dqw, dow_partial])
+def mixture(endpoints: tuple, prefix: torch.Tensor, norm, proj, out_norm):
+    """out_norm(the mixture of [endpoints..., prefix]) (B, T, M) and the mean weights (K,), in one kernel."""
+    return fused_attn_res((*endpoints, prefix), norm, proj, out_norm)

@@ -1,0 +1,1 @@
+"""Exporting a trial's checkpoint: `hugging_face.py` (a Kimi Linear checkpoint for `transformers`)."""

@@ -1,0 +1,1 @@
+"""Kernels beside their plain-PyTorch twins, one folder per op: `naive.py` the reference, the fused path beside it."""
