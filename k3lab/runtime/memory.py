@@ -49,8 +49,7 @@ GIB = 1 << 30
 
 # the train spec's fields that change a trial's memory (the rest: schedule, steps, intervals)
 MEMORY_FIELDS = ("batch_size", "seq_len", "grad_accum", "compile", "compile_muon", "cuda_graph",
-                 "activation_checkpointing", "kda_keep_states", "dtype", "autocast", "eval_batches",
-                 "final_eval_batches")
+                 "activation_checkpointing", "kda_keep_states", "dtype", "autocast")
 
 
 def variant_key(config, train) -> str:
@@ -97,6 +96,19 @@ def add_measurement(cache: Path, key: str, variant: str, gpu: str, peak_bytes: i
         partial = path.with_name(f".{RECORD_NAME}.{os.getpid()}.partial")
         partial.write_text(json.dumps(record, indent=1, sort_keys=True))
         partial.replace(path)
+
+
+def ship_measurements(cache: Path, shipped: Path = SHIPPED_RECORD) -> int:
+    """Merge the cache's record into k3lab's shipped one (scripts/tune_shipped.sh, on the GPU it
+    measured): the larger peak of each variant and GPU model stands. Returns the entries merged."""
+    record, merged = read_record(shipped), 0
+    for key, by_gpu in read_record(record_path(cache)).items():
+        for gpu, entry in by_gpu.items():
+            if entry["peak_bytes"] > record.get(key, {}).get(gpu, {}).get("peak_bytes", 0):
+                record.setdefault(key, {})[gpu] = entry
+                merged += 1
+    shipped.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return merged
 
 
 @contextlib.contextmanager
