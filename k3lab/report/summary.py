@@ -120,7 +120,7 @@ def print_summary(console, experiment: str, summary: dict) -> None:
     if summary.get("efficiency"):
         from k3lab.report.efficiency import efficiency_line
 
-        console.print(efficiency_line(summary["efficiency"]))
+        console.print(efficiency_line(summary["efficiency"]), soft_wrap=True)  # one line, whatever the width
     for path in summary["files"]:
         console.print(f"wrote {path}")
 
