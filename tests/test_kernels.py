@@ -383,24 +383,29 @@ def test_a_gpu_process_starts_from_the_shipped_tunings_of_its_gpu_once(tmp_path,
 
 
 def test_the_shipped_flagship_tunings_record_every_gpu_shape_for_this_model_code(monkeypatch):
-    """The warm record in k3lab/tunings/nvidia-h200-attnres_block.tar.xz is keyed by the model
-    code (`toolchain_fingerprint` hashes the code text of `model_code.MODEL_CODE_FILES`), so a change of its
-    code (not of its comments or docstrings) leaves a fresh H200 warming the flagship's five
-    shapes again: 80.8 s before its first trial on 2026-12-02, against 0.9 s with a matching
-    archive. Recomputed here with the versions the archive was measured with; when this fails,
-    re-make the archive on an H200: scripts/tune_shipped.sh compiled."""
+    """The warm record in each shipped flagship archive (k3lab/tunings/<gpu>-attnres_block.tar.xz) is
+    keyed by the model code (`toolchain_fingerprint` hashes the code text of
+    `model_code.MODEL_CODE_FILES`), so a change of its code (not of its comments or docstrings)
+    leaves a fresh GPU of that model warming the flagship's five shapes again. Recomputed here with
+    the versions each archive was measured with; when this fails, re-make the archive on that GPU
+    (scripts/tune_shipped.sh compiled) or take it out, and the GPU starts from the tunings of
+    another GPU of its architecture."""
     import tarfile
 
-    with tarfile.open(tunings.SHIPPED_DIR / "nvidia-h200-attnres_block.tar.xz", "r:xz") as tar:
-        manifest = json.loads(tar.extractfile("k3lab-tunings.json").read())
-        record = json.loads(tar.extractfile("triton/k3lab-warm.json").read())
-    measured = manifest["versions"] | {"fla-core": manifest["versions"]["fla"],
-                                       "flash-linear-attention": manifest["versions"]["fla"]}
-    monkeypatch.setattr(kernels, "package_version", measured.get)
-    toolchain = kernels.toolchain_fingerprint()
+    archives = sorted(tunings.SHIPPED_DIR.glob("*-attnres_block.tar.xz"))
+    assert archives, "k3lab ships the flagship's tunings for at least one GPU"
     shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
-    missing = [shape.name for shape in shapes if kernels.shape_fingerprint(shape, manifest["gpu"], toolchain) not in record]
-    assert not missing, f"the shipped flagship tunings predate the model code for {missing}"
+    for archive in archives:
+        with tarfile.open(archive, "r:xz") as tar:
+            manifest = json.loads(tar.extractfile("k3lab-tunings.json").read())
+            record = json.loads(tar.extractfile("triton/k3lab-warm.json").read())
+        measured = manifest["versions"] | {"fla-core": manifest["versions"]["fla"],
+                                           "flash-linear-attention": manifest["versions"]["fla"]}
+        monkeypatch.setattr(kernels, "package_version", measured.get)
+        toolchain = kernels.toolchain_fingerprint()
+        missing = [shape.name for shape in shapes
+                   if kernels.shape_fingerprint(shape, manifest["gpu"], toolchain) not in record]
+        assert not missing, f"{archive.name} predates the model code for {missing}"
 
 
 def ship_tunings_of(shapes, tmp_path: Path, monkeypatch) -> None:
