@@ -22,6 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--tracking-uri", help=TRACKING_HELP)
     report.add_argument("--out", help="folder for the plots and summary.json")
     report.add_argument("--markdown", help="also write the results as a section of this markdown file")
+    report.add_argument("--section", help="the --markdown section's name (default: the experiment's): another "
+                                          "name keeps a run of the same file on other hardware beside the first")
     report.add_argument("--metric", choices=METRICS, help="compare this metric instead of the sweep file's")
     report.add_argument("--gpu-log", help="GPU utilisation samples, one epoch_seconds,percent line each (percent "
                                           "0-100, e.g. from nvidia-smi: see k3lab.report.results), for the GPU-busy "
@@ -228,14 +230,14 @@ def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> str:
     from k3lab.markdown import replace_section
     from k3lab.report.results import copy_plots, load_parent, results_markdown
 
-    markdown = Path(args.markdown)
-    folder = plots_folder(markdown, run.experiment)
+    markdown, section = Path(args.markdown), getattr(args, "section", None) or run.experiment
+    folder = plots_folder(markdown, section)
     plots = copy_plots(summary["files"], folder, markdown.parent)
-    title = f"{run.experiment}: {run.sweep.description}" if run.sweep.description else run.experiment
+    title = f"{section}: {run.sweep.description}" if run.sweep.description else section
     body = results_markdown(summary, load_parent(run.tracking_uri, parent_run_id), title,
                             report_command=args.command_line, gpu_log=args.gpu_log, plots=plots)
-    replaced = replace_section(markdown, run.experiment, body, header="# Results\n")
+    replaced = replace_section(markdown, section, body, header="# Results\n")
     names = ", ".join(Path(p).name for p in plots)
-    return (f"wrote {markdown}: section {run.experiment} ({'replaced' if replaced else 'added'})"
+    return (f"wrote {markdown}: section {section} ({'replaced' if replaced else 'added'})"
             + (f", linking {len(plots)} plot{'s' if len(plots) != 1 else ''} copied to {folder}/ ({names})"
                if plots else " (no plots)"))
