@@ -89,9 +89,10 @@ def run_sweep_command(args) -> int:
                               kernel_cache_dir=args.kernel_cache, command=args.command_line, verbose=args.verbose)
     sweep = run.sweep
     console = wide_console()
-    print_plan(console, sweep)
+    from k3lab.commands.variants import measured_rates, print_packing
+
+    print_plan(console, sweep, measured_rates(sweep, args.kernel_cache))
     if args.dry_run:
-        from k3lab.commands.variants import print_packing
 
         print_packing(console, sweep, args.kernel_cache)
         from k3lab.runtime.preflight import check_cpu_memory, check_inputs

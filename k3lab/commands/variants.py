@@ -30,10 +30,21 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([_json(sweep, v) for v in sweep.variants], indent=2))
         return 0
     console = Console(file=sys.stdout, width=max(Console().width, 140))
-    print_plan(console, sweep)
+    print_plan(console, sweep, measured_rates(sweep))
     print_packing(console, sweep)
     print_variant_table(console, sweep)
     return 0
+
+
+def measured_rates(sweep: Sweep, cache_dir: str | None = None) -> dict[str, float]:
+    """{GPU model: the aggregate tokens/s a sweep of these trials measured there} (`k3lab.runtime.throughput`)."""
+    from k3lab.runtime.kernels import resolve_kernel_cache
+    from k3lab.runtime.throughput import measured_rates as rates
+
+    if not sweep.resources.gpu and not sweep.resources.gpus_per_trial:
+        return {}
+    return {gpu: entry["tokens_per_s"] for gpu, entry in
+            rates(sweep, resolve_kernel_cache(cache_dir, sweep.kernel_cache)).items()}
 
 
 def print_packing(console, sweep: Sweep, cache_dir: str | None = None) -> None:

@@ -30,13 +30,13 @@ def load_sweep_for(path: str, profile: str) -> Sweep:
     return load_sweep(path, resolve_profile(path, profile))  # a UserError when nothing is valid
 
 
-def print_plan(console: Console, sweep: Sweep) -> None:
-    """The plan header and notes (see `k3lab.registry.plan`)."""
+def print_plan(console: Console, sweep: Sweep, measured: dict[str, float] | None = None) -> None:
+    """The plan header and notes (see `k3lab.registry.plan`); measured: {GPU model: tokens/s}."""
     from rich.markup import escape
 
     from k3lab.registry.plan import plan_lines
 
-    for line in plan_lines(sweep):
+    for line in plan_lines(sweep, measured):
         console.print(escape(line))
 
 

@@ -55,12 +55,12 @@ def trial_tokens(sweep: Sweep) -> int:
     return sum(sweep.train_of(trial.variant).total_tokens for trial in sweep.trials)
 
 
-def plan_lines(sweep: Sweep) -> list[str]:
+def plan_lines(sweep: Sweep, measured: dict[str, float] | None = None) -> list[str]:
     """The header, every variant the plan drops and why, the seeds policy and its worst case (a
     sweep with `seeds: {start, max, ...}`), a final evaluation larger than the others, the
     baselines by group, data that trials would repeat,
     then a note for every default adapted to the file's settings."""
-    lines = [plan_header(sweep)] + dropped_lines(sweep) + compute_lines(sweep) + policy_lines(sweep)
+    lines = [plan_header(sweep)] + dropped_lines(sweep) + compute_lines(sweep) + policy_lines(sweep, measured)
     lines += evaluation_lines(sweep)
     lines += checkpoint_lines(sweep)
     lines += group_lines(sweep)
@@ -109,8 +109,10 @@ def variants_command(sweep: Sweep) -> str:
     return command("variants", sweep.path, profile=profile_option(sweep))
 
 
-def policy_lines(sweep: Sweep) -> list[str]:
-    """The seeds policy, the budget, and the worst-case trial count, tokens and time."""
+def policy_lines(sweep: Sweep, measured: dict[str, float] | None = None) -> list[str]:
+    """The seeds policy, the budget, and the worst-case trial count, tokens and time; measured:
+    {GPU model: the sweep's aggregate tokens/s measured there} (`k3lab.runtime.throughput`), which
+    the file's budget.tokens_per_s overrides."""
     policy = sweep.seed_policy
     if policy is None:
         return []
@@ -145,8 +147,13 @@ def policy_lines(sweep: Sweep) -> list[str]:
     rate = budget.tokens_per_s if budget else None
     if rate:
         time = f"about {_minutes(tokens / rate)} at {rate:,.0f} tokens/s (budget.tokens_per_s)"
+    elif measured:
+        rate = min(measured.values())
+        time = "; ".join(f"about {_minutes(tokens / r)} on {gpu} ({r:,.0f} tokens/s, measured by a sweep of these "
+                         "trials there)" for gpu, r in sorted(measured.items()))
     else:
-        time = "not known (budget.tokens_per_s, the sweep's measured aggregate tokens/s, would give it)"
+        time = ("not known (no sweep of these trials measured on a GPU yet; budget.tokens_per_s, the sweep's "
+                "aggregate tokens/s, would give it)")
     capped = ""
     if budget and budget.trials is not None and budget.trials < worst:
         capped = f"; the budget stops it at {budget.trials} trials"

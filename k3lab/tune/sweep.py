@@ -122,17 +122,39 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
             prepared = dataset.result()
             check_prepared(plan, prepared)  # a corpus tokenized on the thread: before any trial
             dataset_dir = str(prepared.path.resolve())
-            with ParentRun(run) as parent:
-                if not run.resume:
-                    record_sweep(run, parent)
-                record_sharing(parent, sharing)
-                errors, hardware = run_trials(run, parent.run_id, live, say, dataset_dir=dataset_dir)
-                summary = report_sweep(run, parent, hardware)
-                parent.log_metrics({"trials_failed": len(errors)})
-                parent.status = "FINISHED" if not errors else "FAILED"
+            parent = ParentRun(run)
+            try:
+                with parent:
+                    if not run.resume:
+                        record_sweep(run, parent)
+                    record_sharing(parent, sharing)
+                    errors, hardware = run_trials(run, parent.run_id, live, say, dataset_dir=dataset_dir)
+                    summary = report_sweep(run, parent, hardware)
+                    parent.log_metrics({"trials_failed": len(errors)})
+                    parent.status = "FINISHED" if not errors else "FAILED"
+            finally:  # finished or stopped: what this GPU did with these trials, for the next plan
+                record_throughput(run, parent)
     summary["errors"] = errors
     summary["parent_run_id"] = parent.run_id
     return summary
+
+
+def record_throughput(run: SweepRun, parent) -> None:
+    """A local GPU sweep's aggregate tokens/s over all its parts so far (its trials' tokens over the
+    parts' wall time), in the kernel cache's record (`k3lab.runtime.throughput`); best effort."""
+    from k3lab.runtime.memory import host_gpu
+    from k3lab.runtime.throughput import add_throughput
+    from k3lab.store import runs
+
+    gpu = host_gpu()
+    if parent.tracker is None or gpu is None or not run.uses_gpus or run.on_cluster:
+        return
+    with contextlib.suppress(Exception):
+        wall_s, _ = parent.parts_wall_s()
+        tokens = sum(t.data.metrics.get("tokens") or 0 for t in runs.trial_runs(run.tracking_uri, parent.run_id))
+        if tokens and wall_s > 0:
+            add_throughput(run.kernel_cache, run.sweep, gpu.name, tokens / wall_s,
+                           run.packing.trials if run.packing else None)
 
 
 @contextlib.contextmanager
