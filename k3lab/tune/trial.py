@@ -226,7 +226,8 @@ class KeptTrainer:
     same variant (`resources.reuse_actors`: Ray hands a finished trial's process to the next
     trial, and the seeds policy hands it the variant's next seed where it can,
     `k3lab.tune.seeds`). Restarted with the new seed (`Trainer.restart`), it skips the model
-    build, torch.compile and the CUDA-graph capture: on an H200 most of a trial's start-up."""
+    build, torch.compile and the CUDA-graph capture, most of a GPU trial's start-up (docs/benchmarks.md,
+    "Sweep sizing")."""
 
     def __init__(self):
         self.key: tuple | None = None

@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 # FLA's causal convolution has a Triton and a Gluon implementation, the second off unless FLA_CONV_GLUON is set.
-# Gluon is the faster at a `small` trial's view, with the same y and dx (bench/kernel_choices.py --only conv_backend;
-# docs/journal/kernel-headroom.md). FLA itself falls back to
-# Triton where Gluon does not apply (distributed runs, states carried in). A user's own setting is kept.
+# Gluon it is, with the same y and dx (chosen by bench/kernel_choices.py --only conv_backend; the figures:
+# docs/journal/kernel-headroom.md). FLA itself falls back to Triton where Gluon does not apply
+# (distributed runs, states carried in). A user's own setting is kept.
 os.environ.setdefault("FLA_CONV_GLUON", "1")
 
 
