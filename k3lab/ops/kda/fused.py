@@ -34,6 +34,14 @@ from torch import nn
 os.environ.setdefault("FLA_CONV_GLUON", "1")
 
 
+@torch.compiler.disable
+def outside_compile(forward, x: torch.Tensor) -> torch.Tensor:
+    """forward(x) run eagerly, a graph break in a compiled block: FLA 0.6.0 marks `chunk_kda`
+    compiler-disabled, and the fused layer's whole CUDA path runs beside it. The decorator lives
+    here, not on the layer, because applying it imports torch._dynamo, which the plain model never needs."""
+    return forward(x)
+
+
 def short_conv(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     """SiLU(causal depthwise conv(x)) with FLA's kernel and our nn.Conv1d weight (D, 1, W): (B, T, D)."""
     from fla.modules.causal_conv1d import causal_conv1d
