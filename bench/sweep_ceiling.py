@@ -319,7 +319,7 @@ def alone_child(args: argparse.Namespace) -> dict:
     for variant in sweep.valid_variants:
         forget_earlier_trial()
         spec = TrialSpec(variant_id=variant.id, variant_name=variant.name, seed=variant.seeds[0],
-                         config=variant.config.to_dict(), train=train, tracking_uri=None, experiment="alone")
+                         config=variant.config, train=train, tracking_uri=None, experiment="alone")
         result, _ = run_trial(spec, device=device)
         rows.append({"trial": spec.name, "variant": variant.id, "status": result.status, "tokens": result.tokens,
                      "tokens_per_s_last_window": result.tokens_per_s,

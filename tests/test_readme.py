@@ -102,7 +102,7 @@ def train_readme_baseline() -> tuple[str, float]:
     sweep = load_sweep(sample.SWEEP_FILE, sample.PROFILE)
     baseline = next(v for v in sweep.valid_variants if v.name == sweep.baseline)
     spec = TrialSpec(variant_id=baseline.id, variant_name=baseline.name, seed=sweep.seeds[0],
-                     config=baseline.config.to_dict(), train=sweep.train, tracking_uri=None, experiment="readme")
+                     config=baseline.config, train=sweep.train, tracking_uri=None, experiment="readme")
     threads = torch.get_num_threads()
     torch.set_num_threads(int(sweep.resources.cpu))  # as K3LAB_TRIAL_CPUS sets it in a sweep's trial
     try:

@@ -164,7 +164,7 @@ def run_train(args) -> int:
 
         open_kernel_cache(args.kernel_cache, say=Console(stderr=True).print)
     name = Path(args.model).stem
-    trial = TrialSpec(variant_id="train", variant_name=name, seed=args.seed, config=config.to_dict(), train=spec,
+    trial = TrialSpec(variant_id="train", variant_name=name, seed=args.seed, config=config, train=spec,
                       tracking_uri=tracking_uri, experiment="k3lab-train")
     console = Console(stderr=True)
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import json
 import os
 import sys
 import time
@@ -42,12 +41,12 @@ class TrialSpec:
     variant_id: str
     variant_name: str
     seed: int
-    config: dict  # KimiK3Config fields
+    config: KimiK3Config
     train: TrainSpec
     tracking_uri: str | None
     experiment: str
     parent_run_id: str | None = None
-    overrides: dict | None = None  # the swept axis values of this variant, e.g. {"attn_res_block_size": 4}
+    overrides: dict | None = None  # the swept axis values of this variant, as the sweep file gives them: {"attn_res_block_size": 4}
     metric: str = "val_loss"  # the sweep's metric and mode: a diverged trial reports its worst value
     mode: str = "min"
     colour: str | None = None  # the variant's, in k3lab's plots and the MLflow UI (k3lab.store.colours)
@@ -57,9 +56,6 @@ class TrialSpec:
     @property
     def name(self) -> str:
         return f"{self.variant_name}-s{self.seed}"
-
-    def model_config(self) -> KimiK3Config:
-        return KimiK3Config(**self.config)
 
 
 def run_order(trials) -> list:
@@ -76,9 +72,9 @@ def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None) -> dict
     colours = variant_colours([v.name for v in run.sweep.valid_variants])
     return {
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
-                            config=trial.variant.config.to_dict(), train=run.sweep.train_of(trial.variant),
+                            config=trial.variant.config, train=run.sweep.train_of(trial.variant),
                             tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id,
-                            overrides={k: str(v) for k, v in trial.variant.overrides.items()},
+                            overrides=dict(trial.variant.overrides),
                             metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
                             colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots,
                             dataset_dir=dataset_dir)
@@ -88,7 +84,7 @@ def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None) -> dict
 
 def trial_params(spec: TrialSpec, counts: dict) -> dict:
     """MLflow params of a trial run: the flattened model config, train spec and counts."""
-    params = runs.model_params(spec.config, inactive_fields(spec.model_config()))
+    params = runs.model_params(spec.config.to_dict(), inactive_fields(spec.config))
     params |= flatten("train", attrs.asdict(spec.train))
     params |= {f"params.{k}": v for k, v in counts.items() if k != "by_component"}
     params |= {f"params.component.{k}": v for k, v in counts["by_component"].items()}
@@ -148,7 +144,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
     if trainer is None:
         dataset = prepared_by_driver(spec.dataset_dir)
         opened_s = time.time() - trainer_started
-        trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device, rank=rank,
+        trainer = Trainer(spec.config, spec.train, seed=spec.seed, device=device, rank=rank,
                           world_size=world_size, dataset=dataset)
         data_s = opened_s + trainer.data_s
     else:  # an earlier trial's, restarted for this one (`KeptTrainer`): its corpus is open already
@@ -237,7 +233,7 @@ class KeptTrainer:
     def key_of(spec: TrialSpec) -> tuple:
         """What a kept trainer must share with a trial to serve it: the model, the train spec
         (shapes, optimiser, schedule) and the corpus; only the seed may differ."""
-        return json.dumps(spec.config, sort_keys=True), spec.train, spec.dataset_dir
+        return spec.config, spec.train, spec.dataset_dir
 
     def take(self, spec: TrialSpec) -> Trainer | None:
         """The kept trainer when `spec` is a trial it can serve, else None; either way this
