@@ -96,7 +96,7 @@ def test_the_live_table_needs_both_stdout_and_stderr_on_a_terminal(monkeypatch):
 
 
 def test_tokenizing_off_a_terminal_is_a_line_before_and_a_line_after(capsys):
-    from k3lab.data.progress import progress_bar
+    from k3lab.data.tokenizing_progress import progress_bar
 
     with progress_bar(True, "tokenizing stdlib", 3) as advance:
         advance(2, 100)
