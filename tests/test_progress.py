@@ -11,8 +11,8 @@ from mlflow.tracking import MlflowClient
 from rich.console import Console
 
 from k3lab.registry.sweep import load_sweep
-from k3lab.tune import progress as progress_module
-from k3lab.tune.progress import SweepProgress, progress_mode
+from k3lab.tune import sweep_progress as progress_module
+from k3lab.tune.sweep_progress import SweepProgress, progress_mode
 from k3lab.tune.trial import trial_specs
 from k3lab.tune.run import SweepRun
 
