@@ -81,7 +81,7 @@ def measure(row: str, args: argparse.Namespace) -> dict | None:
 
     from k3lab.registry import load_preset
     from k3lab.train.ddp import DDPOptions
-    from k3lab.train.metrics import peak_flops
+    from k3lab.train.diagnostics import peak_flops
     from k3lab.train.spec import TrainSpec
     from k3lab.train.trainer import Trainer
 

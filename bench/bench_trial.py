@@ -126,7 +126,7 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     from k3lab.model.model import KimiK3, compile_blocks
     from k3lab.optim.assignment import build_optimizers
     from k3lab.registry.presets import load_preset
-    from k3lab.train.metrics import peak_flops
+    from k3lab.train.diagnostics import peak_flops
 
     torch.backends.cuda.matmul.allow_tf32 = True
     options = row["options"]

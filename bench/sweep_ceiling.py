@@ -220,7 +220,7 @@ COMPILE_COUNTS = ("fxgraph_cache_hits", "fxgraph_cache_misses", "aot_cache_hits"
 
 
 def compiled_graphs(client, trials) -> dict[str, float]:
-    """torch.compile's cache hits and misses summed over the trials (k3lab.train.metrics): at each
+    """torch.compile's cache hits and misses summed over the trials (k3lab.train.diagnostics): at each
     trial's first step (`first_step_*`, its first attempt's) and by its last evaluation
     (`trial_*`, the largest count of any attempt). Misses are graphs a trial compiled because
     the kernel cache did not have them: a fresh sweep that misses did not find them in the

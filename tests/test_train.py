@@ -498,7 +498,7 @@ def test_a_trial_sends_its_metrics_before_each_report_a_scheduler_may_stop_it_at
 def test_a_trial_logs_its_own_torch_compile_cache_hits_and_misses_not_its_process_earlier_ones(monkeypatch):
     import torch._dynamo.utils as dynamo_utils
 
-    from k3lab.train.metrics import compile_cache_counts
+    from k3lab.train.diagnostics import compile_cache_counts
 
     dynamo_utils.counters.clear()
     dynamo_utils.counters["inductor"]["fxgraph_cache_hit"] += 3  # an earlier trial of this (reused) process

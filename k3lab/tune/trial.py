@@ -27,7 +27,7 @@ from k3lab.store.colours import variant_colours
 from k3lab.store.runs import RUN_ID_KEY, execution_tags, node_tags  # noqa: F401  (RUN_ID_KEY: for callers)
 from k3lab.store.tracking import BUILD_PARTS, MLflowTracker, flatten
 from k3lab.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from k3lab.train.metrics import device_name
+from k3lab.train.diagnostics import device_name
 from k3lab.train.spec import TrainSpec
 from k3lab.train.loop import fit
 from k3lab.train.trainer import FINISHED, TrainResult, Trainer
