@@ -414,7 +414,7 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         sys.exit("bench_trial.py needs a CUDA GPU")
-    from k3lab.runtime.kernels import open_kernel_cache
+    from k3lab.runtime.kernel_cache import open_kernel_cache
 
     open_kernel_cache()  # k3lab's kernel cache, started from its shipped tunings; the rows' processes inherit it
     before_rows = set((args.before_rows or args.rows).split(",")) if args.before else set()

@@ -308,7 +308,7 @@ def alone_child(args: argparse.Namespace) -> dict:
     import torch
 
     from k3lab.registry.commands import load_sweep_for
-    from k3lab.runtime.kernels import open_kernel_cache
+    from k3lab.runtime.kernel_cache import open_kernel_cache
     from k3lab.tune.trial import TrialSpec, forget_earlier_trial, run_trial
 
     open_kernel_cache(say=lambda line: print(line, file=sys.stderr))

@@ -18,7 +18,7 @@ def _seed():
 
 def pytest_configure(config):
     if torch.cuda.is_available():  # the GPU tests share the machine's kernel cache (and k3lab's shipped tunings)
-        from k3lab.runtime.kernels import open_kernel_cache
+        from k3lab.runtime.kernel_cache import open_kernel_cache
 
         open_kernel_cache()
 

@@ -160,7 +160,7 @@ def run_train(args) -> int:
     log_file = None if args.verbose or tracking_uri is None else default_storage() / "train.log"
     run_preflight(train_preflight(args, config, spec, tracking_uri, device, log_file))
     if device.type == "cuda":
-        from k3lab.runtime.kernels import open_kernel_cache
+        from k3lab.runtime.kernel_cache import open_kernel_cache
 
         open_kernel_cache(args.kernel_cache, say=Console(stderr=True).print)
     name = Path(args.model).stem

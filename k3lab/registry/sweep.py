@@ -70,7 +70,7 @@ class Sweep:
     match: MatchSpec | None
     variants: tuple[Variant, ...]
     baseline: str  # the valid variant the others are compared against, paired by seed
-    kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.runtime.kernels
+    kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.runtime.kernel_cache
     notes: tuple[str, ...] = ()  # defaults adapted to what the file sets, shown with the plan
     seed_policy: SeedsSpec | None = None  # `seeds: {start, max, until}`; then `seeds` holds every seed it may use
     budget: BudgetSpec | None = None
