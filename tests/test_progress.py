@@ -10,7 +10,7 @@ from conftest import mini_sweep
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from k3lab.registry.sweep import load_sweep
+from k3lab.registry.sweep_file import load_sweep
 from k3lab.tune import sweep_progress as progress_module
 from k3lab.tune.sweep_progress import SweepProgress, progress_mode
 from k3lab.tune.trial import trial_specs

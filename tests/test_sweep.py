@@ -457,7 +457,7 @@ def test_resume_of_a_finished_sweep_shows_its_trials_done_and_keeps_the_first_wa
 ])
 def test_a_trial_larger_than_the_ray_cluster_is_refused_with_the_field(tmp_path, resources, cluster, message):
     from k3lab.errors import UserError
-    from k3lab.registry.sweep import load_sweep
+    from k3lab.registry.sweep_file import load_sweep
     from k3lab.tune.sweep import check_cluster_fits
 
     path = tmp_path / "big.yaml"
@@ -479,7 +479,7 @@ def test_a_sweep_refused_once_ray_is_up_leaves_no_log_file_or_storage_folder(tmp
 
 
 def test_trials_that_fit_the_ray_cluster_pass_and_ddp_workers_fall_back_to_cpu_without_gpus(tmp_path):
-    from k3lab.registry.sweep import load_sweep
+    from k3lab.registry.sweep_file import load_sweep
     from k3lab.tune.sweep import check_cluster_fits
 
     for resources, cluster in [("{cpu: 3, gpu: 0.25}", {"CPU": 16, "GPU": 1}),

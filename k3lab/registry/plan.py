@@ -9,7 +9,7 @@ all print first, so a preview and the run it previews read the same.
 from __future__ import annotations
 
 from k3lab.hints import command
-from k3lab.registry.sweep import Sweep, profile_option
+from k3lab.registry.sweep_file import Sweep, profile_option
 from k3lab.registry.variants import DUPLICATE
 from k3lab.report.sequential import DECIDED, HALFWIDTH
 

@@ -6,7 +6,7 @@ k3lab (the training loop, Ray Tune orchestration) can build them directly;
 `TrainSpec` lives beside the training loop, in `k3lab.train.spec`.
 Validators raise `FieldError`, which names the offending field.
 `SweepSpec` is the whole file as written (before a profile is applied and
-before the base model and the axes are resolved; see `k3lab.registry.sweep`).
+before the base model and the axes are resolved; see `k3lab.registry.sweep_file`).
 """
 
 from __future__ import annotations
