@@ -12,7 +12,7 @@ from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.registry.commands import add_profile_argument
-from k3lab.registry.spec import duration_seconds
+from k3lab.registry.sections import duration_seconds
 
 STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"

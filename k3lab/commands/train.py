@@ -10,7 +10,7 @@ import yaml
 from k3lab.commands.sweep import TRACKING_HELP
 from k3lab.errors import UserError
 from k3lab.model.fidelity import FIDELITIES
-from k3lab.registry.spec import SEED_MAX
+from k3lab.registry.sections import SEED_MAX
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -26,7 +26,7 @@ from k3lab.registry.fields import check_fields
 from k3lab.registry.keypath import SpecError
 from k3lab.registry.presets import model_fields
 from k3lab.registry.profiles import apply_profile, check_profiles, locate, profile_names
-from k3lab.registry.spec import (BaseSpec, BudgetSpec, ComputeSpec, MatchSpec, MetricSpec, ResourceSpec,
+from k3lab.registry.sections import (BaseSpec, BudgetSpec, ComputeSpec, MatchSpec, MetricSpec, ResourceSpec,
                                  SchedulerSpec, SeedsSpec, SweepSpec)
 from k3lab.train.spec import TrainSpec
 from k3lab.registry.variants import Point, Variant, expand, parse_explicit, point_names, points
