@@ -81,7 +81,7 @@ def measure(row: str, args: argparse.Namespace) -> dict | None:
 
     from k3lab.registry import load_preset
     from k3lab.train.ddp import DDPOptions
-    from k3lab.train.metrics import peak_flops
+    from k3lab.train.diagnostics import peak_flops
     from k3lab.train.spec import TrainSpec
     from k3lab.train.trainer import Trainer
 
@@ -138,7 +138,7 @@ def warm_kernel_cache(args: argparse.Namespace) -> None:
     """FLA autotunes each new shape for minutes: tune this one once, here, into the kernel cache
     ($K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels), so the rows' ranks start warm."""
     from k3lab.registry import load_preset
-    from k3lab.runtime.kernels import KernelShape, open_kernel_cache, warm_kernels
+    from k3lab.runtime.kernel_cache import KernelShape, open_kernel_cache, warm_kernels
 
     cache = open_kernel_cache()  # this process and the torchrun jobs it starts; from the shipped tunings
     config = load_preset(args.preset).replace(max_seq_len=max(args.seq, 1024))

@@ -306,7 +306,7 @@ def main() -> None:
         origin, body = body_from_log(args.from_log)
         write_section(SECTION, body, measured_on=origin)
         return
-    from k3lab.runtime.kernels import open_kernel_cache
+    from k3lab.runtime.kernel_cache import open_kernel_cache
 
     open_kernel_cache(args.cache_dir)  # before FLA is imported; k3lab's cache, started from its shipped tunings
     import torch

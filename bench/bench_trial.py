@@ -126,7 +126,7 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     from k3lab.model.model import KimiK3, compile_blocks
     from k3lab.optim.assignment import build_optimizers
     from k3lab.registry.presets import load_preset
-    from k3lab.train.metrics import peak_flops
+    from k3lab.train.diagnostics import peak_flops
 
     torch.backends.cuda.matmul.allow_tf32 = True
     options = row["options"]
@@ -414,7 +414,7 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         sys.exit("bench_trial.py needs a CUDA GPU")
-    from k3lab.runtime.kernels import open_kernel_cache
+    from k3lab.runtime.kernel_cache import open_kernel_cache
 
     open_kernel_cache()  # k3lab's kernel cache, started from its shipped tunings; the rows' processes inherit it
     before_rows = set((args.before_rows or args.rows).split(",")) if args.before else set()

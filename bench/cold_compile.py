@@ -4,7 +4,7 @@
     python bench/cold_compile.py --device cpu --row tiny@2x64 --phases fresh,both --work /tmp/cold   # harness
 
 A fresh GPU machine's first training step compiles three things, each cached in the kernel cache
-(`k3lab.runtime.kernels`):
+(`k3lab.runtime.kernel_cache`):
 - Triton compiles FLA's kernels (`<cache>/triton`);
 - torch.compile builds the blocks (`<cache>/inductor`: FX graphs, AOTAutograd, its own Triton
   kernels);
@@ -104,7 +104,7 @@ def first_step(row: str, device_name: str, load_mega: Path | None, save_mega: Pa
 
 
 def child(args: argparse.Namespace) -> None:
-    from k3lab.runtime.kernels import open_kernel_cache
+    from k3lab.runtime.kernel_cache import open_kernel_cache
 
     phase = args.child
     work = Path(args.work)

@@ -220,7 +220,7 @@ COMPILE_COUNTS = ("fxgraph_cache_hits", "fxgraph_cache_misses", "aot_cache_hits"
 
 
 def compiled_graphs(client, trials) -> dict[str, float]:
-    """torch.compile's cache hits and misses summed over the trials (k3lab.train.metrics): at each
+    """torch.compile's cache hits and misses summed over the trials (k3lab.train.diagnostics): at each
     trial's first step (`first_step_*`, its first attempt's) and by its last evaluation
     (`trial_*`, the largest count of any attempt). Misses are graphs a trial compiled because
     the kernel cache did not have them: a fresh sweep that misses did not find them in the
@@ -308,7 +308,7 @@ def alone_child(args: argparse.Namespace) -> dict:
     import torch
 
     from k3lab.registry.commands import load_sweep_for
-    from k3lab.runtime.kernels import open_kernel_cache
+    from k3lab.runtime.kernel_cache import open_kernel_cache
     from k3lab.tune.trial import TrialSpec, forget_earlier_trial, run_trial
 
     open_kernel_cache(say=lambda line: print(line, file=sys.stderr))
@@ -319,7 +319,7 @@ def alone_child(args: argparse.Namespace) -> dict:
     for variant in sweep.valid_variants:
         forget_earlier_trial()
         spec = TrialSpec(variant_id=variant.id, variant_name=variant.name, seed=variant.seeds[0],
-                         config=variant.config.to_dict(), train=train, tracking_uri=None, experiment="alone")
+                         config=variant.config, train=train, tracking_uri=None, experiment="alone")
         result, _ = run_trial(spec, device=device)
         rows.append({"trial": spec.name, "variant": variant.id, "status": result.status, "tokens": result.tokens,
                      "tokens_per_s_last_window": result.tokens_per_s,

@@ -8,7 +8,7 @@ import pytest
 from conftest import bench_script
 
 from k3lab.errors import UserError
-from k3lab.registry.sweep import load_sweep
+from k3lab.registry.sweep_file import load_sweep
 from k3lab.report.compute import Multiplier, compute_multipliers, power_law
 from k3lab.report.compute import size_multipliers as multipliers_across_sizes
 from k3lab.report.sequential import HALFWIDTH, Design, fixed_design

@@ -46,7 +46,7 @@ def single_worker_losses(batch_size):
     from k3lab.registry import load_preset
 
     config = load_preset("tiny").replace(**{k: v for k, v in BASE.items() if k != "preset"})
-    spec = TrialSpec("x", "one_worker", 0, config.to_dict(), TrainSpec(**(TRAIN | {"batch_size": batch_size})),
+    spec = TrialSpec("x", "one_worker", 0, config, TrainSpec(**(TRAIN | {"batch_size": batch_size})),
                      tracking_uri=None, experiment="x")
     tracker = MemoryTracker()
     from k3lab.train.loop import train

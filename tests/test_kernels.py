@@ -12,8 +12,8 @@ from k3lab.cli import main
 from k3lab.errors import UserError
 from k3lab.registry import load_sweep
 from k3lab.report.efficiency import peak_flops_of, sweep_efficiency
-from k3lab.runtime import kernels, tunings
-from k3lab.runtime.kernels import cache_info, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
+from k3lab.runtime import kernel_cache, tunings
+from k3lab.runtime.kernel_cache import cache_info, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
 from k3lab.runtime.model_code import model_code_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,9 +121,9 @@ def test_the_efficiency_line_names_mfu_warm_up_and_start_up_only_where_they_exis
 def fake_gpu(monkeypatch):
     """warm_kernels without a GPU: the forward+backward it would run is recorded instead."""
     ran = []
-    monkeypatch.setattr(kernels, "require_cuda", lambda: None)
-    monkeypatch.setattr(kernels, "gpu_name", lambda: "NVIDIA H200")
-    monkeypatch.setattr(kernels, "run_forward_backward", lambda shape: ran.append(shape.name))
+    monkeypatch.setattr(kernel_cache, "require_cuda", lambda: None)
+    monkeypatch.setattr(kernel_cache, "gpu_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(kernel_cache, "run_forward_backward", lambda shape: ran.append(shape.name))
     return ran
 
 
@@ -140,11 +140,11 @@ def test_a_second_sweep_skips_the_shapes_an_earlier_warm_up_recorded(fake_gpu, t
 def test_a_new_batch_gpu_or_library_version_warms_again(fake_gpu, tmp_path, monkeypatch):
     shape = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))[0]
     warm_kernels([shape], cache=tmp_path, skip_recorded=True)
-    warm_kernels([kernels.KernelShape(shape.name, shape.config, shape.batch_size * 2, shape.seq_len, shape.autocast)],
+    warm_kernels([kernel_cache.KernelShape(shape.name, shape.config, shape.batch_size * 2, shape.seq_len, shape.autocast)],
                  cache=tmp_path, skip_recorded=True)
-    monkeypatch.setattr(kernels, "gpu_name", lambda: "NVIDIA H100")
+    monkeypatch.setattr(kernel_cache, "gpu_name", lambda: "NVIDIA H100")
     warm_kernels([shape], cache=tmp_path, skip_recorded=True)
-    monkeypatch.setattr(kernels, "package_version", lambda name: "9.9")
+    monkeypatch.setattr(kernel_cache, "package_version", lambda name: "9.9")
     warm_kernels([shape], cache=tmp_path, skip_recorded=True)
     assert len(fake_gpu) == 4 and cache_info(tmp_path)["warm_shapes"] == 4
 
@@ -158,8 +158,8 @@ def test_a_compiled_sweeps_shapes_warm_compiled_and_an_eager_shape_keeps_its_fin
     assert shape.compile  # the gpu profile compiles its blocks: the warm-up compiles them too
     eager = replace(shape, compile=False)
     before = short_hash([shape.config.to_dict(), shape.batch_size, shape.seq_len, shape.autocast, "G", "T"])
-    assert kernels.shape_fingerprint(eager, "G", "T") == before  # records of eager shapes stay valid
-    assert kernels.shape_fingerprint(shape, "G", "T") != before
+    assert kernel_cache.shape_fingerprint(eager, "G", "T") == before  # records of eager shapes stay valid
+    assert kernel_cache.shape_fingerprint(shape, "G", "T") != before
 
 
 def test_kernels_warm_command_always_warms_every_shape(fake_gpu, tmp_path, monkeypatch):
@@ -215,7 +215,7 @@ def test_exported_tunings_import_into_a_fresh_cache_with_their_warm_record(tmp_p
     imported = sorted(p.relative_to(tmp_path / "b").as_posix() for p in (tmp_path / "b").rglob("*.autotune.json"))
     assert imported == ["triton/AB12/chunk_kda_fwd_kernel.autotune.json", "triton/CD34/attnres_bwd_kernel_dv.autotune.json"]
     assert not list((tmp_path / "b").rglob("*.cubin"))  # compiled kernels stay behind: the archive is small
-    assert kernels.read_warm_record(tmp_path / "b") == {"f1": {"shape": "attnres_off", "device": "NVIDIA H200"}}
+    assert kernel_cache.read_warm_record(tmp_path / "b") == {"f1": {"shape": "attnres_off", "device": "NVIDIA H200"}}
     again = tunings.import_tunings(tmp_path / f"t{suffix}", tmp_path / "b", "NVIDIA H200")
     assert (again["added"], again["kept"]) == (0, 2)
 
@@ -358,7 +358,7 @@ def test_a_gpu_process_imports_every_shipped_archive_of_its_gpu_once(tmp_path, m
     first = tunings.start_from_shipped(tmp_path / "kc", "NVIDIA H200")
     assert first["archive"] == "h200-attnres.tar.xz, h200.tar.gz"
     assert (first["added"], first["kept"], first["compiled"], first["warm_shapes"]) == (2, 2, 4, 2)
-    assert kernels.shipped_line(first) == ("kernels: started from k3lab's tunings for NVIDIA H200 (h200-attnres.tar.xz, "
+    assert kernel_cache.shipped_line(first) == ("kernels: started from k3lab's tunings for NVIDIA H200 (h200-attnres.tar.xz, "
                                            "h200.tar.gz: 2 autotune results, 4 compiled kernel files, 2 warmed shapes)")
     assert tunings.start_from_shipped(tmp_path / "kc", "NVIDIA H200") is None
 
@@ -402,9 +402,9 @@ def test_the_shipped_flagship_tunings_record_every_gpu_shape_for_this_model_code
         measured = manifest["versions"] | {"fla-core": manifest["versions"]["fla"],
                                            "flash-linear-attention": manifest["versions"]["fla"]}
         monkeypatch.setattr(kernels, "package_version", measured.get)
-        toolchain = kernels.toolchain_fingerprint()
+        toolchain = kernel_cache.toolchain_fingerprint()
         missing = [shape.name for shape in shapes
-                   if kernels.shape_fingerprint(shape, manifest["gpu"], toolchain) not in record]
+                   if kernel_cache.shape_fingerprint(shape, manifest["gpu"], toolchain) not in record]
         assert not missing, f"{archive.name} predates the model code for {missing}"
 
 
@@ -444,12 +444,12 @@ def fake_nvidia_smi(folder: Path, monkeypatch, names: list[str], code: int = 0) 
 def test_the_hosts_gpu_name_comes_from_nvidia_smi_when_its_gpus_are_of_one_kind(tmp_path, monkeypatch, names, code,
                                                                                  expected):
     fake_nvidia_smi(tmp_path / "bin", monkeypatch, names, code)
-    assert kernels.host_gpu_name() == expected
+    assert kernel_cache.host_gpu_name() == expected
 
 
 def test_without_nvidia_smi_the_host_has_no_known_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert kernels.host_gpu_name() is None
+    assert kernel_cache.host_gpu_name() is None
 
 
 def test_a_sweep_whose_shapes_are_all_warm_needs_no_warm_up_task(fake_gpu, tmp_path, monkeypatch):
@@ -527,13 +527,13 @@ def model_code_copy(folder: Path, monkeypatch) -> None:
         copy = folder / source.relative_to(ROOT / "k3lab")
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_text(source.read_text())
-    monkeypatch.setattr(kernels, "MODEL_CODE", folder)
+    monkeypatch.setattr(kernel_cache, "MODEL_CODE", folder)
 
 
 def test_an_edit_of_the_model_codes_prose_keeps_the_warm_records_key_and_an_edit_of_its_code_does_not(
         tmp_path, monkeypatch):
     model_code_copy(tmp_path, monkeypatch)
-    before = kernels.toolchain_fingerprint()
+    before = kernel_cache.toolchain_fingerprint()
     model = tmp_path / "model" / "model.py"
     source = model.read_text()
     prose = source.replace('"""', '"""A new first line.\n\n', 1)  # the module docstring, lines shifted
@@ -541,18 +541,18 @@ def test_an_edit_of_the_model_codes_prose_keeps_the_warm_records_key_and_an_edit
     prose = prose[:first_def] + "\n\n# a comment on its own line\n" + prose[first_def:]
     assert "\nimport torch\n" in prose
     model.write_text(prose.replace("\nimport torch\n", "\nimport torch  # and one after the code\n", 1))
-    assert kernels.toolchain_fingerprint() == before
+    assert kernel_cache.toolchain_fingerprint() == before
     model.write_text(source.replace("def ", "def _", 1))  # a function renamed
-    assert kernels.toolchain_fingerprint() != before
+    assert kernel_cache.toolchain_fingerprint() != before
 
 
 @pytest.mark.parametrize("path", ["model/model.py", "ops/attn_res/kernel.py", "ops/kda/fused.py", "optim/muon.py",
                                   "compiling.py"])
 def test_the_warm_records_key_covers_the_model_its_ops_and_the_optimizer(path, tmp_path, monkeypatch):
     model_code_copy(tmp_path, monkeypatch)
-    before = kernels.toolchain_fingerprint()
+    before = kernel_cache.toolchain_fingerprint()
     (tmp_path / path).write_text((tmp_path / path).read_text() + "\nEXTRA = 1\n")
-    assert kernels.toolchain_fingerprint() != before
+    assert kernel_cache.toolchain_fingerprint() != before
 
 
 def test_the_code_text_keeps_code_and_drops_comments_docstrings_and_blank_lines():

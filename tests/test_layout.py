@@ -8,7 +8,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 TRAIN_MODULES = ("k3lab.train", "k3lab.train.trainer", "k3lab.train.loop", "k3lab.train.checks", "k3lab.train.spec", "k3lab.train.checkpoint",
-                 "k3lab.train.graphs", "k3lab.train.ddp", "k3lab.train.metrics")
+                 "k3lab.train.graphs", "k3lab.train.ddp", "k3lab.train.diagnostics")
 
 
 def test_train_imports_without_ray_mlflow_or_the_sweep_parser():

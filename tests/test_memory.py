@@ -46,7 +46,7 @@ def test_a_variant_that_cannot_fit_alone_is_refused_in_one_line(tmp_path, monkey
         plan_packing({"big": "k1"}, H100, ceiling=4, record=record_of({"k1": 75}))
     sweep_path = tmp_path / "mini.yaml"
     sweep_path.write_text(mini_sweep("mini", "x"))
-    from k3lab.registry.sweep import load_sweep
+    from k3lab.registry.sweep_file import load_sweep
 
     sweep = load_sweep(str(sweep_path))
     keys = {v.name: memory.variant_key(v.config, sweep.train_of(v)) for v in sweep.valid_variants}
@@ -64,7 +64,7 @@ def test_a_variant_that_cannot_fit_alone_is_refused_in_one_line(tmp_path, monkey
 def test_the_plan_prints_the_packing_of_every_gpu_model_measured(tmp_path, monkeypatch):
     sweep_path = tmp_path / "s.yaml"
     sweep_path.write_text(mini_sweep("s", "x").replace("gpu: 0}", "gpu: 0.25}"))
-    from k3lab.registry.sweep import load_sweep
+    from k3lab.registry.sweep_file import load_sweep
 
     sweep = load_sweep(str(sweep_path))
     keys = [memory.variant_key(v.config, sweep.train_of(v)) for v in sweep.valid_variants]
@@ -168,7 +168,7 @@ def test_an_out_of_memory_trial_restarts_without_using_its_crash_budget_and_the_
     GPU takes one trial at a time from then on, the trial restarts from its checkpoint once the other
     has gone, and every trial finishes once, in one MLflow run each."""
     from k3lab.cli import main
-    from k3lab.registry.sweep import load_sweep
+    from k3lab.registry.sweep_file import load_sweep
 
     path = tmp_path / "mini.yaml"
     path.write_text(mini_sweep("mini", "two variants on a fake GPU", steps=40, eval_interval=8))

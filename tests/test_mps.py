@@ -217,7 +217,7 @@ def test_a_sweeps_driver_counts_gpus_through_nvml_and_never_initialises_cuda(tmp
     """cuInit in the driver would make it a client of the trials' MPS server until it exits."""
     import torch
 
-    from k3lab.registry.sweep import resolve_profile
+    from k3lab.registry.sweep_file import resolve_profile
     from k3lab.runtime.preflight import check_gpus
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("torch.cuda.is_available: cuInit"))

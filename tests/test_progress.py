@@ -10,9 +10,9 @@ from conftest import mini_sweep
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 
-from k3lab.registry.sweep import load_sweep
-from k3lab.tune import progress as progress_module
-from k3lab.tune.progress import SweepProgress, progress_mode
+from k3lab.registry.sweep_file import load_sweep
+from k3lab.tune import sweep_progress as progress_module
+from k3lab.tune.sweep_progress import SweepProgress, progress_mode
 from k3lab.tune.trial import trial_specs
 from k3lab.tune.run import SweepRun
 
@@ -96,7 +96,7 @@ def test_the_live_table_needs_both_stdout_and_stderr_on_a_terminal(monkeypatch):
 
 
 def test_tokenizing_off_a_terminal_is_a_line_before_and_a_line_after(capsys):
-    from k3lab.data.progress import progress_bar
+    from k3lab.data.tokenizing_progress import progress_bar
 
     with progress_bar(True, "tokenizing stdlib", 3) as advance:
         advance(2, 100)

@@ -71,7 +71,7 @@ def test_readme_sample_table_is_the_committed_runs_table_as_k3lab_prints_it_toda
     today's table code, for today's variants of the quick-start sweep with today's parameter counts:
     a hand edit, a new column or a model change that moves a count shows here."""
     from k3lab.registry.counts import count
-    from k3lab.registry.sweep import load_sweep
+    from k3lab.registry.sweep_file import load_sweep
 
     sample = readme_sample()
     store = sample.committed_store(README)
@@ -96,14 +96,14 @@ def train_readme_baseline() -> tuple[str, float]:
     the cpu profile), in this process: (its name, its val_loss)."""
     import torch
 
-    from k3lab.registry.sweep import load_sweep
+    from k3lab.registry.sweep_file import load_sweep
     from k3lab.tune.trial import TrialSpec, run_trial
 
     sample = readme_sample()
     sweep = load_sweep(sample.SWEEP_FILE, sample.PROFILE)
     baseline = next(v for v in sweep.valid_variants if v.name == sweep.baseline)
     spec = TrialSpec(variant_id=baseline.id, variant_name=baseline.name, seed=sweep.seeds[0],
-                     config=baseline.config.to_dict(), train=sweep.train, tracking_uri=None, experiment="readme")
+                     config=baseline.config, train=sweep.train, tracking_uri=None, experiment="readme")
     threads = torch.get_num_threads()
     torch.set_num_threads(int(sweep.resources.cpu))  # as K3LAB_TRIAL_CPUS sets it in a sweep's trial
     try:

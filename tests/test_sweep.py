@@ -457,8 +457,8 @@ def test_resume_of_a_finished_sweep_shows_its_trials_done_and_keeps_the_first_wa
 ])
 def test_a_trial_larger_than_the_ray_cluster_is_refused_with_the_field(tmp_path, resources, cluster, message):
     from k3lab.errors import UserError
-    from k3lab.registry.sweep import load_sweep
-    from k3lab.tune.sweep import check_cluster_fits
+    from k3lab.registry.sweep_file import load_sweep
+    from k3lab.tune.driver import check_cluster_fits
 
     path = tmp_path / "big.yaml"
     path.write_text(mini_sweep("big", "too large").replace("resources: {cpu: 1, gpu: 0}", f"resources: {resources}"))
@@ -479,8 +479,8 @@ def test_a_sweep_refused_once_ray_is_up_leaves_no_log_file_or_storage_folder(tmp
 
 
 def test_trials_that_fit_the_ray_cluster_pass_and_ddp_workers_fall_back_to_cpu_without_gpus(tmp_path):
-    from k3lab.registry.sweep import load_sweep
-    from k3lab.tune.sweep import check_cluster_fits
+    from k3lab.registry.sweep_file import load_sweep
+    from k3lab.tune.driver import check_cluster_fits
 
     for resources, cluster in [("{cpu: 3, gpu: 0.25}", {"CPU": 16, "GPU": 1}),
                                ("{cpu: 8, gpus_per_trial: 2, strategy: ddp}", {"CPU": 32, "GPU": 2}),
@@ -690,7 +690,7 @@ def test_a_sigterm_signal_stops_a_sweep_as_ctrl_c_does_with_exit_143_and_the_res
     the command says how to go on and exits 143; it died in Ray's crash dump with exit 1."""
     import signal
 
-    import k3lab.tune.sweep as sweep_module
+    import k3lab.tune.driver as sweep_module
 
     monkeypatch.setattr(sweep_module, "run_sweep", sweep_that_gets_sigterm)
     before = signal.getsignal(signal.SIGTERM)

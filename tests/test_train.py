@@ -355,9 +355,9 @@ def test_trial_run_records_how_it_ran(tmp_path):
     from k3lab.tune.trial import TrialSpec, run_trial
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny").to_dict(),
+    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny"),
                      train=tiny_spec(steps=2, eval_interval=2), tracking_uri=uri, experiment="execution")
-    assert spec.model_config().kda_implementation == "auto"
+    assert spec.config.kda_implementation == "auto"
     _, run_id = run_trial(spec, device="cpu")
     run = MLflowTracker(uri, run_id).client.get_run(run_id)
     assert run.data.tags["k3lab.kda_implementation"] == "chunkwise"  # auto, resolved for the CPU
@@ -376,7 +376,7 @@ def test_a_sweeps_trials_train_on_the_corpus_its_driver_prepared_without_finding
         raise AssertionError("the trial looked for the corpus again")
 
     monkeypatch.setattr(trainer_module, "prepare_dataset", no_second_search)
-    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny").to_dict(),
+    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny"),
                      train=tiny_spec(steps=2, eval_interval=2), tracking_uri=None, experiment="data",
                      dataset_dir=str(prepared.path))
     result, _ = run_trial(spec, device="cpu")
@@ -475,7 +475,7 @@ def test_a_trial_sends_its_metrics_before_each_report_a_scheduler_may_stop_it_at
     from k3lab.tune.trial import RUN_ID_KEY, TrialSpec, tune_trainable
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny").to_dict(),
+    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny"),
                      train=tiny_spec(), tracking_uri=uri, experiment="reports")
     client = MlflowClient(uri)
     seen = []
@@ -498,7 +498,7 @@ def test_a_trial_sends_its_metrics_before_each_report_a_scheduler_may_stop_it_at
 def test_a_trial_logs_its_own_torch_compile_cache_hits_and_misses_not_its_process_earlier_ones(monkeypatch):
     import torch._dynamo.utils as dynamo_utils
 
-    from k3lab.train.metrics import compile_cache_counts
+    from k3lab.train.diagnostics import compile_cache_counts
 
     dynamo_utils.counters.clear()
     dynamo_utils.counters["inductor"]["fxgraph_cache_hit"] += 3  # an earlier trial of this (reused) process

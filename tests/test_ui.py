@@ -194,7 +194,7 @@ def test_params_of_a_switched_off_feature_read_off():
 
     def params(**fields):
         config = tiny_config(**fields)
-        spec = TrialSpec(variant_id="v", variant_name="v", seed=0, config=config.to_dict(), train=TrainSpec(),
+        spec = TrialSpec(variant_id="v", variant_name="v", seed=0, config=config, train=TrainSpec(),
                          tracking_uri=None, experiment="e", overrides={"attn_res_block_size": "off"})
         return trial_params(spec, {"total": 1, "by_component": {}})
 

@@ -1,4 +1,4 @@
-"""The verdicts as data the MLflow UI draws and sorts (k3lab.report.verdicts, k3lab.store.verdicts):
+"""The verdicts as data the MLflow UI draws and sorts (k3lab.report.ui_verdicts, k3lab.store.verdicts):
 each compared trial's paired difference at every evaluation, each variant's effect and verdict on
 the parent run, each trial's outcome."""
 

@@ -1,4 +1,4 @@
-"""`k3lab kernels warm|info|export|import`: the per-machine GPU kernel cache (`k3lab.runtime.kernels`) and
+"""`k3lab kernels warm|info|export|import`: the per-machine GPU kernel cache (`k3lab.runtime.kernel_cache`) and
 its tuned kernels as archives (`k3lab.runtime.tunings`)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 
 from k3lab.errors import UserError
-from k3lab.runtime import kernels  # through the module: tests stand in for its GPU functions
-from k3lab.runtime.kernels import ENV_VAR
+from k3lab.runtime import kernel_cache  # through the module: tests stand in for its GPU functions
+from k3lab.runtime.kernel_cache import ENV_VAR
 from k3lab.runtime.tunings import export_tunings, import_tunings
 
 
@@ -50,12 +50,12 @@ def run_warm(args: argparse.Namespace) -> int:
     from k3lab.registry.commands import load_sweep_for
 
     sweep = load_sweep_for(args.file, args.profile)
-    kernels.require_cuda()
-    cache = kernels.resolve_kernel_cache(args.kernel_cache, sweep.kernel_cache)
-    kernels.use_kernel_cache(cache)
-    shapes = kernels.kernel_shapes(sweep)
+    kernel_cache.require_cuda()
+    cache = kernel_cache.resolve_kernel_cache(args.kernel_cache, sweep.kernel_cache)
+    kernel_cache.use_kernel_cache(cache)
+    shapes = kernel_cache.kernel_shapes(sweep)
     print(f"warming {len(shapes)} kernel shapes of {sweep.name} ({sweep.profile or 'top-level'} profile) into {cache}")
-    result = kernels.warm_kernels(shapes, print_progress, cache=cache)
+    result = kernel_cache.warm_kernels(shapes, print_progress, cache=cache)
     print(f"warm: {result['shapes']} shapes in {result['seconds']:.1f} s, "
           f"{result['new_autotune_results']} new autotune results")
     return 0
@@ -66,7 +66,7 @@ def print_progress(done: int, total: int, name: str, seconds: float) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    info = kernels.cache_info(kernels.resolve_kernel_cache(args.kernel_cache))
+    info = kernel_cache.cache_info(kernel_cache.resolve_kernel_cache(args.kernel_cache))
     if not info["exists"]:
         print(f"kernel cache {info['path']}: empty (nothing tuned on this machine yet)")
         return 0
@@ -85,11 +85,11 @@ def gpu_of(args: argparse.Namespace) -> str:
 
     if not torch.cuda.is_available():
         raise UserError(f"k3lab kernels {args.kernels_command}: no CUDA GPU here; name the GPU with --gpu")
-    return kernels.gpu_name()
+    return kernel_cache.gpu_name()
 
 
 def run_export(args: argparse.Namespace) -> int:
-    manifest = export_tunings(kernels.resolve_kernel_cache(args.kernel_cache), Path(args.file), gpu_of(args),
+    manifest = export_tunings(kernel_cache.resolve_kernel_cache(args.kernel_cache), Path(args.file), gpu_of(args),
                               compiled=args.compiled)
     versions = ", ".join(f"{name} {version}" for name, version in manifest["versions"].items())
     compiled = manifest.get("compiled")
@@ -100,7 +100,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    cache = kernels.resolve_kernel_cache(args.kernel_cache)
+    cache = kernel_cache.resolve_kernel_cache(args.kernel_cache)
     result = import_tunings(Path(args.file), cache, gpu_of(args))
     compiled = f", {result['compiled']} compiled kernel files added" if result["compiled"] else ""
     print(f"imported {args.file} into {cache}: {result['added']} autotune results added, {result['kept']} already "

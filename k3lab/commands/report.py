@@ -11,7 +11,7 @@ from pathlib import Path
 from k3lab.commands.sweep import STORAGE_HELP, TRACKING_HELP, sweep_run_from_args, wide_console
 from k3lab.errors import UserError
 from k3lab.registry.commands import add_profile_argument
-from k3lab.registry.spec import METRICS
+from k3lab.registry.sections import METRICS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

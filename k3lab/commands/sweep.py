@@ -12,7 +12,7 @@ from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.registry.commands import add_profile_argument
-from k3lab.registry.spec import duration_seconds
+from k3lab.registry.sections import duration_seconds
 
 STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
@@ -74,7 +74,7 @@ def run_sweep_command(args) -> int:
     from k3lab.registry.commands import print_plan, print_variant_table
     from k3lab.report.summary import print_summary
     from k3lab.runtime.sigterm import stop_on_sigterm
-    from k3lab.tune.sweep import run_sweep
+    from k3lab.tune.driver import run_sweep
 
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
@@ -96,7 +96,7 @@ def run_sweep_command(args) -> int:
 
         print_packing(console, sweep, args.kernel_cache)
         from k3lab.runtime.preflight import check_cpu_memory, check_inputs
-        from k3lab.tune.sweep import sweep_preflight
+        from k3lab.tune.driver import sweep_preflight
 
         plan = sweep_preflight(run, progress=False)
         check_inputs(plan.train, plan.models, plan.train_from)

@@ -10,7 +10,7 @@ import yaml
 from k3lab.commands.sweep import TRACKING_HELP
 from k3lab.errors import UserError
 from k3lab.model.fidelity import FIDELITIES
-from k3lab.registry.spec import SEED_MAX
+from k3lab.registry.sections import SEED_MAX
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -160,11 +160,11 @@ def run_train(args) -> int:
     log_file = None if args.verbose or tracking_uri is None else default_storage() / "train.log"
     run_preflight(train_preflight(args, config, spec, tracking_uri, device, log_file))
     if device.type == "cuda":
-        from k3lab.runtime.kernels import open_kernel_cache
+        from k3lab.runtime.kernel_cache import open_kernel_cache
 
         open_kernel_cache(args.kernel_cache, say=Console(stderr=True).print)
     name = Path(args.model).stem
-    trial = TrialSpec(variant_id="train", variant_name=name, seed=args.seed, config=config.to_dict(), train=spec,
+    trial = TrialSpec(variant_id="train", variant_name=name, seed=args.seed, config=config, train=spec,
                       tracking_uri=tracking_uri, experiment="k3lab-train")
     console = Console(stderr=True)
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

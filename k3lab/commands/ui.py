@@ -8,7 +8,7 @@ or ./mlflow.db. Before the server starts, a local store is made to show what it 
   so a store copied from another machine shows its artifacts (`relocate_store_artifacts`);
 - a sweep whose parent run has no report artifacts (a store copied without `mlartifacts/`) gets
   its report rebuilt from the store and logged to the parent run (plots, summary.json), and one
-  reported before k3lab wrote its verdicts into the store gets them (`k3lab.report.verdicts`:
+  reported before k3lab wrote its verdicts into the store gets them (`k3lab.report.ui_verdicts`:
   the differences from the baselines the view's first chart draws);
 - sweeps recorded before k3lab wrote the UI's current view and descriptions, or whose verdicts
   were just written, get them (`k3lab.store.views.present_earlier_sweeps`);
@@ -132,7 +132,7 @@ def rebuild_missing_reports(tracking_uri: str) -> list[tuple[str, str]]:
 
 
 def record_missing_verdicts(tracking_uri: str) -> list[str]:
-    """Write the verdicts (`k3lab.report.verdicts`) of every sweep with a trial that has no outcome
+    """Write the verdicts (`k3lab.report.ui_verdicts`) of every sweep with a trial that has no outcome
     tag (reported before k3lab wrote them); returns their parent run ids."""
     from k3lab.report.summary import build_report, stored_options
     from k3lab.store import runs

@@ -23,7 +23,7 @@ import k3lab
 from k3lab.data.bpe import bpe_tokenizer, is_bpe, tokenizer_vocab
 from k3lab.data.cache import cache_root, dataset_name, locked, staging
 from k3lab.data.dataset import MANIFEST, TOKENIZER_FILE, Dataset
-from k3lab.data.progress import progress_bar
+from k3lab.data.tokenizing_progress import progress_bar
 from k3lab.data.shards import DEFAULT_SHARD_TOKENS, ShardWriter, token_dtype
 from k3lab.data.sources import Document, Source, get_source
 from k3lab.data.split import DEFAULT_VAL_FRACTION, SPLITS, SplitTracker, assign, check_documents

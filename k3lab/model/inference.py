@@ -36,7 +36,7 @@ def generate(model: KimiK3, idx: torch.Tensor, max_new_tokens: int, temperature:
 
 def eager_if_compiled(model: KimiK3):
     """Compiled blocks run eagerly here: compiled no-grad forwards of the fused model gave wrong
-    losses on an H200 (see `Trainer.evaluate`)."""
+    losses on a GPU (see `Trainer.evaluate`)."""
     if any(getattr(layer, "_compiled_call_impl", None) is not None for layer in model.layers):
         return torch.compiler.set_stance("force_eager")
     return contextlib.nullcontext()

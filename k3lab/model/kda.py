@@ -142,7 +142,9 @@ class KDAFused(KDAChunkwise):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
-            return self.forward_fla(x)
+            from k3lab.ops.kda import fused  # imported here: it sets FLA's convolution backend, before FLA runs
+
+            return fused.outside_compile(self.forward_fla, x)
         return self.forward_reference(x)
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
@@ -150,9 +152,9 @@ class KDAFused(KDAChunkwise):
         pad = (-T) % self.chunk_size  # zeros after the end change nothing before it
         return super().forward(F.pad(x, (0, 0, 0, pad)))[:, :T]
 
-    @torch.compiler.disable
     def forward_fla(self, x: torch.Tensor) -> torch.Tensor:
-        from k3lab.ops.kda import fused  # imported here: it sets FLA's convolution backend, before FLA runs
+        """The CUDA path, run outside torch.compile (`forward`)."""
+        from k3lab.ops.kda import fused
 
         B, T, _ = x.shape
         H, d = self.num_heads, self.head_dim

@@ -272,8 +272,8 @@ def balance_biases(layers: list[StableLatentMoE]) -> torch.Tensor:
     sits at the same level, b_i = -(q_i - mean(q)), moved there at `rate` per update
     (rate 1 jumps there at once).
     All layers in one set of stacked ops (layers of one rule and rate, as a model's are): the
-    same arithmetic per layer as one at a time, in about a tenth of the kernel launches (11 MoE
-    layers of a `small` trial: 132 launches one at a time), which a GPU step waits on the host for.
+    same arithmetic per layer as one at a time, in one set of kernel launches instead of one per
+    layer, which a GPU step waits on the host for.
     """
     rules = {(layer.balance_rule, layer.bias_update_rate) for layer in layers}
     if len(rules) != 1:

@@ -7,7 +7,7 @@
     O = NS5(U)                             quintic Newton-Schulz, bf16, on the wide orientation
     W = W (1 - lr wd) - lr * 0.2 sqrt(max(rows, cols)) * O     ("match_rms_adamw")
 
-but it runs that as a Python loop, ~23 kernels per matrix, and takes only 2-D tensors.
+but it runs that as a Python loop, a few dozen kernels per matrix, and takes only 2-D tensors.
 Here the parameters of a group are bucketed by matrix shape (the last two dims); a
 bucket's momentum is one multi-tensor (`torch._foreach_*`) update, its matrices are
 stacked into one (S, rows, cols) tensor and orthogonalised together with batched
@@ -26,12 +26,12 @@ ops, a concatenation and batched matmuls; `compile=True` compiles each once per 
 so Inductor fuses the elementwise passes: the momentum, the Nesterov lerp, the stacking and the
 bf16 cast become one pass over the gradients and buffers, the decay and the update one pass over
 the weights (with the learning rate as a device scalar, so a new rate is no new graph). The
-compilation costs a machine tens of seconds the first time it meets a model's bucket shapes for
-a few % of a step (docs/journal/kernel-headroom.md), so trials compile Muon only with
+compilation costs a machine time the first time it meets a model's bucket shapes, for a small
+part of a step (the figures: docs/journal/kernel-headroom.md), so trials compile Muon only with
 `train.compile_muon`.
 
 On CUDA the buckets run on `streams` side streams, round robin. Each bucket is a chain of
-~25 short kernels (most of them the Newton-Schulz matmuls) that depend only on each other,
+short kernels (most of them the Newton-Schulz matmuls) that depend only on each other,
 so the chains of different buckets overlap on the GPU instead of queueing one after the
 other. The side streams start after the current stream's work and the current stream waits
 for them at the end, so the step is ordered with the rest of training as before, and the
@@ -104,7 +104,7 @@ class Muon(torch.optim.Optimizer):
         self.stack, self.orthogonalise, self.apply = stacked_updates, newton_schulz, apply_update
         if compile:
             # combo kernels (Triton only; ignored on CPU): Inductor puts the per-matrix kernels of a bucket's
-            # lists side by side in one kernel (a `small` model's Muon compiled 447 kernels without them, on CPU)
+            # lists side by side in one kernel (without them, a kernel per matrix: docs/journal/kernel-headroom.md)
             lists = dict(dynamic=False, fullgraph=True, options={"combo_kernels": True})
             self.stack = torch.compile(stacked_updates, **lists)
             self.orthogonalise = torch.compile(newton_schulz, dynamic=False, fullgraph=True)

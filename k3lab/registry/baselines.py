@@ -8,7 +8,7 @@ from typing import Any
 
 from k3lab.registry.axes import Axis, axis_kind
 from k3lab.registry.keypath import SpecError
-from k3lab.registry.spec import SweepSpec
+from k3lab.registry.sections import SweepSpec
 from k3lab.registry.variants import Variant
 
 def baseline_values(raw: dict[str, Any], axes: tuple[Axis, ...]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # imported where used: `k3lab --help` loads this module witho
     from rich.console import Console
     from rich.table import Table
 
-    from k3lab.registry.sweep import Sweep
+    from k3lab.registry.sweep_file import Sweep
     from k3lab.registry.variants import Variant
 
 
@@ -25,7 +25,7 @@ def add_profile_argument(parser: argparse.ArgumentParser) -> None:
 
 def load_sweep_for(path: str, profile: str) -> Sweep:
     """The sweep in `path` under the profile a `--profile` flag names (see `resolve_profile`)."""
-    from k3lab.registry.sweep import load_sweep, resolve_profile
+    from k3lab.registry.sweep_file import load_sweep, resolve_profile
 
     return load_sweep(path, resolve_profile(path, profile))  # a UserError when nothing is valid
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from k3lab.registry.axes import Axis, label
 from k3lab.registry.keypath import SpecError
-from k3lab.registry.spec import ComputeSpec
+from k3lab.registry.sections import ComputeSpec
 from k3lab.registry.variants import Variant
 
 

@@ -21,7 +21,8 @@ from cattrs.v import format_exception as cattrs_format_exception
 
 from k3lab.errors import FieldError
 from k3lab.registry.keypath import SpecError, parse_cattrs_path
-from k3lab.registry.spec import BaseSpec, SchedulerSpec, SeedsSpec, UntilSpec
+from k3lab.registry.sections import BaseSpec, SchedulerSpec, SeedsSpec, UntilSpec
+from k3lab.report.sequential import DECIDED, HALFWIDTH, MAX
 
 _FIELD_MARK = "\x00"  # separates a validator's field name from its message in transform_error output
 
@@ -175,11 +176,11 @@ def _until_hook(converter: cattrs.Converter):
     inner = cattrs.gen.make_dict_structure_fn(UntilSpec, converter, _cattrs_forbid_extra_keys=True)
 
     def structure(value, _type) -> UntilSpec:
-        if value is None or value in ("decided", "max"):
-            return UntilSpec(rule=value or "decided")
+        if value is None or value in (DECIDED, MAX):
+            return UntilSpec(rule=value or DECIDED)
         if not isinstance(value, dict) or "rule" in value:
             raise StrictTypeError(f"expected decided, max or a mapping {{halfwidth: H}}, got {describe(value)}")
-        return inner({"rule": "halfwidth"} | value, _type)
+        return inner({"rule": HALFWIDTH} | value, _type)
 
     return structure
 

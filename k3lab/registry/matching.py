@@ -19,7 +19,7 @@ probe builds the model on the meta device once (cached).
 from __future__ import annotations
 
 from k3lab.model.config import KimiK3Config
-from k3lab.registry.spec import MatchSpec
+from k3lab.registry.sections import MatchSpec
 
 MAX_GROWTH = 64  # never search above MAX_GROWTH times the current value
 

@@ -9,8 +9,9 @@ all print first, so a preview and the run it previews read the same.
 from __future__ import annotations
 
 from k3lab.hints import command
-from k3lab.registry.sweep import Sweep, profile_option
+from k3lab.registry.sweep_file import Sweep, profile_option
 from k3lab.registry.variants import DUPLICATE
+from k3lab.report.sequential import DECIDED, HALFWIDTH
 
 
 def profile_label(sweep: Sweep) -> str:
@@ -123,10 +124,10 @@ def policy_lines(sweep: Sweep, measured: dict[str, float] | None = None) -> list
     family = (f"family-wise {100 * policy.confidence:g}% repeated t-interval over {comparisons} "
               f"comparison{'s' if comparisons != 1 else ''}, valid at every look up to {policy.max} pairs")
     until, margin = policy.until, sweep.metric.margin
-    if until.rule == "halfwidth":
+    if until.rule == HALFWIDTH:
         rule = (f"then a seed pair at a time for each comparison whose {family} is wider than "
                 f"{100 * until.halfwidth:g}% of the baseline's {metric}, the widest first, up to {policy.max}")
-    elif until.rule == "decided":
+    elif until.rule == DECIDED:
         equivalent = (f", equivalent where it lies inside +/-{100 * margin:g}% of the baseline's {metric}"
                       if margin is not None else "")
         rule = (f"then a seed pair at a time for each comparison not yet decided, the widest first, up to "

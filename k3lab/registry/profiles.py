@@ -20,7 +20,7 @@ from typing import Any
 
 from k3lab.registry.convert import describe
 from k3lab.registry.keypath import Path, SpecError
-from k3lab.registry.spec import NAME_MAX, NAME_PATTERN
+from k3lab.registry.sections import NAME_MAX, NAME_PATTERN
 
 PROFILE_KEYS = ("base", "axes", "variants", "seeds", "baseline", "budget", "train", "metric", "resources", "scheduler",
                 "match", "compute")

@@ -23,7 +23,7 @@ from k3lab.registry.axes import Axis, apply_overrides, axis_kind, check_no_confl
 from k3lab.registry.convert import describe
 from k3lab.registry.keypath import Path, SpecError
 from k3lab.registry.matching import match_config
-from k3lab.registry.spec import NAME_PATTERN, MatchSpec
+from k3lab.registry.sections import NAME_PATTERN, MatchSpec
 from k3lab.train.spec import TrainSpec
 
 OK, REJECTED, DUPLICATE = "ok", "rejected", "duplicate"

@@ -8,15 +8,14 @@ fraction of the GPUs' bf16 peak the whole sweep turned into training FLOPs. (nvi
 cluster the sweep ran on; without GPUs the MFU is not reported.
 
 `time_shares` says where the trials' time went (wall time x trials at once): training,
-evaluating, starting up: where a sweep's tokens/s falls short of one trial alone's. The
-23-minute attnres_kkkm and moe_ablation runs on one H200 trained 54-55% of it
-(docs/benchmarks.md, "Sweep sizing").
+evaluating, starting up: where a sweep's tokens/s falls short of one trial alone's (the shares
+of measured sweeps: docs/benchmarks.md, "Sweep sizing").
 """
 
 from __future__ import annotations
 
 from k3lab.store.runs import client, crash_count, oom_restart_count
-from k3lab.train.metrics import peak_flops_of
+from k3lab.train.diagnostics import peak_flops_of
 
 
 def wall_to_the_end(start_ms: int | None, end_ms: int | None, trial_end_ms: list[int | None]) -> float | None:

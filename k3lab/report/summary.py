@@ -157,7 +157,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     multiple}) and compute_sizes (families over a size axis, `k3lab.registry.compute.size_families`),
     for the compute multipliers (`k3lab.report.compute`); unfinished: why a comparison its rule did
     not stop has no more seeds (default: read from the store); record: write the verdicts into the store for the MLflow UI
-    (`k3lab.report.verdicts`)."""
+    (`k3lab.report.ui_verdicts`)."""
     from k3lab.report import family
 
     records = load_trials(tracking_uri, parent_run_id, curves=("train_loss", metric))
@@ -222,10 +222,10 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
 
 
 def record_in_store(tracking_uri: str, parent_run_id: str, summary: dict) -> None:
-    """`k3lab.report.verdicts.record_verdicts`; a store that cannot be written still gets its report."""
+    """`k3lab.report.ui_verdicts.record_verdicts`; a store that cannot be written still gets its report."""
     from mlflow.exceptions import MlflowException
 
-    from k3lab.report.verdicts import record_verdicts
+    from k3lab.report.ui_verdicts import record_verdicts
 
     try:
         record_verdicts(tracking_uri, parent_run_id, summary)

@@ -1,6 +1,6 @@
 """What k3lab's model code does, for the warm record's key: its source without the prose.
 
-The warm record (`k3lab.runtime.kernels`) is keyed by the model code because a change there may
+The warm record (`k3lab.runtime.kernel_cache`) is keyed by the model code because a change there may
 call other kernels or shapes. The model code is every file that decides which kernels a trial
 compiles and tunes (`MODEL_CODE_FILES`, under k3lab/): the model, the ops (k3lab's own Triton
 kernels and the calls into FLA's), the optimizer (Muon's compiled steps) and the compile settings. Keyed by the files' bytes, a docstring edit too sent every fresh

@@ -14,7 +14,7 @@ import contextlib
 import os
 
 from k3lab.errors import UserError
-from k3lab.runtime.kernels import cache_env
+from k3lab.runtime.kernel_cache import cache_env
 from k3lab.runtime.lock import sweep_lock
 from k3lab.runtime.logs import library_logs
 from k3lab.runtime.made import missing_from, remove_made

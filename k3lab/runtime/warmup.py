@@ -1,5 +1,5 @@
 """A GPU sweep's kernel cache, made ready before its trials start: every kernel shape it will use
-warmed once (`k3lab.runtime.kernels`), in the driver when the record says the cache is warm for
+warmed once (`k3lab.runtime.kernel_cache`), in the driver when the record says the cache is warm for
 this host's GPU, else in one Ray task that holds a whole GPU.
 
 `run` is a `k3lab.tune.run.SweepRun` (or anything with the same fields).
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from k3lab.runtime.kernels import (all_recorded, host_gpu_name, kernel_shapes, shipped_line, use_kernel_cache,
+from k3lab.runtime.kernel_cache import (all_recorded, host_gpu_name, kernel_shapes, shipped_line, use_kernel_cache,
                                    warm_kernels)
 from k3lab.runtime.tunings import start_from_shipped
 

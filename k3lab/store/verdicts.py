@@ -12,7 +12,7 @@
                 compute_multiplier_low/...     the variant's compute multiplier (`k3lab.report.compute`)
                 compute_multiplier_high/...    and its interval's bounds
 
-`k3lab.report` computes them (`k3lab.report.verdicts`); writing them again writes nothing new.
+`k3lab.report` computes them (`k3lab.report.ui_verdicts`); writing them again writes nothing new.
 """
 
 from __future__ import annotations

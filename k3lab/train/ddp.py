@@ -3,8 +3,9 @@
     forward = wrap_ddp(model, device, DDPOptions())
 
 `bench/bench_ddp.py` measures these defaults against one GPU, against the settings the trainer
-used before (an unused-parameter search every step, no gradient views, 25 MB buckets) and
-against a static graph; 100 MB buckets scaled best (docs/benchmarks.md, "DDP"). Every parameter
+used before (an unused-parameter search every step, no gradient views, PyTorch's default buckets)
+and against a static graph; the bucket size here is the one that scaled best there
+(docs/benchmarks.md, "DDP"). Every parameter
 gets a gradient in every step -- the MoE
 experts are stacked (E, out, in) tensors, and an expert no token chose still gets a (zero)
 slice of the stack's gradient -- so DDP need not search the autograd graph for unused

@@ -13,7 +13,7 @@ import torch
 
 from k3lab.model.config import KimiK3Config
 from k3lab.train.checkpoint import load_checkpoint
-from k3lab.train.metrics import compile_cache_counts, compile_cache_snapshot, diagnostics, log_diagnostics, peak_flops
+from k3lab.train.diagnostics import compile_cache_counts, compile_cache_snapshot, diagnostics, log_diagnostics, peak_flops
 from k3lab.train.spec import TrainSpec
 from k3lab.train.trainer import DIVERGED, FINISHED, Trainer, TrainResult
 

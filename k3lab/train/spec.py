@@ -52,8 +52,8 @@ class TrainSpec:
     most N x eval_interval steps. Each checkpoint is the whole trainer state, written and then copied
     by Ray, while the trial's GPU share stands idle.
     `deterministic`: every torch operation uses its deterministic algorithm, so a trial on a GPU
-    repeats itself to the last bit (on an H200 cuDNN attention's backward in the MLA layers is
-    otherwise not, and two runs of one trial end up to 0.025 apart in val_loss); it costs step time.
+    repeats itself to the last bit (cuDNN attention's backward in the MLA layers otherwise does
+    not; docs/journal/determinism.md has how far apart two runs end); it costs step time.
     """
 
     steps: int = attrs.field(default=200, validator=positive)

@@ -329,9 +329,9 @@ class Trainer:
         """Mean validation loss (nats/token) over the fixed eval windows, and bits per byte;
         as many batches as the spec gives this step (`TrainSpec.eval_batches_at`).
 
-        Compiled blocks run eagerly here: on an H200 (torch 2.11, FLA 0.6.0) the graphs
-        torch.compile builds for a no-grad forward of the fused model gave a loss of 3.5
-        where the eager and the compiled training forward gave 1.0 on the same weights.
+        Compiled blocks run eagerly here: the graphs torch.compile builds for a no-grad forward
+        of the fused model gave wrong losses where the eager and the compiled training forward
+        agreed on the same weights (docs/journal/sweep-ceiling.md has the run).
         """
         self.model.eval()
         losses = []

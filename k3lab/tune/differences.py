@@ -1,7 +1,7 @@
 """The paired differences on the trials' runs while the sweep runs: once a trial and its pair (its
 variant's baseline trial of the same seed, or for a baseline its variants' trials) have both
 ended, each compared trial's run gets `vs_baseline_pct` at every evaluation, the metric the MLflow
-UI's first chart draws (`k3lab.report.verdicts`, `k3lab.store.verdicts`). `k3lab report` writes
+UI's first chart draws (`k3lab.report.ui_verdicts`, `k3lab.store.verdicts`). `k3lab report` writes
 the same values again; a point already logged is not logged twice.
 """
 
@@ -38,7 +38,7 @@ def log_seed_differences(tracking_uri: str, parent_run_id: str, seed: int, pairs
                          mode: str = "min", rise: float | None = None) -> int:
     """`vs_baseline_pct` on the runs of seed `seed` whose pair has ended too; returns the points written."""
     from k3lab.report.summary import load_trials
-    from k3lab.report.verdicts import trial_differences
+    from k3lab.report.ui_verdicts import trial_differences
     from k3lab.store import verdicts
 
     records = [r for r in load_trials(tracking_uri, parent_run_id, curves=(metric,), seed=seed)

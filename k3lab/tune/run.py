@@ -19,8 +19,8 @@ from pathlib import Path
 from k3lab import hints
 from k3lab.errors import UserError
 from k3lab.registry import Sweep
-from k3lab.registry.sweep import profile_option
-from k3lab.runtime.kernels import resolve_kernel_cache
+from k3lab.registry.sweep_file import profile_option
+from k3lab.runtime.kernel_cache import resolve_kernel_cache
 from k3lab.runtime.lock import lock_file
 from k3lab.runtime.memory import Packing
 from k3lab.runtime.reaper import record_file

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import json
 import os
 import sys
 import time
@@ -29,7 +28,7 @@ from k3lab.store.colours import variant_colours
 from k3lab.store.runs import RUN_ID_KEY, execution_tags, node_tags  # noqa: F401  (RUN_ID_KEY: for callers)
 from k3lab.store.tracking import BUILD_PARTS, MLflowTracker, flatten
 from k3lab.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from k3lab.train.metrics import device_name
+from k3lab.train.diagnostics import device_name
 from k3lab.train.spec import TrainSpec
 from k3lab.train.loop import fit
 from k3lab.train.trainer import FINISHED, TrainResult, Trainer
@@ -43,12 +42,12 @@ class TrialSpec:
     variant_id: str
     variant_name: str
     seed: int
-    config: dict  # KimiK3Config fields
+    config: KimiK3Config
     train: TrainSpec
     tracking_uri: str | None
     experiment: str
     parent_run_id: str | None = None
-    overrides: dict | None = None  # the swept axis values of this variant, e.g. {"attn_res_block_size": 4}
+    overrides: dict | None = None  # the swept axis values of this variant, as the sweep file gives them: {"attn_res_block_size": 4}
     metric: str = "val_loss"  # the sweep's metric and mode: a diverged trial reports its worst value
     mode: str = "min"
     colour: str | None = None  # the variant's, in k3lab's plots and the MLflow UI (k3lab.store.colours)
@@ -59,9 +58,6 @@ class TrialSpec:
     @property
     def name(self) -> str:
         return f"{self.variant_name}-s{self.seed}"
-
-    def model_config(self) -> KimiK3Config:
-        return KimiK3Config(**self.config)
 
 
 def run_order(trials) -> list:
@@ -81,9 +77,9 @@ def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None,
     owner = f"{parent_run_id}:{os.getpid()}"  # each part of a sweep starts from its own packing
     return {
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
-                            config=trial.variant.config.to_dict(), train=run.sweep.train_of(trial.variant),
+                            config=trial.variant.config, train=run.sweep.train_of(trial.variant),
                             tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id,
-                            overrides={k: str(v) for k, v in trial.variant.overrides.items()},
+                            overrides=dict(trial.variant.overrides),
                             metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
                             colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots,
                             dataset_dir=dataset_dir, memory=trial_memory(run, trial.variant, packing, owner))
@@ -110,7 +106,7 @@ def trial_memory(run, variant, packing: Packing | None, owner: str) -> TrialMemo
 
 def trial_params(spec: TrialSpec, counts: dict) -> dict:
     """MLflow params of a trial run: the flattened model config, train spec and counts."""
-    params = runs.model_params(spec.config, inactive_fields(spec.model_config()))
+    params = runs.model_params(spec.config.to_dict(), inactive_fields(spec.config))
     params |= flatten("train", attrs.asdict(spec.train))
     params |= {f"params.{k}": v for k, v in counts.items() if k != "by_component"}
     params |= {f"params.component.{k}": v for k, v in counts["by_component"].items()}
@@ -170,7 +166,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
     if trainer is None:
         dataset = prepared_by_driver(spec.dataset_dir)
         opened_s = time.time() - trainer_started
-        trainer = Trainer(spec.model_config(), spec.train, seed=spec.seed, device=device, rank=rank,
+        trainer = Trainer(spec.config, spec.train, seed=spec.seed, device=device, rank=rank,
                           world_size=world_size, dataset=dataset)
         data_s = opened_s + trainer.data_s
     else:  # an earlier trial's, restarted for this one (`KeptTrainer`): its corpus is open already
@@ -248,7 +244,8 @@ class KeptTrainer:
     same variant (`resources.reuse_actors`: Ray hands a finished trial's process to the next
     trial, and the seeds policy hands it the variant's next seed where it can,
     `k3lab.tune.seeds`). Restarted with the new seed (`Trainer.restart`), it skips the model
-    build, torch.compile and the CUDA-graph capture: on an H200 most of a trial's start-up."""
+    build, torch.compile and the CUDA-graph capture, most of a GPU trial's start-up (docs/benchmarks.md,
+    "Sweep sizing")."""
 
     def __init__(self):
         self.key: tuple | None = None
@@ -258,7 +255,7 @@ class KeptTrainer:
     def key_of(spec: TrialSpec) -> tuple:
         """What a kept trainer must share with a trial to serve it: the model, the train spec
         (shapes, optimiser, schedule) and the corpus; only the seed may differ."""
-        return json.dumps(spec.config, sort_keys=True), spec.train, spec.dataset_dir
+        return spec.config, spec.train, spec.dataset_dir
 
     def take(self, spec: TrialSpec) -> Trainer | None:
         """The kept trainer when `spec` is a trial it can serve, else None; either way this

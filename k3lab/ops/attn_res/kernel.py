@@ -5,9 +5,9 @@ Both run one token row a program on one warp (a row's reductions stay inside its
 sources of the row in turn, D in one block, with no autotuning (a fresh machine has nothing to
 tune for them). Up to EXACT_SOURCES sources, K is a compile-time constant (a kernel per K; a
 `small` trial has K = 1 to 4), so the unrolled loop over the sources has no branches and a
-program issues its loads back to back; more sources are padded (`source_slots`). Against the
-kernels before (K a runtime value, four rows a program on four warps) this is faster in both
-directions: docs/journal/kernel-headroom.md (scripts/attnres_variants.py measures it).
+program issues its loads back to back; more sources are padded (`source_slots`). It replaced
+kernels with K a runtime value and four rows a program on four warps (scripts/attnres_variants.py
+times both; the figures: docs/journal/kernel-headroom.md).
 
 Forward, one read of each source (an online softmax, as flash attention does over keys):
     rstd_l  = 1 / sqrt(mean(v_l^2) + eps),   logit_l = rstd_l <v_l, q * w>
@@ -49,8 +49,8 @@ import triton
 import triton.language as tl
 
 
-FWD_ROWS = 1  # token rows a forward program, one warp each (2 and 4 were slower, module docstring)
-BWD_ROWS = 1  # token rows a backward block, one warp each (2, 4 and 8 were slower)
+FWD_ROWS = 1  # token rows a forward program, one warp each (chosen by scripts/attnres_variants.py)
+BWD_ROWS = 1  # token rows a backward block, one warp each (chosen by bench/kernel_choices.py)
 PARTIAL_ROWS = 4096  # the backward walks blocks of rows until at most this many partial sums are left
 LOOP_SLOTS = 8  # a backward of more source slots walks one row block a program: no row loop (below)
 EXACT_SOURCES = 4  # up to this many sources a kernel per K; above, sources padded (`source_slots`)
@@ -58,9 +58,9 @@ EXACT_SOURCES = 4  # up to this many sources a kernel per K; above, sources padd
 
 def source_slots(K: int) -> int:
     """Source slots a kernel is compiled for: K itself up to EXACT_SOURCES, else the next power of
-    two >= 8, with `i < K` tested at run time. Compile time grows with the slots (a kernel per K
-    compiles in seconds at K = 2..4, ten times that at K = 25), and full AttnRes has K = 1..13 over 12 layers, more in deeper models; above EXACT_SOURCES, the
-    kernels of 8, 16 and 32 slots serve every K."""
+    two >= 8, with `i < K` tested at run time. Compile time grows with the slots, and full AttnRes
+    has K = 1..13 over 12 layers, more in deeper models; above EXACT_SOURCES, the kernels of 8, 16
+    and 32 slots serve every K."""
     return K if K <= EXACT_SOURCES else max(8, triton.next_power_of_2(K))
 
 

@@ -28,10 +28,18 @@ import torch
 from torch import nn
 
 # FLA's causal convolution has a Triton and a Gluon implementation, the second off unless FLA_CONV_GLUON is set.
-# Gluon is the faster at a `small` trial's view, with the same y and dx (bench/kernel_choices.py --only conv_backend;
-# docs/journal/kernel-headroom.md). FLA itself falls back to
-# Triton where Gluon does not apply (distributed runs, states carried in). A user's own setting is kept.
+# Gluon it is, with the same y and dx (chosen by bench/kernel_choices.py --only conv_backend; the figures:
+# docs/journal/kernel-headroom.md). FLA itself falls back to Triton where Gluon does not apply
+# (distributed runs, states carried in). A user's own setting is kept.
 os.environ.setdefault("FLA_CONV_GLUON", "1")
+
+
+@torch.compiler.disable
+def outside_compile(forward, x: torch.Tensor) -> torch.Tensor:
+    """forward(x) run eagerly, a graph break in a compiled block: FLA 0.6.0 marks `chunk_kda`
+    compiler-disabled, and the fused layer's whole CUDA path runs beside it. The decorator lives
+    here, not on the layer, because applying it imports torch._dynamo, which the plain model never needs."""
+    return forward(x)
 
 
 def short_conv(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:

@@ -184,8 +184,8 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
     "seconds" of warm-up}). Raises KeyboardInterrupt when Tune stopped on Ctrl-C with trials left."""
     import ray
 
-    from k3lab.tune.progress import SweepProgress, earlier_trials, progress_mode
     from k3lab.tune.status import MLflowStatusCallback, OutOfMemoryRestarts, plain
+    from k3lab.tune.sweep_progress import SweepProgress, earlier_trials, progress_mode
 
     specs = trial_specs(run, parent_run_id, dataset_dir, run.packing)
     ooms = OutOfMemoryRestarts()

@@ -6,7 +6,7 @@ k3lab (the training loop, Ray Tune orchestration) can build them directly;
 `TrainSpec` lives beside the training loop, in `k3lab.train.spec`.
 Validators raise `FieldError`, which names the offending field.
 `SweepSpec` is the whole file as written (before a profile is applied and
-before the base model and the axes are resolved; see `k3lab.registry.sweep`).
+before the base model and the axes are resolved; see `k3lab.registry.sweep_file`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import attrs
 
 from k3lab.errors import FieldError
 from k3lab.model.fidelity import FIDELITIES
+from k3lab.report.sequential import DECIDED, HALFWIDTH, RULES
 from k3lab.train.spec import TrainSpec
 from k3lab.validators import non_empty, non_negative, one_of, open_unit_interval, positive
 
@@ -64,12 +65,12 @@ class UntilSpec:
     `metric.margin`; the default), `max` (never before max seeds), or `{halfwidth: h}` (its
     family-wise interval's half-width is at most h x |the baseline's metric|, e.g. 0.0025)."""
 
-    rule: str = attrs.field(default="decided", validator=one_of("decided", "halfwidth", "max"))
+    rule: str = attrs.field(default=DECIDED, validator=one_of(*RULES))  # the sequential design's rules
     halfwidth: float | None = attrs.field(
         default=None, validator=attrs.validators.optional(open_unit_interval(" (relative to the baseline's metric)")))
 
     def __attrs_post_init__(self) -> None:
-        if (self.rule == "halfwidth") != (self.halfwidth is not None):
+        if (self.rule == HALFWIDTH) != (self.halfwidth is not None):
             raise FieldError("halfwidth", "goes with until: {halfwidth: H} and only there")
 
 

@@ -26,7 +26,7 @@ from k3lab.registry.fields import check_fields
 from k3lab.registry.keypath import SpecError
 from k3lab.registry.presets import model_fields
 from k3lab.registry.profiles import apply_profile, check_profiles, locate, profile_names
-from k3lab.registry.spec import (BaseSpec, BudgetSpec, ComputeSpec, MatchSpec, MetricSpec, ResourceSpec,
+from k3lab.registry.sections import (BaseSpec, BudgetSpec, ComputeSpec, MatchSpec, MetricSpec, ResourceSpec,
                                  SchedulerSpec, SeedsSpec, SweepSpec)
 from k3lab.train.spec import TrainSpec
 from k3lab.registry.variants import Point, Variant, expand, parse_explicit, point_names, points
@@ -70,7 +70,7 @@ class Sweep:
     match: MatchSpec | None
     variants: tuple[Variant, ...]
     baseline: str  # the valid variant the others are compared against, paired by seed
-    kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.runtime.kernels
+    kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.runtime.kernel_cache
     notes: tuple[str, ...] = ()  # defaults adapted to what the file sets, shown with the plan
     seed_policy: SeedsSpec | None = None  # `seeds: {start, max, until}`; then `seeds` holds every seed it may use
     budget: BudgetSpec | None = None
