@@ -401,7 +401,7 @@ def test_the_shipped_flagship_tunings_record_every_gpu_shape_for_this_model_code
             record = json.loads(tar.extractfile("triton/k3lab-warm.json").read())
         measured = manifest["versions"] | {"fla-core": manifest["versions"]["fla"],
                                            "flash-linear-attention": manifest["versions"]["fla"]}
-        monkeypatch.setattr(kernels, "package_version", measured.get)
+        monkeypatch.setattr(kernel_cache, "package_version", measured.get)
         toolchain = kernel_cache.toolchain_fingerprint()
         missing = [shape.name for shape in shapes
                    if kernel_cache.shape_fingerprint(shape, manifest["gpu"], toolchain) not in record]
