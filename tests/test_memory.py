@@ -4,15 +4,15 @@ crashing into the same wall. A fake GPU of given memory stands in for the card."
 
 import json
 import multiprocessing
-import time
 
 import pytest
 from conftest import mini_sweep, sweep_args
 from mlflow.tracking import MlflowClient
 
 from k3lab.errors import UserError
-from k3lab.runtime import memory
-from k3lab.runtime.memory import GIB, DoesNotFit, GPUModel, Limits, MemoryGate, admits, plan_packing
+from k3lab.runtime import gpu_gate, memory
+from k3lab.runtime.gpu_gate import Limits, MemoryGate, admits
+from k3lab.runtime.memory import GIB, DoesNotFit, GPUModel, plan_packing
 
 H100 = GPUModel("NVIDIA H100 80GB HBM3", 80 * GIB)
 
@@ -136,10 +136,10 @@ def test_an_out_of_memory_error_lowers_the_trials_at_once_below_those_holding_th
         gate = MemoryGate(tmp_path, limits, poll_s=0.05)
         gate.acquire(30, "oom")
         assert gate.lower_after_oom() == 1  # two held the GPU: one at a time from now on
-        assert memory.read_limits(tmp_path).trials == 1
+        assert gpu_gate.read_limits(tmp_path).trials == 1
         gate.release()
         alone = MemoryGate(tmp_path, limits, poll_s=0.05)  # the same sweep: its lowered limits stand
-        assert memory.read_limits(tmp_path).trials == 1
+        assert gpu_gate.read_limits(tmp_path).trials == 1
         done.set()
         holder.join(10)
         alone.acquire(30, "alone")
@@ -151,11 +151,11 @@ def test_an_out_of_memory_error_lowers_the_trials_at_once_below_those_holding_th
 
 def test_a_new_sweep_starts_from_its_own_packing_not_a_lowered_one(tmp_path):
     MemoryGate(tmp_path, Limits(3, 90, owner="first"))
-    memory.write_limits(tmp_path, Limits(1, 90, owner="first"))  # lowered after an out-of-memory error
+    gpu_gate.write_limits(tmp_path, Limits(1, 90, owner="first"))  # lowered after an out-of-memory error
     MemoryGate(tmp_path, Limits(3, 90, owner="first"))
-    assert memory.read_limits(tmp_path).trials == 1
+    assert gpu_gate.read_limits(tmp_path).trials == 1
     MemoryGate(tmp_path, Limits(3, 90, owner="second"))
-    assert memory.read_limits(tmp_path).trials == 3
+    assert gpu_gate.read_limits(tmp_path).trials == 3
 
 
 @pytest.mark.slow
@@ -180,7 +180,7 @@ def test_an_out_of_memory_trial_restarts_without_using_its_crash_budget_and_the_
     memory.record_path(cache).write_text(json.dumps(record))
     monkeypatch.setenv("K3LAB_KERNEL_CACHE", str(cache))
     monkeypatch.setenv(memory.FAKE_GPU_VAR, "Fake GPU=8")
-    monkeypatch.setenv(memory.ENV_VAR, str(tmp_path / "gates"))
+    monkeypatch.setenv(gpu_gate.ENV_VAR, str(tmp_path / "gates"))
     monkeypatch.setenv("K3LAB_OOM_AT_STEP", "attnres_bs1-s0@16")
     assert main(sweep_args(tmp_path, path, "--max-failures", "0", "--max-concurrent", "2")) == 0
     out = capsys.readouterr().out
@@ -198,4 +198,4 @@ def test_an_out_of_memory_trial_restarts_without_using_its_crash_budget_and_the_
     steps = [m.step for m in client.get_metric_history(by_name["attnres_bs1"].info.run_id, "train_loss")]
     assert sorted(steps) == list(range(1, 41))  # every step once: restarted from its step-8 checkpoint
     (gate,) = (tmp_path / "gates").iterdir()
-    assert memory.read_limits(gate).trials == 1  # one at a time for the rest of the sweep
+    assert gpu_gate.read_limits(gate).trials == 1  # one at a time for the rest of the sweep

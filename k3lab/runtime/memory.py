@@ -12,24 +12,17 @@ From it, `plan_packing` gives the trials at once per GPU so that their peaks sum
 (1 - HEADROOM) of the card; the sweep file's `resources.gpu` (0.25: four at once) is the ceiling,
 never a promise. A variant that does not fit alone is refused before anything starts.
 
-`MemoryGate` holds a trial off the GPU until its memory is there: a slot per process (a record
-lock, as `k3lab.runtime.slots`), the bytes each holder uses beside it, and the GPU's limits (the
-trials at once and the byte budget) in `limits.json`, which the sweep's driver writes and an
-out-of-memory error lowers (`lower_after_oom`) for the rest of the sweep. A trial whose variant is
-not yet in the record runs on its own until its first evaluation has measured it.
+`k3lab.runtime.gpu_gate` holds each trial off its GPU until that memory is there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import math
 import os
 import subprocess
-import tempfile
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,9 +35,7 @@ HEADROOM = 0.10  # of the card's memory kept free: allocator fragmentation, an e
 NON_TORCH_BYTES = 1 << 30  # outside PyTorch's allocator (CUDA context, kernel images) where NVML cannot say
 RECORD_NAME = "k3lab-memory.json"
 SHIPPED_RECORD = Path(__file__).resolve().parents[1] / "tunings" / "gpu-memory.json"
-ENV_VAR = "K3LAB_GATE_DIR"  # where the gate folders are (default: the temp directory, per user)
 FAKE_GPU_VAR = "K3LAB_FAKE_GPU"  # for tests: "NAME=GIB", a GPU model this host says it has (no CUDA is touched)
-POLL_S = 0.5
 GIB = 1 << 30
 
 # the train spec's fields that change a trial's memory (the rest: schedule, steps, intervals)
@@ -236,232 +227,6 @@ def host_gpu() -> GPUModel | None:
         return None
     name, mib = rows.pop()
     return GPUModel(name, int(float(mib)) << 20) if mib.replace(".", "").isdigit() else None
-
-
-# -- what a trial uses -----------------------------------------------------------------------
-
-def measure_footprint(device) -> int:
-    """This process's GPU memory at its peak: the allocator's peak reservation plus what lies
-    outside the allocator (NVML's count for this process where it has one, else NON_TORCH_BYTES)."""
-    import torch
-
-    reserved_peak = torch.cuda.max_memory_reserved(device)
-    outside = process_gpu_bytes(device)
-    non_torch = outside - torch.cuda.memory_reserved(device) if outside else NON_TORCH_BYTES
-    return int(reserved_peak + max(non_torch, 0))
-
-
-def process_gpu_bytes(device) -> int | None:
-    """NVML's GPU memory of this process on `device` (None where NVML or the process is not listed:
-    no nvidia-ml-py, or MPS clients not shown)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        visible = [part for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part]
-        index = device.index or 0
-        physical = int(visible[index]) if visible else index
-        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(physical)):
-            if process.pid == os.getpid() and process.usedGpuMemory:
-                return int(process.usedGpuMemory)
-    except Exception:  # no pynvml, no NVML, a UUID in CUDA_VISIBLE_DEVICES, an MPS client it does not list
-        return None
-    return None
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """A CUDA out-of-memory error, as torch raises it (also inside a CUDA-graph capture or a compiled kernel)."""
-    import torch
-
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error).lower() and "cuda" in str(error).lower())
-
-
-# -- the gate --------------------------------------------------------------------------------
-
-def gate_folder(device_index: int | None = None) -> Path:
-    """The gate of the GPU this process sees (CUDA_VISIBLE_DEVICES as Ray sets it for the trial)."""
-    key = f"cuda-{os.environ.get('CUDA_VISIBLE_DEVICES', 'all').replace(',', '_')}-{device_index or 0}"
-    root = os.environ.get(ENV_VAR) or Path(tempfile.gettempdir()) / f"k3lab-gpu-{os.getuid()}"
-    return Path(root) / key
-
-
-@attrs.frozen
-class Limits:
-    """What one GPU takes at once: trials, and bytes of their peaks together. `owner`: the sweep
-    (its parent run) that set them, so a later sweep starts from its own packing."""
-
-    trials: int
-    budget_bytes: int
-    owner: str = ""
-
-
-def read_limits(folder: Path) -> Limits | None:
-    try:
-        raw = json.loads((folder / "limits.json").read_text())
-        return Limits(int(raw["trials"]), int(raw["budget_bytes"]), str(raw.get("owner", "")))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def write_limits(folder: Path, limits: Limits) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f".limits.{os.getpid()}.partial"
-    partial.write_text(json.dumps(attrs.asdict(limits)))
-    partial.replace(folder / "limits.json")
-
-
-def set_limits(folder: Path, limits: Limits) -> None:
-    """The sweep's packing for this GPU, unless this sweep set them already (and an out-of-memory
-    error may have lowered them since)."""
-    with locked(folder / "gate.lock"):
-        current = read_limits(folder)
-        if current is None or current.owner != limits.owner:
-            write_limits(folder, limits)
-
-
-class MemoryGate:
-    """A slot among the trials on one GPU, taken before the process touches CUDA and held until it
-    ends: each holder's bytes (its variant's recorded peak, or its own measurement, None while
-    unknown) sit beside its slot; a newcomer enters when the GPU's `Limits` allow one more."""
-
-    def __init__(self, folder: Path, limits: Limits, poll_s: float = POLL_S):
-        self.folder, self.poll_s = Path(folder), poll_s
-        set_limits(self.folder, limits)
-        self.slot: int | None = None
-        self.fd: int | None = None
-
-    def acquire(self, expected_bytes: int | None, name: str = "") -> float:
-        """Wait until the GPU takes this trial (`admits`), then hold a slot; the seconds waited.
-        A process that holds one already (a reused Ray actor) keeps it."""
-        started = time.perf_counter()
-        if self.fd is not None:
-            self.update(expected_bytes, name)
-        while self.fd is None:
-            with locked(self.folder / "gate.lock"):
-                limits, holders, free = read_limits(self.folder), *self._holders()
-                if admits(limits, list(holders.values()), expected_bytes) and free:
-                    self._take(free[0], expected_bytes, name)
-            if self.fd is None:
-                time.sleep(self.poll_s)
-        return time.perf_counter() - started
-
-    def _holders(self) -> tuple[dict[int, int | None], list[int]]:
-        """({slot: bytes} of the slots other processes hold, [free slots]), over the slot files there
-        are, plus one. This process's own slot is skipped: closing any descriptor of a file drops
-        the process's record lock on it."""
-        limits = read_limits(self.folder)
-        held, free = {}, []
-        for slot in range(max(limits.trials if limits else 1, len(list(self.folder.glob("slot-*.lock")))) + 1):
-            if slot == self.slot:
-                continue
-            fd = os.open(self.folder / f"slot-{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                free.append(slot)
-            except OSError as error:
-                if error.errno not in (errno.EACCES, errno.EAGAIN):
-                    raise
-                held[slot] = read_bytes(self.folder / f"slot-{slot}.json")
-            finally:
-                os.close(fd)  # drops the probe's lock
-        return held, free
-
-    def _take(self, slot: int, expected_bytes: int | None, name: str) -> None:
-        fd = os.open(self.folder / f"slot-{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self.slot, self.fd = slot, fd
-        self.update(expected_bytes, name)
-
-    def update(self, used_bytes: int | None, name: str = "") -> None:
-        """The bytes this holder uses (its measurement), for the next newcomer's admission."""
-        if self.slot is not None:
-            (self.folder / f"slot-{self.slot}.json").write_text(json.dumps({"bytes": used_bytes, "trial": name}))
-
-    def lower_after_oom(self) -> int:
-        """An out-of-memory error on this GPU: one trial fewer at once than now hold it (this one
-        included), for the rest of the sweep; the new number. 0 when this trial was alone on it."""
-        with locked(self.folder / "gate.lock"):
-            holders = len(self._holders()[0]) + (1 if self.fd is not None else 0)
-            limits = read_limits(self.folder)
-            lowered = max(holders - 1, 0)
-            if limits is not None and lowered >= 1:
-                write_limits(self.folder, attrs.evolve(limits, trials=min(limits.trials, lowered)))
-            return lowered
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = self.slot = None
-
-
-def read_bytes(path: Path) -> int | None:
-    try:
-        value = json.loads(path.read_text()).get("bytes")
-        return int(value) if value is not None else None
-    except (OSError, ValueError, AttributeError, TypeError):
-        return None
-
-
-def admits(limits: Limits | None, holders: list[int | None], expected_bytes: int | None) -> bool:
-    """Whether a GPU whose holders use `holders` bytes (None: not measured yet) takes one more trial
-    expected to use `expected_bytes` (None: not measured on this GPU model: it is taken alone, or
-    as large as the largest holder)."""
-    if not holders:
-        return True
-    if limits is None:
-        return False
-    if len(holders) >= limits.trials or any(used is None for used in holders):
-        return False
-    expected = expected_bytes if expected_bytes is not None else max(holders)
-    return sum(holders) + expected <= limits.budget_bytes
-
-
-# -- a trial's part --------------------------------------------------------------------------
-
-@attrs.frozen
-class TrialMemory:
-    """What a trial needs of the packing: its variant's key in the record and its recorded peak on
-    this GPU model (None: not measured), the GPU's limits as the sweep planned them (budget 0:
-    the trial's GPU decides), and the kernel cache that holds the record."""
-
-    key: str
-    variant: str
-    expected_bytes: int | None
-    trials: int
-    budget_bytes: int
-    owner: str
-    cache: str
-
-    def limits(self) -> Limits:
-        budget = self.budget_bytes
-        if not budget:
-            gpu = host_gpu()
-            budget = gpu.budget_bytes if gpu is not None else 1 << 62  # no nvidia-smi: the count alone
-        return Limits(self.trials, budget, self.owner)
-
-
-class MemoryMeter:
-    """After each evaluation: the trial's footprint (`measure_footprint`), for its holder's bytes
-    in the gate and for the record, when it has grown."""
-
-    def __init__(self, plan: TrialMemory, gate: MemoryGate, name: str):
-        self.plan, self.gate, self.name = plan, gate, name
-        self.measured = 0
-
-    def after_eval(self, device) -> None:
-        if device.type != "cuda":
-            return
-        import torch
-
-        used = measure_footprint(device)
-        if used <= self.measured:
-            return
-        self.measured = used
-        self.gate.update(used, self.name)
-        total = torch.cuda.get_device_properties(device).total_memory
-        add_measurement(Path(self.plan.cache), self.plan.key, self.plan.variant, torch.cuda.get_device_name(device),
-                        used, total)
 
 
 def sweep_packing(sweep, gpu: GPUModel, cache: Path | None, gpus: int = 1, max_concurrent: int | None = None) -> Packing:

@@ -21,7 +21,8 @@ import attrs
 from k3lab.data.dataset import MANIFEST, Dataset
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.variants import inactive_fields
-from k3lab.runtime.memory import MemoryGate, MemoryMeter, Packing, TrialMemory, gate_folder, is_out_of_memory, variant_key
+from k3lab.runtime.gpu_gate import MemoryGate, MemoryMeter, TrialMemory, gate_folder, is_out_of_memory
+from k3lab.runtime.memory import Packing, variant_key
 from k3lab.runtime.slots import TrainingSlot, slot_folder
 from k3lab.store import runs
 from k3lab.store.colours import variant_colours
@@ -74,7 +75,7 @@ def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None,
     dataset_dir: the corpus the driver prepared, for every trial; packing: the trials at once on
     one GPU of this host's model (None: the sweep file's ceiling, each trial's GPU gives the budget)."""
     colours = variant_colours([v.name for v in run.sweep.valid_variants])
-    owner = f"{parent_run_id}:{os.getpid()}"  # each part of a sweep starts from its own packing
+    memory = memory_plans(run, packing, owner=f"{parent_run_id}:{os.getpid()}")  # each part packs anew
     return {
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
                             config=trial.variant.config, train=run.sweep.train_of(trial.variant),
@@ -82,26 +83,28 @@ def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None,
                             overrides=dict(trial.variant.overrides),
                             metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
                             colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots,
-                            dataset_dir=dataset_dir, memory=trial_memory(run, trial.variant, packing, owner))
+                            dataset_dir=dataset_dir, memory=memory.get(trial.variant.name))
         for trial in run_order(run.sweep.trials)
     }
 
 
-def trial_memory(run, variant, packing: Packing | None, owner: str) -> TrialMemory | None:
-    """The packing's part for one-GPU trials of a GPU sweep (None on CPU and for DDP trials)."""
+def memory_plans(run, packing: Packing | None, owner: str) -> dict[str, TrialMemory]:
+    """Each variant's part of the packing, for one-GPU trials of a GPU sweep (none on CPU and for DDP)."""
     from k3lab.runtime.memory import known_peaks, trials_ceiling
 
     if not (run.uses_gpus or packing is not None) or run.sweep.resources.strategy is not None:
-        return None
-    key = variant_key(variant.config, run.sweep.train_of(variant))
-    expected = None
-    if packing is not None:
-        entry = known_peaks(run.kernel_cache).get(key, {}).get(packing.gpu.name)
-        expected = int(entry["peak_bytes"]) if entry else None
+        return {}
+    record = known_peaks(run.kernel_cache)
     trials = packing.trials if packing is not None else trials_ceiling(run.sweep.resources)
-    return TrialMemory(key=key, variant=variant.name, expected_bytes=expected, trials=trials,
-                       budget_bytes=packing.gpu.budget_bytes if packing is not None else 0, owner=owner,
-                       cache=str(run.kernel_cache))
+    plans = {}
+    for variant in run.sweep.valid_variants:
+        key = variant_key(variant.config, run.sweep.train_of(variant))
+        entry = record.get(key, {}).get(packing.gpu.name) if packing is not None else None
+        plans[variant.name] = TrialMemory(key=key, variant=variant.name, trials=trials, owner=owner,
+                                          expected_bytes=int(entry["peak_bytes"]) if entry else None,
+                                          budget_bytes=packing.gpu.budget_bytes if packing is not None else 0,
+                                          cache=str(run.kernel_cache))
+    return plans
 
 
 def trial_params(spec: TrialSpec, counts: dict) -> dict:
