@@ -51,8 +51,12 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
     envelope = json.loads(experiment.tags[views.SHARED_VIEW + views.LOSS_VIEW])
     state = views.unpack_state(envelope["state"])
     assert envelope["name"] == "Loss curves by variant"
-    assert [c["metricKey"] for c in state["compareRunCharts"]] == ["vs_baseline_pct", "train_loss", "val_loss",
+    assert [c["metricKey"] for c in state["compareRunCharts"]] == ["mean_pct", "train_loss", "val_loss",
                                                                     "tokens_per_s"]
+    assert state["compareRunCharts"][0]["selectedMetricKeys"] == ["mean_pct", "low_pct", "high_pct"]
+    assert state["searchFilter"] == "tags.`k3lab.counted` = 'true'"  # what the verdicts rest on, nothing else
+    assert state["selectedColumns"][:4] == ["tags.`k3lab.verdict`", "metrics.`verdict_pct`",
+                                            "metrics.`verdict_low_pct`", "metrics.`verdict_high_pct`"]
     assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
     assert state["runsHiddenMode"] == "SHOW_ALL" and state["useGroupedValuesInCharts"] is False
     note = experiment.tags[runs.NOTE]
@@ -67,6 +71,7 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
     assert parent_note.splitlines()[2] == "two variants"
     assert "#/metric/val_loss?runs=" in parent_note and all(r in parent_note for r in trials.values())
     assert f"Group by* the tag `{runs.VARIANT_NAME}`" in parent_note
+    assert ".." not in parent_note.replace("...", "")  # "is `final_val_loss`.." once
     views.present_sweep(uri, parent_run_id, axes=["attn_res_block_size"])  # again: the same, one view
     assert [k for k in client.get_experiment_by_name("mini").tags if k.startswith(views.SHARED_VIEW)] == \
         [views.SHARED_VIEW + views.LOSS_VIEW]
@@ -88,7 +93,7 @@ def test_a_sweep_of_named_variants_is_grouped_by_variant_name():
 
 
 def test_ui_app_starts_a_new_browser_in_model_training():
-    from k3lab.commands import ui_app
+    from k3lab import ui_app
 
     page = ui_app.flask_app.test_client().get("/")
     assert page.status_code == 200
@@ -100,7 +105,8 @@ def test_ui_app_starts_a_new_browser_in_model_training():
 
 
 def test_a_copied_compressed_store_opens_with_its_artifacts_and_report(tmp_path, capsys):
-    from k3lab.commands.ui import prepare_store, store_uri
+    from k3lab.commands.ui import store_uri
+    from k3lab.report.prepare import prepare_store
 
     origin = tmp_path / "origin"
     origin.mkdir()
@@ -307,7 +313,8 @@ def test_ui_and_report_give_a_stored_sweep_the_same_verdicts(tmp_path):
     not resolved, with the same intervals (the rebuilt report once called three of them better
     with per-comparison t-intervals, against the results' 'not resolved')."""
     from k3lab.cli import main
-    from k3lab.commands.ui import prepare_store, store_uri
+    from k3lab.commands.ui import store_uri
+    from k3lab.report.prepare import prepare_store
 
     class Args:
         store = str(Path(__file__).resolve().parents[1] / "docs/runs/attnres_block-gpu-paired-2026-12-02.db.xz")
@@ -330,7 +337,7 @@ def test_ui_and_report_give_a_stored_sweep_the_same_verdicts(tmp_path):
 
 
 def test_a_store_from_before_designs_gets_family_wise_intervals_in_the_ui(tmp_path):
-    from k3lab.commands.ui import rebuild_missing_reports
+    from k3lab.report.prepare import rebuild_missing_reports
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, _ = fake_sweep(uri, variants=("attnres_off", "attnres_bs1", "attnres_bs2"))

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from k3lab import hints
@@ -41,6 +42,7 @@ class SweepRun:
     kernel_cache_dir: str | None = None  # --kernel-cache; else the sweep file's, $K3LAB_KERNEL_CACHE, ~/.cache
     command: str = ""  # the command line that ran it, recorded on the parent run for reports
     verbose: bool = False  # Ray's and MLflow's notices on the terminal instead of in `log_file`
+    started: float = field(default_factory=time.time)  # when its command started: its part's time counts from here
 
     @property
     def experiment(self) -> str:
@@ -111,6 +113,17 @@ class SweepRun:
         if verb == "sweep":
             options["address"] = self.address or os.environ.get("RAY_ADDRESS") or None
         return options
+
+
+def next_steps(run: SweepRun) -> str:
+    """What to run after a sweep has ended: its report again, and the MLflow UI on its store (with
+    the options that point at them from this folder)."""
+    uri = run.tracking_uri
+    if uri.startswith(("http://", "https://")):
+        ui = f"open {uri} in a browser"
+    else:
+        ui = f"`{hints.command('ui', tracking_uri=None if uri == local_tracking_uri() else uri)}` opens it in MLflow"
+    return f"next: `{run.hint('report')}` prints this report again, {ui}"
 
 
 def local_tracking_uri() -> str:

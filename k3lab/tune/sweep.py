@@ -69,6 +69,23 @@ def sweep_preflight(run: SweepRun, progress: bool) -> Preflight:
                      train_from=f"{sweep.path}: ")
 
 
+def check_dry_run(run: SweepRun) -> None:
+    """The checks a sweep makes before it starts anything that need no store, data or Ray: its
+    inputs, and on a local instance this machine's GPUs, FLA and memory. A sweep these refuse is
+    refused by its dry run too, with the same message."""
+    from k3lab.runtime.preflight import check_cpu_memory, check_fla, check_gpus, check_inputs
+
+    plan = sweep_preflight(run, progress=False)
+    try:
+        check_inputs(plan.train, plan.models, plan.train_from)
+        if plan.local:
+            check_gpus(plan.gpus, plan.gpus_from)
+            check_fla(plan.models, plan.gpus)
+            check_cpu_memory(plan.models, plan.train, plan.gpus)
+    except UserError as error:
+        raise UserError(f"{error} (the sweep would stop here; this dry run does too)") from None
+
+
 def sweep_models(sweep: Sweep) -> dict:
     """The models (KimiK3Config) the sweep's trials train, by label for messages ("x.yaml: variant a")."""
     return {f"{sweep.path}: variant {v.name}": v.config for v in sweep.valid_variants}

@@ -1,0 +1,31 @@
+"""`--stop-after`: a timer that stops the sweep as Ctrl-C does, once its wall time has passed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+
+class StopTimer(threading.Timer):
+    """Stops the sweep as Ctrl-C does (SIGINT to this process: Tune saves its state, running trials
+    are checkpointed and end KILLED, `--resume` goes on) once `seconds` have passed; `fired` is set
+    before the signal, so the handler that sees it knows it was the timer."""
+
+    def __init__(self, seconds: float):
+        self.fired = threading.Event()
+        super().__init__(seconds, self.stop)
+        self.daemon = True
+
+    def stop(self) -> None:
+        self.fired.set()
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def stop_timer(seconds: float | None) -> StopTimer | None:
+    """A started StopTimer for --stop-after, or None without one."""
+    if seconds is None:
+        return None
+    timer = StopTimer(seconds)
+    timer.start()
+    return timer
