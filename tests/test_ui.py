@@ -346,3 +346,61 @@ def test_a_store_from_before_designs_gets_family_wise_intervals_in_the_ui(tmp_pa
     summary = json.loads(Path(MlflowClient(uri).download_artifacts(parent, "report/summary.json")).read_text())
     assert (summary["design"]["rule"], summary["design"]["comparisons"]) == ("fixed", 2)
     assert summary["design"]["level"] == pytest.approx(0.025)  # Bonferroni over the 2 comparisons
+
+
+def sweep_snapshot(uri: str, experiment: str) -> dict:
+    """Everything of an experiment a viewer could write: its tags, and each run's status, tags,
+    metric histories and artifacts."""
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    snapshot = {"experiment": dict(found.tags)}
+    for run in client.search_runs([found.experiment_id]):
+        run_id = run.info.run_id
+        snapshot[run_id] = (run.info.status, run.info.artifact_uri, dict(run.data.tags),
+                            {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in run.data.metrics},
+                            [a.path for a in client.list_artifacts(run_id)])
+    return snapshot
+
+
+def test_k3lab_ui_never_writes_into_a_sweep_whose_driver_runs(tmp_path):
+    """Opened while a sweep ran, it rebuilt the report into the running parent's artifacts and
+    tagged a running trial `k3lab.verdict=not resolved`."""
+    from k3lab.report.prepare import prepare_store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    fake_sweep(uri, experiment="ended")
+    live, _ = fake_sweep(uri, experiment="live", parent_status="RUNNING")  # its driver: this process, alive
+    before = sweep_snapshot(uri, "live")
+    said = []
+    prepare_store(uri, say=said.append)
+    assert sweep_snapshot(uri, "live") == before
+    assert any("left 1 running sweep" in line for line in said), said
+    ended = MlflowClient(uri).get_experiment_by_name("ended")
+    assert views.SHARED_VIEW + views.LOSS_VIEW in ended.tags  # the ended sweep got what the UI needs
+
+
+def test_an_older_stores_trials_get_their_loss_under_loss_so_their_page_opens_on_it(tmp_path):
+    """A trial page on the 2026-12-02 store opened on 23 diagnostics before its loss."""
+    from k3lab.report.prepare import prepare_store
+    from k3lab.store.metrics import PAGE_SECTIONS
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)  # as an older k3lab logged it: the plain names only
+    experiment = client.create_experiment("old")
+    parent = client.create_run(experiment, run_name="old", tags=runs.sweep_tags(
+        "old", None, "0", "abc", "", "k3lab sweep old.yaml", "attnres_off")).info.run_id
+    trials = []
+    for variant in ("attnres_off", "attnres_bs1"):
+        run_id = client.create_run(experiment, run_name=f"{variant}-s0", tags=runs.trial_tags(
+            f"id-{variant}", variant, 0) | {runs.PARENT: parent}).info.run_id
+        for step in (1, 2, 3):
+            for name in ("train_loss", "val_loss", "tokens_per_s"):
+                client.log_metric(run_id, name, 4.0 - step / 10 + (variant == "attnres_bs1") * 0.01, step=step)
+        client.set_terminated(run_id, "FINISHED")
+        trials.append(run_id)
+    client.set_terminated(parent, "FINISHED")
+    prepare_store(uri, say=lambda _: None)
+    for run_id in trials:
+        for name in ("train_loss", "val_loss", "tokens_per_s"):
+            history = [(m.step, m.value) for m in client.get_metric_history(run_id, name)]
+            assert [(m.step, m.value) for m in client.get_metric_history(run_id, PAGE_SECTIONS[name])] == history

@@ -9,6 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from k3lab.report.summary import build_report
 from k3lab.store import runs, verdicts
+from k3lab.store.colours import variant_colours
 from k3lab.store.tracking import MLflowTracker
 
 EVALS = (2, 4, 6)
@@ -169,8 +170,7 @@ def test_the_saved_views_first_chart_is_each_variants_mean_difference_and_interv
     assert first["selectedMetricKeys"] == list(verdicts.CURVE) and first["range"] == {}  # an axis that fits them
     assert state["compareRunSections"][0]["uuid"] == first["metricSectionId"]
     title = state["compareRunSections"][0]["name"]
-    assert title.startswith("Difference from the baseline") and title.endswith(
-        f"attnres_bs1 {summary['comparisons'][0].verdict}")
+    assert title.startswith(f"attnres_bs1 {summary['comparisons'][0].verdict} · Difference from the baseline")
 
 
 def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_evaluation(tmp_path):
@@ -182,7 +182,7 @@ def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_eval
     run = verdicts.variant_runs(uri, parent)["attnres_bs1"]
     assert set(verdicts.variant_runs(uri, parent)) == {"attnres_bs1"}  # the baseline is compared with nothing
     assert run.info.run_id not in {t.info.run_id for t in runs.trial_runs(uri, parent)}  # not one of the trials
-    assert run.data.tags[runs.RUN_COLOR] == client.get_run(trials[("attnres_bs1", 0)]).data.tags[runs.RUN_COLOR]
+    assert run.data.tags[runs.RUN_COLOR] == variant_colours(["attnres_off", "attnres_bs1"])["attnres_bs1"]
     mean, low, high = ({m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
                        for key in verdicts.CURVE)
     assert list(mean) == list(EVALS) and all(v == pytest.approx(-1.0) for v in mean.values())
@@ -192,6 +192,7 @@ def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_eval
         assert run.data.metrics[name] == pytest.approx(parent_metrics[f"{prefix}/attnres_bs1"])
         assert len(client.get_metric_history(run.info.run_id, name)) == 1
     assert run.data.tags[verdicts.VERDICT] == summary["comparisons"][0].verdict
+    assert run.info.run_name.startswith(f"attnres_bs1: {summary['comparisons'][0].verdict}, -1.00% (-1.")
 
 
 def test_group_labels_name_variants_not_axis_values(tmp_path):

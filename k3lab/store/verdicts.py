@@ -138,6 +138,12 @@ def variant_runs(tracking_uri: str, parent_run_id: str) -> dict[str, object]:
     return {runs.variant_of(run): run for run in found}
 
 
+def variant_run_name(row: dict) -> str:
+    """The variant run's name, what the chart's legend and the runs table show: its verdict and numbers."""
+    interval = f" ({row['low']:+.2f} to {row['high']:+.2f})" if row["low"] is not None else ""
+    return f"{row['variant']}: {row['verdict']}, {row['mean']:+.2f}%{interval}"
+
+
 def log_variant_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -> None:
     """Per compared variant, {variant, colour, verdict, pairs, mean, low, high, curve: [(step, mean,
     low, high)]} (in %; None: no value) on its variant run, made where it has none; a point logged
@@ -151,11 +157,13 @@ def log_variant_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) ->
     for row in rows:
         tags = {runs.KIND: VARIANT_KIND, SWEEP_RUN: parent_run_id, runs.VARIANT_NAME: row["variant"],
                 VERDICT: row["verdict"], COUNTED: "true"} | ({runs.RUN_COLOR: row["colour"]} if row["colour"] else {})
-        run = existing.get(row["variant"])
+        run, name = existing.get(row["variant"]), variant_run_name(row)
         if run is None:
-            run = client.create_run(experiment, tags=tags, run_name=f"{row['variant']}: mean and interval")
+            run = client.create_run(experiment, tags=tags, run_name=name)
             client.set_terminated(run.info.run_id, "FINISHED")
         run_id, have = run.info.run_id, run.data.tags
+        if run.info.run_name != name:
+            client.update_run(run_id, name=name)
         for key, value in tags.items():
             if have.get(key) != value:
                 client.set_tag(run_id, key, value)

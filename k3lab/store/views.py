@@ -39,7 +39,7 @@ SHARED_VIEW = "mlflow.sharedViewState."
 LOSS_VIEW, LOSS_VIEW_NAME = "k3lab-loss-curves", "Loss curves by variant"
 FIRST_CHARTS = ("train_loss", "val_loss", "tokens_per_s")  # the loss section, in this order
 LOSS_SECTION = "Loss and throughput"
-DIFFERENCE_SECTION = "Difference from the baseline, %: mean and family-wise interval"
+DIFFERENCE_SECTION = "Difference from the baseline, % (mean and family-wise interval)"
 REPORT_PLOT = "report/loss_curves.png"  # the parent run's artifact the links open (the report's folder beside it)
 
 
@@ -61,8 +61,9 @@ def difference_chart(section: str) -> dict:
 
 
 def difference_title(verdicts_: Sequence[tuple[str, str]]) -> str:
-    """The answer's section title: DIFFERENCE_SECTION and each variant's verdict, in the file's order."""
-    return DIFFERENCE_SECTION + "".join(f" · {name} {verdict}" for name, verdict in verdicts_)
+    """The answer's section title: each variant's verdict, in the file's order (first, where the UI
+    cuts a long title short), then DIFFERENCE_SECTION."""
+    return " · ".join([*(f"{name} {verdict}" for name, verdict in verdicts_), DIFFERENCE_SECTION])
 
 
 def parent_verdicts(parent_data, variant_order: Sequence[str] = ()) -> list[tuple[str, str]]:
