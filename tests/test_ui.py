@@ -379,27 +379,36 @@ def test_k3lab_ui_never_writes_into_a_sweep_whose_driver_runs(tmp_path):
     assert views.SHARED_VIEW + views.LOSS_VIEW in ended.tags  # the ended sweep got what the UI needs
 
 
+def older_sweep(uri: str, experiment: str = "old") -> list[str]:
+    """A finished sweep of two trials as an older k3lab logged it (the plain metric names only);
+    returns its trials' run ids."""
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment(experiment)
+    parent = client.create_run(experiment_id, run_name=experiment, tags=runs.sweep_tags(
+        experiment, None, "0", "abc", "", f"k3lab sweep {experiment}.yaml", "attnres_off")).info.run_id
+    trials = []
+    for variant in ("attnres_off", "attnres_bs1"):
+        run_id = client.create_run(experiment_id, run_name=f"{variant}-s0", tags=runs.trial_tags(
+            f"id-{variant}", variant, 0) | {runs.PARENT: parent}).info.run_id
+        for step in (1, 2, 3):
+            for name in ("train_loss", "val_loss", "tokens_per_s"):
+                client.log_metric(run_id, name, 4.0 - step / 10 + (variant == "attnres_bs1") * 0.01, step=step)
+            client.log_metric(run_id, "diag/attnres_entropy/L00", 0.5, step=step)  # sorts before the loss
+        client.set_terminated(run_id, "FINISHED")
+        trials.append(run_id)
+    client.set_terminated(parent, "FINISHED")
+    return trials
+
+
 def test_an_older_stores_trials_get_their_loss_under_loss_so_their_page_opens_on_it(tmp_path):
     """A trial page on the 2026-12-02 store opened on 23 diagnostics before its loss."""
     from k3lab.report.prepare import prepare_store
     from k3lab.store.metrics import PAGE_SECTIONS
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)  # as an older k3lab logged it: the plain names only
-    experiment = client.create_experiment("old")
-    parent = client.create_run(experiment, run_name="old", tags=runs.sweep_tags(
-        "old", None, "0", "abc", "", "k3lab sweep old.yaml", "attnres_off")).info.run_id
-    trials = []
-    for variant in ("attnres_off", "attnres_bs1"):
-        run_id = client.create_run(experiment, run_name=f"{variant}-s0", tags=runs.trial_tags(
-            f"id-{variant}", variant, 0) | {runs.PARENT: parent}).info.run_id
-        for step in (1, 2, 3):
-            for name in ("train_loss", "val_loss", "tokens_per_s"):
-                client.log_metric(run_id, name, 4.0 - step / 10 + (variant == "attnres_bs1") * 0.01, step=step)
-        client.set_terminated(run_id, "FINISHED")
-        trials.append(run_id)
-    client.set_terminated(parent, "FINISHED")
+    trials = older_sweep(uri)
     prepare_store(uri, say=lambda _: None)
+    client = MlflowClient(uri)
     for run_id in trials:
         for name in ("train_loss", "val_loss", "tokens_per_s"):
             history = [(m.step, m.value) for m in client.get_metric_history(run_id, name)]
