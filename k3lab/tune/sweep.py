@@ -76,14 +76,11 @@ def check_dry_run(run: SweepRun) -> None:
     from k3lab.runtime.preflight import check_cpu_memory, check_fla, check_gpus, check_inputs
 
     plan = sweep_preflight(run, progress=False)
-    try:
-        check_inputs(plan.train, plan.models, plan.train_from)
-        if plan.local:
-            check_gpus(plan.gpus, plan.gpus_from)
-            check_fla(plan.models, plan.gpus)
-            check_cpu_memory(plan.models, plan.train, plan.gpus)
-    except UserError as error:
-        raise UserError(f"{error} (the sweep would stop here; this dry run does too)") from None
+    check_inputs(plan.train, plan.models, plan.train_from)
+    if plan.local:
+        check_gpus(plan.gpus, plan.gpus_from)
+        check_fla(plan.models, plan.gpus)
+        check_cpu_memory(plan.models, plan.train, plan.gpus)
 
 
 def sweep_models(sweep: Sweep) -> dict:
