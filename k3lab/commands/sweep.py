@@ -9,7 +9,6 @@ from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.registry.commands import add_profile_argument
-from k3lab.registry.spec import duration_seconds
 
 STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
@@ -72,18 +71,12 @@ def run_sweep_command(args) -> int:
     from k3lab.registry.commands import print_plan, print_variant_table
     from k3lab.report.summary import print_summary
     from k3lab.runtime.sigterm import stop_on_sigterm
-    from k3lab.runtime.stopping import stop_timer
-    from k3lab.tune.run import next_steps
+    from k3lab.runtime.stopping import stop_after_seconds, stop_timer
+    from k3lab.tune.run import check_options, next_steps
     from k3lab.tune.sweep import run_sweep
 
-    if args.max_concurrent is not None and args.max_concurrent < 1:
-        raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
-    if args.max_failures < 0:
-        raise UserError(f"--max-failures must be 0 or more (retries of a crashed trial), got {args.max_failures}")
-    if args.resume and args.overwrite:  # --overwrite would delete the very state --resume continues
-        raise UserError("--resume and --overwrite: pass one (--resume continues the earlier run, --overwrite "
-                        "discards it)")
-    stop_after = stop_after_seconds(args.stop_after)
+    check_options(args.max_concurrent, args.max_failures, args.resume, args.overwrite)
+    stop_after = stop_after_seconds(args.stop_after)  # a bad value: refused before anything starts
     run = sweep_run_from_args(args, address=args.address, resume=args.resume, overwrite=args.overwrite,
                               max_failures=args.max_failures, max_concurrent=args.max_concurrent,
                               kernel_cache_dir=args.kernel_cache, command=args.command_line, verbose=args.verbose)
@@ -118,13 +111,11 @@ def dry_run(console, run) -> int:
     anything (`check_dry_run`: a sweep that would be refused is refused here too, exit 2)."""
     from k3lab.registry.commands import print_variant_table
     from k3lab.tune.seeds import earlier_run_line
-    from k3lab.tune.sweep import check_dry_run
+    from k3lab.tune.sweep import check_dry_run, dry_run_line
 
     check_dry_run(run)
     print_variant_table(console, run.sweep)
-    console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
-                  f"Tune state in {run.tune_dir}, resources per trial {run.sweep.resources.tune_resources()}"
-                  + slots_clause(run.sweep.resources) + sharing_clause(run))
+    console.print(dry_run_line(run))
     earlier = earlier_run_line(run)
     if earlier:
         console.print(earlier, markup=False, highlight=False)
@@ -154,42 +145,6 @@ def stopped_sweep(args, run, on_time: bool) -> int:
         print(f"{stopped} before its trials started: nothing to resume; give it more time", file=sys.stderr)
         return 1
     return STOPPED_ON_TIME
-
-
-def slots_clause(resources) -> str:
-    if resources.training_slots is None:
-        return ""
-    return (f"; at most {resources.training_slots} trials per GPU train at once, the others start up "
-            "and wait (resources.training_slots)")
-
-
-def sharing_clause(run) -> str:
-    """How trials that share a GPU will run on it (`k3lab.runtime.mps`), as the sweep would decide now."""
-    from k3lab.runtime.mps import sharing_plan
-
-    if not run.shares_gpus:
-        return ""
-    mps = run.sweep.resources.mps
-    kind, detail = sharing_plan(mps, run.on_cluster)
-    if kind == "yours":
-        return f"; trials on one GPU run side by side through the MPS daemon at {detail}"
-    if kind == "own":
-        return "; trials on one GPU run side by side through an MPS daemon of the sweep's own (resources.mps)"
-    if kind == "nodes":
-        return f"; trials on one GPU share it as their node has it ({detail})"
-    if mps:
-        return f"; resources.mps: true, but {detail}: the sweep would stop before its first trial"
-    return f"; trials on one GPU take turns on it ({detail})"
-
-
-def stop_after_seconds(value: str | None) -> float | None:
-    """--stop-after as seconds; a value that is not a positive duration is a one-line error."""
-    if value is None:
-        return None
-    seconds = duration_seconds(value)
-    if seconds is None or seconds <= 0:
-        raise UserError(f"--stop-after {value}: not a duration (e.g. 10m, 1h30m, 90s)")
-    return seconds
 
 
 def resume_command(args, run) -> str:

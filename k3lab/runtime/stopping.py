@@ -6,6 +6,9 @@ import os
 import signal
 import threading
 
+from k3lab.errors import UserError
+from k3lab.registry.spec import duration_seconds
+
 
 class StopTimer(threading.Timer):
     """Stops the sweep as Ctrl-C does (SIGINT to this process: Tune saves its state, running trials
@@ -29,3 +32,13 @@ def stop_timer(seconds: float | None) -> StopTimer | None:
     timer = StopTimer(seconds)
     timer.start()
     return timer
+
+
+def stop_after_seconds(value: str | None) -> float | None:
+    """--stop-after as seconds; a value that is not a positive duration is a one-line error."""
+    if value is None:
+        return None
+    seconds = duration_seconds(value)
+    if seconds is None or seconds <= 0:
+        raise UserError(f"--stop-after {value}: not a duration (e.g. 10m, 1h30m, 90s)")
+    return seconds

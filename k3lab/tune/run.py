@@ -115,6 +115,17 @@ class SweepRun:
         return options
 
 
+def check_options(max_concurrent: int | None, max_failures: int, resume: bool, overwrite: bool) -> None:
+    """`k3lab sweep`'s options that say how it runs, each in its range, and not both --resume and --overwrite."""
+    if max_concurrent is not None and max_concurrent < 1:
+        raise UserError(f"--max-concurrent must be at least 1, got {max_concurrent}")
+    if max_failures < 0:
+        raise UserError(f"--max-failures must be 0 or more (retries of a crashed trial), got {max_failures}")
+    if resume and overwrite:  # --overwrite would delete the very state --resume continues
+        raise UserError("--resume and --overwrite: pass one (--resume continues the earlier run, --overwrite "
+                        "discards it)")
+
+
 def next_steps(run: SweepRun) -> str:
     """What to run after a sweep has ended: its report again, and the MLflow UI on its store (with
     the options that point at them from this folder)."""
