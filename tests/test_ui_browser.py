@@ -210,10 +210,10 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
                                                                              "tokens_per_s"], headings
             drawn = ("c => Array.from(c.querySelectorAll('path.js-line'), p => [p.style.stroke, "
                      "p.style.strokeDasharray, p.getAttribute('d') || '']).filter(l => l[2].includes('L'))")
-            charts.wait_for_function(f"({drawn})(document.querySelector('[data-testid=experiment-view-compare-runs-card]'))"
-                                     ".length >= 3")
+            charts.wait_for_function(f"new Set(({drawn})(document.querySelector("
+                                     f"'[data-testid=experiment-view-compare-runs-card]')).map(l => l[2])).size >= 3")
             charts.wait_for_timeout(2000)  # every chart drawn
-            lines = cards.first.evaluate(drawn)
+            lines = {tuple(line) for line in cards.first.evaluate(drawn)}  # plotly draws each path twice
             assert len(lines) == 3 and {stroke for stroke, _, _ in lines} == {rgb(colours["attnres_bs1"])}, lines
             assert len({dash for _, dash, _ in lines}) == 3  # the mean solid, the interval's bounds dashed
             strokes_in = "c => Array.from(c.querySelectorAll('path.js-line'), p => p.style.stroke)"
