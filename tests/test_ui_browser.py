@@ -17,6 +17,7 @@ Needs `playwright` (the test extra) and a `chromium` on PATH (`apt-get install c
 installs it); Playwright never downloads a browser here. Without them the test skips and says why.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -271,17 +272,24 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
     print(f"clicks from the experiment list to the loss curves of every trial: {len(clicks)}: {clicks}")
 
 
-def open_browser(playwright, chromium):
-    browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    context.set_default_timeout(TIMEOUT_MS)
-    return browser, context
+@contextlib.contextmanager
+def new_page(chromium: str):
+    """A page of a fresh browser (a first visit), closed at the end."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(viewport={"width": 1440, "height": 900})
+            context.set_default_timeout(TIMEOUT_MS)
+            yield context.new_page()
+        finally:
+            browser.close()
 
 
 def test_the_views_table_shows_the_reports_means_for_each_variant(ui, swept, tmp_path):
     """Its group rows averaged killed trials too: bs4 +0.34% where the report said +0.95%."""
     from mlflow import MlflowClient
-    from playwright.sync_api import sync_playwright
 
     from k3lab.report.prepare import report_options
     from k3lab.report.summary import build_report
@@ -295,66 +303,47 @@ def test_the_views_table_shows_the_reports_means_for_each_variant(ui, swept, tmp
                            **report_options(uri, parent, runs.trial_runs(uri, ids["parent"])))
     means = {row["variant"]: row["val_loss_mean"] for row in summary["rows"]}
     compared = summary["comparisons"][0]
-    with sync_playwright() as playwright:
-        browser, context = open_browser(playwright, chromium)
-        try:
-            page = context.new_page()
-            page.goto(base + "/#/experiments")
-            page.locator("main").get_by_role("link", name="mini", exact=True).first.click()
-            page.get_by_role("link", name="Loss curves by variant").wait_for()
-            page.goto(f"{base}/#/experiments/{ids['experiment']}/runs?viewStateShareKey=k3lab-loss-curves"
-                      f"&compareRunsMode=TABLE")
+    with new_page(chromium) as page:
+        page.goto(base + "/#/experiments")
+        page.locator("main").get_by_role("link", name="mini", exact=True).first.click()
+        page.get_by_role("link", name="Loss curves by variant").wait_for()
+        page.goto(f"{base}/#/experiments/{ids['experiment']}/runs?viewStateShareKey=k3lab-loss-curves"
+                  f"&compareRunsMode=TABLE")
 
-            def group_value(variant: str, column: str) -> float:
-                cell = page.locator(f'[row-id="tag.k3lab.variant_name.{variant}"] [col-id="{column}"]').last
-                cell.wait_for()
-                return float(cell.inner_text().split()[0])
+        def group_value(variant: str, column: str) -> float:
+            cell = page.locator(f'[row-id="tag.k3lab.variant_name.{variant}"] [col-id="{column}"]').last
+            cell.wait_for()
+            return float(cell.inner_text().split()[0])
 
-            for variant, mean in means.items():
-                assert group_value(variant, "metrics.`val_loss`") == pytest.approx(mean, rel=1e-9), variant
-            assert group_value("attnres_bs1", "metrics.`verdict_pct`") == pytest.approx(
-                100 * compared.mean_diff / compared.baseline_mean, rel=1e-9)
-            headers = page.locator(".ag-header-cell[col-id]").evaluate_all("cs => cs.map(c => c.getAttribute('col-id'))")
-            assert headers.index("tags.`k3lab.verdict`") < headers.index("metrics.`val_loss`"), headers
-            page.screenshot(path=screenshot_folder(tmp_path) / "09-view-table.png")
-        finally:
-            browser.close()
+        for variant, mean in means.items():
+            assert group_value(variant, "metrics.`val_loss`") == pytest.approx(mean, rel=1e-9), variant
+        assert group_value("attnres_bs1", "metrics.`verdict_pct`") == pytest.approx(
+            100 * compared.mean_diff / compared.baseline_mean, rel=1e-9)
+        headers = page.locator(".ag-header-cell[col-id]").evaluate_all("cs => cs.map(c => c.getAttribute('col-id'))")
+        assert headers.index("tags.`k3lab.verdict`") < headers.index("metrics.`val_loss`"), headers
+        page.screenshot(path=screenshot_folder(tmp_path) / "09-view-table.png")
 
 
 def test_an_older_stores_trial_page_opens_on_its_loss(ui, swept):
-    from playwright.sync_api import sync_playwright
-
     base, chromium = ui
     ids = store_ids(swept, "old")
-    with sync_playwright() as playwright:
-        browser, context = open_browser(playwright, chromium)
-        try:
-            page = context.new_page()
-            page.goto(base + "/#/experiments")
-            page.wait_for_timeout(1000)
-            page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{ids['trials']['attnres_off-s0']}/model-metrics")
-            headers = page.locator("[data-testid=experiment-view-compare-runs-section-header]")
-            headers.first.wait_for()
-            sections = [text.split("\n")[0].strip() for text in headers.all_inner_texts()]
-            assert sections[:2] == ["loss", "perf"], sections
-        finally:
-            browser.close()
+    with new_page(chromium) as page:
+        page.goto(base + "/#/experiments")
+        page.wait_for_timeout(1000)
+        page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{ids['trials']['attnres_off-s0']}/model-metrics")
+        headers = page.locator("[data-testid=experiment-view-compare-runs-section-header]")
+        headers.first.wait_for()
+        sections = [text.split("\n")[0].strip() for text in headers.all_inner_texts()]
+        assert sections[:2] == ["loss", "perf"], sections
 
 
 def test_opening_the_ui_during_a_sweep_changes_nothing_in_its_store(ui, swept, live_before):
     """`k3lab ui` rebuilt the report into a running parent's artifacts and tagged a running trial."""
-    from playwright.sync_api import sync_playwright
-
     base, chromium = ui
     ids = store_ids(swept, "live")
-    with sync_playwright() as playwright:
-        browser, context = open_browser(playwright, chromium)
-        try:
-            page = context.new_page()
-            page.goto(base + "/#/experiments")
-            page.locator("main").get_by_role("link", name="live", exact=True).first.click()
-            page.wait_for_url(f"**/experiments/{ids['experiment']}/runs**")
-            page.get_by_text(re.compile(r"^[1-9][0-9]* matching runs?$")).wait_for()
-        finally:
-            browser.close()
+    with new_page(chromium) as page:
+        page.goto(base + "/#/experiments")
+        page.locator("main").get_by_role("link", name="live", exact=True).first.click()
+        page.wait_for_url(f"**/experiments/{ids['experiment']}/runs**")
+        page.get_by_text(re.compile(r"^[1-9][0-9]* matching runs?$")).wait_for()
     assert sweep_snapshot(f"sqlite:///{swept / 'mlflow.db'}", "live") == live_before
