@@ -182,4 +182,5 @@ def test_a_sweep_stopped_with_its_state_saved_says_stopped_resumable_not_killed(
     assert shown[-1] == runs.STOPPED
     note = parent_note("1", run_id, "x", [], "val_loss", state=runs.STOPPED,
                        next_steps=("k3lab sweep x.yaml --resume", "k3lab report x.yaml --close"))
-    assert "**Stopped, resumable**: its state is saved; `k3lab sweep x.yaml --resume` continues it." in note.splitlines()
+    assert "**Stopped, resumable**: its state is saved; `k3lab sweep x.yaml --resume` continues it." in \
+        note.splitlines()

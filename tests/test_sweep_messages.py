@@ -27,7 +27,7 @@ def test_a_printed_command_is_never_wrapped_in_a_file():
     from k3lab.commands.sweep import wide_console
 
     out = io.StringIO()
-    command = "k3lab report experiments/attnres_block.yaml --profile cpu --storage /a/long/path/" + "x" * 120 + " --close"
+    command = f"k3lab report experiments/attnres_block.yaml --storage /a/long/{'x' * 120} --close"
     wide_console(file=out).print(f"[yellow]interrupted: the parent run abc of attnres_block is still RUNNING; "
                                  f"`{command}` ends it")
     assert len(out.getvalue().splitlines()) == 1 and command in out.getvalue()

@@ -357,7 +357,8 @@ def sweep_snapshot(uri: str, experiment: str) -> dict:
     for run in client.search_runs([found.experiment_id]):
         run_id = run.info.run_id
         snapshot[run_id] = (run.info.status, run.info.artifact_uri, dict(run.data.tags),
-                            {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in run.data.metrics},
+                            {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)]
+                             for k in run.data.metrics},
                             [a.path for a in client.list_artifacts(run_id)])
     return snapshot
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import time
 import urllib.parse
 import zlib
@@ -71,7 +70,8 @@ def parent_verdicts(parent_data, variant_order: Sequence[str] = ()) -> list[tupl
     prefix = verdicts.VERDICT + "."
     found = [key.removeprefix(prefix) for key in parent_data.tags if key.startswith(prefix)]
     order = {name: i for i, name in enumerate(variant_order)}
-    return [(name, parent_data.tags[prefix + name]) for name in sorted(found, key=lambda n: (order.get(n, len(order)), n))]
+    found.sort(key=lambda name: (order.get(name, len(order)), name))
+    return [(name, parent_data.tags[prefix + name]) for name in found]
 
 
 def group_keys(axes: Sequence[str] = ()) -> list[dict]:
@@ -79,7 +79,8 @@ def group_keys(axes: Sequence[str] = ()) -> list[dict]:
     return [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
 
 
-def loss_view_state(axes: Sequence[str], metric: str = "val_loss", verdicts_: Sequence[tuple[str, str]] = ()) -> dict:
+def loss_view_state(axes: Sequence[str], metric: str = "val_loss",
+                    verdicts_: Sequence[tuple[str, str]] = ()) -> dict:
     """The experiment page's state for LOSS_VIEW (the keys of MLflow 3.17's saved views)."""
     section, first = "k3lab-loss", "k3lab-difference"
     charts = list(dict.fromkeys([*FIRST_CHARTS[:2], metric, *FIRST_CHARTS[2:]]))
@@ -93,7 +94,8 @@ def loss_view_state(axes: Sequence[str], metric: str = "val_loss", verdicts_: Se
         "selectedColumns": columns, "columnOrder": columns, "columnWidths": {},
         "runsHiddenMode": "SHOW_ALL",  # the UI's default draws the first 10 runs only
         "compareRunCharts": [difference_chart(first), *(line_chart(name, section) for name in charts)],
-        "compareRunSections": [chart_section(first, difference_title(verdicts_)), chart_section(section, LOSS_SECTION)],
+        "compareRunSections": [chart_section(first, difference_title(verdicts_)),
+                               chart_section(section, LOSS_SECTION)],
         "viewMaximized": False, "runListHidden": False, "isAccordionReordered": True,
         "useGroupedValuesInCharts": False,  # every run its own lines, in its run colour
         "hideEmptyCharts": True,
@@ -169,7 +171,7 @@ def percent(value: float | None) -> str:
 
 def verdict_lines(parent_data, variant_order: Sequence[str] = ()) -> list[str]:
     """One line per compared variant from the parent's verdict tags and effect metrics (`k3lab report`),
-    in `variant_order`; "one pair, no interval" where there is none."""
+    in `variant_order`; "no interval: too few pairs" where there is none."""
     lines = []
     for name, verdict in parent_verdicts(parent_data, variant_order):
         effect = {p: parent_data.metrics.get(verdicts.effect_key(p, name))
@@ -212,9 +214,10 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axes: Sequence[str] 
                   variant_order: Sequence[str] = (), description: str | None = None, title: str | None = None,
                   state: str | None = None, next_steps: tuple[str, str] | None = None) -> None:
     """Write what the UI shows of a sweep: the experiment's kind, saved view and description, the
-    parent's description (`next_steps`: see `parent_note`), and a colour on every trial without one (variants in `variant_order`,
-    then any others, sorted). Idempotent; used when a sweep starts and ends, by `k3lab report`, and
-    by `k3lab ui` on stores made before these existed."""
+    parent's description (`next_steps`: see `parent_note`; a parent tagged stopped says so), and a
+    colour on every trial without one (variants in `variant_order`, then any others, sorted).
+    Idempotent; used when a sweep starts and ends, by `k3lab report`, and by `k3lab ui` on stores
+    made before these existed."""
     client = runs.client(tracking_uri)
     parent = client.get_run(parent_run_id)
     if state in (None, "KILLED") and parent.data.tags.get(runs.STATUS) == runs.STOPPED:

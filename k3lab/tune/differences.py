@@ -45,5 +45,6 @@ def log_seed_differences(tracking_uri: str, parent_run_id: str, seed: int, pairs
 
     records = [r for r in load_trials(tracking_uri, parent_run_id, curves=(metric,), seed=seed)
                if r.status == "FINISHED"]
-    verdicts.set_trial_tags(tracking_uri, outcome_tags(records, metric, mode, rise), {r.run_id: r.tags for r in records})
+    verdicts.set_trial_tags(tracking_uri, outcome_tags(records, metric, mode, rise),
+                            {r.run_id: r.tags for r in records})
     return verdicts.log_differences(tracking_uri, trial_differences(records, pairs, metric, mode, rise))
