@@ -414,3 +414,6 @@ def test_an_older_stores_trials_get_their_loss_under_loss_so_their_page_opens_on
         for name in ("train_loss", "val_loss", "tokens_per_s"):
             history = [(m.step, m.value) for m in client.get_metric_history(run_id, name)]
             assert [(m.step, m.value) for m in client.get_metric_history(run_id, PAGE_SECTIONS[name])] == history
+        metrics = client.get_run(run_id).data.metrics
+        assert "probe/attnres_entropy/L00" in metrics and "diag/attnres_entropy/L00" not in metrics  # after the loss
+        assert len(client.get_metric_history(run_id, "probe/attnres_entropy/L00")) == 3

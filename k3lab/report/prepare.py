@@ -114,10 +114,13 @@ def record_missing_verdicts(tracking_uri: str, skip: Collection[str] = ()) -> li
 
 def add_page_sections(tracking_uri: str, skip: Collection[str] = ()) -> int:
     """Copies of the loss and throughput histories under `loss/` and `perf/` for the trials that have
-    none (`k3lab.store.metrics.PAGE_SECTIONS`); returns how many trials got them."""
+    none (`k3lab.store.metrics.PAGE_SECTIONS`), and their diagnostics under older names moved under
+    `probe/` (`regroup_diagnostics`), so that a trial's page opens on its loss; returns how many
+    trials got them."""
     from mlflow.entities import Metric
 
-    from k3lab.store.metrics import PAGE_SECTIONS
+    from k3lab.store.metrics import PAGE_SECTIONS, regroup_diagnostics
+    from k3lab.store.tracking import sqlite_path
     from k3lab.store.verdicts import log_batches
 
     client, count = runs.client(tracking_uri), 0
@@ -129,6 +132,9 @@ def add_page_sections(tracking_uri: str, skip: Collection[str] = ()) -> int:
                       for m in client.get_metric_history(trial.info.run_id, name)]
             log_batches(client, trial.info.run_id, copies)
             count += bool(copies)
+        database = sqlite_path(tracking_uri)
+        if database is not None:
+            regroup_diagnostics(database, [t.info.run_id for t in trials])
     return count
 
 
