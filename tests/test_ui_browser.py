@@ -9,9 +9,9 @@ difference from the baseline and its interval (three lines in its colour), no ki
 view, and the view's group values the report's means; a trial's val_loss chart renders; its params
 say "off" for AttnRes off; the parent's report plots open as artifacts; the descriptions' links
 open under a mouse click at their centre; a trial of an older store opens on its loss; and a sweep
-whose driver runs is left exactly as it was by opening the UI on its store. Screenshots go to K3LAB_UI_SCREENSHOTS (docs/ui for
-the README: `K3LAB_UI_SCREENSHOTS=docs/ui python -m pytest tests/test_ui_browser.py`), else to
-the test's temporary folder.
+whose driver runs is left exactly as it was by opening the UI on its store. Screenshots go to
+K3LAB_UI_SCREENSHOTS (docs/ui for the README: `K3LAB_UI_SCREENSHOTS=docs/ui python -m pytest
+tests/test_ui_browser.py`), else to the test's temporary folder.
 
 Needs `playwright` (the test extra) and a `chromium` on PATH (`apt-get install chromium`; .ci/run
 installs it); Playwright never downloads a browser here. Without them the test skips and says why.

@@ -83,7 +83,7 @@ def trial_tags(records: list[TrialRecord], comparisons: list[stats.Comparison], 
 
 
 def variant_rows(records: list[TrialRecord], comparisons: list[stats.Comparison], curves: list[dict]) -> list[dict]:
-    """Per compared variant with pairs, what its variant run shows (`k3lab.store.verdicts.log_variant_runs`):
+    """Per compared variant with pairs, what its variant run shows (`store.log_variant_runs`):
     `variant_effects`' numbers, its colour (its trials' `mlflow.runColor`, else its place among the
     records, which come in the sweep file's order), and its mean difference and interval at every
     evaluation (`k3lab.report.family.curve_differences`, in %)."""
@@ -92,11 +92,14 @@ def variant_rows(records: list[TrialRecord], comparisons: list[stats.Comparison]
     rows = []
     for effect in variant_effects(comparisons):
         points = [row for row in curves if row["variant"] == effect["variant"] and row["relative"] is not None]
-        half = [row["relative_half_width"] for row in points]
-        rows.append(effect | {"colour": colour.get(effect["variant"]), "curve": [
-            (row["step"], row["relative"], *((None, None) if h is None else (row["relative"] - h, row["relative"] + h)))
-            for row, h in zip(points, half)]})
+        rows.append(effect | {"colour": colour.get(effect["variant"]), "curve": [curve_point(row) for row in points]})
     return rows
+
+
+def curve_point(row: dict) -> tuple[int, float, float | None, float | None]:
+    """(step, mean, low, high) in % of a `curve_differences` row; low and high None without an interval."""
+    mean, half = row["relative"], row["relative_half_width"]
+    return (row["step"], mean, *((None, None) if half is None else (mean - half, mean + half)))
 
 
 def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> None:

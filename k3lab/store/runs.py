@@ -43,7 +43,7 @@ COMMAND, RESUMED_WITH = "k3lab.command", "k3lab.resumed_with"  # on the parent r
 DRIVER = "k3lab.driver"  # on the parent run: host:pid of the process running the sweep (the last one)
 # on the parent run: "mps", "each node's own: why" or "time-slicing: why" (k3lab.runtime.mps)
 GPU_SHARING = "k3lab.gpu_sharing"
-STATUS = "k3lab.status"  # on the parent: running, finished, failed, killed, stopped (resumable), interrupted (driver died)
+STATUS = "k3lab.status"  # on the parent: running, finished, failed, killed, stopped (resumable), interrupted
 INTERRUPTED = "interrupted"
 STOPPED = "stopped"  # Ctrl-C, SIGTERM or --stop-after: its state saved, `--resume` continues it
 MAX_TAG = 5000  # characters kept of an error message
