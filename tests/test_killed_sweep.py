@@ -51,6 +51,20 @@ def test_a_part_killed_before_its_end_counts_in_the_parts_up_to_its_last_beat(tm
     metrics = client.get_run(run_id).data.metrics
     assert metrics["sweep_parts"] == 2 and metrics["sweep_parts_wall_s"] >= 30.0
     assert [m.step for m in client.get_metric_history(run_id, "resume_wall_s")] == [1]
+    assert metrics["sweep_wall_s"] == 30.0  # the killed first run's, from its last beat (docs/sweeps.md)
+
+
+def test_a_parts_time_counts_from_its_commands_start_not_from_its_parent_run(tmp_path, sweep_file, monkeypatch):
+    """A killed part counted 55.9 s where its driver ran ~75 s: Ray's start and the checks before
+    the parent run opened were not counted."""
+    monkeypatch.setattr(parent_module, "present", lambda *args, **kwargs: None)
+    run, run_id = resumable_run(tmp_path, sweep_file)
+    run.started = time.time() - 40.0  # the command started 40 s before its parent run opens
+    with ParentRun(run):
+        pass
+    beats = MlflowClient(run.tracking_uri).get_metric_history(run_id, PART_WALL)
+    assert beats and min(m.value for m in beats) >= 40.0
+    assert MlflowClient(run.tracking_uri).get_run(run_id).data.metrics["resume_wall_s"] >= 40.0
 
 
 def test_a_running_part_logs_its_wall_time_as_it_goes(tmp_path):
@@ -149,3 +163,24 @@ def test_a_trial_error_is_shown_without_rays_colour_codes(tmp_path):
     error_file.write_text("\x1b[36mray::ImplicitFunc.train()\x1b[39m\nValueError: lost\n")
     trial = type("Trial", (), {"error_file": str(error_file)})()
     assert error_text(trial) == "ray::ImplicitFunc.train()\nValueError: lost\n"
+
+
+def test_a_sweep_stopped_with_its_state_saved_says_stopped_resumable_not_killed(tmp_path, sweep_file, monkeypatch):
+    """A sweep stopped by --stop-after showed a red "Killed" parent and nothing else."""
+    from k3lab.store import runs
+    from k3lab.store.views import parent_note
+
+    shown = []
+    monkeypatch.setattr(parent_module, "present", lambda run, run_id, state=None: shown.append(state))
+    run, run_id = resumable_run(tmp_path, sweep_file)
+    run.tune_dir.mkdir(parents=True)
+    with pytest.raises(KeyboardInterrupt):
+        with ParentRun(run):
+            raise KeyboardInterrupt
+    parent = MlflowClient(run.tracking_uri).get_run(run_id)
+    assert parent.info.status == "KILLED" and parent.data.tags[runs.STATUS] == runs.STOPPED
+    assert shown[-1] == runs.STOPPED
+    note = parent_note("1", run_id, "x", [], "val_loss", state=runs.STOPPED,
+                       next_steps=("k3lab sweep x.yaml --resume", "k3lab report x.yaml --close"))
+    assert "**Stopped, resumable**: its state is saved; `k3lab sweep x.yaml --resume` continues it." in \
+        note.splitlines()

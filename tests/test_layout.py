@@ -1,6 +1,7 @@
 """The package's layout holds: one trial's training (`k3lab.train`) loads neither Ray, MLflow nor
 the sweep file parser."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,35 @@ def test_cli_imports_every_command_group_statically():
     elsewhere = [str(path.relative_to(REPO)) for path in sorted((REPO / "k3lab").rglob("*.py"))
                  if path.parent.name != "commands" and "def register(subparsers" in path.read_text()]
     assert not elsewhere, elsewhere
+
+
+def logic_lines(path: Path) -> int:
+    """Lines of code: not blank, not comments, not docstrings."""
+    import ast
+    import io
+    import tokenize
+
+    source = path.read_text()
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        first = body[0] if body and isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            docstrings.update(range(first.lineno, first.end_lineno + 1))
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    lines = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skip:
+            lines.update(set(range(token.start[0], token.end[0] + 1)) - docstrings)
+    return len(lines)
+
+
+def test_every_command_module_is_thin():
+    """A command parses, calls one function of a package and prints: under 120 lines of logic, no
+    thread or signal of its own, and MLflow's server app is not one (issue 71)."""
+    commands = sorted((REPO / "k3lab" / "commands").glob("*.py"))
+    heavy = {path.name: logic_lines(path) for path in commands if logic_lines(path) >= 120}
+    assert not heavy, heavy
+    threads = [path.name for path in commands if re.search(r"^import (threading|signal)$", path.read_text(), re.M)]
+    assert not threads, threads
+    assert not (REPO / "k3lab" / "commands" / "ui_app.py").exists()

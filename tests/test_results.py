@@ -501,7 +501,7 @@ def test_the_report_says_how_long_started_trials_waited_for_a_training_slot():
     assert slot_wait_lines([record(None)]) == []
 
 
-def test_a_dry_run_says_how_many_pairs_the_rule_takes_at_an_earlier_runs_spreads(paired_store, capsys):
+def test_a_dry_run_says_how_many_pairs_the_rule_takes_at_an_earlier_runs_spreads(paired_store, capsys, monkeypatch):
     """`k3lab sweep --dry-run` on a store that holds a run of the same sweep: the planning figure
     of that run's report, per comparison with two pairs or more, before any GPU time is spent."""
     import statistics
@@ -512,6 +512,7 @@ def test_a_dry_run_says_how_many_pairs_the_rule_takes_at_an_earlier_runs_spreads
 
     uri, _, tmp_path = paired_store
     file = str(Path(__file__).resolve().parents[1] / "experiments/attnres_block.yaml")
+    monkeypatch.setattr("k3lab.tune.driver.check_dry_run", lambda run: None)  # as on a GPU machine with FLA
     assert main(["sweep", file, "--profile", "gpu", "--dry-run", "--tracking-uri", uri,
                  "--storage", str(tmp_path / "runs")]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("earlier run"))
@@ -540,7 +541,8 @@ def test_a_sweep_that_ran_to_its_end_says_budget_though_its_parent_is_still_open
 
 
 @pytest.mark.parametrize("content, code", [(b"", 0), (b"not a database at all", 2)])
-def test_a_dry_run_leaves_an_empty_or_foreign_store_file_untouched(tmp_path, content, code, capsys):
+def test_a_dry_run_leaves_an_empty_or_foreign_store_file_untouched(tmp_path, content, code, capsys, monkeypatch):
+    monkeypatch.setattr("k3lab.tune.driver.check_dry_run", lambda run: None)  # as on a GPU machine with FLA
     store = tmp_path / "mlflow.db"
     store.write_bytes(content)
     file = str(Path(__file__).resolve().parents[1] / "experiments/attnres_block.yaml")

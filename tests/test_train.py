@@ -265,7 +265,7 @@ def test_train_set_num_layers_builds_the_same_model_as_a_sweep_base_with_it(tmp_
     """`--set num_layers=8` on tiny failed with "layer_types must have num_layers=8 entries, got 4": the
     preset's resolved schedule was carried over. It now reads the preset as written, as a sweep's base does."""
     from k3lab.cli import build_parser
-    from k3lab.commands.train import build_train_inputs
+    from k3lab.registry.train_inputs import build_train_inputs
     from k3lab.registry import load_sweep
 
     args = build_parser().parse_args(["train", "tiny", "--fidelity", "k3", "--set", "num_layers=8"])
@@ -291,7 +291,7 @@ def test_train_command_refuses_a_seed_torch_and_numpy_cannot_take(seed, capsys):
 
 
 def test_train_command_reads_a_learning_rate_with_an_exponent_as_a_number():
-    from k3lab.commands.train import parse_overrides
+    from k3lab.registry.train_inputs import parse_overrides
 
     assert parse_overrides(["train.lr=1e-3", "rms_norm_eps=1E-5", "train.dataset=1e3x"]) == (
         {"rms_norm_eps": 1e-5}, {"lr": 1e-3, "dataset": "1e3x"})

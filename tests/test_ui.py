@@ -51,8 +51,12 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
     envelope = json.loads(experiment.tags[views.SHARED_VIEW + views.LOSS_VIEW])
     state = views.unpack_state(envelope["state"])
     assert envelope["name"] == "Loss curves by variant"
-    assert [c["metricKey"] for c in state["compareRunCharts"]] == ["vs_baseline_pct", "train_loss", "val_loss",
+    assert [c["metricKey"] for c in state["compareRunCharts"]] == ["mean_pct", "train_loss", "val_loss",
                                                                     "tokens_per_s"]
+    assert state["compareRunCharts"][0]["selectedMetricKeys"] == ["mean_pct", "low_pct", "high_pct"]
+    assert state["searchFilter"] == "tags.`k3lab.counted` = 'true'"  # what the verdicts rest on, nothing else
+    assert state["selectedColumns"][:4] == ["tags.`k3lab.verdict`", "metrics.`verdict_pct`",
+                                            "metrics.`verdict_low_pct`", "metrics.`verdict_high_pct`"]
     assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
     assert state["runsHiddenMode"] == "SHOW_ALL" and state["useGroupedValuesInCharts"] is False
     note = experiment.tags[runs.NOTE]
@@ -67,6 +71,7 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
     assert parent_note.splitlines()[2] == "two variants"
     assert "#/metric/val_loss?runs=" in parent_note and all(r in parent_note for r in trials.values())
     assert f"Group by* the tag `{runs.VARIANT_NAME}`" in parent_note
+    assert ".." not in parent_note.replace("...", "")  # "is `final_val_loss`.." once
     views.present_sweep(uri, parent_run_id, axes=["attn_res_block_size"])  # again: the same, one view
     assert [k for k in client.get_experiment_by_name("mini").tags if k.startswith(views.SHARED_VIEW)] == \
         [views.SHARED_VIEW + views.LOSS_VIEW]
@@ -88,7 +93,7 @@ def test_a_sweep_of_named_variants_is_grouped_by_variant_name():
 
 
 def test_ui_app_starts_a_new_browser_in_model_training():
-    from k3lab.commands import ui_app
+    from k3lab import ui_app
 
     page = ui_app.flask_app.test_client().get("/")
     assert page.status_code == 200
@@ -100,7 +105,8 @@ def test_ui_app_starts_a_new_browser_in_model_training():
 
 
 def test_a_copied_compressed_store_opens_with_its_artifacts_and_report(tmp_path, capsys):
-    from k3lab.commands.ui import prepare_store, store_uri
+    from k3lab.commands.ui import store_uri
+    from k3lab.report.prepare import prepare_store
 
     origin = tmp_path / "origin"
     origin.mkdir()
@@ -307,7 +313,8 @@ def test_ui_and_report_give_a_stored_sweep_the_same_verdicts(tmp_path):
     not resolved, with the same intervals (the rebuilt report once called three of them better
     with per-comparison t-intervals, against the results' 'not resolved')."""
     from k3lab.cli import main
-    from k3lab.commands.ui import prepare_store, store_uri
+    from k3lab.commands.ui import store_uri
+    from k3lab.report.prepare import prepare_store
 
     class Args:
         store = str(Path(__file__).resolve().parents[1] / "docs/runs/attnres_block-gpu-paired-2026-12-02.db.xz")
@@ -330,7 +337,7 @@ def test_ui_and_report_give_a_stored_sweep_the_same_verdicts(tmp_path):
 
 
 def test_a_store_from_before_designs_gets_family_wise_intervals_in_the_ui(tmp_path):
-    from k3lab.commands.ui import rebuild_missing_reports
+    from k3lab.report.prepare import rebuild_missing_reports
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, _ = fake_sweep(uri, variants=("attnres_off", "attnres_bs1", "attnres_bs2"))
@@ -339,3 +346,74 @@ def test_a_store_from_before_designs_gets_family_wise_intervals_in_the_ui(tmp_pa
     summary = json.loads(Path(MlflowClient(uri).download_artifacts(parent, "report/summary.json")).read_text())
     assert (summary["design"]["rule"], summary["design"]["comparisons"]) == ("fixed", 2)
     assert summary["design"]["level"] == pytest.approx(0.025)  # Bonferroni over the 2 comparisons
+
+
+def sweep_snapshot(uri: str, experiment: str) -> dict:
+    """Everything of an experiment a viewer could write: its tags, and each run's status, tags,
+    metric histories and artifacts."""
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    snapshot = {"experiment": dict(found.tags)}
+    for run in client.search_runs([found.experiment_id]):
+        run_id = run.info.run_id
+        snapshot[run_id] = (run.info.status, run.info.artifact_uri, dict(run.data.tags),
+                            {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)]
+                             for k in run.data.metrics},
+                            [a.path for a in client.list_artifacts(run_id)])
+    return snapshot
+
+
+def test_k3lab_ui_never_writes_into_a_sweep_whose_driver_runs(tmp_path):
+    """Opened while a sweep ran, it rebuilt the report into the running parent's artifacts and
+    tagged a running trial `k3lab.verdict=not resolved`."""
+    from k3lab.report.prepare import prepare_store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    fake_sweep(uri, experiment="ended")
+    live, _ = fake_sweep(uri, experiment="live", parent_status="RUNNING")  # its driver: this process, alive
+    before = sweep_snapshot(uri, "live")
+    said = []
+    prepare_store(uri, say=said.append)
+    assert sweep_snapshot(uri, "live") == before
+    assert any("left 1 running sweep" in line for line in said), said
+    ended = MlflowClient(uri).get_experiment_by_name("ended")
+    assert views.SHARED_VIEW + views.LOSS_VIEW in ended.tags  # the ended sweep got what the UI needs
+
+
+def older_sweep(uri: str, experiment: str = "old") -> list[str]:
+    """A finished sweep of two trials as an older k3lab logged it (the plain metric names only);
+    returns its trials' run ids."""
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment(experiment)
+    parent = client.create_run(experiment_id, run_name=experiment, tags=runs.sweep_tags(
+        experiment, None, "0", "abc", "", f"k3lab sweep {experiment}.yaml", "attnres_off")).info.run_id
+    trials = []
+    for variant in ("attnres_off", "attnres_bs1"):
+        run_id = client.create_run(experiment_id, run_name=f"{variant}-s0", tags=runs.trial_tags(
+            f"id-{variant}", variant, 0) | {runs.PARENT: parent}).info.run_id
+        for step in (1, 2, 3):
+            for name in ("train_loss", "val_loss", "tokens_per_s"):
+                client.log_metric(run_id, name, 4.0 - step / 10 + (variant == "attnres_bs1") * 0.01, step=step)
+            client.log_metric(run_id, "diag/attnres_entropy/L00", 0.5, step=step)  # sorts before the loss
+        client.set_terminated(run_id, "FINISHED")
+        trials.append(run_id)
+    client.set_terminated(parent, "FINISHED")
+    return trials
+
+
+def test_an_older_stores_trials_get_their_loss_under_loss_so_their_page_opens_on_it(tmp_path):
+    """A trial page on the 2026-12-02 store opened on 23 diagnostics before its loss."""
+    from k3lab.report.prepare import prepare_store
+    from k3lab.store.metrics import PAGE_SECTIONS
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    trials = older_sweep(uri)
+    prepare_store(uri, say=lambda _: None)
+    client = MlflowClient(uri)
+    for run_id in trials:
+        for name in ("train_loss", "val_loss", "tokens_per_s"):
+            history = [(m.step, m.value) for m in client.get_metric_history(run_id, name)]
+            assert [(m.step, m.value) for m in client.get_metric_history(run_id, PAGE_SECTIONS[name])] == history
+        metrics = client.get_run(run_id).data.metrics
+        assert "probe/attnres_entropy/L00" in metrics and "diag/attnres_entropy/L00" not in metrics  # after the loss
+        assert len(client.get_metric_history(run_id, "probe/attnres_entropy/L00")) == 3

@@ -1,19 +1,23 @@
 """The MLflow UI in a real browser: Playwright driving Debian's chromium against `k3lab ui` on the
-store of a CPU mini sweep made here, clicking as a researcher would from the experiment list.
+store of a CPU mini sweep made here (3 seeds, and a killed trial added to it), clicking as a
+researcher would from the experiment list.
 
-Checks what issues 25 and 65 found wrong: the experiment opens in the training view (not GenAI's
-Overview) with the parent run; the loss curves of every trial, one colour per variant, are two
-clicks away (the test counts them), the first chart the difference from the baseline
-(`vs_baseline_pct`, the compared variant's series in its colour); a trial's val_loss chart renders;
-its params say "off" for AttnRes off; the parent's report plots open as artifacts; the
-descriptions' links open under a mouse click at their centre. Screenshots go to K3LAB_UI_SCREENSHOTS (docs/ui for
-the README: `K3LAB_UI_SCREENSHOTS=docs/ui python -m pytest tests/test_ui_browser.py`), else to
-the test's temporary folder.
+Checks what issues 25, 65 and 73 found wrong: the experiment opens in the training view (not
+GenAI's Overview) with the parent run; the loss curves of every counted trial, one colour per
+variant, are two clicks away (the test counts them), the first chart each compared variant's mean
+difference from the baseline and its interval (three lines in its colour), no killed trial in the
+view, and the view's group values the report's means; a trial's val_loss chart renders; its params
+say "off" for AttnRes off; the parent's report plots open as artifacts; the descriptions' links
+open under a mouse click at their centre; a trial of an older store opens on its loss; and a sweep
+whose driver runs is left exactly as it was by opening the UI on its store. Screenshots go to
+K3LAB_UI_SCREENSHOTS (docs/ui for the README: `K3LAB_UI_SCREENSHOTS=docs/ui python -m pytest
+tests/test_ui_browser.py`), else to the test's temporary folder.
 
 Needs `playwright` (the test extra) and a `chromium` on PATH (`apt-get install chromium`; .ci/run
 installs it); Playwright never downloads a browser here. Without them the test skips and says why.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -28,6 +32,7 @@ from pathlib import Path
 
 import pytest
 from conftest import mini_sweep, sweep_args
+from test_ui import fake_sweep, older_sweep, sweep_snapshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -54,22 +59,48 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory, data_dir):
-    """A CPU mini sweep (AttnRes off against block size 1, 8 steps) in its own folder."""
+    """A CPU mini sweep (AttnRes off against block size 1, 3 seeds, 8 steps) in its own folder, with
+    a killed trial of seed 3 added to it as a stopped sweep leaves one (a partial curve far off its
+    variant's), the report then written again; beside it in the store an older k3lab's sweep
+    (`older_sweep`) and a sweep whose driver runs (`fake_sweep`: this process drives it)."""
+    from mlflow import MlflowClient
+
     from k3lab.cli import main
+    from k3lab.store import runs
 
     folder = tmp_path_factory.mktemp("ui-sweep")
     sweep_file = folder / "mini.yaml"
-    sweep_file.write_text(mini_sweep("mini", "AttnRes off against block size 1 on a 2-layer tiny model"))
+    text = mini_sweep("mini", "AttnRes off against block size 1 on a 2-layer tiny model")
+    sweep_file.write_text(text.replace("seeds: [0]", "seeds: [0, 1, 2]"))
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
     os.environ["K3LAB_DATA_DIR"] = str(data_dir)
     try:
         assert main(sweep_args(folder, sweep_file)) == 0
+        client = MlflowClient(uri)
+        parent = runs.sweep_runs(uri)[0]
+        killed = client.create_run(parent.info.experiment_id, run_name="attnres_bs1-s3", tags=runs.trial_tags(
+            "killed", "attnres_bs1", 3) | {runs.PARENT: parent.info.run_id}).info.run_id
+        for step, value in ((4, 4.0), (8, 3.9)):
+            client.log_metric(killed, "val_loss", value, step=step)
+            client.log_metric(killed, "train_loss", value, step=step)
+        client.set_terminated(killed, "KILLED")
+        assert main(["report", str(sweep_file), "--storage", str(folder / "runs"), "--tracking-uri", uri,
+                     "--out", str(folder / "report")]) == 0
     finally:
         os.environ.pop("K3LAB_DATA_DIR", None)
+    older_sweep(uri)
+    fake_sweep(uri, experiment="live", parent_status="RUNNING")
     return folder
 
 
 @pytest.fixture(scope="module")
-def ui(swept):
+def live_before(swept):
+    """The running sweep's experiment as it was before `k3lab ui` opened the store."""
+    return sweep_snapshot(f"sqlite:///{swept / 'mlflow.db'}", "live")
+
+
+@pytest.fixture(scope="module")
+def ui(swept, live_before):
     """`k3lab ui` on the sweep's store at a free loopback port; stopped (its process group) at the end."""
     chromium = browser_or_skip()
     port = free_port()
@@ -108,11 +139,11 @@ def screenshot_folder(tmp_path) -> Path:
     return folder
 
 
-def store_ids(folder: Path) -> dict:
+def store_ids(folder: Path, name: str = "mini") -> dict:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("mini")
+    experiment = client.get_experiment_by_name(name)
     runs = client.search_runs([experiment.experiment_id])
     parent = next(r for r in runs if r.data.tags.get("k3lab.kind") == "sweep")
     trials = {r.info.run_name: r.info.run_id for r in runs if r.data.tags.get("k3lab.kind") == "trial"}
@@ -162,27 +193,33 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
             page.get_by_text(re.compile(r"^[1-9][0-9]* matching runs?$")).wait_for()  # the runs table has loaded
             page.screenshot(path=shots / "01-experiment-runs.png")
 
-            # one click more: the difference from the baseline first, then every trial's train_loss,
-            # val_loss and tokens_per_s, grouped by variant
+            # one click more: each variant's mean difference from the baseline and its interval first,
+            # then every counted trial's train_loss, val_loss and tokens_per_s, grouped by variant
             with context.expect_page() as opened:  # the description's links open a new tab
                 click_centre(view)
             clicks.append("'Loss curves by variant' in the experiment's description")
             charts = opened.value
             charts.get_by_text("Loss and throughput").wait_for()
-            expect(charts.get_by_text("Difference from the baseline").first).to_be_visible()
+            expect(charts.get_by_text("attnres_bs1 ", exact=False).first).to_be_visible()
             expect(charts.get_by_text("Group by: k3lab.variant_name")).to_be_visible()
             for name in ("attnres_off-s0", "attnres_bs1-s0"):  # the trials, without expanding the parent
                 expect(charts.get_by_role("link", name=name, exact=True)).to_be_visible()
+            assert charts.get_by_role("link", name="attnres_bs1-s3", exact=True).count() == 0  # the killed trial
             cards = charts.locator("[data-testid=experiment-view-compare-runs-card]")
             headings = cards.locator("h4").all_inner_texts()
-            assert headings[:4] == ["vs_baseline_pct", "train_loss", "val_loss", "tokens_per_s"], headings
-            cards.first.locator("path.js-line").first.wait_for()
+            assert headings[0].startswith("mean_pct") and headings[1:4] == ["train_loss", "val_loss",
+                                                                             "tokens_per_s"], headings
+            drawn = ("c => Array.from(c.querySelectorAll('path.js-line'), p => [p.style.stroke, "
+                     "p.style.strokeDasharray, p.getAttribute('d') || '']).filter(l => l[2].includes('L'))")
+            charts.wait_for_function(f"new Set(({drawn})(document.querySelector("
+                                     f"'[data-testid=experiment-view-compare-runs-card]')).map(l => l[2])).size >= 3")
             charts.wait_for_timeout(2000)  # every chart drawn
+            lines = {tuple(line) for line in cards.first.evaluate(drawn)}  # plotly draws each path twice
+            assert len(lines) == 3 and {stroke for stroke, _, _ in lines} == {rgb(colours["attnres_bs1"])}, lines
+            assert len({dash for _, dash, _ in lines}) == 3  # the mean solid, the interval's bounds dashed
             strokes_in = "c => Array.from(c.querySelectorAll('path.js-line'), p => p.style.stroke)"
-            first = set(cards.first.evaluate(strokes_in))
-            assert first == {rgb(colours["attnres_bs1"])}, first  # the compared variant's series, in its colour
             strokes = set(charts.evaluate("Array.from(document.querySelectorAll('path.js-line'), p => p.style.stroke)"))
-            assert strokes == {rgb(colours["attnres_off"]), rgb(colours["attnres_bs1"])}, strokes  # one per variant
+            assert strokes - {""} == {rgb(colours["attnres_off"]), rgb(colours["attnres_bs1"])}, strokes
             charts.screenshot(path=shots / "02-loss-curves-by-variant.png")
             cards.first.screenshot(path=shots / "06-difference-from-the-baseline.png")
             assert len(clicks) <= 2, clicks
@@ -233,3 +270,80 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
     (shots / "clicks.json").write_text(json.dumps({"from": "the experiment list", "to": "every trial's loss curves, "
                                                    "coloured by variant", "clicks": clicks}, indent=2) + "\n")
     print(f"clicks from the experiment list to the loss curves of every trial: {len(clicks)}: {clicks}")
+
+
+@contextlib.contextmanager
+def new_page(chromium: str):
+    """A page of a fresh browser (a first visit), closed at the end."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(viewport={"width": 1440, "height": 900})
+            context.set_default_timeout(TIMEOUT_MS)
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+def test_the_views_table_shows_the_reports_means_for_each_variant(ui, swept, tmp_path):
+    """Its group rows averaged killed trials too: bs4 +0.34% where the report said +0.95%."""
+    from mlflow import MlflowClient
+
+    from k3lab.report.prepare import report_options
+    from k3lab.report.summary import build_report
+    from k3lab.store import runs
+
+    base, chromium = ui
+    ids = store_ids(swept)
+    uri = f"sqlite:///{swept / 'mlflow.db'}"
+    parent = MlflowClient(uri).get_run(ids["parent"])
+    summary = build_report(uri, ids["parent"], record=False,
+                           **report_options(uri, parent, runs.trial_runs(uri, ids["parent"])))
+    means = {row["variant"]: row["val_loss_mean"] for row in summary["rows"]}
+    compared = summary["comparisons"][0]
+    with new_page(chromium) as page:
+        page.goto(base + "/#/experiments")
+        page.locator("main").get_by_role("link", name="mini", exact=True).first.click()
+        page.get_by_role("link", name="Loss curves by variant").wait_for()
+        page.goto(f"{base}/#/experiments/{ids['experiment']}/runs?viewStateShareKey=k3lab-loss-curves"
+                  f"&compareRunsMode=TABLE")
+
+        def group_value(variant: str, column: str) -> float:
+            cell = page.locator(f'[row-id="tag.k3lab.variant_name.{variant}"] [col-id="{column}"]').last
+            cell.wait_for()
+            return float(cell.inner_text().split()[0])
+
+        for variant, mean in means.items():
+            assert group_value(variant, "metrics.`val_loss`") == pytest.approx(mean, rel=1e-9), variant
+        assert group_value("attnres_bs1", "metrics.`verdict_pct`") == pytest.approx(
+            100 * compared.mean_diff / compared.baseline_mean, rel=1e-9)
+        headers = page.locator(".ag-header-cell[col-id]").evaluate_all("cs => cs.map(c => c.getAttribute('col-id'))")
+        assert headers.index("tags.`k3lab.verdict`") < headers.index("metrics.`val_loss`"), headers
+        page.screenshot(path=screenshot_folder(tmp_path) / "09-view-table.png")
+
+
+def test_an_older_stores_trial_page_opens_on_its_loss(ui, swept):
+    base, chromium = ui
+    ids = store_ids(swept, "old")
+    with new_page(chromium) as page:
+        page.goto(base + "/#/experiments")
+        page.wait_for_timeout(1000)
+        page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{ids['trials']['attnres_off-s0']}/model-metrics")
+        headers = page.locator("[data-testid=experiment-view-compare-runs-section-header]")
+        headers.first.wait_for()
+        sections = [text.split("\n")[0].strip() for text in headers.all_inner_texts()]
+        assert sections[:2] == ["loss", "perf"], sections
+
+
+def test_opening_the_ui_during_a_sweep_changes_nothing_in_its_store(ui, swept, live_before):
+    """`k3lab ui` rebuilt the report into a running parent's artifacts and tagged a running trial."""
+    base, chromium = ui
+    ids = store_ids(swept, "live")
+    with new_page(chromium) as page:
+        page.goto(base + "/#/experiments")
+        page.locator("main").get_by_role("link", name="live", exact=True).first.click()
+        page.wait_for_url(f"**/experiments/{ids['experiment']}/runs**")
+        page.get_by_text(re.compile(r"^[1-9][0-9]* matching runs?$")).wait_for()
+    assert sweep_snapshot(f"sqlite:///{swept / 'mlflow.db'}", "live") == live_before

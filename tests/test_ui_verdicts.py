@@ -9,6 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from k3lab.report.summary import build_report
 from k3lab.store import runs, verdicts
+from k3lab.store.colours import variant_colours
 from k3lab.store.tracking import MLflowTracker
 
 EVALS = (2, 4, 6)
@@ -156,20 +157,42 @@ def view_of(uri: str) -> dict:
     return views.unpack_state(json.loads(experiment.tags[views.SHARED_VIEW + views.LOSS_VIEW])["state"])
 
 
-def test_the_saved_views_first_chart_is_the_difference_against_tokens_in_its_own_first_section(tmp_path):
+def test_the_saved_views_first_chart_is_each_variants_mean_difference_and_interval_titled_with_its_verdict(tmp_path):
+    """It drew one line per trial, killed ones too, on a fixed -3..+3% axis, with no mean, interval or verdict."""
     from k3lab.store import views
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, _ = curve_sweep(uri)
+    summary = report(uri, parent)
     views.present_sweep(uri, parent, axes=["attn_res_block_size"], variant_order=["attnres_off", "attnres_bs1"])
     state = view_of(uri)
     first = state["compareRunCharts"][0]
-    assert first["metricKey"] == verdicts.VS_BASELINE
-    assert (first["xAxisKey"], first["selectedXAxisMetricKey"], first["useGlobalXaxisKey"]) == ("metric", "tokens",
-                                                                                               False)
-    assert first["range"] == {"yMin": -1.0, "yMax": 1.0}  # 1% is half the axis
+    assert first["selectedMetricKeys"] == list(verdicts.CURVE) and first["range"] == {}  # an axis that fits them
     assert state["compareRunSections"][0]["uuid"] == first["metricSectionId"]
-    assert state["compareRunSections"][0]["name"].startswith("Difference from the baseline")
+    title = state["compareRunSections"][0]["name"]
+    assert title.startswith(f"attnres_bs1 {summary['comparisons'][0].verdict} · Difference from the baseline")
+
+
+def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_evaluation(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, trials = curve_sweep(uri)
+    summary = report(uri, parent)
+    report(uri, parent)  # again: nothing twice
+    client = MlflowClient(uri)
+    run = verdicts.variant_runs(uri, parent)["attnres_bs1"]
+    assert set(verdicts.variant_runs(uri, parent)) == {"attnres_bs1"}  # the baseline is compared with nothing
+    assert run.info.run_id not in {t.info.run_id for t in runs.trial_runs(uri, parent)}  # not one of the trials
+    assert run.data.tags[runs.RUN_COLOR] == variant_colours(["attnres_off", "attnres_bs1"])["attnres_bs1"]
+    mean, low, high = ({m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+                       for key in verdicts.CURVE)
+    assert list(mean) == list(EVALS) and all(v == pytest.approx(-1.0) for v in mean.values())
+    assert all(low[step] < mean[step] < high[step] for step in EVALS)
+    parent_metrics = client.get_run(parent).data.metrics
+    for name, prefix in zip(verdicts.VERDICT_NUMBERS, (verdicts.VS_BASELINE, verdicts.VS_LOW, verdicts.VS_HIGH)):
+        assert run.data.metrics[name] == pytest.approx(parent_metrics[f"{prefix}/attnres_bs1"])
+        assert len(client.get_metric_history(run.info.run_id, name)) == 1
+    assert run.data.tags[verdicts.VERDICT] == summary["comparisons"][0].verdict
+    assert run.info.run_name.startswith(f"attnres_bs1: {summary['comparisons'][0].verdict}, -1.00% (-1.")
 
 
 def test_group_labels_name_variants_not_axis_values(tmp_path):
@@ -179,18 +202,55 @@ def test_group_labels_name_variants_not_axis_values(tmp_path):
         {"mode": "tag", "groupByData": runs.VARIANT_NAME}]
 
 
-def test_the_difference_charts_axis_widens_to_hold_every_variants_mean_difference(tmp_path):
-    from k3lab.store import views
-
-    assert views.difference_limit({"vs_baseline_pct/a": -2.4, "vs_baseline_low/a": -7.0, "val_loss": 9}) == 3.0
-    assert views.difference_limit({"vs_baseline_pct/a": 0.2, "vs_baseline_high/a": 4.0}) == 1.0
-
-
-def test_the_runs_table_shows_verdict_difference_and_outcome_columns():
+def test_the_runs_table_leads_with_the_verdict_and_its_numbers():
+    """They came last, cut off at the right edge."""
     from k3lab.store import views
 
     columns = views.loss_view_state(["attn_res_block_size"])["selectedColumns"]
-    assert columns[:3] == ["tags.`k3lab.verdict`", "metrics.`vs_baseline_pct`", "tags.`k3lab.outcome`"]
+    assert columns[:4] == ["tags.`k3lab.verdict`", "metrics.`verdict_pct`", "metrics.`verdict_low_pct`",
+                           "metrics.`verdict_high_pct`"]
+    assert views.loss_view_state([])["columnOrder"][:4] == columns[:4]
+
+
+def test_only_finished_trials_that_did_not_diverge_are_counted_and_shown(tmp_path):
+    """The view's averages took killed trials in: bs4 +0.34% where the report said +0.95%."""
+    def blows_up(variant, seed, step):
+        return 50.0 if (variant, seed, step) == ("attnres_bs1", 2, 6) else val_loss(variant, seed, step)
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, trials = curve_sweep(uri, status={("attnres_bs1", 0): "KILLED"}, values=blows_up)
+    report(uri, parent, rise=0.2)
+    client = MlflowClient(uri)
+    counted = {key: client.get_run(run_id).data.tags[verdicts.COUNTED] for key, run_id in trials.items()}
+    assert counted == {("attnres_off", 0): "true", ("attnres_off", 1): "true", ("attnres_off", 2): "true",
+                       ("attnres_bs1", 0): "false", ("attnres_bs1", 1): "true", ("attnres_bs1", 2): "false"}
+    experiment = client.get_run(parent).info.experiment_id
+    from k3lab.store import views
+
+    views.present_sweep(uri, parent, variant_order=["attnres_off", "attnres_bs1"])
+    shown = client.search_runs([experiment], view_of(uri)["searchFilter"])  # what the view shows
+    assert {r.info.run_id for r in shown} == {trials[k] for k, v in counted.items() if v == "true"} | {
+        verdicts.variant_runs(uri, parent)["attnres_bs1"].info.run_id}
+
+
+def test_the_verdict_lines_follow_the_files_order_and_say_when_there_is_no_interval(tmp_path):
+    """They were alphabetical, and a single pair's line read "(family-wise interval)" with none."""
+    from k3lab.store import views
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, _ = curve_sweep(uri, variants=("attnres_off", "attnres_full", "attnres_bs2"), seeds=(0,))
+    build_report(uri, parent, baseline="attnres_off", variant_order=["attnres_off", "attnres_full", "attnres_bs2"])
+    lines = views.verdict_lines(MlflowClient(uri).get_run(parent).data, ["attnres_off", "attnres_full", "attnres_bs2"])
+    assert [line.split("**")[1] for line in lines] == ["attnres_full", "attnres_bs2"]
+    assert all(line.endswith("(no interval: too few pairs)") for line in lines)
+
+
+def test_a_store_without_a_design_lists_variants_in_the_order_its_sweep_started_them(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent, _ = curve_sweep(uri, variants=("attnres_off", "attnres_full", "attnres_bs2"), seeds=(0,))
+    client = MlflowClient(uri)
+    assert runs.variant_order(uri, client.get_run(parent), runs.trial_runs(uri, parent)) == [
+        "attnres_off", "attnres_full", "attnres_bs2"]
 
 
 def test_the_parent_description_leads_with_its_links_and_names_each_variants_verdict(tmp_path):
@@ -207,7 +267,7 @@ def test_the_parent_description_leads_with_its_links_and_names_each_variants_ver
 
 
 def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refreshes_its_view(tmp_path):
-    from k3lab.commands.ui import prepare_store
+    from k3lab.report.prepare import prepare_store
     from k3lab.store import views
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -223,8 +283,9 @@ def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refres
     prepare_store(uri, say=said.append)
     assert any("verdicts" in line for line in said), said
     assert client.get_metric_history(trials[("attnres_bs1", 0)], verdicts.VS_BASELINE)
-    assert view_of(uri)["compareRunCharts"][0]["metricKey"] == verdicts.VS_BASELINE
+    assert view_of(uri)["compareRunCharts"][0]["selectedMetricKeys"] == list(verdicts.CURVE)
     assert "**attnres_bs1**: " in client.get_run(parent).data.tags[runs.NOTE]
+    assert "attnres_bs1" in verdicts.variant_runs(uri, parent)
     said.clear()
     prepare_store(uri, say=said.append)
     assert said == []  # nothing left to do
@@ -246,6 +307,7 @@ def test_the_sweeps_own_report_writes_the_differences_and_verdicts(tmp_path, swe
     assert parent.data.tags["k3lab.verdict.attnres_bs1"] == "not resolved"  # one seed: one pair
     assert "vs_baseline_pct/attnres_bs1" in parent.data.metrics
     assert {t.data.tags[verdicts.OUTCOME] for t in trial.values()} == {"finished"}
+    assert "attnres_bs1" in verdicts.variant_runs(uri, parent.info.run_id)
 
 
 def test_a_report_with_another_baseline_or_metric_leaves_the_stores_verdicts_alone(tmp_path, sweep_file):

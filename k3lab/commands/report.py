@@ -39,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_report(args) -> int:
     from k3lab.report.summary import build_report, print_summary
     from k3lab.tune.parent import present
+    from k3lab.tune.reporting import check_interrupted, find_parent_run, report_design
     from k3lab.runtime.preflight import check_tracking_server
 
     run = sweep_run_from_args(args)
@@ -46,9 +47,9 @@ def run_report(args) -> int:
     check_report_flags(args, run, out)
     check_tracking_server(run.tracking_uri)
     parent_run_id = find_parent_run(run)
-    options = report_design(args, run, parent_run_id)
+    options = report_design(run, parent_run_id, args.baseline, args.metric)
     console = wide_console()
-    state = check_interrupted(console, run, parent_run_id, close=args.close)
+    state = check_interrupted(console.print, run, parent_run_id, close=args.close)
     summary = build_report(run.tracking_uri, parent_run_id, out_dir=out, baseline=args.baseline or run.sweep.baseline,
                            record=not (args.baseline or args.metric), **options)  # the store keeps the sweep's own
     written = write_results_markdown(args, run, parent_run_id, summary) if args.markdown else None
@@ -58,33 +59,6 @@ def run_report(args) -> int:
     if written is not None:
         console.print(written, markup=False, highlight=False, soft_wrap=True)
     return 0
-
-
-def report_design(args, run, parent_run_id: str) -> dict:
-    """How the report compares the variants: as the sweep stored it with its parent run, so that
-    every view of one store gives the same verdicts; a store from before designs were stored gets
-    the file's (and keeps it). --baseline (every variant against one) and --metric change it for
-    this report only."""
-    import attrs
-
-    from k3lab.report.family import design_record
-    from k3lab.report.summary import stored_options
-    from k3lab.store.runs import write_design
-    from k3lab.tune.seeds import report_options
-
-    options = stored_options(run.tracking_uri, parent_run_id)
-    if options is None:
-        options = report_options(run.sweep)
-        with contextlib.suppress(Exception):  # a read-only store still gets its report
-            write_design(run.tracking_uri, parent_run_id, design_record(options, stored_by="report"))
-    if args.baseline:
-        pairs = {v: args.baseline for v in options["variant_order"] if v != args.baseline}
-        design = options.get("design")
-        options = options | {"baselines": pairs, "design": None if design is None else
-                             attrs.evolve(design, comparisons=len(pairs), level=None)}
-    if args.metric:
-        options = options | {"metric": args.metric}
-    return options
 
 
 def check_report_flags(args, run, out: Path) -> None:
@@ -150,77 +124,6 @@ def check_markdown(markdown: Path, experiment: str) -> None:
 def plots_folder(markdown: Path, experiment: str) -> Path:
     """Where the markdown's plots are copied: docs/results.md -> docs/results/<experiment>/."""
     return markdown.parent / markdown.stem / experiment
-
-
-def check_interrupted(console, run, parent_run_id: str, close: bool) -> str:
-    """The sweep's state (`k3lab.store.runs.sweep_state`): an interrupted one is said so on the
-    terminal and in the parent's `k3lab.status` tag, and ended with `close`."""
-    from k3lab.store import runs
-
-    parent = runs.get_run(run.tracking_uri, parent_run_id)
-    state = runs.sweep_state(parent, runs.trial_runs(run.tracking_uri, parent_run_id))
-    if close and parent.info.status != "RUNNING":
-        raise UserError(f"--close: the parent run {parent_run_id} of {run.experiment} has ended already "
-                        f"({parent.info.status}): nothing to close")
-    if close and state != runs.INTERRUPTED:
-        raise UserError(f"--close: the parent run {parent_run_id} of {run.experiment} is still running "
-                        f"(its driver {parent.data.tags.get(runs.DRIVER, '?')} is alive)")
-    if state != runs.INTERRUPTED or parent.info.status != "RUNNING":
-        return state
-    if close:
-        ended = runs.close_interrupted(run.tracking_uri, parent_run_id)
-        console.print(f"[yellow]interrupted: the parent run {parent_run_id} of {run.experiment} ended KILLED"
-                      + (f", with {ended} trials still marked running" if ended else ""))
-        return state
-    runs.mark_interrupted(run.tracking_uri, parent_run_id)
-    driver = parent.data.tags.get(runs.DRIVER)
-    console.print(f"[yellow]interrupted: the parent run {parent_run_id} of {run.experiment} is still RUNNING but "
-                  + (f"its driver ({driver}) is gone" if driver else "no trial has run for a while")
-                  + f"; `{run.hint('sweep', **{again_flag(run): True})}` {again_verb(run)}, "
-                  f"`{run.hint('report', close=True)}` ends it")
-    return state
-
-
-def check_store_to_read(run) -> None:
-    """A local SQLite store a report reads exists and holds MLflow's tables: MLflow opening a
-    missing or empty (0-byte) file, or one of other tables, would create its tables there (and
-    the file and its folder) before saying that the run is not in it."""
-    from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
-
-    store = sqlite_path(run.tracking_uri)
-    if store is None or holds_mlflow_runs(store):
-        return
-    what = f"no store at {store}" if not store.exists() else f"{store} holds no MLflow store"
-    raise UserError(f"{run.sweep.path}: {what} (--tracking-uri {run.tracking_uri})"
-                    + ("" if run.state_file.exists() else f", and no run of {run.experiment} under {run.storage}"))
-
-
-def stopped_before_trials(run) -> bool:
-    """Its state file but no Tune folder: killed before any trial started, nothing for --resume (`check_started`)."""
-    return run.state_file.exists() and not run.tune_dir.exists()
-
-
-def again_flag(run) -> str:
-    return "overwrite" if stopped_before_trials(run) else "resume"
-
-
-def again_verb(run) -> str:
-    return "starts it again" if stopped_before_trials(run) else "continues it"
-
-
-def find_parent_run(run) -> str:
-    """The sweep's parent run: from its state file under --storage, else the latest sweep run
-    of its experiment in the tracking store (a store copied from another machine)."""
-    from k3lab.store.runs import latest_sweep_run
-    from k3lab.store.state import check_parent_run
-
-    if run.state_file.exists():  # its own file and store checks, a damaged state file first
-        return check_parent_run(run.state_file, run.tracking_uri, run.hint("sweep", overwrite=True))
-    check_store_to_read(run)
-    run_id = latest_sweep_run(run.tracking_uri, run.experiment)
-    if run_id is None:
-        raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage} or in {run.tracking_uri}")
-    return run_id
 
 
 def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> str:

@@ -4,15 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.registry.commands import add_profile_argument
-from k3lab.registry.sections import duration_seconds
 
 STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
@@ -48,13 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.set_defaults(func=run_sweep_command)
 
 
-def wide_console():
-    """A console at least 120 columns wide, so summary tables do not wrap in logs."""
+def wide_console(**options):
+    """A console at least 120 columns wide, so summary tables do not wrap in logs, and that never
+    wraps a line of text (a printed command must stay one line to copy, also in a file)."""
     import shutil
 
     from rich.console import Console
 
-    return Console(width=max(120, shutil.get_terminal_size().columns))
+    return Console(width=max(120, shutil.get_terminal_size().columns), soft_wrap=True, **options)
 
 
 def sweep_run_from_args(args, **options):
@@ -71,49 +68,30 @@ def sweep_run_from_args(args, **options):
 
 
 def run_sweep_command(args) -> int:
-    from k3lab.registry.commands import print_plan, print_variant_table
+    from k3lab.commands.variants import measured_rates, print_packing
+    from k3lab.registry.commands import print_plan
     from k3lab.report.summary import print_summary
     from k3lab.runtime.sigterm import stop_on_sigterm
+    from k3lab.runtime.stopping import stop_after_seconds, stop_timer
     from k3lab.tune.driver import run_sweep
+    from k3lab.tune.run import check_options, next_steps
 
-    if args.max_concurrent is not None and args.max_concurrent < 1:
-        raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
-    if args.max_failures < 0:
-        raise UserError(f"--max-failures must be 0 or more (retries of a crashed trial), got {args.max_failures}")
-    if args.resume and args.overwrite:  # --overwrite would delete the very state --resume continues
-        raise UserError("--resume and --overwrite: pass one (--resume continues the earlier run, --overwrite "
-                        "discards it)")
-    stop_after = stop_after_seconds(args.stop_after)
+    check_options(args.max_concurrent, args.max_failures, args.resume, args.overwrite)
+    stop_after = stop_after_seconds(args.stop_after)  # a bad value: refused before anything starts
     run = sweep_run_from_args(args, address=args.address, resume=args.resume, overwrite=args.overwrite,
                               max_failures=args.max_failures, max_concurrent=args.max_concurrent,
                               kernel_cache_dir=args.kernel_cache, command=args.command_line, verbose=args.verbose)
     sweep = run.sweep
     console = wide_console()
-    from k3lab.commands.variants import measured_rates, print_packing
-
     print_plan(console, sweep, measured_rates(sweep, args.kernel_cache))
     if args.dry_run:
-
         print_packing(console, sweep, args.kernel_cache)
-        from k3lab.runtime.preflight import check_cpu_memory, check_inputs
-        from k3lab.tune.driver import sweep_preflight
+        return dry_run(console, run)
 
-        plan = sweep_preflight(run, progress=False)
-        check_inputs(plan.train, plan.models, plan.train_from)
-        if plan.local:
-            check_cpu_memory(plan.models, plan.train, plan.gpus)
-        print_variant_table(console, sweep)
-        console.print(f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), "
-                      f"Tune state in {run.tune_dir}, resources per trial {sweep.resources.tune_resources()}"
-                      + slots_clause(sweep.resources) + sharing_clause(run))
-        earlier = earlier_run_line(run)
-        if earlier:
-            console.print(earlier, markup=False, highlight=False, soft_wrap=True)
-        return 0
     def say(line: str) -> None:  # one line as it is: no markup, never wrapped
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    timer = stop_timer(stop_after)
+    timer = stop_timer(stop_after)  # --stop-after: SIGINT once its time has passed
     try:
         with stop_on_sigterm():  # a scheduler's SIGTERM stops it as Ctrl-C does
             summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
@@ -126,7 +104,24 @@ def run_sweep_command(args) -> int:
     print_summary(console, run.experiment, summary)
     for error in summary["errors"]:
         console.print(f"[red]trial error: {error}")
+    say(next_steps(run))
     return 1 if summary["errors"] else 0
+
+
+def dry_run(console, run) -> int:
+    """What the sweep would run, and where, after the checks the real sweep makes before it starts
+    anything (`check_dry_run`: a sweep that would be refused is refused here too, exit 2)."""
+    from k3lab.registry.commands import print_variant_table
+    from k3lab.tune.seeds import earlier_run_line
+    from k3lab.tune.driver import check_dry_run, dry_run_line
+
+    check_dry_run(run)
+    print_variant_table(console, run.sweep)
+    console.print(dry_run_line(run))
+    earlier = earlier_run_line(run)
+    if earlier:
+        console.print(earlier, markup=False, highlight=False)
+    return 0
 
 
 def stopped_sweep(args, run, on_time: bool) -> int:
@@ -152,94 +147,6 @@ def stopped_sweep(args, run, on_time: bool) -> int:
         print(f"{stopped} before its trials started: nothing to resume; give it more time", file=sys.stderr)
         return 1
     return STOPPED_ON_TIME
-
-
-def earlier_run_line(run) -> str | None:
-    """For a dry run of a sweep whose seeds policy asks a precision: what the latest run of its
-    experiment in this SQLite store says that precision takes per comparison, at the spreads that
-    run saw (a server store is not contacted: a dry run starts nothing and asks nobody)."""
-    from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
-
-    sweep, path = run.sweep, sqlite_path(run.tracking_uri)
-    if not (sweep.adaptive and sweep.seed_policy.until.rule != "max") or path is None or not holds_mlflow_runs(path):
-        return None
-    from k3lab.report.family import comparisons_for
-    from k3lab.report.sequential import pairs_needed_line
-    from k3lab.report.summary import load_trials
-    from k3lab.store.runs import latest_sweep_run
-    from k3lab.tune.seeds import design_of
-
-    metric = sweep.metric
-    try:
-        parent = latest_sweep_run(run.tracking_uri, run.experiment)
-        if parent is None:
-            return None
-        records = load_trials(run.tracking_uri, parent, curves=(metric.name,))  # the comparisons only, no report
-        comparisons = comparisons_for(records, dict(sweep.baselines), metric.name, metric.mode, design_of(sweep),
-                                      metric.last, rise=metric.diverged)
-    except Exception as error:  # an estimate only: a store it cannot read does not fail the dry run
-        return f"earlier run in this store: not read ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
-    return pairs_needed_line(comparisons, sweep.seed_policy.max, parent)
-
-
-def slots_clause(resources) -> str:
-    if resources.training_slots is None:
-        return ""
-    return (f"; at most {resources.training_slots} trials per GPU train at once, the others start up "
-            "and wait (resources.training_slots)")
-
-
-def sharing_clause(run) -> str:
-    """How trials that share a GPU will run on it (`k3lab.runtime.mps`), as the sweep would decide now."""
-    from k3lab.runtime.mps import sharing_plan
-
-    if not run.shares_gpus:
-        return ""
-    mps = run.sweep.resources.mps
-    kind, detail = sharing_plan(mps, run.on_cluster)
-    if kind == "yours":
-        return f"; trials on one GPU run side by side through the MPS daemon at {detail}"
-    if kind == "own":
-        return "; trials on one GPU run side by side through an MPS daemon of the sweep's own (resources.mps)"
-    if kind == "nodes":
-        return f"; trials on one GPU share it as their node has it ({detail})"
-    if mps:
-        return f"; resources.mps: true, but {detail}: the sweep would stop before its first trial"
-    return f"; trials on one GPU take turns on it ({detail})"
-
-
-def stop_after_seconds(value: str | None) -> float | None:
-    """--stop-after as seconds; a value that is not a positive duration is a one-line error."""
-    if value is None:
-        return None
-    seconds = duration_seconds(value)
-    if seconds is None or seconds <= 0:
-        raise UserError(f"--stop-after {value}: not a duration (e.g. 10m, 1h30m, 90s)")
-    return seconds
-
-
-class StopTimer(threading.Timer):
-    """Stops the sweep as Ctrl-C does (SIGINT to this process: Tune saves its state, running trials
-    are checkpointed and end KILLED, `--resume` goes on) once `seconds` have passed; `fired` is set
-    before the signal, so the handler that sees it knows it was the timer."""
-
-    def __init__(self, seconds: float):
-        self.fired = threading.Event()
-        super().__init__(seconds, self.stop)
-        self.daemon = True
-
-    def stop(self) -> None:
-        self.fired.set()
-        os.kill(os.getpid(), signal.SIGINT)
-
-
-def stop_timer(seconds: float | None) -> StopTimer | None:
-    """A started StopTimer for --stop-after, or None without one."""
-    if seconds is None:
-        return None
-    timer = StopTimer(seconds)
-    timer.start()
-    return timer
 
 
 def resume_command(args, run) -> str:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import yaml
-
 from k3lab.commands.sweep import TRACKING_HELP
 from k3lab.errors import UserError
 from k3lab.model.fidelity import FIDELITIES
@@ -33,77 +31,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                      "(for k3lab export)")
     train.add_argument("--verbose", action="store_true", help="MLflow's notices on the terminal, not in the log file")
     train.set_defaults(func=run_train)
-
-
-def parse_overrides(items: list[str]) -> tuple[dict, dict]:
-    """['hidden_size=128', 'train.steps=50'] -> ({'hidden_size': 128}, {'steps': 50}); values as YAML
-    (as sweep files read it: `1e-3` is a number)."""
-    from k3lab.registry.yamlfile import load_text
-
-    model, train = {}, {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"--set {item!r}: expected FIELD=VALUE")
-        try:
-            value = load_text(raw)
-        except yaml.YAMLError:
-            raise UserError(f"--set {item!r}: the value is not valid YAML") from None
-        if key.startswith("train."):
-            train[key.removeprefix("train.")] = value
-        else:
-            model[key] = value
-    return model, train
-
-
-def build_train_inputs(args):
-    import attrs
-
-    from k3lab.model.config import KimiK3Config, config_fields
-    from k3lab.registry import load_preset
-    from k3lab.registry.axes import apply_fidelity
-    from k3lab.registry.convert import structure
-    from k3lab.registry.fields import check_fields
-    from k3lab.registry.keypath import SpecError
-    from k3lab.registry.presets import model_fields
-    from k3lab.train.spec import TrainSpec
-
-    model_overrides, train_overrides = parse_overrides(args.overrides)
-    load_preset(args.model)  # a preset that does not validate is named in its own error
-    unknown = sorted(set(model_overrides) - set(config_fields()))
-    if unknown:
-        raise UserError(f"--set {unknown[0]}: not a KimiK3Config field (train fields are written train.NAME)")
-    try:  # typed as a sweep file's base overrides are (a float is a number, not any string)
-        model_overrides = check_fields(model_overrides, ())
-    except SpecError as error:
-        raise UserError(f"--set {error}") from None
-    fields = model_fields(args.model, Path.cwd())  # as written: a derived field (layer_types) follows --set num_layers
-    if args.fidelity:
-        fields |= apply_fidelity(args.fidelity, fields | model_overrides)
-    try:
-        config = KimiK3Config(**(fields | model_overrides))
-    except (ValueError, TypeError) as error:
-        raise UserError(f"--set: {error}") from None
-    train_fields = {f.name for f in attrs.fields(TrainSpec)}
-    unknown = sorted(set(train_overrides) - train_fields)
-    if unknown:
-        raise UserError(f"--set train.{unknown[0]}: not a train field ({', '.join(sorted(train_fields))})")
-    if not 0 <= args.seed <= SEED_MAX:
-        raise UserError(f"--seed: must be 0 .. {SEED_MAX}, got {args.seed}")
-    if args.steps is not None:
-        if args.steps < 1:
-            raise UserError(f"--steps: must be positive, got {args.steps}")
-        train_overrides["steps"] = args.steps
-    defaults = TrainSpec()
-    steps = train_overrides.get("steps")
-    if isinstance(steps, int):  # keep warmup and eval inside a short run (any other value: an error below)
-        train_overrides.setdefault("warmup_steps", min(defaults.warmup_steps, max(0, steps // 10)))
-        train_overrides.setdefault("eval_interval", min(defaults.eval_interval, steps))
-    try:  # as a sweep file's train section: typed strictly (a bool is true or false, not any string)
-        spec = structure(train_overrides, TrainSpec)
-    except SpecError as error:
-        raise UserError(f"--set {error.under('train')}") from None
-    return config, spec
 
 
 def parse_device(name: str | None):
@@ -149,12 +76,13 @@ def run_train(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from k3lab.registry.train_inputs import build_train_inputs
     from k3lab.store.state import default_storage, tracking_uri_or_default
     from k3lab.runtime.logs import library_logs
     from k3lab.runtime.preflight import run_preflight
     from k3lab.tune.trial import TrialSpec, run_trial
 
-    config, spec = build_train_inputs(args)
+    config, spec = build_train_inputs(args)  # checked: a mistake is one line, before anything starts
     tracking_uri = None if args.no_tracking else tracking_uri_or_default(args.tracking_uri)
     device = parse_device(args.device)
     log_file = None if args.verbose or tracking_uri is None else default_storage() / "train.log"

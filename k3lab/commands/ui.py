@@ -1,35 +1,24 @@
 """`k3lab ui [STORE]`: the MLflow UI on a k3lab store, opening on the science.
 
 STORE is a SQLite store (`mlflow.db`, the folder holding it, or a compressed `*.db.xz` such as
-those in docs/runs, unpacked first into --unpack-dir); default `--tracking-uri`, MLFLOW_TRACKING_URI
-or ./mlflow.db. Before the server starts, a local store is made to show what it holds:
-
-- its artifact locations (absolute paths in the database) point at the `mlartifacts/` beside it,
-  so a store copied from another machine shows its artifacts (`relocate_store_artifacts`);
-- a sweep whose parent run has no report artifacts (a store copied without `mlartifacts/`) gets
-  its report rebuilt from the store and logged to the parent run (plots, summary.json), and one
-  reported before k3lab wrote its verdicts into the store gets them (`k3lab.report.ui_verdicts`:
-  the differences from the baselines the view's first chart draws);
-- sweeps recorded before k3lab wrote the UI's current view and descriptions, or whose verdicts
-  were just written, get them (`k3lab.store.views.present_earlier_sweeps`);
-
-then `mlflow server --app-name k3lab` (`k3lab.commands.ui_app`: MLflow's app, starting a new
-browser in the "Model training" view) serves it.
+those in docs/runs, unpacked first into --unpack-dir: `k3lab.store.archive`); default
+`--tracking-uri`, MLFLOW_TRACKING_URI or ./mlflow.db. Before the server starts, a local store gets
+what the UI needs to show it (`k3lab.report.prepare`: never in a sweep whose driver runs); then
+`mlflow server --app-name k3lab` (`k3lab.ui_app`: MLflow's app, starting a new browser in the
+"Model training" view) serves it.
 """
 
 from __future__ import annotations
 
 import argparse
-import lzma
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from k3lab.errors import UserError
 
-APP_NAME, APP = "k3lab", "k3lab.commands.ui_app:app"
+APP_NAME, APP = "k3lab", "k3lab.ui_app:app"
 UI_CACHE = Path(os.environ.get("K3LAB_UI_DIR") or Path.home() / ".cache" / "k3lab" / "ui")  # unpacked stores
 
 
@@ -42,12 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ui.add_argument("--workers", type=int, help="server processes (default: MLflow's, 4)")
     ui.add_argument("--unpack-dir", help=f"where a *.db.xz is unpacked (default: {UI_CACHE}/<name>)")
     ui.add_argument("--no-prepare", action="store_true",
-                    help="serve the store as it is: no artifact relocation, no views or rebuilt reports")
+                    help="serve the store as it is: no artifact relocation, views or rebuilt reports")
     ui.set_defaults(func=run_ui)
 
 
 def store_uri(args) -> str:
     """The tracking URI of the store the arguments name (a *.db.xz unpacked first)."""
+    from k3lab.store.archive import unpack
     from k3lab.store.state import tracking_uri_or_default
 
     if args.store is None:
@@ -61,105 +51,6 @@ def store_uri(args) -> str:
         name = path.name.removesuffix(".xz").removesuffix(".db")
         path = unpack(path, Path(args.unpack_dir) if args.unpack_dir else UI_CACHE / name)
     return f"sqlite:///{path.resolve()}"
-
-
-def unpack(archive: Path, folder: Path) -> Path:
-    """`folder`/mlflow.db from a compressed store, kept while it is newer than the archive (it
-    then keeps what was added to it: rebuilt reports, views saved in the UI)."""
-    database = folder / "mlflow.db"
-    if database.exists() and database.stat().st_mtime >= archive.stat().st_mtime:
-        return database
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"--unpack-dir {folder}: is a file, not a folder")
-    created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        with lzma.open(archive) as source, tempfile.NamedTemporaryFile(dir=folder, delete=False) as target:
-            shutil.copyfileobj(source, target)
-    except (lzma.LZMAError, EOFError) as error:  # nothing left behind: the partial file, the folder made for it
-        Path(target.name).unlink(missing_ok=True)
-        if created:
-            shutil.rmtree(folder, ignore_errors=True)
-        raise UserError(f"{archive}: not a complete .xz archive ({error})") from None
-    os.replace(target.name, database)
-    print(f"unpacked {archive} to {database}")
-    return database
-
-
-def prepare_store(tracking_uri: str, say=print) -> None:
-    """What a local store needs before the UI shows it (see the module docstring)."""
-    from k3lab.store.tracking import artifact_folder_for, relocate_store_artifacts
-    from k3lab.store.views import present_earlier_sweeps
-
-    moved = relocate_store_artifacts(tracking_uri)
-    if moved:
-        say(f"pointed {moved} runs' artifact locations at {artifact_folder_for(tracking_uri)}")
-    rebuilt = rebuild_missing_reports(tracking_uri)
-    for parent_run_id, name in rebuilt:
-        say(f"rebuilt the report of {name} (parent run {parent_run_id}) from the store into its artifacts")
-    recorded = record_missing_verdicts(tracking_uri)
-    if recorded:
-        say(f"wrote the verdicts and differences from the baselines of {len(recorded)} sweeps into the store")
-    presented = present_earlier_sweeps(tracking_uri, refresh={run_id for run_id, _ in rebuilt} | set(recorded))
-    if presented:
-        say(f"added the current loss view and descriptions to {presented} sweeps")
-
-
-def rebuild_missing_reports(tracking_uri: str) -> list[tuple[str, str]]:
-    """Log a report (plots, summary.json) to every sweep's parent run that has none."""
-    from k3lab.report.summary import build_report, stored_options
-    from k3lab.store import runs
-
-    client = runs.client(tracking_uri)
-    rebuilt = []
-    for parent in runs.sweep_runs(tracking_uri):
-        run_id = parent.info.run_id
-        try:
-            if client.list_artifacts(run_id, "report"):
-                continue
-        except Exception:  # an artifact location this machine cannot read: nothing to add to
-            continue
-        trials = runs.trial_runs(tracking_uri, run_id)
-        if not trials:
-            continue
-        with tempfile.TemporaryDirectory() as folder:
-            summary = build_report(tracking_uri, run_id, out_dir=Path(folder),
-                                   **(stored_options(tracking_uri, run_id) or options_of_old_store(parent, trials)))
-            for path in summary["files"]:
-                client.log_artifact(run_id, str(path), "report")
-        rebuilt.append((run_id, client.get_experiment(parent.info.experiment_id).name))
-    return rebuilt
-
-
-def record_missing_verdicts(tracking_uri: str) -> list[str]:
-    """Write the verdicts (`k3lab.report.ui_verdicts`) of every sweep with a trial that has no outcome
-    tag (reported before k3lab wrote them); returns their parent run ids."""
-    from k3lab.report.summary import build_report, stored_options
-    from k3lab.store import runs
-    from k3lab.store.verdicts import OUTCOME
-
-    recorded = []
-    for parent in runs.sweep_runs(tracking_uri):
-        run_id = parent.info.run_id
-        trials = runs.trial_runs(tracking_uri, run_id)
-        if trials and any(OUTCOME not in t.data.tags for t in trials):
-            build_report(tracking_uri, run_id, **(stored_options(tracking_uri, run_id) or
-                                                  options_of_old_store(parent, trials)))
-            recorded.append(run_id)
-    return recorded
-
-
-def options_of_old_store(parent, trials: list) -> dict:
-    """`build_report` options for a store from before sweeps stored their design: its metric, every
-    variant against its one recorded baseline (family-wise Bonferroni t-intervals), variants sorted
-    with the baseline first. `k3lab report` with the sweep file stores the file's design instead."""
-    from k3lab.store import runs
-
-    baseline = parent.data.tags.get("k3lab.baseline") or None
-    metric, _, mode = parent.data.params.get("metric", "val_loss:min").partition(":")
-    names = sorted({runs.variant_of(t) for t in trials}, key=lambda n: (n != baseline, n))
-    return {"metric": metric, "mode": mode or "min", "baseline": baseline if baseline in names else None,
-            "variant_order": names}
 
 
 def app_entry_point() -> dict[str, str]:
@@ -217,6 +108,8 @@ def run_ui(args) -> int:
         raise UserError(f"{database}: not an MLflow store (no MLflow tables in it)")
     check_address(args.host, args.port)
     if not args.no_prepare and sqlite_path(uri) is not None:
+        from k3lab.report.prepare import prepare_store
+
         prepare_store(uri)
     command = server_command(args, uri)
     print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C to stop)", flush=True)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from k3lab.report import stats
 from k3lab.report.family import diverged_step, diverged_trials
 from k3lab.report.records import TrialRecord
+from k3lab.store import runs
+from k3lab.store.colours import variant_colours
 from k3lab.store import verdicts as store
 
 OUTCOMES = {"FINISHED": store.FINISHED, "KILLED": store.KILLED, "FAILED": store.FAILED, "RUNNING": store.RUNNING}
@@ -61,15 +63,43 @@ def trial_outcomes(records: list[TrialRecord], metric: str, mode: str = "min",
             for r in records}
 
 
+def outcome_tags(records: list[TrialRecord], metric: str, mode: str = "min",
+                 rise: float | None = None) -> dict[str, dict[str, str]]:
+    """{run id: {k3lab.outcome, k3lab.counted}}: counted (what the verdicts rest on, what the saved
+    view shows) when it finished and did not diverge."""
+    return {run_id: {store.OUTCOME: outcome, store.COUNTED: str(outcome == store.FINISHED).lower()}
+            for run_id, outcome in trial_outcomes(records, metric, mode, rise).items()}
+
+
 def trial_tags(records: list[TrialRecord], comparisons: list[stats.Comparison], metric: str, mode: str = "min",
                rise: float | None = None) -> dict[str, dict[str, str]]:
-    """{run id: {k3lab.outcome, and for a compared trial k3lab.verdict}}."""
+    """{run id: {k3lab.outcome, k3lab.counted, and for a compared trial k3lab.verdict}}."""
     verdict = {c.variant: c.verdict for c in comparisons}
-    tags = {run_id: {store.OUTCOME: outcome} for run_id, outcome in trial_outcomes(records, metric, mode, rise).items()}
+    tags = outcome_tags(records, metric, mode, rise)
     for record in records:
         if record.variant in verdict:
             tags[record.run_id][store.VERDICT] = verdict[record.variant]
     return tags
+
+
+def variant_rows(records: list[TrialRecord], comparisons: list[stats.Comparison], curves: list[dict]) -> list[dict]:
+    """Per compared variant with pairs, what its variant run shows (`store.log_variant_runs`):
+    `variant_effects`' numbers, its colour (its trials' `mlflow.runColor`, else its place among the
+    records, which come in the sweep file's order), and its mean difference and interval at every
+    evaluation (`k3lab.report.family.curve_differences`, in %)."""
+    colour = variant_colours(list(dict.fromkeys(r.variant for r in records)))
+    colour |= {r.variant: r.tags[runs.RUN_COLOR] for r in records if r.tags.get(runs.RUN_COLOR)}
+    rows = []
+    for effect in variant_effects(comparisons):
+        points = [row for row in curves if row["variant"] == effect["variant"] and row["relative"] is not None]
+        rows.append(effect | {"colour": colour.get(effect["variant"]), "curve": [curve_point(row) for row in points]})
+    return rows
+
+
+def curve_point(row: dict) -> tuple[int, float, float | None, float | None]:
+    """(step, mean, low, high) in % of a `curve_differences` row; low and high None without an interval."""
+    mean, half = row["relative"], row["relative_half_width"]
+    return (row["step"], mean, *((None, None) if half is None else (mean - half, mean + half)))
 
 
 def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> None:
@@ -79,6 +109,8 @@ def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> Non
     store.log_effects(tracking_uri, parent_run_id, variant_effects(summary["comparisons"]))
     store.set_trial_tags(tracking_uri, trial_tags(records, summary["comparisons"], metric, mode, rise),
                          {r.run_id: r.tags for r in records})
+    store.log_variant_runs(tracking_uri, parent_run_id,
+                           variant_rows(records, summary["comparisons"], summary.get("curves", [])))
     store.log_multipliers(tracking_uri, parent_run_id, [
         {"variant": m.variant, "pairs": m.pairs, "mean": m.estimate, "low": m.low, "high": m.high}
         for m in [*summary.get("multipliers", []), *summary.get("size_multipliers", [])]])

@@ -29,7 +29,8 @@ At each evaluation the full picture goes into table artifacts (MLflow's `log_tab
                                             expert's share of the routed tokens)
 
 Stores written before had the diagnostics under `diag/` (and before that `moe/L{i}/...`,
-`attnres/L{i}/{site}/c{k}`); nothing k3lab reports reads them.
+`attnres/L{i}/{site}/c{k}`), which sort before the loss; nothing k3lab reports reads them, and
+`regroup_diagnostics` moves them under `probe/` (`k3lab ui` on such a store).
 """
 
 from __future__ import annotations
@@ -42,6 +43,30 @@ MIXTURE_TABLE = PROBE + "/attnres_mixture/step_{step:06d}.json"
 LOAD_TABLE = PROBE + "/moe_load/step_{step:06d}.json"
 PAGE_SECTIONS = {"train_loss": "loss/train_loss", "val_loss": "loss/val_loss",  # loss < perf < probe
                  "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu"}
+
+
+PAGE_ORDER = ("loss/", "perf/", PROBE + "/")  # the sections a trial's metrics sit in, in the page's order
+
+
+def regroup_diagnostics(database, run_ids: list[str]) -> int:
+    """Rename the runs' metrics under another section than PAGE_ORDER's (an older store's `diag/X`,
+    `moe/...`, `attnres/...`) to `probe/X`, in the SQLite `database` (MLflow has no API to rename a
+    metric), so that their page opens on the loss. Returns the metric names renamed."""
+    import sqlite3
+
+    renamed = 0
+    with sqlite3.connect(database) as connection:
+        for run_id in run_ids:
+            keys = [key for (key,) in connection.execute(
+                "SELECT DISTINCT key FROM latest_metrics WHERE run_uuid = ?", (run_id,))]
+            for key in keys:
+                if "/" in key and not key.startswith(PAGE_ORDER):
+                    new = f"{PROBE}/{key.removeprefix('diag/')}"
+                    for table in ("metrics", "latest_metrics"):
+                        connection.execute(f"UPDATE {table} SET key = ? WHERE run_uuid = ? AND key = ?",
+                                           (new, run_id, key))
+                    renamed += 1
+    return renamed
 
 
 def with_page_sections(metrics: dict[str, float]) -> dict[str, float]:

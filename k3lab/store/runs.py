@@ -46,8 +46,9 @@ COMMAND, RESUMED_WITH = "k3lab.command", "k3lab.resumed_with"  # on the parent r
 DRIVER = "k3lab.driver"  # on the parent run: host:pid of the process running the sweep (the last one)
 # on the parent run: "mps", "each node's own: why" or "time-slicing: why" (k3lab.runtime.mps)
 GPU_SHARING = "k3lab.gpu_sharing"
-STATUS = "k3lab.status"  # on the parent run: running, finished, failed, killed, or interrupted (its driver died)
+STATUS = "k3lab.status"  # on the parent: running, finished, failed, killed, stopped (resumable), interrupted
 INTERRUPTED = "interrupted"
+STOPPED = "stopped"  # Ctrl-C, SIGTERM or --stop-after: its state saved, `--resume` continues it
 MAX_TAG = 5000  # characters kept of an error message
 # on the parent run: how its variants are compared (metric, baselines, statistical design), as JSON;
 # where it exceeds MLflow's tag limit, the artifact DESIGN_FILE holds it and the tag says so
@@ -214,7 +215,7 @@ def resume_tags(earlier: str | None, command: str) -> dict[str, str]:
 
 
 def end_tags(status: str) -> dict[str, str]:
-    """A parent run's `k3lab.status` as it ends: finished, failed or killed."""
+    """A parent run's `k3lab.status` as it ends: finished, failed, killed, or stopped (resumable)."""
     return {STATUS: status.lower()}
 
 
@@ -325,6 +326,20 @@ def sweep_runs(tracking_uri: str) -> list:
     experiments = [e.experiment_id for e in mlflow.search_experiments()]
     return mlflow.search_runs(experiments, f"tags.`{KIND}` = 'sweep'", order_by=["attributes.start_time DESC"],
                               max_results=MAX_RUNS) if experiments else []
+
+
+def variant_order(tracking_uri: str, parent, trials: list) -> list[str]:
+    """The sweep's variants in its file's order: as its stored design lists them (`write_design`),
+    else (a store from before designs were stored) the baseline first, then in the order their
+    first trials started, as the sweep started them."""
+    stored = (read_design(tracking_uri, parent) or {}).get("variant_order") or []
+    baseline = parent.data.tags.get("k3lab.baseline")
+    first: dict[str, int] = {}
+    for trial in trials:
+        name = variant_of(trial)
+        first[name] = min(first.get(name, trial.info.start_time or 0), trial.info.start_time or 0)
+    position = {name: i for i, name in enumerate(stored)}
+    return sorted(first, key=lambda n: (n not in position, position.get(n, 0), n != baseline, first[n], n))
 
 
 def swept_axes(trials: list) -> list[str]:

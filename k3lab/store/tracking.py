@@ -196,14 +196,6 @@ def relocate_artifacts(tracking_uri: str, experiment: str) -> int:
     return moved.rowcount
 
 
-def relocate_store_artifacts(tracking_uri: str) -> int:
-    """`relocate_artifacts` for every experiment of a local SQLite store; the runs moved."""
-    if sqlite_path(tracking_uri) is None:
-        return 0
-    names = [e.name for e in client(tracking_uri).search_experiments()]
-    return sum(relocate_artifacts(tracking_uri, name) for name in names)
-
-
 def forget_artifact_locations() -> None:
     """Drop MLflow's per-process cache of run artifact repositories (private, keyed by run id),
     which would keep the old locations in a process that used the store before it moved."""

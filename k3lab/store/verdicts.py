@@ -3,7 +3,15 @@
     trial run   vs_baseline_pct                (step: each evaluation) its value minus its baseline
                                                trial's of the same seed, in % of the baseline's
                 k3lab.outcome                  finished, killed, failed, diverged or running
+                k3lab.counted                  true where the verdicts rest on it (finished, not
+                                               diverged), else false: the saved view shows only these
                 k3lab.verdict                  its variant's verdict (compared trials only)
+    variant run mean_pct, low_pct, high_pct    (step: each evaluation) the variant's mean paired
+                                               difference at that evaluation, in % of the baseline's
+                                               mean there, and its family-wise interval's bounds
+                verdict_pct, verdict_low_pct,  (step: the pairs) the verdict's mean difference and
+                verdict_high_pct               interval, as on the parent
+                k3lab.verdict, k3lab.counted   its verdict; true
     parent run  vs_baseline_pct/<variant>      (step: the pairs it rests on) the mean paired
                 vs_baseline_low/<variant>      difference in % of the baseline's mean, and its
                 vs_baseline_high/<variant>     interval's bounds
@@ -11,6 +19,11 @@
                 compute_multiplier/<variant>   (step: the pairs it rests on) with a compute curve:
                 compute_multiplier_low/...     the variant's compute multiplier (`k3lab.report.compute`)
                 compute_multiplier_high/...    and its interval's bounds
+
+A variant run is one run per compared variant (`k3lab.kind` = variant, `k3lab.sweep_run` = the
+parent's id, its variant's name and colour; not nested, so the sweep's trials stay the parent's
+only children): the MLflow UI draws its three curves in its variant's colour, and its verdict
+numbers are its group's values in the runs table.
 
 `k3lab.report` computes them (`k3lab.report.ui_verdicts`); writing them again writes nothing new.
 """
@@ -28,6 +41,10 @@ VS_LOW, VS_HIGH = "vs_baseline_low", "vs_baseline_high"
 MULTIPLIER, MULTIPLIER_LOW, MULTIPLIER_HIGH = "compute_multiplier", "compute_multiplier_low", "compute_multiplier_high"
 VERDICT = "k3lab.verdict"  # on a trial: its variant's; on the parent, VERDICT + "." + variant
 OUTCOME = "k3lab.outcome"
+COUNTED = "k3lab.counted"  # "true" on the runs the saved view shows
+CURVE = ("mean_pct", "low_pct", "high_pct")  # a variant run's curves, at each evaluation
+VERDICT_NUMBERS = ("verdict_pct", "verdict_low_pct", "verdict_high_pct")  # its verdict's, at step = pairs
+VARIANT_KIND, SWEEP_RUN = "variant", "k3lab.sweep_run"
 FINISHED, KILLED, FAILED, DIVERGED, RUNNING = "finished", "killed", "failed", "diverged", "running"
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 
@@ -110,3 +127,50 @@ def set_trial_tags(tracking_uri: str, tags: dict[str, dict[str, str]], current: 
         for key, value in wanted.items():
             if have.get(key) != value:
                 client.set_tag(run_id, key, value)
+
+
+def variant_runs(tracking_uri: str, parent_run_id: str) -> dict[str, object]:
+    """{variant name: its variant run} of a sweep."""
+    client = runs.client(tracking_uri)
+    experiment = client.get_run(parent_run_id).info.experiment_id
+    found = client.search_runs([experiment], f"tags.`{runs.KIND}` = '{VARIANT_KIND}' and "
+                                             f"tags.`{SWEEP_RUN}` = '{parent_run_id}'", max_results=runs.MAX_RUNS)
+    return {runs.variant_of(run): run for run in found}
+
+
+def variant_run_name(row: dict) -> str:
+    """The variant run's name, what the chart's legend and the runs table show: its verdict and numbers."""
+    interval = f" ({row['low']:+.2f} to {row['high']:+.2f})" if row["low"] is not None else ""
+    return f"{row['variant']}: {row['verdict']}, {row['mean']:+.2f}%{interval}"
+
+
+def log_variant_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -> None:
+    """Per compared variant, {variant, colour, verdict, pairs, mean, low, high, curve: [(step, mean,
+    low, high)]} (in %; None: no value) on its variant run, made where it has none; a point logged
+    once is not logged again, a changed verdict number is logged anew."""
+    from mlflow.entities import Metric
+
+    client = runs.client(tracking_uri)
+    experiment = client.get_run(parent_run_id).info.experiment_id
+    existing = variant_runs(tracking_uri, parent_run_id)
+    now = int(time.time() * 1000)
+    for row in rows:
+        tags = {runs.KIND: VARIANT_KIND, SWEEP_RUN: parent_run_id, runs.VARIANT_NAME: row["variant"],
+                VERDICT: row["verdict"], COUNTED: "true"} | ({runs.RUN_COLOR: row["colour"]} if row["colour"] else {})
+        run, name = existing.get(row["variant"]), variant_run_name(row)
+        if run is None:
+            run = client.create_run(experiment, tags=tags, run_name=name)
+            client.set_terminated(run.info.run_id, "FINISHED")
+        run_id, have = run.info.run_id, run.data.tags
+        if run.info.run_name != name:
+            client.update_run(run_id, name=name)
+        for key, value in tags.items():
+            if have.get(key) != value:
+                client.set_tag(run_id, key, value)
+        logged = {m.step for m in client.get_metric_history(run_id, CURVE[0])}
+        metrics = [Metric(key, float(value), now, int(step)) for step, *values in row["curve"] if step not in logged
+                   for key, value in zip(CURVE, values) if value is not None]
+        metrics += [Metric(key, float(row[name]), now, int(row["pairs"]))
+                    for key, name in zip(VERDICT_NUMBERS, ("mean", "low", "high"))
+                    if row[name] is not None and run.data.metrics.get(key) != row[name]]
+        log_batches(client, run_id, metrics)

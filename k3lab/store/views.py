@@ -7,23 +7,25 @@ browser, per experiment, and shares it through saved views: an experiment tag
 listed under the page's "Views" button. (The UI leaves a view's `runsExpanded`, `runsPinned`,
 `runsHidden` and `runsVisibilityMap` out: nested trials are reached by grouping instead.)
 
-Every k3lab sweep's experiment gets one such view, LOSS_VIEW: the chart view, runs grouped by
-variant (the tag `k3lab.variant_name`, so group labels name variants) so the nested trials show
-without expanding the parent, each trial drawn in its own colour (`mlflow.runColor`: its
-variant's), all of them (not the UI's default first 10). Its first section is the answer: each
-compared trial's difference from its baseline trial (`vs_baseline_pct`, written by `k3lab report`:
-`k3lab.store.verdicts`) against tokens trained, on a y axis of +/- 1% widened to the variants'
-mean differences; then train_loss, val_loss and tokens_per_s. The experiment's description
-(shown above its runs) links to it and to the sweep's report plots; the parent run's description
-leads with its links (the UI's fold covers the lower lines of a long description), then each
-variant's verdict, and says how to compare.
+Every k3lab sweep's experiment gets one such view, LOSS_VIEW: the chart view of the runs the
+verdicts rest on (filtered on `k3lab.counted`: finished trials that did not diverge, and the
+sweep's variant runs; killed, failed and diverged trials are left out), grouped by variant (the tag
+`k3lab.variant_name`, so group labels name variants and the nested trials show without expanding
+the parent), each run drawn in its variant's colour (`mlflow.runColor`), all of them (not the
+UI's default first 10). Its first section is the answer, titled with each variant's verdict: per
+variant, its variant run's mean paired difference from the baseline at every evaluation and its
+family-wise interval's bounds (three lines in its colour: `k3lab.store.verdicts`, written by
+`k3lab report`); then train_loss, val_loss and tokens_per_s. Its table leads with the verdict and
+its numbers, so a group's values there are the report's. The experiment's description (shown
+above its runs) links to it and to the sweep's report plots; the parent run's description leads
+with its links (the UI's fold covers the lower lines of a long description), then each variant's
+verdict, and says how to compare.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import math
 import time
 import urllib.parse
 import zlib
@@ -36,8 +38,7 @@ SHARED_VIEW = "mlflow.sharedViewState."
 LOSS_VIEW, LOSS_VIEW_NAME = "k3lab-loss-curves", "Loss curves by variant"
 FIRST_CHARTS = ("train_loss", "val_loss", "tokens_per_s")  # the loss section, in this order
 LOSS_SECTION = "Loss and throughput"
-DIFFERENCE_SECTION = "Difference from the baseline, %"
-DIFFERENCE_LIMIT = 1.0  # % : the difference chart's y axis spans at least +/- this
+DIFFERENCE_SECTION = "Difference from the baseline, % (mean and family-wise interval)"
 REPORT_PLOT = "report/loss_curves.png"  # the parent run's artifact the links open (the report's folder beside it)
 
 
@@ -50,19 +51,27 @@ def line_chart(metric: str, section: str) -> dict:
             "ignoreOutliers": False, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True}
 
 
-def difference_chart(section: str, limit: float = DIFFERENCE_LIMIT) -> dict:
-    """The paired difference from the baseline against tokens trained, y within +/- limit."""
-    return line_chart(verdicts.VS_BASELINE, section) | {
-        "xAxisKey": "metric", "selectedXAxisMetricKey": "tokens", "useGlobalXaxisKey": False,
-        "range": {"yMin": -limit, "yMax": limit}}
+def difference_chart(section: str) -> dict:
+    """Each variant run's mean difference from the baseline and its interval's bounds (three lines in
+    its colour), against the evaluation step, on a y axis that fits them."""
+    return line_chart(verdicts.CURVE[0], section) | {
+        "selectedMetricKeys": list(verdicts.CURVE), "displayName": "mean difference from the baseline, % "
+                                                                   "(and its interval's bounds)"}
 
 
-def difference_limit(parent_metrics: dict) -> float:
-    """+/- DIFFERENCE_LIMIT, widened to whole % to hold every variant's mean difference on the parent
-    (not its interval: an interval of few pairs would squeeze the curves)."""
-    bounds = [abs(v) for k, v in parent_metrics.items()
-              if k.startswith(verdicts.VS_BASELINE + "/") and math.isfinite(v)]
-    return float(max(DIFFERENCE_LIMIT, math.ceil(max(bounds, default=0.0))))
+def difference_title(verdicts_: Sequence[tuple[str, str]]) -> str:
+    """The answer's section title: each variant's verdict, in the file's order (first, where the UI
+    cuts a long title short), then DIFFERENCE_SECTION."""
+    return " · ".join([*(f"{name} {verdict}" for name, verdict in verdicts_), DIFFERENCE_SECTION])
+
+
+def parent_verdicts(parent_data, variant_order: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """(variant, verdict) from the parent's verdict tags, in `variant_order` (then by name)."""
+    prefix = verdicts.VERDICT + "."
+    found = [key.removeprefix(prefix) for key in parent_data.tags if key.startswith(prefix)]
+    order = {name: i for i, name in enumerate(variant_order)}
+    found.sort(key=lambda name: (order.get(name, len(order)), name))
+    return [(name, parent_data.tags[prefix + name]) for name in found]
 
 
 def group_keys(axes: Sequence[str] = ()) -> list[dict]:
@@ -70,22 +79,25 @@ def group_keys(axes: Sequence[str] = ()) -> list[dict]:
     return [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
 
 
-def loss_view_state(axes: Sequence[str], metric: str = "val_loss", limit: float = DIFFERENCE_LIMIT) -> dict:
+def loss_view_state(axes: Sequence[str], metric: str = "val_loss",
+                    verdicts_: Sequence[tuple[str, str]] = ()) -> dict:
     """The experiment page's state for LOSS_VIEW (the keys of MLflow 3.17's saved views)."""
     section, first = "k3lab-loss", "k3lab-difference"
     charts = list(dict.fromkeys([*FIRST_CHARTS[:2], metric, *FIRST_CHARTS[2:]]))
-    columns = [f"tags.`{verdicts.VERDICT}`", f"metrics.`{verdicts.VS_BASELINE}`", f"tags.`{verdicts.OUTCOME}`"]
-    columns += [f"params.`axis.{axis}`" for axis in axes] + [
-        f"metrics.`{name}`" for name in dict.fromkeys([metric, "train_loss", "avg_tokens_per_s"])]
+    columns = [f"tags.`{verdicts.VERDICT}`", *(f"metrics.`{name}`" for name in verdicts.VERDICT_NUMBERS)]
+    columns += [f"metrics.`{name}`" for name in dict.fromkeys([metric, "train_loss"])]
+    columns += [f"params.`axis.{axis}`" for axis in axes] + ["metrics.`avg_tokens_per_s`", "params.`params.active`"]
     return {
-        "searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
+        "searchFilter": f"tags.`{verdicts.COUNTED}` = 'true'", "orderByKey": "attributes.start_time",
+        "orderByAsc": False, "startTime": "ALL",
         "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
-        "selectedColumns": columns + ["params.`params.active`"], "columnOrder": [], "columnWidths": {},
+        "selectedColumns": columns, "columnOrder": columns, "columnWidths": {},
         "runsHiddenMode": "SHOW_ALL",  # the UI's default draws the first 10 runs only
-        "compareRunCharts": [difference_chart(first, limit), *(line_chart(name, section) for name in charts)],
-        "compareRunSections": [chart_section(first, DIFFERENCE_SECTION), chart_section(section, LOSS_SECTION)],
+        "compareRunCharts": [difference_chart(first), *(line_chart(name, section) for name in charts)],
+        "compareRunSections": [chart_section(first, difference_title(verdicts_)),
+                               chart_section(section, LOSS_SECTION)],
         "viewMaximized": False, "runListHidden": False, "isAccordionReordered": True,
-        "useGroupedValuesInCharts": False,  # every trial its own line, in its run colour
+        "useGroupedValuesInCharts": False,  # every run its own lines, in its run colour
         "hideEmptyCharts": True,
         "groupBy": {"aggregateFunction": "average", "groupByKeys": group_keys(axes)}, "groupsExpanded": {},
         "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
@@ -147,10 +159,10 @@ def experiment_note(experiment_id: str, parent_run_id: str, title: str) -> str:
     return (f"**{title}** · [{LOSS_VIEW_NAME}]({view_link(experiment_id)}) · "
             f"[report plots of the latest sweep]({artifacts_link(experiment_id, parent_run_id, REPORT_PLOT)})\n\n"
             f"One parent run per sweep (the latest: `{parent_run_id}`), one nested run per trial. "
-            f"The view above: first each compared trial's difference from its baseline trial of the same seed "
-            f"(`{verdicts.VS_BASELINE}`, % of the baseline's value; below 0: lower), then every trial's "
-            f"train_loss, val_loss and tokens_per_s; one colour per variant, grouped by variant (also under "
-            f"*Views*).")
+            f"The view above shows the runs the verdicts rest on (finished trials that did not diverge): first "
+            f"each variant's mean difference from the baseline at every evaluation with its family-wise interval "
+            f"(% of the baseline's mean; below 0: lower), then every trial's train_loss, val_loss and "
+            f"tokens_per_s; one colour per variant, grouped by variant (also under *Views*).")
 
 
 def percent(value: float | None) -> str:
@@ -158,18 +170,15 @@ def percent(value: float | None) -> str:
 
 
 def verdict_lines(parent_data, variant_order: Sequence[str] = ()) -> list[str]:
-    """One line per compared variant from the parent's verdict tags and effect metrics (`k3lab report`)."""
-    prefix = verdicts.VERDICT + "."
-    found = [key.removeprefix(prefix) for key in parent_data.tags if key.startswith(prefix)]
+    """One line per compared variant from the parent's verdict tags and effect metrics (`k3lab report`),
+    in `variant_order`; "no interval: too few pairs" where there is none."""
     lines = []
-    order = {name: i for i, name in enumerate(variant_order)}
-    for name in sorted(found, key=lambda n: (order.get(n, len(order)), n)):
+    for name, verdict in parent_verdicts(parent_data, variant_order):
         effect = {p: parent_data.metrics.get(verdicts.effect_key(p, name))
                   for p in (verdicts.VS_BASELINE, verdicts.VS_LOW, verdicts.VS_HIGH)}
         interval = (f" ({percent(effect[verdicts.VS_LOW])} to {percent(effect[verdicts.VS_HIGH])})"
-                    if effect[verdicts.VS_LOW] is not None else "")
-        lines.append(f"**{name}**: {parent_data.tags[prefix + name]}, {percent(effect[verdicts.VS_BASELINE])}"
-                     f"{interval}")
+                    if effect[verdicts.VS_LOW] is not None else " (no interval: too few pairs)")
+        lines.append(f"**{name}**: {verdict}, {percent(effect[verdicts.VS_BASELINE])}{interval}")
     return lines
 
 
@@ -186,13 +195,16 @@ def parent_note(experiment_id: str, parent_run_id: str, description: str, axes: 
         links.insert(1, f"[every trial's {' and '.join(curves)} on one page]"
                         f"({metric_page_link(experiment_id, trial_run_ids, curves)})")
     lines = [" · ".join(links), ""]
+    if state == runs.STOPPED:  # MLflow calls it Killed, in red: above the fold, what it is
+        lines += [f"**Stopped, resumable**: its state is saved; `{next_steps[0]}` continues it.", ""]
     if verdicts_:  # one paragraph, above the fold
-        lines += [f"{metric} against the baseline, % (family-wise interval): " + " · ".join(verdicts_), ""]
+        lines += [f"{metric} against the baseline, % (family-wise interval where there are pairs enough): "
+                  + " · ".join(verdicts_), ""]
     lines += [description or "k3lab sweep", ""]
     if state == runs.INTERRUPTED:
         lines += [f"**Interrupted**: its driver stopped before the sweep ended; `{next_steps[0]}` "
                   f"continues it, `{next_steps[1]}` ends it.", ""]
-    lines += [how_to_compare(axes, metric) + "."]
+    lines += [how_to_compare(axes, metric)]
     return "\n".join(lines)
 
 
@@ -202,11 +214,14 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axes: Sequence[str] 
                   variant_order: Sequence[str] = (), description: str | None = None, title: str | None = None,
                   state: str | None = None, next_steps: tuple[str, str] | None = None) -> None:
     """Write what the UI shows of a sweep: the experiment's kind, saved view and description, the
-    parent's description (`next_steps`: see `parent_note`), and a colour on every trial without one (variants in `variant_order`,
-    then any others, sorted). Idempotent; used when a sweep starts and ends, by `k3lab report`, and
-    by `k3lab ui` on stores made before these existed."""
+    parent's description (`next_steps`: see `parent_note`; a parent tagged stopped says so), and a
+    colour on every trial without one (variants in `variant_order`, then any others, sorted).
+    Idempotent; used when a sweep starts and ends, by `k3lab report`, and by `k3lab ui` on stores
+    made before these existed."""
     client = runs.client(tracking_uri)
     parent = client.get_run(parent_run_id)
+    if state in (None, "KILLED") and parent.data.tags.get(runs.STATUS) == runs.STOPPED:
+        state = runs.STOPPED
     experiment_id = parent.info.experiment_id
     experiment = client.get_experiment(experiment_id)
     created = None
@@ -214,7 +229,7 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axes: Sequence[str] 
         created = json.loads(experiment.tags[SHARED_VIEW + LOSS_VIEW]).get("createdAt")
     title = title or f"k3lab sweep {experiment.name}"
     tags = {runs.EXPERIMENT_KIND: runs.MODEL_TRAINING, runs.NOTE: experiment_note(experiment_id, parent_run_id, title)}
-    view = loss_view_state(axes, metric, difference_limit(parent.data.metrics))
+    view = loss_view_state(axes, metric, parent_verdicts(parent.data, variant_order))
     tags |= saved_view_tag(LOSS_VIEW, LOSS_VIEW_NAME, view, created)
     for key, value in tags.items():
         if experiment.tags.get(key) != value:
@@ -244,29 +259,28 @@ def view_is_current(experiment_tags: dict) -> bool:
         charts = unpack_state(json.loads(envelope)["state"])["compareRunCharts"] if envelope else []
     except (ValueError, KeyError, TypeError, zlib.error):
         return False
-    return bool(charts) and charts[0].get("metricKey") == verdicts.VS_BASELINE
+    return bool(charts) and charts[0].get("selectedMetricKeys") == list(verdicts.CURVE)
 
 
-def present_earlier_sweeps(tracking_uri: str, refresh: Collection[str] = ()) -> int:
+def present_earlier_sweeps(tracking_uri: str, refresh: Collection[str] = (), skip: Collection[str] = ()) -> int:
     """`present_sweep` for the sweeps of experiments without the current loss view (stores from an
-    older k3lab) and for the parent runs in `refresh` (verdicts just recorded): axes from the
-    trials' params, the baseline's colour first. Returns how many."""
+    older k3lab) and for the parent runs in `refresh` (verdicts just recorded), never for those in
+    `skip` (sweeps whose driver runs): axes from the trials' params, variants in the sweep's order
+    (`k3lab.store.runs.variant_order`). Returns how many."""
     client = runs.client(tracking_uri)
     done, count = set(), 0
     for parent in reversed(runs.sweep_runs(tracking_uri)):  # oldest first: the latest ends in the description
         experiment_id = parent.info.experiment_id
-        if (experiment_id not in done and parent.info.run_id not in refresh
-                and view_is_current(client.get_experiment(experiment_id).tags)):
+        if parent.info.run_id in skip or (experiment_id not in done and parent.info.run_id not in refresh
+                                          and view_is_current(client.get_experiment(experiment_id).tags)):
             continue
         done.add(experiment_id)
         trials = runs.trial_runs(tracking_uri, parent.info.run_id)
-        baseline = parent.data.tags.get("k3lab.baseline")
-        names = sorted({runs.variant_of(t) for t in trials}, key=lambda n: (n != baseline, n))
         metric = parent.data.params.get("metric", "val_loss:min").split(":")[0]
         state = runs.sweep_state(parent, trials)
         if state == runs.INTERRUPTED and parent.info.status == "RUNNING":
             runs.mark_interrupted(tracking_uri, parent.info.run_id)
         present_sweep(tracking_uri, parent.info.run_id, axes=runs.swept_axes(trials), metric=metric,
-                      variant_order=names, state=state)
+                      variant_order=runs.variant_order(tracking_uri, parent, trials), state=state)
         count += 1
     return count

@@ -36,11 +36,15 @@ class DifferencesCallback(tune.Callback):
 
 def log_seed_differences(tracking_uri: str, parent_run_id: str, seed: int, pairs: dict[str, str], metric: str,
                          mode: str = "min", rise: float | None = None) -> int:
-    """`vs_baseline_pct` on the runs of seed `seed` whose pair has ended too; returns the points written."""
+    """`vs_baseline_pct` on the runs of seed `seed` whose pair has ended too, and on its finished
+    runs their outcome (`k3lab.counted`: the saved view shows them while the sweep runs); returns
+    the points written."""
     from k3lab.report.summary import load_trials
-    from k3lab.report.ui_verdicts import trial_differences
+    from k3lab.report.ui_verdicts import outcome_tags, trial_differences
     from k3lab.store import verdicts
 
     records = [r for r in load_trials(tracking_uri, parent_run_id, curves=(metric,), seed=seed)
                if r.status == "FINISHED"]
+    verdicts.set_trial_tags(tracking_uri, outcome_tags(records, metric, mode, rise),
+                            {r.run_id: r.tags for r in records})
     return verdicts.log_differences(tracking_uri, trial_differences(records, pairs, metric, mode, rise))

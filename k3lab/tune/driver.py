@@ -71,6 +71,53 @@ def sweep_preflight(run: SweepRun, progress: bool) -> Preflight:
                      train_from=f"{sweep.path}: ")
 
 
+def check_dry_run(run: SweepRun) -> None:
+    """The checks a sweep makes before it starts anything that need no store, data or Ray: its
+    inputs, and on a local instance this machine's GPUs, FLA and memory. A sweep these refuse is
+    refused by its dry run too, with the same message."""
+    from k3lab.runtime.preflight import check_cpu_memory, check_fla, check_gpus, check_inputs
+
+    plan = sweep_preflight(run, progress=False)
+    check_inputs(plan.train, plan.models, plan.train_from)
+    if plan.local:
+        check_gpus(plan.gpus, plan.gpus_from)
+        check_fla(plan.models, plan.gpus)
+        check_cpu_memory(plan.models, plan.train, plan.gpus)
+
+
+def dry_run_line(run: SweepRun) -> str:
+    """Where the sweep would log and keep its state, what a trial takes, and how trials would share a GPU."""
+    return (f"dry run: would log to {run.tracking_uri} (experiment {run.experiment}), Tune state in {run.tune_dir}, "
+            f"resources per trial {run.sweep.resources.tune_resources()}" + slots_clause(run.sweep.resources)
+            + sharing_clause(run))
+
+
+def slots_clause(resources) -> str:
+    if resources.training_slots is None:
+        return ""
+    return (f"; at most {resources.training_slots} trials per GPU train at once, the others start up "
+            "and wait (resources.training_slots)")
+
+
+def sharing_clause(run) -> str:
+    """How trials that share a GPU will run on it (`k3lab.runtime.mps`), as the sweep would decide now."""
+    from k3lab.runtime.mps import sharing_plan
+
+    if not run.shares_gpus:
+        return ""
+    mps = run.sweep.resources.mps
+    kind, detail = sharing_plan(mps, run.on_cluster)
+    if kind == "yours":
+        return f"; trials on one GPU run side by side through the MPS daemon at {detail}"
+    if kind == "own":
+        return "; trials on one GPU run side by side through an MPS daemon of the sweep's own (resources.mps)"
+    if kind == "nodes":
+        return f"; trials on one GPU share it as their node has it ({detail})"
+    if mps:
+        return f"; resources.mps: true, but {detail}: the sweep would stop before its first trial"
+    return f"; trials on one GPU take turns on it ({detail})"
+
+
 def sweep_models(sweep: Sweep) -> dict:
     """The models (KimiK3Config) the sweep's trials train, by label for messages ("x.yaml: variant a")."""
     return {f"{sweep.path}: variant {v.name}": v.config for v in sweep.valid_variants}

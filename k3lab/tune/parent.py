@@ -7,8 +7,9 @@
 
 However the block ends, the run ends with it: with `status`, or KILLED on Ctrl-C
 (or SIGTERM while Ray runs), or FAILED on any other exception. It logs the wall
-time of this invocation: `sweep_wall_s` for the first run, `resume_wall_s` (step
-1, 2, ... per resume) for each `--resume`, so the first run's time is kept, and
+time of this invocation (from its command's start, `SweepRun.started`): `sweep_wall_s` for the
+first run, `resume_wall_s` (step 1, 2, ... per resume) for each `--resume`, so the first run's time
+is kept (a first run killed before its end gets it from its last beat when resumed), and
 `sweep_parts_wall_s` / `sweep_parts`: the wall time of every invocation so far, summed,
 and how many there were (a sweep run in parts, as on preemptible nodes, took that long).
 While it runs, each invocation also logs its time so far as `sweep_part_wall_s` (step: the
@@ -49,7 +50,7 @@ def git_commit() -> str:
 
 
 PART_WALL = "sweep_part_wall_s"  # a part's wall time so far, at step = the part's number
-PART_BEAT_S = 10.0  # how often a running part logs it
+PART_BEAT_S = 5.0  # how often a running part logs it
 PART_WALLS = ("sweep_wall_s", "resume_wall_s", PART_WALL)  # what earlier parts logged of their time
 
 
@@ -108,14 +109,16 @@ class ParentRun:
         return self.tracker.run_id
 
     def __enter__(self) -> "ParentRun":
-        self.started = time.time()
+        self.started = self.run.started
         # a store copied from another folder or machine first gets its artifact locations moved here
         relocate_artifacts(self.run.tracking_uri, self.run.experiment)
         if self.run.resume:
             self.tracker = MLflowTracker(self.run.tracking_uri, self.run.parent_run_id())
             self.tracker.client.update_run(self.run_id, status="RUNNING")
-            self.earlier = earlier_parts({name: self.tracker.client.get_metric_history(self.run_id, name)
-                                          for name in PART_WALLS})
+            history = {name: self.tracker.client.get_metric_history(self.run_id, name) for name in PART_WALLS}
+            self.earlier = earlier_parts(history)
+            if not history["sweep_wall_s"] and 0 in self.earlier:  # the first run never reached its end
+                self.tracker.log_metrics({"sweep_wall_s": self.earlier[0]}, step=0)
             self.tracker.set_tags(runs.reopen_tags())  # this process drives it now (it may have been interrupted)
             record_resume_command(self.tracker, self.run.command)
         else:
@@ -129,11 +132,12 @@ class ParentRun:
         if error is None:
             self.end(self.status)
             return False
-        # Ctrl-C, or SIGTERM (Ray's driver turns it into SystemExit): stopped from outside
-        status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        # Ctrl-C, SIGTERM (Ray's driver turns it into SystemExit) or --stop-after: stopped from outside
+        stopped = isinstance(error, (KeyboardInterrupt, SystemExit))
+        resumable = stopped and self.run.state_file.exists() and self.run.tune_dir.exists()
         with contextlib.suppress(Exception):  # the sweep's own error is the one to show
             self.end_unfinished_trials()
-            self.end(status)
+            self.end("KILLED" if stopped else "FAILED", runs.STOPPED if resumable else None)
         return False
 
     def end_unfinished_trials(self) -> None:
@@ -154,8 +158,9 @@ class ParentRun:
         this_part_s = time.time() - self.started if this_part_s is None else this_part_s
         return sum(self.earlier.values()) + this_part_s, len(self.earlier) + 1
 
-    def end(self, status: str) -> None:
-        """Log this invocation's wall time and close the run with `status`."""
+    def end(self, status: str, state: str | None = None) -> None:
+        """Log this invocation's wall time and close the run with `status` (`state` STOPPED: stopped
+        and resumable, so its description and `k3lab.status` say so)."""
         wall = time.time() - self.started
         total, parts = self.parts_wall_s(wall)
         self.tracker.log_metrics({"sweep_parts_wall_s": total, "sweep_parts": float(parts)}, step=0)
@@ -164,8 +169,8 @@ class ParentRun:
         else:
             self.tracker.log_metrics({"sweep_wall_s": wall}, step=0)
         with contextlib.suppress(Exception):  # the UI's links to every trial: not worth failing the sweep for
-            present(self.run, self.run_id)
-        self.tracker.set_tags(runs.end_tags(status))
+            present(self.run, self.run_id, state)
+        self.tracker.set_tags(runs.end_tags(state or status))
         self.tracker.finish(status)
 
 

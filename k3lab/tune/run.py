@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from k3lab import hints
@@ -43,6 +44,7 @@ class SweepRun:
     command: str = ""  # the command line that ran it, recorded on the parent run for reports
     verbose: bool = False  # Ray's and MLflow's notices on the terminal instead of in `log_file`
     packing: Packing | None = None  # trials at once per GPU from their measured memory (`k3lab.runtime.memory`)
+    started: float = field(default_factory=time.time)  # when its command started: its part's time counts from here
 
     @property
     def experiment(self) -> str:
@@ -113,6 +115,28 @@ class SweepRun:
         if verb == "sweep":
             options["address"] = self.address or os.environ.get("RAY_ADDRESS") or None
         return options
+
+
+def check_options(max_concurrent: int | None, max_failures: int, resume: bool, overwrite: bool) -> None:
+    """`k3lab sweep`'s options that say how it runs, each in its range, and not both --resume and --overwrite."""
+    if max_concurrent is not None and max_concurrent < 1:
+        raise UserError(f"--max-concurrent must be at least 1, got {max_concurrent}")
+    if max_failures < 0:
+        raise UserError(f"--max-failures must be 0 or more (retries of a crashed trial), got {max_failures}")
+    if resume and overwrite:  # --overwrite would delete the very state --resume continues
+        raise UserError("--resume and --overwrite: pass one (--resume continues the earlier run, --overwrite "
+                        "discards it)")
+
+
+def next_steps(run: SweepRun) -> str:
+    """What to run after a sweep has ended: its report again, and the MLflow UI on its store (with
+    the options that point at them from this folder)."""
+    uri = run.tracking_uri
+    if uri.startswith(("http://", "https://")):
+        ui = f"open {uri} in a browser"
+    else:
+        ui = f"`{hints.command('ui', tracking_uri=None if uri == local_tracking_uri() else uri)}` opens it in MLflow"
+    return f"next: `{run.hint('report')}` prints this report again, {ui}"
 
 
 def local_tracking_uri() -> str:

@@ -166,3 +166,30 @@ def report_options(sweep) -> dict:
             "design": design_of(sweep), "last": metric.last, "rise": metric.diverged,
             "variant_order": [v.name for v in sweep.valid_variants], "compute": sweep.compute_curves,
             "compute_sizes": sweep.compute_sizes}
+
+
+def earlier_run_line(run) -> str | None:
+    """For a dry run of a sweep whose seeds policy asks a precision: what the latest run of its
+    experiment in this SQLite store says that precision takes per comparison, at the spreads that
+    run saw (a server store is not contacted: a dry run starts nothing and asks nobody)."""
+    from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
+
+    sweep, path = run.sweep, sqlite_path(run.tracking_uri)
+    if not (sweep.adaptive and sweep.seed_policy.until.rule != "max") or path is None or not holds_mlflow_runs(path):
+        return None
+    from k3lab.report.family import comparisons_for
+    from k3lab.report.sequential import pairs_needed_line
+    from k3lab.report.summary import load_trials
+    from k3lab.store.runs import latest_sweep_run
+
+    metric = sweep.metric
+    try:
+        parent = latest_sweep_run(run.tracking_uri, run.experiment)
+        if parent is None:
+            return None
+        records = load_trials(run.tracking_uri, parent, curves=(metric.name,))  # the comparisons only, no report
+        comparisons = comparisons_for(records, dict(sweep.baselines), metric.name, metric.mode, design_of(sweep),
+                                      metric.last, rise=metric.diverged)
+    except Exception as error:  # an estimate only: a store it cannot read does not fail the dry run
+        return f"earlier run in this store: not read ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+    return pairs_needed_line(comparisons, sweep.seed_policy.max, parent)
