@@ -33,6 +33,7 @@ from k3lab.train.spec import TrainSpec
 from k3lab.train.loop import fit
 from k3lab.train.trainer import FINISHED, TrainResult, Trainer
 from k3lab.tune.reporter import TrialReporter
+from k3lab.tune.system import with_system_metrics
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
                                  execution=trainer.execution())
         tracker.set_tags({runs.DEVICE: device_name(trainer.device)})
         tracker.log_params(data_params(trainer))
+        tracker = with_system_metrics(tracker, trainer.device)
         if started_at is not None:  # the part of startup_s before the first step, and its parts, at the
             tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, data_s),  # step it starts from
                                 state["step"] if state else trainer.step)
