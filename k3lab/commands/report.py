@@ -28,6 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "share in the --markdown section's timing; needs --markdown")
     report.add_argument("--baseline", help="the variant the others are compared against, paired by seed "
                                             "(default: the sweep file's baseline)")
+    report.add_argument("--also", action="append", default=[], metavar="STORE",
+                        help="another store with a sweep of this file (mlflow.db, its folder, a *.db.xz, or a "
+                             "tracking URI; repeatable): each comparison per sweep, side by side, and pooled over "
+                             "the distinct seeds")
     report.add_argument("--close", action="store_true",
                         help="end a sweep whose driver died: its parent run and the trials left RUNNING end KILLED "
                              "(--resume continues it instead)")
@@ -45,10 +49,13 @@ def run_report(args) -> int:
     check_tracking_server(run.tracking_uri)
     parent_run_id = find_parent_run(run)
     options = report_design(args, run, parent_run_id)
+    also = other_sweeps(args, run)  # before anything is written
     console = wide_console()
     state = check_interrupted(console, run, parent_run_id, close=args.close)
     summary = build_report(run.tracking_uri, parent_run_id, out_dir=out, baseline=args.baseline or run.sweep.baseline,
                            record=not (args.baseline or args.metric), **options)  # the store keeps the sweep's own
+    if also:
+        summary["across"] = report_across(run, summary, also, out)
     written = write_results_markdown(args, run, parent_run_id, summary) if args.markdown else None
     with contextlib.suppress(Exception):  # the UI's view and descriptions, as of now
         present(run, parent_run_id, state=state)
@@ -56,6 +63,47 @@ def run_report(args) -> int:
     if written is not None:
         console.print(written, markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def other_sweeps(args, run) -> list[tuple[str, str, str]]:
+    """--also: (label, tracking URI, parent run id) of each store's latest sweep of the experiment."""
+    from types import SimpleNamespace
+
+    from k3lab.commands.ui import store_uri
+    from k3lab.store.runs import latest_sweep_run
+
+    found = []
+    for store in args.also:
+        uri = store if "://" in store else store_uri(SimpleNamespace(store=store, tracking_uri=None, unpack_dir=None))
+        parent = latest_sweep_run(uri, run.experiment)
+        if parent is None:
+            raise UserError(f"--also {store}: no sweep of {run.experiment} in it")
+        found.append((label_of(store), uri, parent))
+    return found
+
+
+def report_across(run, summary: dict, also: list[tuple[str, str, str]], out: Path) -> dict:
+    """The comparisons of this store's sweep and of the --also stores' (`other_sweeps`), per sweep
+    and pooled (`k3lab.report.across`); written to `out`/across.json too."""
+    import json
+
+    from k3lab.report.across import Sweep, across_json, compare_across
+    from k3lab.report.summary import load_trials
+
+    metric = summary["metric"]
+    sweeps = [Sweep(label_of(run.tracking_uri), summary["records"])]
+    sweeps += [Sweep(label, load_trials(uri, parent, curves=("train_loss", metric))) for label, uri, parent in also]
+    rows = compare_across(sweeps, summary["pairs"], metric, summary["mode"], summary["design"], summary["last"],
+                          summary["rise"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "across.json").write_text(json.dumps(across_json(rows), indent=2, default=str))
+    return {"rows": rows, "sweeps": sweeps}
+
+
+def label_of(store: str) -> str:
+    """A store's name in the tables: its file (a folder's mlflow.db: the folder)."""
+    path = Path(store.removeprefix("sqlite:///"))
+    return path.parent.name if path.name == "mlflow.db" else path.name.removesuffix(".xz")
 
 
 def report_design(args, run, parent_run_id: str) -> dict:

@@ -105,6 +105,11 @@ def print_summary(console, experiment: str, summary: dict) -> None:
         console.print(sequential_table(summary["comparisons"], metric, summary["design"],
                                        title=f"{experiment}: {metric} against the baselines, paired by seed",
                                        extra=extra))
+    if summary.get("across"):
+        from k3lab.report.across import across_table
+
+        console.print(across_table(summary["across"]["rows"], summary["across"]["sweeps"], metric,
+                                   title=f"{experiment}: {metric} against the baselines, per sweep and pooled"))
     if summary.get("factorial"):
         from k3lab.report.factorial import factorial_table
 
