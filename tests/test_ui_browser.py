@@ -61,10 +61,12 @@ def swept(tmp_path_factory, data_dir):
     sweep_file = folder / "mini.yaml"
     sweep_file.write_text(mini_sweep("mini", "AttnRes off against block size 1 on a 2-layer tiny model"))
     os.environ["K3LAB_DATA_DIR"] = str(data_dir)
+    os.environ["K3LAB_SYSTEM_METRICS_S"] = "0.5"  # a few system samples in trials of seconds
     try:
         assert main(sweep_args(folder, sweep_file)) == 0
     finally:
         os.environ.pop("K3LAB_DATA_DIR", None)
+        os.environ.pop("K3LAB_SYSTEM_METRICS_S", None)
     return folder
 
 
@@ -233,3 +235,34 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
     (shots / "clicks.json").write_text(json.dumps({"from": "the experiment list", "to": "every trial's loss curves, "
                                                    "coloured by variant", "clicks": clicks}, indent=2) + "\n")
     print(f"clicks from the experiment list to the loss curves of every trial: {len(clicks)}: {clicks}")
+
+
+def test_a_trials_page_shows_its_system_metrics_and_the_corpus_it_trained_on(ui, swept, tmp_path):
+    """On a CPU sweep: the machine's CPU and memory and the trial process's own, on the run's System
+    metrics tab; the corpus among its datasets."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, chromium = ui
+    ids = store_ids(swept)
+    trial = ids["trials"]["attnres_bs1-s0"]
+    shots = screenshot_folder(tmp_path)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(viewport={"width": 1440, "height": 900})
+            context.set_default_timeout(TIMEOUT_MS)
+            page = context.new_page()
+            page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{trial}/system-metrics")
+            cards = page.locator("[data-testid=experiment-view-compare-runs-card]")
+            cards.first.wait_for()
+            page.wait_for_timeout(2000)  # every chart drawn
+            headings = " ".join(cards.locator("h4").all_inner_texts())
+            for name in ("cpu_utilization_percentage", "system_memory_usage_megabytes", "process_memory_megabytes"):
+                assert name in headings, headings
+            assert "gpu_" not in headings  # no GPU on this machine: none pretended
+            page.screenshot(path=shots / "09-trial-system-metrics.png")
+            page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{trial}")
+            expect(page.get_by_text("stdlib-byte").first).to_be_visible()  # its corpus, under Datasets
+            page.screenshot(path=shots / "10-trial-datasets.png")
+        finally:
+            browser.close()

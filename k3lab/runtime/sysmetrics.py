@@ -46,8 +46,10 @@ class HostMonitor:
     """The machine's CPU utilisation and memory, as MLflow's CPUMonitor reads them."""
 
     def __init__(self):
+        import psutil
         from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
 
+        psutil.cpu_percent()  # the first call starts the interval the next one measures (it returns 0)
         self.monitor = CPUMonitor()
 
     def collect(self) -> dict[str, float]:
