@@ -33,10 +33,12 @@ class SampledTracker:
         self.tracker.log_metrics(metrics | self.sampler.take(), step)
 
     def finish(self, status: str) -> None:
-        """Stop sampling and log a last sample (a trial shorter than the interval has one too), then finish."""
+        """Stop sampling and, for a finished trial, log a last sample (one shorter than the interval
+        has one too; a failed one's unsent steps were dropped for its restart to log), then finish."""
         self.sampler.stop()
-        self.sampler.sample()
-        self.tracker.log_metrics(self.sampler.take(), self.step)
+        if status == "FINISHED":
+            self.sampler.sample()
+            self.tracker.log_metrics(self.sampler.take(), self.step)
         self.tracker.finish(status)
 
     def __getattr__(self, name):  # everything else is the tracker's
