@@ -50,7 +50,8 @@ def main() -> None:
         "|---|---:|---:|---:|---:|",
         f"| {device.type} | {len(names)} | {1e3 * median:.3f} ms | {1e3 * worst:.3f} ms | {100 * median / every:.4f}% |",
     ])
-    body = f"{args.samples} samples of `SystemSampler.sample()`; metrics: {', '.join(n.removeprefix('system/') for n in names)}.\n\n{table}"
+    metrics = ", ".join(n.removeprefix("system/") for n in names)
+    body = f"{args.samples} samples of `SystemSampler.sample()`; metrics: {metrics}.\n\n{table}"
     print(body)
     if args.write:
         write_section("System metrics: the cost of a trial's sampling", body,

@@ -106,7 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
     parser.add_argument("--floors", type=Path, metavar="FILE", help="write the floors of the ranges to FILE")
     parser.add_argument("--extras", default="", help="with --floors: the extras whose floors count too")
+    parser.add_argument("--floor", metavar="NAME", help="print the lower bound pyproject gives NAME (torch: 2.9)")
     args = parser.parse_args(argv)
+    if args.floor:
+        found = [s.version for r in project_requirements() if canonical(r.name) == canonical(args.floor)
+                 for s in r.specifier if s.operator in (">=", "==", "~=")]
+        if not found:
+            print(f"pyproject.toml gives {args.floor} no lower bound", file=sys.stderr)
+            return 1
+        print(found[0])
+        return 0
     if args.floors:
         pins = floors({e for e in args.extras.split(",") if e})
         args.floors.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))

@@ -72,7 +72,8 @@ def cells(label: str, c: stats.Comparison) -> list[str]:
     relative = c.relative
     half = None if c.half_width is None or not c.baseline_mean else c.half_width / abs(c.baseline_mean)
     difference = "-" if c.mean_diff is None else f"{c.mean_diff:+.4f}"
-    percent = "-" if relative is None else f"{100 * relative:+.2f}%" + ("" if half is None else f" ± {100 * half:.2f}%")
+    percent = "-" if relative is None else (f"{100 * relative:+.2f}%"
+                                            + ("" if half is None else f" ± {100 * half:.2f}%"))
     return [label, str(c.pairs), difference, percent, c.verdict]
 
 
