@@ -4,6 +4,8 @@ compose images to install from (`pip install -c constraints.txt ...`, `k3lab bun
 
     python scripts/lock_versions.py            # rewrite constraints.txt from this environment
     python scripts/lock_versions.py --check    # exit 1 when constraints.txt differs from it
+    python scripts/lock_versions.py --floors FILE [--extras test]
+                                               # the lowest versions pyproject's ranges allow (CI's floors job)
 
 Left out: what each machine's platform supplies (torch and the CUDA libraries and Triton built
 for it) and k3lab's Docker-side tools (the `compose` extra). Run it in an environment installed
@@ -78,6 +80,22 @@ def installed_closure(roots: list[Requirement]) -> dict[str, str]:
     return found
 
 
+def floors(extras: set[str]) -> dict[str, str]:
+    """canonical name -> the lowest version the project's own requirements (base and `extras`) allow;
+    only requirements with a lower bound, the platform's left out."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    lines = list(project["dependencies"])
+    for extra in sorted(extras):
+        lines += project["optional-dependencies"][extra]
+    out: dict[str, str] = {}
+    for requirement in map(Requirement, lines):
+        name = canonical(requirement.name)
+        lows = [s.version for s in requirement.specifier if s.operator in (">=", "==", "~=")]
+        if lows and not PLATFORM.match(name):
+            out[name] = max(lows, key=lambda v: tuple(int(p) for p in re.findall(r"\d+", v)))
+    return out
+
+
 def render(versions: dict[str, str]) -> str:
     pins = [f"{name}=={version}" for name, version in sorted(versions.items())]
     return HEADER + "\n".join(pins) + "\n"
@@ -86,7 +104,23 @@ def render(versions: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    parser.add_argument("--floors", type=Path, metavar="FILE", help="write the floors of the ranges to FILE")
+    parser.add_argument("--extras", default="", help="with --floors: the extras whose floors count too")
+    parser.add_argument("--floor", metavar="NAME", help="print the lower bound pyproject gives NAME (torch: 2.9)")
     args = parser.parse_args(argv)
+    if args.floor:
+        found = [s.version for r in project_requirements() if canonical(r.name) == canonical(args.floor)
+                 for s in r.specifier if s.operator in (">=", "==", "~=")]
+        if not found:
+            print(f"pyproject.toml gives {args.floor} no lower bound", file=sys.stderr)
+            return 1
+        print(found[0])
+        return 0
+    if args.floors:
+        pins = floors({e for e in args.extras.split(",") if e})
+        args.floors.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))
+        print(f"{args.floors}: {len(pins)} floors")
+        return 0
     text = render(installed_closure(project_requirements()))
     if args.check:
         if CONSTRAINTS.read_text() != text:

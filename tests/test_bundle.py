@@ -347,8 +347,13 @@ def test_parse_constraints_reads_pip_constraints_files_and_names_a_bad_line(tmp_
 
 
 def test_the_manifest_records_the_constraints_the_bundled_wheels_were_held_to(tmp_path):
-    options, manifest = fake_bundle(tmp_path, constraints={"click": "==8.5.1", "attrs": "==26.1.0", "zz": "==1"})
+    index = {"ray": {"2.60.0": ["click>=7"]}, "click": {"8.5.1": []}, "cattrs": {"26.2.1": ["attrs>=25.4"]},
+             "attrs": {"26.1.0": [], "25.4.0": []}}
+    options, manifest = fake_bundle(tmp_path, index=index,
+                                    constraints={"click": "==8.5.1", "attrs": "==25.4.0", "zz": "==1"})
     assert manifest["constraints"] == {"click": "==8.5.1"}  # attrs is the target's, zz not bundled
+    spare = next(e for e in manifest["files"] if e.get("spare_for"))  # at the pinned version, installed only
+    assert (spare["name"], spare["version"], spare["spare_for"]) == ("attrs", "25.4.0", ">=25.4")  # below the need
 
 
 def test_unresolvable_requirement_is_a_user_error(tmp_path):

@@ -120,3 +120,27 @@ def test_a_store_written_with_the_bundles_mlflow_opens_with_this_install(tmp_pat
     client = runs.client(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("bundle").experiment_id])
     assert run.data.metrics["val_loss"] == 3.25 and run.info.status == "FINISHED"
+
+
+def test_ci_runs_the_triton_kernels_at_both_ends_of_the_gpu_extras_range():
+    import re
+
+    triton = next(r for r in project_requirements() if r.name == "triton")
+    ci = (ROOT / ".ci/run").read_text()
+    ends = [Version(v) for v in re.search(r"for triton in ([\d. ]+); do", ci).group(1).split()]
+    assert all(triton.specifier.contains(v) for v in ends)
+    floor = Version(next(s.version for s in triton.specifier if s.operator == ">="))
+    ceiling = Version(next(s.version for s in triton.specifier if s.operator == "<"))
+    assert (ends[0].major, ends[0].minor) == (floor.major, floor.minor)  # the floor's release line
+    assert (ends[-1].major, ends[-1].minor + 1) == (ceiling.major, ceiling.minor)  # the last line below the cap
+
+
+def test_the_floors_are_the_lower_bounds_of_the_ranges(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lock_versions", ROOT / "scripts/lock_versions.py")
+    lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lock)
+    floors = lock.floors(set())
+    assert floors["mlflow"] == "3.9.0" and floors["ray"] == "2.51" and "torch" not in floors
+    assert "numpy" not in floors  # no lower bound: nothing to pin

@@ -74,6 +74,7 @@ def swept(tmp_path_factory, data_dir):
     sweep_file.write_text(text.replace("seeds: [0]", "seeds: [0, 1, 2]"))
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     os.environ["K3LAB_DATA_DIR"] = str(data_dir)
+    os.environ["K3LAB_SYSTEM_METRICS_S"] = "0.5"  # a few system samples in trials of seconds
     try:
         assert main(sweep_args(folder, sweep_file)) == 0
         client = MlflowClient(uri)
@@ -88,6 +89,7 @@ def swept(tmp_path_factory, data_dir):
                      "--out", str(folder / "report")]) == 0
     finally:
         os.environ.pop("K3LAB_DATA_DIR", None)
+        os.environ.pop("K3LAB_SYSTEM_METRICS_S", None)
     older_sweep(uri)
     fake_sweep(uri, experiment="live", parent_status="RUNNING")
     return folder
@@ -347,3 +349,27 @@ def test_opening_the_ui_during_a_sweep_changes_nothing_in_its_store(ui, swept, l
         page.wait_for_url(f"**/experiments/{ids['experiment']}/runs**")
         page.get_by_text(re.compile(r"^[1-9][0-9]* matching runs?$")).wait_for()
     assert sweep_snapshot(f"sqlite:///{swept / 'mlflow.db'}", "live") == live_before
+
+
+def test_a_trials_page_shows_its_system_metrics_and_the_corpus_it_trained_on(ui, swept, tmp_path):
+    """On a CPU sweep: the machine's CPU and memory and the trial process's own, on the run's System
+    metrics tab; the corpus among its datasets."""
+    from playwright.sync_api import expect
+
+    base, chromium = ui
+    ids = store_ids(swept)
+    trial = ids["trials"]["attnres_bs1-s0"]
+    shots = screenshot_folder(tmp_path)
+    with new_page(chromium) as page:
+        page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{trial}/system-metrics")
+        cards = page.locator("[data-testid=experiment-view-compare-runs-card]")
+        cards.first.wait_for()
+        page.wait_for_timeout(2000)  # every chart drawn
+        headings = " ".join(cards.locator("h4").all_inner_texts())
+        for name in ("cpu_utilization_percentage", "system_memory_usage_megabytes", "process_memory_megabytes"):
+            assert name in headings, headings
+        assert "gpu_" not in headings  # no GPU on this machine: none pretended
+        page.screenshot(path=shots / "10-trial-system-metrics.png")
+        page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{trial}")
+        expect(page.get_by_text("stdlib-byte").first).to_be_visible()  # its corpus, under Datasets
+        page.screenshot(path=shots / "11-trial-datasets.png")

@@ -16,5 +16,5 @@ from k3lab.bundle.wheels import WheelInfo, slim_wheel
 from k3lab.errors import UserError
 
 __all__ = ["BundleOptions", "Fetcher", "Resolver", "Target", "UserError", "WheelInfo", "build_bundle", "check_size",
-           "install_script", "parse_constraints", "parse_excludes", "parse_size", "prepare_out_dir", "run", "slim_wheel",
-           "tidy_specifier"]
+           "install_script", "parse_constraints", "parse_excludes", "parse_size", "prepare_out_dir", "run",
+           "slim_wheel", "tidy_specifier"]

@@ -318,12 +318,13 @@ def add_spares(out: Path, options: BundleOptions, resolution: Resolution, fetche
     install.sh installs a spare only when the target's version does not satisfy what the
     bundle needs, so a target with recent enough packages keeps its own.
     """
-    wanted = {name: tidy_specifier(",".join(c for c in (spec, options.constraints.get(name, "")) if c))
-              for name, spec in spare_requirements(resolution.from_target, options.exclude).items()}
+    wanted = spare_requirements(resolution.from_target, options.exclude)  # what the target must satisfy
     if not wanted:
         return
     log(f"spares: small wheels of {len(wanted)} excluded packages, installed only where the target's are too old")
-    for name, wheel in sorted(fetcher.fetch(wanted, tolerant=True).items()):
+    held = {name: tidy_specifier(",".join(c for c in (spec, options.constraints.get(name, "")) if c))
+            for name, spec in wanted.items()}  # the spare itself at the constrained version
+    for name, wheel in sorted(fetcher.fetch(held, tolerant=True).items()):
         size = wheel.path.stat().st_size
         if size > options.spare_max:
             log(f"  no spare of {name} {wheel.version}: {human(size)} is over {human(options.spare_max)}")

@@ -258,7 +258,6 @@ class Resolver:
                         pending.append((requirement, f"{name} {wheel.version}"))
         return Resolution(chosen, dict(required_by), dict(from_target), substituted, 0)
 
-
     def _check_pin(self, name: str, specifier, parent: str) -> None:
         """A requirement no pinned version meets is one line naming both (not a failed download)."""
         pin = self.pins.get(name, "")

@@ -30,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "share in the --markdown section's timing; needs --markdown")
     report.add_argument("--baseline", help="the variant the others are compared against, paired by seed "
                                             "(default: the sweep file's baseline)")
+    report.add_argument("--also", action="append", default=[], metavar="STORE",
+                        help="another store with a sweep of this file (mlflow.db, its folder, a *.db.xz, or a "
+                             "tracking URI; repeatable): each comparison per sweep, side by side, and pooled over "
+                             "the distinct seeds")
     report.add_argument("--close", action="store_true",
                         help="end a sweep whose driver died: its parent run and the trials left RUNNING end KILLED "
                              "(--resume continues it instead)")
@@ -39,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_report(args) -> int:
     from k3lab.report.summary import build_report, print_summary
     from k3lab.tune.parent import present
-    from k3lab.tune.reporting import check_interrupted, find_parent_run, report_design
+    from k3lab.report.across import report_across
+    from k3lab.tune.reporting import check_interrupted, find_parent_run, other_sweeps, report_design
     from k3lab.runtime.preflight import check_tracking_server
 
     run = sweep_run_from_args(args)
@@ -48,10 +53,13 @@ def run_report(args) -> int:
     check_tracking_server(run.tracking_uri)
     parent_run_id = find_parent_run(run)
     options = report_design(run, parent_run_id, args.baseline, args.metric)
+    also = other_sweeps(args.also, run)  # before anything is written
     console = wide_console()
     state = check_interrupted(console.print, run, parent_run_id, close=args.close)
     summary = build_report(run.tracking_uri, parent_run_id, out_dir=out, baseline=args.baseline or run.sweep.baseline,
                            record=not (args.baseline or args.metric), **options)  # the store keeps the sweep's own
+    if also:
+        summary["across"] = report_across(run.tracking_uri, summary, also, out)
     written = write_results_markdown(args, run, parent_run_id, summary) if args.markdown else None
     with contextlib.suppress(Exception):  # the UI's view and descriptions, as of now
         present(run, parent_run_id, state=state)

@@ -19,7 +19,7 @@ from pathlib import Path
 from k3lab.errors import UserError
 
 APP_NAME, APP = "k3lab", "k3lab.ui_app:app"
-UI_CACHE = Path(os.environ.get("K3LAB_UI_DIR") or Path.home() / ".cache" / "k3lab" / "ui")  # unpacked stores
+from k3lab.store.archive import UI_CACHE  # noqa: E402  (where a *.db.xz is unpacked)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,20 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def store_uri(args) -> str:
     """The tracking URI of the store the arguments name (a *.db.xz unpacked first)."""
-    from k3lab.store.archive import unpack
+    from k3lab.store.archive import store_tracking_uri
     from k3lab.store.state import tracking_uri_or_default
 
     if args.store is None:
         return tracking_uri_or_default(args.tracking_uri)
-    path = Path(args.store)
-    if path.is_dir():
-        path = path / "mlflow.db"
-    if not path.exists():
-        raise UserError(f"{args.store}: no such store")
-    if path.name.endswith(".xz"):
-        name = path.name.removesuffix(".xz").removesuffix(".db")
-        path = unpack(path, Path(args.unpack_dir) if args.unpack_dir else UI_CACHE / name)
-    return f"sqlite:///{path.resolve()}"
+    return store_tracking_uri(args.store, args.unpack_dir)
 
 
 def app_entry_point() -> dict[str, str]:

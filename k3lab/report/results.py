@@ -136,6 +136,14 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
 
         lines += [*size_multiplier_lines(summary["size_multipliers"], summary["compute_sizes"],
                                          summary["design"].interval_name), ""]
+    if summary.get("across"):
+        from k3lab.report.across import across_lines
+
+        lines += [*across_lines(summary["across"]["rows"], summary["across"]["sweeps"], metric), ""]
+    if summary.get("factorial"):
+        from k3lab.report.factorial import factorial_lines
+
+        lines += [*factorial_lines(summary["factorial"], summary["factorial_design"], metric), ""]
     lines += [f"- Diverged: {line}" for line in summary.get("diverged", [])] + (
         [""] if summary.get("diverged") else [])
     if any(c.pairs > 1 for c in summary.get("comparisons", [])):

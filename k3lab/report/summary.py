@@ -105,6 +105,16 @@ def print_summary(console, experiment: str, summary: dict) -> None:
         console.print(sequential_table(summary["comparisons"], metric, summary["design"],
                                        title=f"{experiment}: {metric} against the baselines, paired by seed",
                                        extra=extra))
+    if summary.get("across"):
+        from k3lab.report.across import across_table
+
+        console.print(across_table(summary["across"]["rows"], summary["across"]["sweeps"], metric,
+                                   title=f"{experiment}: {metric} against the baselines, per sweep and pooled"))
+    if summary.get("factorial"):
+        from k3lab.report.factorial import factorial_table
+
+        console.print(factorial_table(summary["factorial"], summary["factorial_design"], metric,
+                                      title=f"{experiment}: main effects and interactions of the axes"))
     for line in summary.get("diverged", []):
         console.print(f"diverged: {line}", markup=False, highlight=False)
     if summary.get("size_multipliers"):
@@ -147,7 +157,8 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     {"rows", "records", "files", "metric", "baseline", "comparisons", "design", "curves", "pairs"
     (variant -> the baseline it is compared with), "last", "diverged" (one line per diverged trial),
     "multipliers" (`k3lab.report.compute.Multiplier`s, with compute curves), "size_multipliers"
-    (across model sizes), "compute_sizes"}.
+    (across model sizes), "compute_sizes", "factorial" (`k3lab.report.factorial.Effect`s of a multi-axis
+    grid) and "factorial_design" (their intervals' design)}.
 
     variant_order: the variant names as the sweep file lists them; rows, legends and colours follow it.
     baselines (variant -> its group's baseline; default: every variant against `baseline`), design
@@ -183,6 +194,9 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
         size_multipliers = across_sizes(records, compute_sizes, metric, design, last, mode, rise)
     add_paired_columns(rows, comparisons, pairs, multipliers)
     curves = family.curve_differences(records, pairs, metric, design, mode, rise) if pairs else []
+    from k3lab.report.factorial import factorial_effects
+
+    effects, effect_design = factorial_effects(records, metric, order, pairs, design, mode, last, rise)
     files = []
     if out_dir is not None and records:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -208,6 +222,8 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
                                             colours, last, mode, rise, title))
         summary_path = out_dir / "summary.json"
         document = {"design": design.to_json() if design else None, "variants": rows}
+        if effects:
+            document["factorial"] = {"design": effect_design.to_json(), "effects": [e.to_json() for e in effects]}
         if size_multipliers:
             document["compute_across_sizes"] = [m.to_json() for m in size_multipliers]
         summary_path.write_text(json.dumps(document, indent=2, default=str))
@@ -215,7 +231,8 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     summary = {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
                "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last,
                "mode": mode, "rise": rise, "diverged": family.diverged_lines(records, metric, mode, rise),
-               "multipliers": multipliers, "size_multipliers": size_multipliers, "compute_sizes": compute_sizes}
+               "multipliers": multipliers, "size_multipliers": size_multipliers, "compute_sizes": compute_sizes,
+               "factorial": effects, "factorial_design": effect_design}
     if record and records:
         record_in_store(tracking_uri, parent_run_id, summary)
     return summary

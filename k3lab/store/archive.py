@@ -10,6 +10,22 @@ from pathlib import Path
 
 from k3lab.errors import UserError
 
+UI_CACHE = Path(os.environ.get("K3LAB_UI_DIR") or Path.home() / ".cache" / "k3lab" / "ui")  # unpacked stores
+
+
+def store_tracking_uri(store: str, unpack_dir: str | None = None) -> str:
+    """The tracking URI of a store named by path: an mlflow.db, its folder, or a *.db.xz (unpacked
+    first, into `unpack_dir` or ~/.cache/k3lab/ui/<name>)."""
+    path = Path(store)
+    if path.is_dir():
+        path = path / "mlflow.db"
+    if not path.exists():
+        raise UserError(f"{store}: no such store")
+    if path.name.endswith(".xz"):
+        name = path.name.removesuffix(".xz").removesuffix(".db")
+        path = unpack(path, Path(unpack_dir) if unpack_dir else UI_CACHE / name)
+    return f"sqlite:///{path.resolve()}"
+
 
 def unpack(archive: Path, folder: Path, say=print) -> Path:
     """`folder`/mlflow.db from a compressed store, kept while it is newer than the archive (it

@@ -64,6 +64,7 @@ def client(tracking_uri: str):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    quiet_alembic()
     try:
         return MlflowClient(tracking_uri)
     except MlflowException as error:
@@ -71,6 +72,14 @@ def client(tracking_uri: str):
         if found is None:
             raise
         raise UserError(schema_mismatch(tracking_uri, *found.groups())) from None
+
+
+def quiet_alembic() -> None:
+    """alembic's INFO lines (each store opened) at WARNING, as MLflow sets them itself from 3.1x on."""
+    import logging
+
+    alembic = logging.getLogger("alembic")
+    alembic.setLevel(max(alembic.level, logging.WARNING))
 
 
 def get_run(tracking_uri: str, run_id: str):

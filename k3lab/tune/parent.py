@@ -38,6 +38,7 @@ from k3lab.store.tracking import MLflowTracker, flatten, relocate_artifacts
 from k3lab.store.views import present_sweep
 from k3lab.tune.run import SweepRun
 from k3lab.tune.seeds import report_options
+from k3lab.tune.system import SweepSystemMetrics
 
 
 def git_commit() -> str:
@@ -98,6 +99,7 @@ class ParentRun:
         self.started = 0.0
         self.earlier: dict[int, float] = {}  # earlier parts' wall times, by part
         self.clock: PartClock | None = None
+        self.system: SweepSystemMetrics | None = None
 
     @property
     def part(self) -> int:
@@ -125,10 +127,13 @@ class ParentRun:
             self.tracker = create_parent_run(self.run)
             present(self.run, self.run_id)
         self.clock = PartClock(self.run.tracking_uri, self.run_id, self.part, self.started)
+        self.system = SweepSystemMetrics(self.run.tracking_uri, self.run_id, lambda: self.parts_wall_s()[0])
         return self
 
     def __exit__(self, kind, error, traceback) -> bool:
         self.clock.stop()
+        with contextlib.suppress(Exception):  # the GPUs' busy share of this part, at its step
+            self.tracker.log_metrics(self.system.stop(), step=self.part)
         if error is None:
             self.end(self.status)
             return False

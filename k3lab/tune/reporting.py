@@ -106,3 +106,20 @@ def find_parent_run(run: SweepRun) -> str:
     if run_id is None:
         raise UserError(f"{run.sweep.path}: no run of {run.experiment} under {run.storage} or in {run.tracking_uri}")
     return run_id
+
+
+def other_sweeps(stores: list[str], run: SweepRun) -> list[tuple[str, str, str]]:
+    """`k3lab report --also STORE`: (label, tracking URI, parent run id) of each store's latest sweep
+    of the experiment; a store without one is a one-line error, before anything is written."""
+    from k3lab.report.across import label_of
+    from k3lab.store.archive import store_tracking_uri
+    from k3lab.store.runs import latest_sweep_run
+
+    found = []
+    for store in stores:
+        uri = store if "://" in store else store_tracking_uri(store)
+        parent = latest_sweep_run(uri, run.experiment)
+        if parent is None:
+            raise UserError(f"--also {store}: no sweep of {run.experiment} in it")
+        found.append((label_of(store), uri, parent))
+    return found

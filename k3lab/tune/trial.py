@@ -26,6 +26,7 @@ from k3lab.runtime.memory import Packing, variant_key
 from k3lab.runtime.slots import TrainingSlot, slot_folder
 from k3lab.store import runs
 from k3lab.store.colours import variant_colours
+from k3lab.store.inputs import log_corpus
 from k3lab.store.runs import RUN_ID_KEY, execution_tags, node_tags  # noqa: F401  (RUN_ID_KEY: for callers)
 from k3lab.store.tracking import BUILD_PARTS, MLflowTracker, flatten
 from k3lab.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
@@ -34,6 +35,7 @@ from k3lab.train.spec import TrainSpec
 from k3lab.train.loop import fit
 from k3lab.train.trainer import FINISHED, TrainResult, Trainer
 from k3lab.tune.reporter import TrialReporter
+from k3lab.tune.system import with_system_metrics
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,8 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
                                  execution=trainer.execution())
         tracker.set_tags({runs.DEVICE: device_name(trainer.device)})
         tracker.log_params(data_params(trainer))
+        log_corpus(tracker.client, tracker.run_id, trainer.dataset.path, trainer.dataset.manifest)
+        tracker = with_system_metrics(tracker, trainer.device)
         if started_at is not None:  # the part of startup_s before the first step, and its parts, at the
             tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, data_s),  # step it starts from
                                 state["step"] if state else trainer.step)

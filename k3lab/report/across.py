@@ -1,0 +1,135 @@
+"""One sweep file's comparisons across several sweeps of it (stores from other machines, a re-run
+after a change): each comparison per sweep, side by side, and pooled.
+
+Per sweep, a comparison is the sweep's own (`family.comparisons_for`, the design the report uses).
+Pooled, the unit is a distinct seed: a seed run in several sweeps trained the same initial model on
+the same data order, so its paired differences there are not independent; they are averaged into
+one difference for that seed (and the baseline's values likewise), and the pooled comparison is a
+one-look t-interval over the distinct seeds with the design's confidence, Bonferroni over its
+comparisons (`sequential.fixed_design`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from k3lab.report import stats
+from k3lab.report.family import comparisons_for, values_by_seed
+from k3lab.report.records import TrialRecord
+from k3lab.report.sequential import BUDGET, Design, compare_sequential, fixed_design
+
+POOLED = "pooled"
+
+
+@dataclass
+class Sweep:
+    label: str  # how the tables name it: the store's file name
+    records: list[TrialRecord]
+
+
+def pooled_values(sweeps: list[Sweep], variant: str, baseline: str, metric: str, mode: str, last: int,
+                  rise: float | None) -> tuple[dict[int, float], dict[int, float]]:
+    """(variant, baseline) seed -> value, one per distinct seed: the baseline's values and the paired
+    differences averaged over the sweeps where the seed has a pair (the variant's = baseline + difference)."""
+    differences: dict[int, list[float]] = {}
+    baselines: dict[int, list[float]] = {}
+    for sweep in sweeps:
+        values = values_by_seed(sweep.records, metric, last, mode, rise)
+        mine, theirs = values.get(variant, {}), values.get(baseline, {})
+        for seed in stats.paired_seeds(mine, theirs):
+            differences.setdefault(seed, []).append(mine[seed] - theirs[seed])
+            baselines.setdefault(seed, []).append(theirs[seed])
+    reference = {seed: statistics.fmean(v) for seed, v in baselines.items()}
+    return {seed: reference[seed] + statistics.fmean(d) for seed, d in differences.items()}, reference
+
+
+def compare_across(sweeps: list[Sweep], baselines: dict[str, str], metric: str, mode: str,
+                   design: Design | None = None, last: int = 1, rise: float | None = None) -> list[dict]:
+    """For every comparison of `baselines`: {"variant", "baseline", "by_sweep": [(label, Comparison)],
+    "pooled": Comparison over the distinct seeds}."""
+    per_sweep = {sweep.label: {c.variant: c for c in comparisons_for(sweep.records, baselines, metric, mode, design,
+                                                                     last, BUDGET, rise)}
+                 for sweep in sweeps}
+    rows = []
+    pooled = {variant: pooled_values(sweeps, variant, baseline, metric, mode, last, rise)
+              for variant, baseline in baselines.items()}
+    seeds = max((len(values) for values, _ in pooled.values()), default=1)
+    confidence = design.confidence if design is not None else fixed_design(1, 1).confidence
+    margin = design.margin if design is not None else None
+    pooled_design = fixed_design(len(baselines), max(seeds, 1), confidence, margin)
+    for variant, baseline in baselines.items():
+        values, reference = pooled[variant]
+        rows.append({"variant": variant, "baseline": baseline,
+                     "by_sweep": [(label, comparisons[variant]) for label, comparisons in per_sweep.items()],
+                     "pooled": compare_sequential(variant, values, baseline, reference, mode, pooled_design, BUDGET)})
+    return rows
+
+
+def cells(label: str, c: stats.Comparison) -> list[str]:
+    relative = c.relative
+    half = None if c.half_width is None or not c.baseline_mean else c.half_width / abs(c.baseline_mean)
+    difference = "-" if c.mean_diff is None else f"{c.mean_diff:+.4f}"
+    percent = "-" if relative is None else (f"{100 * relative:+.2f}%"
+                                            + ("" if half is None else f" ± {100 * half:.2f}%"))
+    return [label, str(c.pairs), difference, percent, c.verdict]
+
+
+HEADERS = ("variant", "baseline", "sweep", "pairs", "difference", "vs baseline", "verdict")
+
+
+def note(sweeps: list[Sweep]) -> str:
+    return (f"each sweep under its design; {POOLED}: one pair per distinct seed (its differences in the "
+            f"{len(sweeps)} sweeps averaged), a one-look family-wise t-interval")
+
+
+def across_table(rows: list[dict], sweeps: list[Sweep], metric: str, title: str) -> Table:
+    table = Table(title=title, caption=note(sweeps))
+    for header in HEADERS:
+        table.add_column(header, justify="right" if header in ("pairs", "difference") else "left")
+    for row in rows:
+        for label, comparison in [*row["by_sweep"], (POOLED, row["pooled"])]:
+            table.add_row(row["variant"], row["baseline"], *cells(label, comparison),
+                          end_section=label == POOLED)
+    return table
+
+
+def across_lines(rows: list[dict], sweeps: list[Sweep], metric: str) -> list[str]:
+    lines = [f"{metric} against the baselines in {len(sweeps)} sweeps ({note(sweeps)}):", "",
+             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    for row in rows:
+        for label, comparison in [*row["by_sweep"], (POOLED, row["pooled"])]:
+            lines.append("| " + " | ".join([row["variant"], row["baseline"], *cells(label, comparison)]) + " |")
+    return lines
+
+
+def across_json(rows: list[dict]) -> list[dict]:
+    return [{"variant": row["variant"], "baseline": row["baseline"],
+             "by_sweep": {label: c.to_json() for label, c in row["by_sweep"]}, POOLED: row["pooled"].to_json()}
+            for row in rows]
+
+
+def report_across(tracking_uri: str, summary: dict, also: list[tuple[str, str, str]], out: Path) -> dict:
+    """The comparisons of this store's sweep (`summary`, from `build_report`) and of the other stores'
+    (label, tracking URI, parent run id), per sweep and pooled; written to `out`/across.json too."""
+    import json
+
+    from k3lab.report.summary import load_trials
+
+    metric = summary["metric"]
+    sweeps = [Sweep(label_of(tracking_uri), summary["records"])]
+    sweeps += [Sweep(label, load_trials(uri, parent, curves=("train_loss", metric))) for label, uri, parent in also]
+    rows = compare_across(sweeps, summary["pairs"], metric, summary["mode"], summary["design"], summary["last"],
+                          summary["rise"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "across.json").write_text(json.dumps(across_json(rows), indent=2, default=str))
+    return {"rows": rows, "sweeps": sweeps}
+
+
+def label_of(store: str) -> str:
+    """A store's name in the tables: its file (a folder's mlflow.db: the folder)."""
+    path = Path(store.removeprefix("sqlite:///"))
+    return path.parent.name if path.name == "mlflow.db" else path.name.removesuffix(".xz")
