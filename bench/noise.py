@@ -1,9 +1,13 @@
 """Stored AttnRes sweeps on rough data: their verdicts re-judged, where their pairs' spread comes from,
 and what cuts it, as pairs to decide.
 
-    python bench/noise.py "H200=docs/runs/attnres_block-gpu-paired-2026-12-02.db" "H100=attnres_block-gpu-h100.db" --write
+    python bench/noise.py H200=docs/runs/attnres_block-gpu-paired-2026-12-02.db.xz \
+        H100=/work/shared/runs/h100-2026-12-06/attnres_block-gpu-h100.db.xz \
+        "H200, deterministic=docs/runs/sweep_ceiling-2026-12-03-det-fresh.db.xz" --write
 
-For each store (one sweep with a stored design): (1) every comparison judged under the design the
+(stores as .db or .db.xz; the H100 store needs mlflow-skinny 3.18.0 to open)
+
+For each store (one sweep with a stored design, else the attnres_block gpu profile's): (1) every comparison judged under the design the
 sweep stored (Gaussian calibration) and under the same design calibrated for skew up to 1.5, as
 `k3lab report` now judges a new sweep, with the sample skewness of its paired differences; (2)
 the spread of the paired differences at every evaluation of training, and how well the final
@@ -18,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import math
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import attrs
@@ -39,15 +45,42 @@ SECTION = "Stored AttnRes sweeps on rough data"
 OPTIONS = (("val_loss", 1), ("val_loss", 2), ("val_loss", 3), ("train_loss", 20), ("train_loss", 40))
 
 
+def unpacked(path: str) -> Path:
+    """The SQLite file of a store given as .db or .db.xz (unpacked once beside the system's temp files)."""
+    if not path.endswith(".xz"):
+        return Path(path).resolve()
+    target = Path(tempfile.gettempdir()) / "k3lab-noise" / Path(path).name.removesuffix(".xz")
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with lzma.open(path) as packed:
+            target.write_bytes(packed.read())
+    return target
+
+
 def load(path: str) -> tuple[dict, list]:
     """(the design JSON the sweep stored with its parent run, its trial records with the curves)."""
     from k3lab.report.summary import load_trials
     from k3lab.store import runs
 
-    uri = f"sqlite:///{Path(path).resolve()}"
+    uri = f"sqlite:///{unpacked(path)}"
     parent = runs.sweep_runs(uri)[0]
-    stored = json.loads(parent.data.tags["k3lab.design"])
-    return stored, load_trials(uri, parent.info.run_id, curves=("val_loss", "train_loss"))
+    records = load_trials(uri, parent.info.run_id, curves=("val_loss", "train_loss"))
+    if "k3lab.design" in parent.data.tags:
+        return json.loads(parent.data.tags["k3lab.design"]), records
+    return file_design(parent.data.tags["k3lab.baseline"], {r.variant for r in records}), records
+
+
+def file_design(baseline: str, variants: set[str]) -> dict:
+    """For a store that stored no design (a run of some of the gpu profile's variants): the gpu
+    profile's design, Gaussian-calibrated as the stored ones, its variants against `baseline`."""
+    from k3lab.registry.commands import load_sweep_for
+    from k3lab.tune.seeds import design_of
+
+    sweep = load_sweep_for(str(Path(__file__).resolve().parent.parent / "experiments/attnres_block.yaml"), "gpu")
+    design = attrs.evolve(design_of(sweep), skew=0.0, level=None).calibrated()
+    return {"design": design.to_json(), "baselines": {v: baseline for v in sweep.baselines if v in variants},
+            "metric": sweep.metric.name, "mode": sweep.metric.mode, "last": sweep.metric.last,
+            "rise": sweep.metric.diverged}
 
 
 def designs(stored: dict) -> dict[str, Design]:
