@@ -176,7 +176,9 @@ def multiplier_of(variant: str, baseline: str, records: list[TrialRecord], curve
             seeds[record.seed] = reached / spent
         spans.append((min(costs) / spent, max(costs) / spent))
     ends = (min(1.0, *curve.values()), max(1.0, *curve.values()))
-    found = summarised(variant, baseline, seeds, design, spans, (f"below {ends[0]:g}x", f"beyond {ends[1]:g}x"),
+    outside = ((f"below {ends[0]:g}x", f"beyond {ends[1]:g}x") if cost is trial_compute  # the budgets' multiples
+               else ("below the curve", "beyond the curve"))  # in seconds the ends differ by each trial's speed
+    found = summarised(variant, baseline, seeds, design, spans, outside,
                        f"its curve over {ends[0]:g}x-{ends[1]:g}x its budget, "
                        f"{'a monotone cubic' if cubic else 'straight pieces'} in log-log through the points, per seed",
                        skipped, censored)

@@ -119,7 +119,7 @@ class Design:
         return self.half_width_at(n, math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / (n - 1)))
 
     def half_width_at(self, pairs: int, sd: float) -> float:
-        """The half-width after `pairs` differences of standard deviation `sd` (inf under two pairs)."""
+        """The half-width after `pairs` differences of standard deviation `sd` (inf under `first_look`)."""
         if pairs < self.first_look:
             return math.inf
         return t_quantile(1 - self.nominal / 2, pairs - 1) * sd / math.sqrt(pairs)
@@ -362,4 +362,5 @@ def sequential_note(design: Design) -> str:
                "was stopped before its budget ended; `--resume` adds seeds), running")
     return (f"rule: {design.rule_text}; pairs: seeds where both trials finished, of the seeds run; interval: "
             f"{design.label}; half-width: relative to the baseline's mean over the pairs{asked}{margin}; not "
-            f"resolved: the interval covers 0 (or there are fewer than two pairs){stopped}{needed}")
+            f"resolved: the interval covers 0 (or there are fewer pairs than the design's first look, "
+            f"{design.first_look}){stopped}{needed}")
