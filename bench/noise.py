@@ -24,6 +24,7 @@ import argparse
 import json
 import lzma
 import math
+import shlex
 import statistics
 import sys
 import tempfile
@@ -194,7 +195,8 @@ def main() -> None:
     body = "\n".join(line for label, path in check_stores(parser, args.stores) for line in store_lines(label, path))
     print(body)
     if args.write:
-        write_section(SECTION, __doc__.split("\n\n")[2].strip() + "\n\n" + body, doc=DOC,
+        about = next(part for part in __doc__.split("\n\n") if part.startswith("For each store"))
+        write_section(SECTION, about.strip() + "\n\n" + body, command=shlex.join(["python", *sys.argv]), doc=DOC,
                       measured_on=args.measured_on)
 
 
