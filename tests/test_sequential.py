@@ -288,14 +288,16 @@ def sweep_file_designs() -> set[tuple[int, int, float]]:
 
 def test_every_design_of_the_tests_and_sweep_files_holds_its_error_at_or_under_alpha_over_k():
     """The calibrated level, checked on a million fresh null paths of the shape it covers (gamma,
-    skewness 1.5) and of Gaussian differences: the chance that some look rejects is at or under
-    alpha / K for every design (the level sits three Monte Carlo standard errors to the safe side)."""
+    skewness 1.5) and 200,000 of Gaussian differences: the chance that some look rejects is at or
+    under alpha / K for every design (the level sits three Monte Carlo standard errors to the safe
+    side)."""
     designs = TEST_DESIGNS | sweep_file_designs()
     assert (4, 16, round(0.05 / 3, 12)) in designs and (3, 12, round(0.05 / 7, 12)) in designs  # the files' own
     for start, max_pairs, alpha in sorted(designs):
         level = Design(1, max_pairs, start, confidence=1 - alpha).nominal
-        for skew in (SKEW_COVERED, 0.0):
-            rate = null_rejection_rate(level, start, max_pairs, skew, 1_000_000, seed=start * 1000 + max_pairs)
+        # the skewed shape binds; Gaussian differences sit far under it, so fewer paths show it
+        for skew, paths in ((SKEW_COVERED, 1_000_000), (0.0, 200_000)):
+            rate = null_rejection_rate(level, start, max_pairs, skew, paths, seed=start * 1000 + max_pairs)
             assert rate <= alpha, (start, max_pairs, alpha, skew, rate)
 
 
