@@ -41,8 +41,7 @@ import statistics
 import attrs
 
 from k3lab.report.calibration import SKEW_COVERED, nominal_level, smallest_p_values
-from k3lab.report.stats import (BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, t_quantile,
-                                t_two_sided_probability)
+from k3lab.report.stats import BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, t_quantile
 
 EQUIVALENT = "equivalent"
 CONFIDENCE = 0.95
