@@ -35,7 +35,8 @@ def test_a_variant_that_ends_where_the_baseline_does_is_worth_1x_where_the_curve
     found = {m.variant: m for m in compute_multipliers(records, {"same": "base", "between": "base"}, curves,
                                                        "val_loss", fixed_design(2, 1))}
     assert found["same"].estimate == pytest.approx(1.0)
-    assert found["between"].estimate == pytest.approx(math.sqrt(2.0))  # halfway in log L: halfway in log C
+    # halfway in log L lies near halfway in log C; the cubic follows the bend, so not exactly there
+    assert 1.0 < found["between"].estimate < 2.0 and found["between"].estimate == pytest.approx(math.sqrt(2), rel=0.01)
     a, alpha = power_law(list(zip(bent, bent.values())))
     assert math.exp(a) * 1.0 ** -alpha != pytest.approx(2.57, abs=0.002)  # the single fit would have missed it
 
@@ -55,12 +56,38 @@ def test_a_variant_no_better_than_the_baseline_gets_an_interval_that_covers_one(
     assert found.low < 1.0 < found.high
 
 
-def test_a_loss_below_the_curves_largest_compute_reads_beyond_it_not_an_extrapolated_number():
+def test_a_loss_below_the_curves_largest_compute_is_censored_beyond_it_never_extrapolated_into_the_mean():
     records = simulated_sweep(random.Random(1), {"far": 3.0}, seeds=4, sd_seed=0.0, sd_trial=0.001, extra_flops=0.0)
     [found] = compute_multipliers(records, {"far": "base"}, CURVES, "val_loss", fixed_design(1, 4))
-    assert found.estimate > 2.0
-    assert found.shown(found.estimate) == "beyond 2x" and found.cell.startswith("beyond 2x [beyond 2x")
+    assert found.estimate is None and found.seeds == {} and found.censored == {s: "above" for s in range(4)}
+    assert found.cell == "n/a; 4 of 4 seeds beyond 2x"
     assert Multiplier("v", "b", {0: 0.5}, 0.5, None, None, 1.0, 2.0, ("below 1x", "beyond 2x"), "").cell == "below 1x"
+
+
+def test_a_flat_end_piece_censors_its_seed_and_no_interval_is_wider_than_the_curve():
+    """The issue's case: one seed's baseline curve barely falls from 1x to 2x, and the variant's loss
+    lies below its 2x point; extrapolated along that piece it was 1.2e9x, and the interval
+    [1.6e-05, 3.0e+09]. Censored, the other seeds give the mean, and the interval stays in the curve."""
+    records = simulated_sweep(random.Random(5), {"a": 1.6}, seeds=6, sd_trial=0.002)
+    flat = [r for r in records if not (r.seed == 5 and r.variant.startswith("base"))]
+    flat += [record(name, 5, round(STEPS * scale), FLOPS, 2.0 - 1e-6 * scale) for name, scale in
+             (("base", 1.0), *((f"base_x{s:g}", s) for s in SCALES))]
+    [found] = compute_multipliers(flat, {"a": "base"}, CURVES, "val_loss", fixed_design(1, 6))
+    assert 5 not in found.seeds and found.censored == {5: "above"} and found.pairs == 5
+    assert found.lowest <= found.low <= found.estimate <= found.high <= found.highest
+    assert "; 1 of 6 seeds beyond 2x" in found.cell and "e+" not in found.cell
+
+
+def test_the_time_multiplier_charges_the_variants_measured_speed():
+    """The same loss reached with 10% fewer tokens per second: the FLOPs multiplier is the true one,
+    the time multiplier that over 1.1."""
+    records = simulated_sweep(random.Random(0), {"a": 1.4}, seeds=3, sd_seed=0.0, sd_trial=0.0, extra_flops=0.0)
+    for r in records:
+        r.final["tokens"] = float(r.params["train.steps"]) * 1000
+        r.final["avg_tokens_per_s"] = 1000.0 / (1.1 if r.variant == "a" else 1.0)
+    [found] = compute_multipliers(records, {"a": "base"}, CURVES, "val_loss", fixed_design(1, 3))
+    assert found.estimate == pytest.approx(1.4, rel=1e-6) and found.time.estimate == pytest.approx(1.4 / 1.1, rel=1e-6)
+    assert found.cells.startswith("FLOPs 1.40x") and "; time 1.27x" in found.cells
 
 
 def test_a_seed_whose_curve_does_not_fall_with_compute_gives_no_multiplier():
@@ -202,3 +229,16 @@ def test_a_cpu_sweep_with_compute_scales_trains_the_curve_and_reports_the_multip
     metrics = client.get_run(parent.info.run_id).data.metrics
     assert {"compute_multiplier/attnres_bs1", "compute_multiplier_low/attnres_bs1",
             "compute_multiplier_high/attnres_bs1"} <= set(metrics)
+
+
+def test_on_curved_loss_compute_curves_the_cubic_reading_covers_where_straight_pieces_do_not():
+    """An irreducible loss and a schedule term bend the curve: straight pieces in log-log over a
+    factor-2 grid are biased by the bend and under-cover at 16 seeds; the monotone cubic the report
+    uses covers at least 0.93 per variant on that grid and on the finer one."""
+    sweeps, factor_2 = 200, multipliers.GRIDS["factor 2"]
+    straight = multipliers.simulate(16, sweeps, seed=11, scales=factor_2, curved=True, cubic=False)
+    cubic = multipliers.simulate(16, sweeps, seed=11, scales=factor_2, curved=True)
+    finer = multipliers.simulate(16, sweeps, seed=12, scales=multipliers.GRIDS["finer"], curved=True)
+    print(f"\ncoverage per variant: straight {straight['each']}, cubic {cubic['each']}, finer {finer['each']}")
+    assert min(straight["each"].values()) < 0.93
+    assert min(cubic["each"].values()) >= 0.93 and min(finer["each"].values()) >= 0.93

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from k3lab.model.config import tiny_config
-from k3lab.model.counting import COMPONENTS, count_config, count_parameters
+from k3lab.model.counting import COMPONENTS, attn_res_candidates, count_config, count_parameters
 from k3lab.model.ffn import DenseFFN
 from k3lab.model.inference import generate
 from k3lab.model.kda import KDAChunkwise
@@ -211,6 +211,24 @@ def test_parameter_counts_add_up(model):
     inactive = routed * (1 - config.num_experts_per_token / config.num_experts)
     assert counts["active"] == round(unique_total - inactive)
     assert counts["flops_per_token"] > 6 * counts["active_matmul"]
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3])
+def test_attn_res_mixing_is_counted_with_the_candidates_each_site_of_a_forward_mixes(block_size):
+    """The FLOPs count charges 12 K M per mixing site; K per site is what a forward mixes (each
+    block's logged mixture weights have one entry per candidate), and without AttnRes nothing."""
+    import dataclasses
+
+    config = dataclasses.replace(tiny_config(), attn_res_block_size=block_size)
+    built = KimiK3(config)
+    built(tokens())
+    mixed = [len(block.attn_res_weights[site]) for block in built.layers for site in ("attn", "ffn")
+             if site in block.attn_res_weights]
+    assert attn_res_candidates(config) == mixed and len(mixed) == 2 * config.num_layers - 1
+    off = dataclasses.replace(config, use_attn_res=False)
+    with_mixing, without = count_config(config), count_config(off)
+    assert with_mixing["flops_per_token"] - 6 * with_mixing["active_matmul"] - (
+        without["flops_per_token"] - 6 * without["active_matmul"]) == 12 * config.hidden_size * sum(mixed)
 
 
 def test_count_config_matches_a_built_model(model):

@@ -11,6 +11,7 @@ from k3lab.report.sequential import (
     BETTER, DECIDED, EQUIVALENT, HALFWIDTH, MAX, MAX_SEEDS, NOT_RESOLVED, PRECISE, WORSE, Design, compare_family,
     compare_sequential, fixed_design, nominal_level, smallest_p_values,
 )
+from k3lab.report.calibration import SKEW_COVERED, null_rejection_rate
 from k3lab.report.stats import t_interval
 from k3lab.tune.planner import FINISHED, SeedPlanner
 
@@ -237,19 +238,96 @@ def powered():
     return decisions.simulate(decisions.SCENARIOS[1], SWEEPS, seed=2027)
 
 
-def test_with_every_comparison_null_the_family_wise_error_is_near_but_under_alpha():
-    """Every trial with the same noise (pairs correlated through their shared baseline): some
-    comparison called better or worse in 3-5% of sweeps, not far below the 5% asked (seeds wasted)."""
-    outcome = decisions.simulate(decisions.SCENARIOS[0], SWEEPS, seed=2026)
-    print(f"\nall null: family-wise error {outcome.family_error:.4f} over {SWEEPS} sweeps")
-    assert 0.03 <= outcome.family_error <= 0.05 and outcome.covered.all(1).mean() >= 0.95
+def test_with_every_comparison_null_the_family_wise_error_is_under_alpha():
+    """Gaussian noise, every trial the same (pairs correlated through their shared baseline): the
+    Gaussian t design calls some comparison in 3-5% of sweeps; the design k3lab uses, calibrated
+    for skewed differences too, pays for that with a rate far under alpha."""
+    gaussian = decisions.simulate(decisions.SCENARIOS[0], SWEEPS, seed=2026, design=Design(4, 16, 4, skew=0.0))
+    covering = decisions.simulate(decisions.SCENARIOS[0], SWEEPS, seed=2026)
+    print(f"\nall null: family-wise error {gaussian.family_error:.4f} (Gaussian t), {covering.family_error:.4f}")
+    assert 0.03 <= gaussian.family_error <= 0.05 and gaussian.covered.all(1).mean() >= 0.95
+    assert covering.family_error <= 0.0125 and covering.covered.all(1).mean() >= 0.95
+
+
+@pytest.mark.parametrize("scenario", ["all null, one-sided gamma, skew 1.5", "all null, one-sided shock, skew 1.5"])
+def test_one_sided_skewed_nulls_keep_the_family_wise_error_under_alpha_where_the_t_design_does_not(scenario):
+    """A variant that now and then trains badly against a steady baseline: right-skewed paired
+    differences. The Gaussian t design calls such nulls "better" about three times as often as
+    alpha; the design calibrated for skew up to 1.5 stays under alpha."""
+    [chosen] = [s for s in decisions.SCENARIOS if s.name == scenario]
+    sweeps = 4000
+    covering = decisions.simulate(chosen, sweeps, seed=2029)
+    gaussian = decisions.simulate(chosen, sweeps, seed=2029, design=Design(4, 16, 4, skew=0.0))
+    se = math.sqrt(0.05 * 0.95 / sweeps)
+    print(f"\n{scenario}: family-wise error {covering.family_error:.4f} (Gaussian t {gaussian.family_error:.4f}), "
+          f"Monte Carlo SE about {se:.4f}")
+    assert covering.family_error <= 0.05 and gaussian.family_error > 0.05 + 3 * se
+
+
+# (start, max, alpha / K) of the designs the tests build; the sweep files' come from experiments/
+TEST_DESIGNS = {(2, 4, 0.05), (2, 8, 0.05), (3, 8, 0.05), (4, 8, 0.05), (2, 4, 0.025), (3, 6, 0.025),
+                (3, 8, round(0.05 / 3, 12)), (3, 12, 0.0125), (4, 8, 0.0125), (4, 16, 0.0125), (4, 16, 0.05),
+                (2, 6, 0.05)}
+
+
+def sweep_file_designs() -> set[tuple[int, int, float]]:
+    """(start, max, alpha / K) of every seeds policy of every profile of experiments/*.yaml."""
+    from pathlib import Path
+
+    from k3lab.registry.sweep import _read, load_sweep, profile_names
+
+    found = set()
+    for path in sorted(Path(__file__).resolve().parent.parent.glob("experiments/*.yaml")):
+        for profile in (None, *profile_names(_read(path))):
+            sweep = load_sweep(path, profile)
+            if sweep.adaptive and sweep.baselines:
+                policy = sweep.seed_policy
+                found.add((policy.start, policy.max, round((1 - policy.confidence) / len(sweep.baselines), 12)))
+    return found
+
+
+def test_every_design_of_the_tests_and_sweep_files_holds_its_error_at_or_under_alpha_over_k():
+    """The calibrated level, checked on a million fresh null paths of the shape it covers (gamma,
+    skewness 1.5) and 200,000 of Gaussian differences: the chance that some look rejects is at or
+    under alpha / K for every design (the level sits three Monte Carlo standard errors to the safe
+    side)."""
+    designs = TEST_DESIGNS | sweep_file_designs()
+    assert (4, 16, round(0.05 / 3, 12)) in designs and (3, 12, round(0.05 / 7, 12)) in designs  # the files' own
+    for start, max_pairs, alpha in sorted(designs):
+        level = Design(1, max_pairs, start, confidence=1 - alpha).nominal
+        # the skewed shape binds; Gaussian differences sit far under it, so fewer paths show it
+        for skew, paths in ((SKEW_COVERED, 1_000_000), (0.0, 200_000)):
+            rate = null_rejection_rate(level, start, max_pairs, skew, paths, seed=start * 1000 + max_pairs)
+            assert rate <= alpha, (start, max_pairs, alpha, skew, rate)
+
+
+def test_a_comparison_is_never_decided_under_start_pairs():
+    """A 4-16 design covers looks at 4 .. 16 pairs: 3 pairs of a large, steady difference are not
+    resolved, 4 are."""
+    design = Design(comparisons=1, max_pairs=16, start=4)
+    base = {s: 1.0 + 0.001 * s for s in range(4)}
+    three = compare_sequential("a", {s: base[s] - 0.1 for s in range(3)}, "base", base, "min", design)
+    four = compare_sequential("a", {s: base[s] - 0.1 + 1e-4 * s for s in range(4)}, "base", base, "min", design)
+    assert three.verdict == NOT_RESOLVED and "looks from 4" in three.reason and four.verdict == BETTER
+
+
+def test_a_failed_trial_among_the_first_seeds_adds_a_seed_before_the_policy_looks():
+    """The variant's second seed fails: after its 4 start seeds it has 3 pairs, so it gets a fifth
+    seed, and only then (4 pairs) is it decided; the comparison is never judged on 3."""
+    design = Design(comparisons=1, max_pairs=16, start=4)
+    plan = SeedPlanner(["base", "a"], {"a": "base"}, list(range(16)), 4, design)
+    value = {("a", 1): None}
+    started = decisions.drive(plan, lambda v, s: value.get((v, s), 1.0 + 0.001 * s - 0.1 * (v == "a") + 1e-5 * s * s))
+    assert sorted(s for v, s in started if v == "a") == [0, 1, 2, 3, 4]
+    assert plan.summary()["a"]["stopping"] == DECIDED and len(plan.pairs("a", 5)[0]) == 4
 
 
 def test_real_differences_are_decided_in_a_few_pairs_and_the_null_one_runs_to_max(powered):
     mean_pairs = powered.pairs.mean(0)
     print(f"\npairs per comparison (mean): {np.round(mean_pairs, 2)}; decided: {powered.decided.mean(0)}")
-    assert mean_pairs[0] <= 7 and mean_pairs[1] <= 7 and mean_pairs[2] <= 10
-    assert powered.decided[:, :3].mean() > 0.97
+    # the price of covering skew up to 1.5: about 2 pairs more than the Gaussian t design (docs/statistics.md)
+    assert mean_pairs[0] <= 7.5 and mean_pairs[1] <= 8.5 and mean_pairs[2] <= 12.5
+    assert powered.decided[:, :2].mean() > 0.97 and powered.decided[:, 2].mean() > 0.8
     assert mean_pairs[3] > 15.5 and powered.family_error < 0.0125 + 0.005  # the null one: to max, rarely called
 
 
@@ -259,12 +337,12 @@ def test_the_intervals_cover_every_true_difference_at_once_where_the_rule_stoppe
     assert coverage >= 0.95
 
 
-def test_skewed_differences_keep_the_error_rate_near_alpha():
-    """Centred lognormal noise instead of Gaussian: the t-statistic is no longer pivotal, so the
-    error may drift from alpha; docs/statistics.md gives the measured figure."""
-    outcome = decisions.simulate(decisions.SCENARIOS[2], SWEEPS, seed=2028)
-    print(f"\nskewed, all null: family-wise error {outcome.family_error:.4f}")
-    assert outcome.family_error <= 0.08
+def test_lognormal_noise_on_every_arm_keeps_the_error_under_alpha():
+    """Centred lognormal noise on every trial: the differences are about symmetric, so even the
+    Gaussian t design stays under alpha; docs/statistics.md gives the measured figures."""
+    outcome = decisions.simulate(decisions.SCENARIOS[2], SWEEPS // 2, seed=2028)
+    print(f"\nlognormal on every arm, all null: family-wise error {outcome.family_error:.4f}")
+    assert outcome.family_error <= 0.05
 
 
 def test_a_fixed_t_interval_rechecked_after_every_pair_would_under_cover():
@@ -273,7 +351,7 @@ def test_a_fixed_t_interval_rechecked_after_every_pair_would_under_cover():
     often than alpha / K; the design's level keeps it there."""
     z = np.random.default_rng(5).standard_normal((200_000, 16))
     smallest = smallest_p_values(z, range(4, 17))
-    naive, designed = (smallest <= 0.0125).mean(), (smallest <= Design(4, 16, 4).nominal).mean()
+    naive, designed = (smallest <= 0.0125).mean(), (smallest <= Design(4, 16, 4, skew=0.0).nominal).mean()
     print(f"\nnull comparison called: naive re-checked t {naive:.4f}, design {designed:.4f} (alpha/K 0.0125)")
     assert naive > 3 * 0.0125 and designed <= 0.0125 + 3 * math.sqrt(0.0125 / 200_000)
 

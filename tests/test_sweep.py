@@ -260,6 +260,27 @@ def test_resume_refuses_a_changed_train_section_naming_the_field(tmp_path, sweep
     assert 'changed metric.mode from "min" to "max"' in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("change, message", [
+    ("start: 2", "changed seeds.start from 3 to 2"),
+    ("start: 3, max: 4, until: max", 'changed seeds.until.rule from "decided" to "max"'),
+])
+def test_resume_refuses_a_changed_seeds_policy_naming_the_field(tmp_path, sweep_file, capsys, change, message):
+    """The design (its looks and level) is stored with the parent run when the sweep starts; a resumed
+    sweep with another start or rule would end its seeds under a design no view reads."""
+    from k3lab.registry import load_sweep
+    from k3lab.store.state import sweep_spec, write_state
+
+    sweep_file.write_text(sweep_file.read_text().replace("seeds: [0]", "seeds: {start: 3, max: 4, until: decided}"))
+    (tmp_path / "runs" / "mini").mkdir(parents=True)
+    sweep = load_sweep(sweep_file)
+    write_state(tmp_path / "runs" / "mini.k3lab.json", "x", "sqlite:///x.db", [t.id for t in sweep.trials],
+                sweep_spec(sweep))
+    sweep_file.write_text(sweep_file.read_text().replace("start: 3, max: 4, until: decided", change))
+    assert main(sweep_args(tmp_path, sweep_file, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "--overwrite" in err
+
+
 def overwrite_hint(tmp_path, sweep_file) -> str:
     """The `--overwrite` command a refusal prints for the sweep that `sweep_args` runs (`k3lab.hints`)."""
     return (f"k3lab sweep {sweep_file} --storage {tmp_path / 'runs'} --tracking-uri sqlite:///{tmp_path / 'mlflow.db'} "

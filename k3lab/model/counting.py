@@ -5,6 +5,7 @@ FLOPs per token (forward + backward, training):
     6 * N_active_matmul                                   every weight matrix a token multiplies
   + sum over MLA layers  6 * H * (d_qk + d_v) * T         QK^T and AV over a context of T
   + sum over KDA layers  6 * H * (C * (3 dk + 2 dv) + 3 dk dv)   chunkwise KDA, chunk size C
+  + sum over AttnRes sites  12 * K_site * M                  AttnRes's depth mixing, K_site candidates
 
 N_active_matmul counts routed experts at top_k / num_experts, the tied embedding/head
 once (as the head's matmul; the embedding lookup is free; an untied embedding is not a
@@ -16,6 +17,12 @@ over C positions, dk each), the triangular solve and the intra-chunk output (abo
 C * (dk + dv) + C * dv), and the three state products with the dk x dv state (read-out
 for w and q, and the update). It is an estimate of the work the chunk algorithm does,
 not a measurement.
+
+AttnRes mixes K candidates of width M at each site (each layer's attention input but layer 0's,
+and every FFN input; `attn_res_candidates`): its scorer is a (1 x M) vector applied to all K
+candidates, and its output a weighted sum over K, two matmul-like products of 2 K M FLOPs
+forward each; as for a matmul, training is 3x the forward, 12 K M per site. Its RMSNorm and
+softmax are elementwise, left out like every norm.
 """
 
 from __future__ import annotations
@@ -98,7 +105,29 @@ def flops_per_token(config: KimiK3Config, active_matmul: int, seq_len: int) -> i
     qk_dim = config.mla_qk_head_dim + config.mla_shared_key_dim
     mla = 6 * config.mla_num_heads * (qk_dim + config.mla_v_head_dim) * seq_len
     kda = kda_flops_per_token(config.kda_num_heads, config.kda_head_dim, config.kda_chunk_size, seq_len)
-    return 6 * active_matmul + mla_layers * mla + kda_layers * kda
+    return 6 * active_matmul + mla_layers * mla + kda_layers * kda + attn_res_flops_per_token(config)
+
+
+def attn_res_candidates(config: KimiK3Config) -> list[int]:
+    """The number of depth candidates K at each AttnRes mixing site, in forward order (none without
+    AttnRes): layer i's attention input mixes the stored block endpoints and the live prefix (not at
+    layer 0, whose input is the embedding); a layer that starts a block (i % S == 0) then stores
+    its incoming prefix as an endpoint; its FFN input mixes the endpoints and the new prefix."""
+    if not config.use_attn_res:
+        return []
+    sites, endpoints = [], 0
+    for layer in range(config.num_layers):
+        if endpoints > 0:
+            sites.append(endpoints + 1)
+        if layer % config.attn_res_block_size == 0:
+            endpoints += 1
+        sites.append(endpoints + 1)
+    return sites
+
+
+def attn_res_flops_per_token(config: KimiK3Config) -> int:
+    """AttnRes's mixing, training FLOPs per token: 12 K M per site (see the module docstring)."""
+    return 12 * config.hidden_size * sum(attn_res_candidates(config))
 
 
 def kda_flops_per_token(num_heads: int, head_dim: int, chunk_size: int, seq_len: int) -> int:

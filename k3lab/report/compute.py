@@ -2,25 +2,29 @@
 
 A sweep with `compute: {scales: [1.25, 1.6, 2.0]}` trains each baseline at those multiples of its
 token budget too (its compute curve). For every seed s, the baseline's losses L against training
-compute C (FLOPs per token as k3lab counts them for MFU, times tokens trained) are joined point to point by power
-laws, i.e. straight lines in log L against log C (`curve_compute`), and a variant's multiplier at
-seed s is the compute at which that curve reaches the variant's loss, over the variant's own
-compute (what the count adds for a variant counts against it):
+compute C (FLOPs per token as k3lab counts them, AttnRes's mixing included, times tokens trained)
+form a curve (`k3lab.report.curves`: a monotone cubic in log-log through the points), and a
+variant's multiplier at seed s is the compute at which that curve reaches the variant's loss,
+over the variant's own compute (what the count adds for a variant counts against it):
 
     m_s = C_b,s(L_v,s) / C_v,s
 
 The curve goes through the baseline's own trials, so a variant that ends where the baseline does
-is worth 1x whatever the curve's shape between its points; one power law over all the points
-would miss the baseline's own 1x point where the curve bends (at small budgets it does) and give
-a variant equal to the baseline some other multiplier. A seed whose curve does not fall from
-point to point gives none.
+is worth 1x whatever the curve's shape between its points. A seed whose curve does not fall from
+point to point gives none. A seed whose baseline points do not bracket the variant's loss is
+censored: it enters no mean, and the cell says how many seeds are "beyond 2x" or "below 0.5x"
+(the curve's ends, in multiples of the baseline's budget); the interval is clipped to the
+curve's ends, where it says "beyond" or "below" too.
 
 m > 1: the variant reaches with its compute a loss the baseline needs m times that compute for.
-Each seed's fit uses that seed's trials alone, so the seeds' log m_s are independent like the
+Each seed's curve uses that seed's trials alone, so the seeds' log m_s are independent like the
 verdicts' paired differences; the estimate is their geometric mean, with the design's family-wise
-interval (`k3lab.report.sequential.Design.half_width`) on the log scale. A value the curve does not
-reach (above its largest compute or below its smallest) is reported as "beyond 2x" or "below 1x"
-(the curve's ends, in multiples of the baseline's budget), not extrapolated silently.
+interval (`k3lab.report.sequential.Design.half_width`) on the log scale.
+
+The same reading with GPU-seconds for cost (each trial's tokens over its measured tokens/s: its
+training time on its GPU) gives the time multiplier: the baseline's seconds to reach the
+variant's loss over the variant's own, what the change is worth in wall time where its kernels
+cost more (or less) than its FLOPs say. Compare it only within one store (one GPU type).
 
 Across model sizes (`compute: {sizes: AXIS, at: FLOPS}`), as the paper fits its five sizes: per
 seed, each family of variants (one value of the other axes) gets its own power law over its
@@ -34,10 +38,11 @@ import math
 import statistics
 from pathlib import Path
 
-import attrs
-import numpy as np
-from scipy import stats as scipy_stats
+from typing import Callable
 
+import attrs
+
+from k3lab.report.curves import ABOVE, BELOW, compute_at, curve_reach, power_law
 from k3lab.report.family import ExtraColumn, tokens_per_step, trial_value
 from k3lab.report.records import TrialRecord
 from k3lab.report.sequential import Design
@@ -55,43 +60,21 @@ def trial_compute(record: TrialRecord) -> float | None:
     return per_token * per_step * steps if per_token and per_step else None
 
 
-def curve_compute(points: list[tuple[float, float]], loss: float) -> float | None:
-    """The compute at which the curve through (compute, loss) points, a power law between each two
-    neighbours, reaches `loss` (beyond its ends: its end pieces extended); None under two points
-    or where the loss does not fall from point to point."""
-    points = sorted(points)
-    x = [math.log(c) for c, _ in points]
-    y = [math.log(v) for _, v in points]
-    if len(points) < 2 or any(later >= earlier for earlier, later in zip(y, y[1:])):
-        return None
-    target = math.log(loss)
-    piece = next((i for i in range(len(y) - 1) if y[i + 1] <= target), len(y) - 2)  # y falls with i
-    slope = (x[piece + 1] - x[piece]) / (y[piece + 1] - y[piece])
-    return math.exp(x[piece] + (target - y[piece]) * slope)
-
-
-def power_law(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """(a, alpha) of log L = a - alpha log C fitted to (compute, loss) points; None under two
-    points of different compute, or where the loss does not fall with compute (alpha <= 0)."""
-    if len({c for c, _ in points}) < 2:
-        return None
-    fit = scipy_stats.linregress(np.log([c for c, _ in points]), np.log([loss for _, loss in points]))
-    return (float(fit.intercept), -float(fit.slope)) if fit.slope < 0 else None
-
-
-def compute_at(fit: tuple[float, float], loss: float) -> float:
-    """The compute at which the fitted curve reaches `loss`."""
-    a, alpha = fit
-    return math.exp((a - math.log(loss)) / alpha)
+def trial_seconds(record: TrialRecord) -> float | None:
+    """Seconds the trial trained: its tokens over its measured tokens per second (run average)."""
+    tokens, rate = record.value("tokens"), record.value("avg_tokens_per_s")
+    return tokens / rate if tokens and rate else None
 
 
 @attrs.frozen
 class Multiplier:
-    """One variant's compute multiplier against its baseline's curve. estimate/low/high: the
-    geometric mean over the seeds and its interval (None: under two seeds); lowest/highest: the
-    multipliers at the curve's smallest and largest compute (outside them the curve is not
-    known); outside: what a value below or above them is shown as (e.g. "below 1x", "beyond 2x");
-    basis: what the baseline's compute is read from, for the report's note."""
+    """One variant's multiplier against its baseline's curve. estimate/low/high: the geometric mean
+    over the seeds inside the curve and its interval, clipped to the curve's ends (None: under two
+    such seeds); lowest/highest: the multipliers at the curve's smallest and largest cost (outside
+    them the curve is not known); outside: what a value below or above them is shown as (e.g.
+    "below 1x", "beyond 2x"); basis: what the baseline's cost is read from, for the report's note;
+    censored: seed -> "below" / "above" for seeds whose curve does not bracket the variant's loss;
+    time: the same reading in GPU-seconds (`trial_seconds`), where the trials measured them."""
 
     variant: str
     baseline: str
@@ -104,95 +87,135 @@ class Multiplier:
     outside: tuple[str, str]
     basis: str
     skipped: tuple[int, ...] = ()  # seeds whose curve did not fall with compute
+    censored: dict[int, str] = attrs.Factory(dict)
+    time: "Multiplier | None" = None
 
     @property
     def pairs(self) -> int:
         return len(self.seeds)
 
     def shown(self, value: float | None) -> str:
-        """1.18x, or "beyond 2x" / "below 1x" outside the curve, or "n/a"."""
+        """1.18x, or "beyond 2x" / "below 1x" at or outside the curve's ends, or "n/a"."""
         if value is None:
             return "n/a"
-        if value > self.highest * (1 + 1e-9):
+        if value >= self.highest * (1 - 1e-9) and value > self.lowest:
             return self.outside[1]
-        if value < self.lowest * (1 - 1e-9):
+        if value <= self.lowest * (1 + 1e-9) and value < self.highest:
             return self.outside[0]
         return f"{value:.2f}x"
 
     @property
+    def censored_text(self) -> str:
+        """'; 2 of 9 seeds beyond 2x' (none: '')."""
+        counts = [(sum(1 for side in self.censored.values() if side == which), label)
+                  for which, label in ((ABOVE, self.outside[1]), (BELOW, self.outside[0]))]
+        every = self.pairs + len(self.censored)
+        return "".join(f"; {n} of {every} seeds {label}" for n, label in counts if n)
+
+    @property
     def cell(self) -> str:
-        """'1.18x [1.05x, 1.32x]' (the interval where there is one)."""
-        if self.low is None or self.high is None:
-            return self.shown(self.estimate)
-        return f"{self.shown(self.estimate)} [{self.shown(self.low)}, {self.shown(self.high)}]"
+        """'1.18x [1.05x, 1.32x]' (the interval where there is one), then the censored seeds."""
+        if self.estimate is None:
+            main = "n/a"
+        elif self.low is None or self.high is None:
+            main = self.shown(self.estimate)
+        else:
+            main = f"{self.shown(self.estimate)} [{self.shown(self.low)}, {self.shown(self.high)}]"
+        return main + self.censored_text
+
+    @property
+    def cells(self) -> str:
+        """The table's cell: FLOPs, and time where measured."""
+        return self.cell if self.time is None else f"FLOPs {self.cell}; time {self.time.cell}"
 
     def to_json(self) -> dict:
-        return {"variant": self.variant, "baseline": self.baseline, "pairs": self.pairs, "estimate": self.estimate,
-                "low": self.low, "high": self.high, "shown": self.cell, "basis": self.basis,
-                "in_curve": [self.lowest, self.highest], "seeds": {str(s): m for s, m in self.seeds.items()},
-                "skipped_seeds": list(self.skipped)}
+        found = {"variant": self.variant, "baseline": self.baseline, "pairs": self.pairs, "estimate": self.estimate,
+                 "low": self.low, "high": self.high, "shown": self.cell, "basis": self.basis,
+                 "in_curve": [self.lowest, self.highest], "seeds": {str(s): m for s, m in self.seeds.items()},
+                 "skipped_seeds": list(self.skipped), "censored_seeds": {str(s): c for s, c in self.censored.items()}}
+        return found | ({"time": self.time.to_json()} if self.time is not None else {})
+
+
+Cost = Callable[[TrialRecord], "float | None"]
 
 
 def curve_points(records: list[TrialRecord], names: list[str], metric: str, last: int, mode: str,
-                 rise: float | None) -> dict[int, list[tuple[float, float]]]:
-    """seed -> (compute, value) of every trial of the curve (`names`: the baseline and its stretched copies)."""
+                 rise: float | None, cost: Cost = trial_compute) -> dict[int, list[tuple[float, float]]]:
+    """seed -> (cost, value) of every trial of the curve (`names`: the baseline and its stretched copies)."""
     points: dict[int, list[tuple[float, float]]] = {}
     for record in records:
         if record.variant in names:
-            value, compute = trial_value(record, metric, last, mode, rise), trial_compute(record)
-            if value is not None and value > 0 and compute:
-                points.setdefault(record.seed, []).append((compute, value))
+            value, spent = trial_value(record, metric, last, mode, rise), cost(record)
+            if value is not None and value > 0 and spent:
+                points.setdefault(record.seed, []).append((spent, value))
     return points
 
 
 def multiplier_of(variant: str, baseline: str, records: list[TrialRecord], curve: dict[str, float], metric: str,
-                  design: Design, last: int = 1, mode: str = "min", rise: float | None = None) -> Multiplier | None:
-    """`variant`'s multiplier against the compute curve of `baseline` (curve: stretched copy ->
-    its multiple of the budget); None where no seed has both a curve and the variant's value."""
-    points = curve_points(records, [baseline, *curve], metric, last, mode, rise)
-    seeds, skipped, spans = {}, [], []
+                  design: Design, last: int = 1, mode: str = "min", rise: float | None = None,
+                  cost: Cost = trial_compute, cubic: bool = True) -> Multiplier | None:
+    """`variant`'s multiplier against the `cost` curve of `baseline` (curve: stretched copy -> its
+    multiple of the budget), with its time multiplier where cost is compute and the trials
+    measured their speed; None where no seed has both a curve and the variant's value."""
+    points = curve_points(records, [baseline, *curve], metric, last, mode, rise, cost)
+    seeds, skipped, censored, spans = {}, [], {}, []
     for record in records:
         if record.variant != variant or record.seed not in points:
             continue
-        value, compute = trial_value(record, metric, last, mode, rise), trial_compute(record)
-        if value is None or value <= 0 or not compute:
+        value, spent = trial_value(record, metric, last, mode, rise), cost(record)
+        if value is None or value <= 0 or not spent:
             continue
-        reached = curve_compute(points[record.seed], value)
-        if reached is None:
+        reached, outside = curve_reach(points[record.seed], value, cubic)
+        costs = [c for c, _ in points[record.seed]]
+        if outside is not None:
+            censored[record.seed] = outside
+        elif reached is None:
             skipped.append(record.seed)
             continue
-        seeds[record.seed] = reached / compute
-        computes = [c for c, _ in points[record.seed]]
-        spans.append((min(computes) / compute, max(computes) / compute))
+        else:
+            seeds[record.seed] = reached / spent
+        spans.append((min(costs) / spent, max(costs) / spent))
     ends = (min(1.0, *curve.values()), max(1.0, *curve.values()))
-    return summarised(variant, baseline, seeds, design, spans, (f"below {ends[0]:g}x", f"beyond {ends[1]:g}x"),
-                      f"its curve over {ends[0]:g}x-{ends[1]:g}x its budget, a power law between neighbouring points, "
-                      "per seed", skipped)
+    outside = ((f"below {ends[0]:g}x", f"beyond {ends[1]:g}x") if cost is trial_compute  # the budgets' multiples
+               else ("below the curve", "beyond the curve"))  # in seconds the ends differ by each trial's speed
+    found = summarised(variant, baseline, seeds, design, spans, outside,
+                       f"its curve over {ends[0]:g}x-{ends[1]:g}x its budget, "
+                       f"{'a monotone cubic' if cubic else 'straight pieces'} in log-log through the points, per seed",
+                       skipped, censored)
+    if found is None or cost is not trial_compute:
+        return found
+    return attrs.evolve(found, time=multiplier_of(variant, baseline, records, curve, metric, design, last, mode,
+                                                  rise, trial_seconds, cubic))
 
 
 def summarised(variant: str, baseline: str, seeds: dict[int, float], design: Design,
                spans: list[tuple[float, float]], outside: tuple[str, str], basis: str,
-               skipped: list[int]) -> Multiplier | None:
-    """The seeds' multipliers as a `Multiplier`: geometric mean and the design's interval on the logs."""
-    if not seeds:
+               skipped: list[int], censored: dict[int, str] | None = None) -> Multiplier | None:
+    """The seeds' multipliers as a `Multiplier`: geometric mean and the design's interval on the
+    logs, clipped to the curve's ends; censored seeds are counted, never averaged."""
+    if not seeds and not censored:
         return None
-    logs = [math.log(m) for m in seeds.values()]
-    centre = statistics.fmean(logs)
-    half = design.half_width(logs)
-    low, high = (math.exp(centre - half), math.exp(centre + half)) if math.isfinite(half) else (None, None)
-    return Multiplier(variant=variant, baseline=baseline, seeds=dict(sorted(seeds.items())),
-                      estimate=math.exp(centre), low=low, high=high,
-                      lowest=statistics.geometric_mean(lo for lo, _ in spans),
-                      highest=statistics.geometric_mean(hi for _, hi in spans), outside=outside, basis=basis,
-                      skipped=tuple(skipped))
+    lowest = statistics.geometric_mean(lo for lo, _ in spans) if spans else 1.0
+    highest = statistics.geometric_mean(hi for _, hi in spans) if spans else 1.0
+    estimate = low = high = None
+    if seeds:
+        logs = [math.log(m) for m in seeds.values()]
+        centre, half = statistics.fmean(logs), design.half_width(logs)
+        estimate = math.exp(centre)
+        if math.isfinite(half):
+            low, high = max(lowest, math.exp(centre - half)), min(highest, math.exp(centre + half))
+    return Multiplier(variant=variant, baseline=baseline, seeds=dict(sorted(seeds.items())), estimate=estimate,
+                      low=low, high=high, lowest=lowest, highest=highest, outside=outside, basis=basis,
+                      skipped=tuple(skipped), censored=dict(sorted((censored or {}).items())))
 
 
 def compute_multipliers(records: list[TrialRecord], pairs: dict[str, str], curves: dict[str, dict[str, float]],
                         metric: str, design: Design, last: int = 1, mode: str = "min",
-                        rise: float | None = None) -> list[Multiplier]:
+                        rise: float | None = None, cubic: bool = True) -> list[Multiplier]:
     """The multiplier of every compared variant (pairs: variant -> its baseline) whose baseline has a
-    compute curve (curves: baseline -> {stretched copy: multiple}), in the order of `pairs`."""
-    found = (multiplier_of(v, b, records, curves[b], metric, design, last, mode, rise)
+    compute curve (curves: baseline -> {stretched copy: multiple}), in the order of `pairs`; cubic:
+    the curve's reading (`k3lab.report.curves.curve_reach`)."""
+    found = (multiplier_of(v, b, records, curves[b], metric, design, last, mode, rise, cubic=cubic)
              for v, b in pairs.items() if b in curves)
     return [m for m in found if m is not None]
 
@@ -201,7 +224,7 @@ def multiplier_column(multipliers: list[Multiplier], interval: str) -> ExtraColu
     """The comparisons table's compute multiplier column (None without multipliers)."""
     if not multipliers:
         return None
-    return ExtraColumn("compute multiplier", {m.variant: m.cell for m in multipliers},
+    return ExtraColumn("compute multiplier", {m.variant: m.cells for m in multipliers},
                        multiplier_note(multipliers, interval))
 
 
@@ -209,7 +232,9 @@ def multiplier_note(multipliers: list[Multiplier], interval: str) -> str:
     """What the column says, in one sentence for the report."""
     return (f"Compute multiplier: the baseline's compute ({multipliers[0].basis}) that reaches the variant's loss, "
             f"over the variant's own compute (FLOPs per token x tokens); geometric mean over the seeds with the "
-            f"{interval}; >1: the variant is worth more compute than it costs.")
+            f"{interval}, clipped to the curve's ends; seeds whose curve does not reach the variant's loss are "
+            f"counted as beyond or below its ends, not averaged; time: the same with GPU-seconds (tokens over the "
+            f"trials' measured tokens/s) for compute; >1: the variant is worth more than it costs.")
 
 
 def size_multipliers(records: list[TrialRecord], sizes: dict, metric: str, design: Design, last: int = 1,

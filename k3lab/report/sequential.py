@@ -9,22 +9,22 @@ intervals are *repeated confidence intervals* of a group-sequential design:
 
     at n pairs:  mean_n +- t_{n-1}(1 - a_nom / 2) * sd_n / sqrt(n)
 
-with one nominal level a_nom for every look (Pocock's boundary, in t form), chosen so that for
-Gaussian differences
+with one nominal level a_nom for every look (Pocock's boundary, in t form), chosen so that
 
-    P(the interval misses the true mean at some look n = start .. max) = alpha / K.
+    P(the interval misses the true mean at some look n = start .. max) <= alpha / K
 
-The t-statistics of the looks are pivotal (their joint law does not depend on the mean or the
-spread), so a_nom is found once per (start, max, alpha) by simulating that null: the alpha / K
-quantile of each path's smallest two-sided p-value over the looks (`nominal_level`: seeded, so
-every machine gets the same figure, and two Monte Carlo standard errors to the safe side; the
-sweep also stores it with its design). All K intervals
-then hold at every look at once with probability >= 1 - alpha (Bonferroni over the family,
-whatever the dependence through shared baselines), so any decision read off them, at any look
-the rule stops at, keeps that error rate. What this gives up: the guarantee is for looks up to
-`max`; a sweep extended past `max` needs a new design (a confidence sequence holds forever, and
-is wider by as much at the 4-16 pairs a sweep has). docs/statistics.md says why this design,
-and what the simulation measures.
+for paired differences of any location and spread whose shape is Gaussian or skewed up to the
+design's `skew` (right or left: a variant that now and then trains badly against a steady
+baseline). `k3lab.report.calibration` finds a_nom by simulating that null (seeded, so every
+machine gets the same figure; the sweep stores it with its design). All K intervals then hold
+at every look at once with probability >= 1 - alpha (Bonferroni over the family, whatever the
+dependence through shared baselines), so any decision read off them, at any look the rule stops
+at, keeps that error rate. Looks happen only at `start` pairs or more (`SeedPlanner` adds a seed
+for a failed trial's pair before it looks); a comparison with fewer pairs than `start` is not
+resolved. What this gives up: the guarantee is for looks up to `max`; a sweep extended past
+`max` needs a new design (a confidence sequence holds forever, and is wider by as much at the
+4-16 pairs a sweep has). docs/statistics.md says why this design, and what the simulation
+measures.
 
 A fixed list of seeds is one look: each comparison gets a Bonferroni t-interval at alpha / K.
 `until: {halfwidth: h}` stops a comparison once its interval is at most h x |the baseline's mean|
@@ -35,59 +35,25 @@ Everything here works on plain data: {variant: {seed: value or None}} and numpy 
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 
 import attrs
-import numpy as np
 
-from k3lab.report.stats import (BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, t_quantile,
-                                t_two_sided_probability)
+from k3lab.report.calibration import SKEW_COVERED, nominal_level, smallest_p_values
+from k3lab.report.stats import BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, t_quantile
 
 EQUIVALENT = "equivalent"
 CONFIDENCE = 0.95
 DECIDED, HALFWIDTH, MAX, FIXED = "decided", "halfwidth", "max", "fixed"  # the rules
 RULES = (DECIDED, HALFWIDTH, MAX)  # what `until:` may say
 PRECISE, MAX_SEEDS, BUDGET, RUNNING, STOPPED = "precise", "max seeds", "budget", "running", "stopped"
-CALIBRATION_PATHS = 1_000_000
 PLANNING_PATHS = 10_000  # a planning figure needs the level only roughly
 PLANNING_HORIZONS = (24, 32, 48, 64, 96, 128, 200)
-CALIBRATION_SEED = 20261205  # the null simulation's seed: a design's level is the same everywhere
 NEEDED_CAP = PLANNING_HORIZONS[-1]  # beyond this many pairs the answer is another design (longer trials)
 
 __all__ = ["BETTER", "WORSE", "EQUIVALENT", "NOT_RESOLVED", "Design", "SequentialComparison", "nominal_level",
-           "compare_sequential", "compare_family", "fixed_design", "pairs_needed"]
-
-
-# -- the design's level ---------------------------------------------------------------------------
-
-
-def smallest_p_values(z: np.ndarray, looks: range) -> np.ndarray:
-    """Per path (rows of standard normal draws z[path, pair]), the smallest two-sided t-test
-    p-value of the mean = 0 over the looks (numbers of pairs)."""
-    total, squares = np.cumsum(z, 1), np.cumsum(z * z, 1)
-    smallest = np.ones(z.shape[0])
-    for look in looks:
-        mean = total[:, look - 1] / look
-        spread = np.sqrt(np.maximum(squares[:, look - 1] - look * mean ** 2, 1e-300) / (look - 1) / look)
-        p = 1.0 - t_two_sided_probability(mean / spread, look - 1)
-        smallest = np.minimum(smallest, p)
-    return smallest
-
-
-@functools.lru_cache(maxsize=64)
-def nominal_level(start: int, max_pairs: int, alpha: float, paths: int = CALIBRATION_PATHS) -> float:
-    """The nominal two-sided level of every look (start .. max_pairs pairs) at which the chance of
-    rejecting a true mean at some look is `alpha` (see the module docstring). One look: alpha."""
-    first = max(2, start)
-    if max_pairs <= first:
-        return alpha
-    rng, chunk, looks = np.random.default_rng(CALIBRATION_SEED), 100_000, range(first, max_pairs + 1)
-    smallest = np.concatenate([smallest_p_values(rng.standard_normal((min(chunk, paths - done), max_pairs)), looks)
-                               for done in range(0, paths, chunk)])
-    safe = alpha * (1 - 2 / math.sqrt(alpha * paths))  # two Monte Carlo standard errors to the safe side
-    return float(np.quantile(smallest, safe, method="inverted_cdf"))
+           "smallest_p_values", "compare_sequential", "compare_family", "fixed_design", "pairs_needed"]
 
 
 # -- the design -----------------------------------------------------------------------------------
@@ -100,7 +66,9 @@ class Design:
     rule: decided (until better, worse or equivalent), halfwidth (until the interval is at most
     `halfwidth` x |the baseline's mean|), max (every comparison to max seeds), fixed (a list of
     seeds: one look). margin: differences within +/- margin x |the baseline's mean| do not matter
-    (None: no equivalence verdict). level: the nominal level of each look (None: `nominal_level`)."""
+    (None: no equivalence verdict). level: the nominal level of each look (None: `nominal_level`).
+    skew: the skewness of the paired differences up to which the level holds the error (0: the
+    Gaussian calibration of designs stored before skew was covered)."""
 
     comparisons: int
     max_pairs: int
@@ -110,6 +78,7 @@ class Design:
     rule: str = attrs.field()
     margin: float | None = None
     level: float | None = None
+    skew: float = SKEW_COVERED
 
     @rule.default
     def _rule(self) -> str:
@@ -127,23 +96,32 @@ class Design:
             return self.level
         if self.rule == FIXED:
             return self.alpha
-        return nominal_level(self.start, self.max_pairs, self.alpha)
+        return nominal_level(self.start, self.max_pairs, self.alpha, skew=self.skew)
 
     def calibrated(self) -> "Design":
         """This design with its nominal level computed, as a sweep stores it."""
         return attrs.evolve(self, level=self.nominal)
 
+    @property
+    def first_look(self) -> int:
+        """The fewest pairs the design looks at: `start` (its level covers looks start .. max), or
+        two for one look (a fixed list of seeds, some of whose trials may have failed)."""
+        return 2 if self.rule == FIXED else max(2, self.start)
+
     def half_width(self, diffs: list[float]) -> float:
-        """The half-width of the interval after these paired differences (inf under two pairs)."""
+        """The half-width of the interval after these paired differences (inf under `first_look`
+        pairs: a look the level does not cover)."""
         n = len(diffs)
-        if n < 2:
+        if n < self.first_look:
             return math.inf
         mean = math.fsum(diffs) / n
         return self.half_width_at(n, math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / (n - 1)))
 
     def half_width_at(self, pairs: int, sd: float) -> float:
-        """The half-width after `pairs` differences of standard deviation `sd` (inf under two pairs)."""
-        return t_quantile(1 - self.nominal / 2, pairs - 1) * sd / math.sqrt(pairs) if pairs >= 2 else math.inf
+        """The half-width after `pairs` differences of standard deviation `sd` (inf under `first_look`)."""
+        if pairs < self.first_look:
+            return math.inf
+        return t_quantile(1 - self.nominal / 2, pairs - 1) * sd / math.sqrt(pairs)
 
     def verdict(self, mean: float, half: float, reference: float, mode: str) -> str:
         """better / worse (the interval excludes 0), equivalent (inside the margin), not resolved."""
@@ -180,8 +158,14 @@ class Design:
                     f"comparison{s}: each at {100 * self.alpha:.3g}%)")
         return (f"family-wise {100 * self.confidence:g}% repeated t-intervals of a group-sequential design (Pocock's "
                 f"boundary: every look from {self.start} to {self.max_pairs} pairs at a nominal "
-                f"{100 * self.nominal:.3g}%, Bonferroni over {self.comparisons} comparison{s}), valid at whichever "
-                "look the rule stopped")
+                f"{100 * self.nominal:.3g}%, Bonferroni over {self.comparisons} comparison{s}{self.skew_text}), "
+                "valid at whichever look the rule stopped")
+
+    @property
+    def skew_text(self) -> str:
+        """What shapes of differences the level holds for, for the label."""
+        return f"; calibrated for paired differences skewed up to {self.skew:g}" if self.skew > 0 else (
+            "; calibrated for Gaussian differences")
 
     @property
     def rule_text(self) -> str:
@@ -203,13 +187,13 @@ class Design:
     @classmethod
     def from_json(cls, data: dict) -> "Design":
         names = {field.name for field in attrs.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in names})
+        return cls(**{"skew": 0.0} | {key: value for key, value in data.items() if key in names})  # no skew: Gaussian
 
 
 def fixed_design(comparisons: int, seeds: int, confidence: float = CONFIDENCE, margin: float | None = None) -> Design:
     """The design of a fixed list of seeds: one look, Bonferroni t-intervals."""
     return Design(comparisons=comparisons, max_pairs=seeds, start=seeds, confidence=confidence, rule=FIXED,
-                  margin=margin)
+                  margin=margin, skew=0.0)
 
 
 # -- planning ------------------------------------------------------------------------------------
@@ -222,7 +206,7 @@ def planning_level(design: Design, n: int) -> float:
     if n <= design.max_pairs:
         return design.nominal
     horizon = next(h for h in PLANNING_HORIZONS if h >= n)
-    return nominal_level(design.start, horizon, design.alpha, PLANNING_PATHS)
+    return nominal_level(design.start, horizon, design.alpha, PLANNING_PATHS, skew=design.skew)
 
 
 def pairs_needed(sd: float, reference: float, design: Design, have: int, mean: float = 0.0) -> int | None:
@@ -239,7 +223,7 @@ def pairs_needed(sd: float, reference: float, design: Design, have: int, mean: f
             return half <= design.halfwidth * abs(reference)
         return design.verdict(mean, half, reference, "min") != NOT_RESOLVED
 
-    low, high = max(have + 1, 2), NEEDED_CAP
+    low, high = max(have + 1, design.first_look), NEEDED_CAP
     if not enough(high):
         return None
     while low < high:  # the half-width shrinks with n, so "enough" holds from some n on
@@ -290,8 +274,9 @@ def compare_sequential(variant: str, values: SeedValues, baseline: str, baseline
     if stopping not in (DECIDED, PRECISE) and len(diffs) >= 2:
         common["pairs_needed"] = pairs_needed(statistics.stdev(diffs), baseline_mean, design, len(diffs), mean)
     if not math.isfinite(half):
+        reason = "one pair" if len(seeds) < 2 else f"{len(seeds)} pairs: the design looks from {design.first_look}"
         return SequentialComparison(variant, baseline, len(seeds), every_seed, mean, None, baseline_mean,
-                                    NOT_RESOLVED, "one pair", **common, stopping=stopping)
+                                    NOT_RESOLVED, reason, **common, stopping=stopping)
     outcome = design.verdict(mean, half, baseline_mean, mode)
     reason = "interval covers 0" if outcome == NOT_RESOLVED else ""
     return SequentialComparison(variant, baseline, len(seeds), every_seed, mean, half, baseline_mean, outcome,
@@ -376,4 +361,5 @@ def sequential_note(design: Design) -> str:
                "was stopped before its budget ended; `--resume` adds seeds), running")
     return (f"rule: {design.rule_text}; pairs: seeds where both trials finished, of the seeds run; interval: "
             f"{design.label}; half-width: relative to the baseline's mean over the pairs{asked}{margin}; not "
-            f"resolved: the interval covers 0 (or there are fewer than two pairs){stopped}{needed}")
+            f"resolved: the interval covers 0 (or there are fewer pairs than the design's first look, "
+            f"{design.first_look}){stopped}{needed}")

@@ -117,9 +117,13 @@ def write_state(path: Path, parent_run_id: str, tracking_uri: str, trials: list[
 
 def sweep_spec(sweep) -> dict:
     """What shapes the trials' results besides their ids (variant and seed): the train section and the
-    metric, as JSON would give them back, so that `--resume` can refuse a changed one
-    (a resumed sweep would otherwise mix trials of two settings in one report)."""
-    return json.loads(json.dumps({"train": attrs.asdict(sweep.train), "metric": attrs.asdict(sweep.metric)}))
+    metric, and what the comparisons' design depends on (the seeds policy: start, max, until,
+    confidence; the baselines), as JSON would give them back, so that `--resume` can refuse a changed
+    one (a resumed sweep would otherwise mix trials of two settings in one report, or end its
+    seeds under another design than the one stored with its parent run, which every view reads)."""
+    policy = attrs.asdict(sweep.seed_policy) if sweep.seed_policy is not None else None
+    return json.loads(json.dumps({"train": attrs.asdict(sweep.train), "metric": attrs.asdict(sweep.metric),
+                                  "seeds": policy, "baselines": dict(sweep.baselines)}))
 
 
 def first_difference(old, new, where: str = ""):

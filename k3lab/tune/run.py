@@ -190,12 +190,12 @@ def check_experiment_dir(run: SweepRun) -> None:
         raise UserError(f"--resume: no earlier run of {run.experiment} under {run.storage}")
     if run.resume:
         state = read_state(run.state_file, again=run.hint("sweep", overwrite=True))
+        check_same_spec(run, state.get("spec"))  # first: it names the field that changed
         saved = state.get("trials")
         if saved is not None and sorted(saved) != sorted(t.id for t in run.sweep.trials):
             raise UserError(f"--resume: {run.sweep.path} no longer describes the trials of the run under "
                             f"{run.tune_dir} (variants or seeds changed): `{run.hint('sweep', overwrite=True)}` "
                             "starts it again")
-        check_same_spec(run, state.get("spec"))
         check_tune_folder(run)
     if exists and not run.resume and not run.overwrite:
         raise UserError(f"{run.tune_dir} exists from an earlier run: `{run.hint('sweep', resume=True)}` "
