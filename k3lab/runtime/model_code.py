@@ -29,11 +29,14 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]  # k3lab/
 MODEL_CODE_FILES = ("model/*.py", "ops/**/*.py", "optim/*.py", "compiling.py")  # under PACKAGE
+# model code no training step runs: parameter and FLOP counting, Hugging Face conversion, generation
+NOT_IN_A_STEP = ("model/counting.py", "model/hf.py", "model/inference.py")
 
 
 def model_code_files(root: Path = PACKAGE) -> list[Path]:
-    """The model code's files under `root`, sorted by their path."""
-    return sorted({path for pattern in MODEL_CODE_FILES for path in root.glob(pattern)})
+    """The model code's files under `root` that a training step runs, sorted by their path."""
+    files = {path for pattern in MODEL_CODE_FILES for path in root.glob(pattern)}
+    return sorted(path for path in files if path.relative_to(root).as_posix() not in NOT_IN_A_STEP)
 
 
 def add_model_code(digest, root: Path = PACKAGE) -> None:
