@@ -225,7 +225,7 @@ def test_a_cpu_sweep_with_compute_scales_trains_the_curve_and_reports_the_multip
                  "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 0
     out = capsys.readouterr().out
     assert "compute multiplier" in out and "Compute multiplier: the baseline's compute" in out
-    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    parent = next(r for r in runs if r.data.tags.get("k3lab.kind") == "sweep")
     metrics = client.get_run(parent.info.run_id).data.metrics
     assert {"compute_multiplier/attnres_bs1", "compute_multiplier_low/attnres_bs1",
             "compute_multiplier_high/attnres_bs1"} <= set(metrics)

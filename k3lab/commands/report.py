@@ -43,8 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_report(args) -> int:
     from k3lab.report.summary import build_report, print_summary
     from k3lab.tune.parent import present
-    from k3lab.report.across import report_across
-    from k3lab.tune.reporting import check_interrupted, find_parent_run, other_sweeps, report_design
+    from k3lab.tune.reporting import check_interrupted, find_parent_run, other_sweeps, report_across, report_design
     from k3lab.runtime.preflight import check_tracking_server
 
     run = sweep_run_from_args(args)

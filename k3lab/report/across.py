@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 from rich.table import Table
 
@@ -111,25 +110,3 @@ def across_json(rows: list[dict]) -> list[dict]:
              "by_sweep": {label: c.to_json() for label, c in row["by_sweep"]}, POOLED: row["pooled"].to_json()}
             for row in rows]
 
-
-def report_across(tracking_uri: str, summary: dict, also: list[tuple[str, str, str]], out: Path) -> dict:
-    """The comparisons of this store's sweep (`summary`, from `build_report`) and of the other stores'
-    (label, tracking URI, parent run id), per sweep and pooled; written to `out`/across.json too."""
-    import json
-
-    from k3lab.report.summary import load_trials
-
-    metric = summary["metric"]
-    sweeps = [Sweep(label_of(tracking_uri), summary["records"])]
-    sweeps += [Sweep(label, load_trials(uri, parent, curves=("train_loss", metric))) for label, uri, parent in also]
-    rows = compare_across(sweeps, summary["pairs"], metric, summary["mode"], summary["design"], summary["last"],
-                          summary["rise"])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "across.json").write_text(json.dumps(across_json(rows), indent=2, default=str))
-    return {"rows": rows, "sweeps": sweeps}
-
-
-def label_of(store: str) -> str:
-    """A store's name in the tables: its file (a folder's mlflow.db: the folder)."""
-    path = Path(store.removeprefix("sqlite:///"))
-    return path.parent.name if path.name == "mlflow.db" else path.name.removesuffix(".xz")

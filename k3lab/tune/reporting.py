@@ -5,6 +5,7 @@ design its comparisons are made with."""
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.tune.run import SweepRun
@@ -111,7 +112,6 @@ def find_parent_run(run: SweepRun) -> str:
 def other_sweeps(stores: list[str], run: SweepRun) -> list[tuple[str, str, str]]:
     """`k3lab report --also STORE`: (label, tracking URI, parent run id) of each store's latest sweep
     of the experiment; a store without one is a one-line error, before anything is written."""
-    from k3lab.report.across import label_of
     from k3lab.store.archive import store_tracking_uri
     from k3lab.store.runs import latest_sweep_run
 
@@ -123,3 +123,27 @@ def other_sweeps(stores: list[str], run: SweepRun) -> list[tuple[str, str, str]]
             raise UserError(f"--also {store}: no sweep of {run.experiment} in it")
         found.append((label_of(store), uri, parent))
     return found
+
+
+def report_across(tracking_uri: str, summary: dict, also: list[tuple[str, str, str]], out: Path) -> dict:
+    """The comparisons of this store's sweep (`summary`, from `build_report`) and of the other stores'
+    (label, tracking URI, parent run id), per sweep and pooled; written to `out`/across.json too."""
+    import json
+
+    from k3lab.report.across import Sweep, across_json, compare_across
+    from k3lab.report.summary import load_trials
+
+    metric = summary["metric"]
+    sweeps = [Sweep(label_of(tracking_uri), summary["records"])]
+    sweeps += [Sweep(label, load_trials(uri, parent, curves=("train_loss", metric))) for label, uri, parent in also]
+    rows = compare_across(sweeps, summary["pairs"], metric, summary["mode"], summary["design"], summary["last"],
+                          summary["rise"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "across.json").write_text(json.dumps(across_json(rows), indent=2, default=str))
+    return {"rows": rows, "sweeps": sweeps}
+
+
+def label_of(store: str) -> str:
+    """A store's name in the tables: its file (a folder's mlflow.db: the folder)."""
+    path = Path(store.removeprefix("sqlite:///"))
+    return path.parent.name if path.name == "mlflow.db" else path.name.removesuffix(".xz")
