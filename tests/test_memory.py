@@ -2,6 +2,7 @@
 holds a trial off a full GPU, and an out-of-memory error that lowers the trials at once instead of
 crashing into the same wall. A fake GPU of given memory stands in for the card."""
 
+import contextlib
 import json
 import multiprocessing
 
@@ -105,48 +106,49 @@ def hold_a_slot(folder, limits, used, ready, done):
     gate.release()
 
 
+@contextlib.contextmanager
+def another_trial_holding(folder, limits: Limits, used: int):
+    """Another process holding a slot of the gate in `folder` with `used` bytes, until the block
+    sets the event it yields (or ends); then gone."""
+    context = multiprocessing.get_context("spawn")
+    ready, done = context.Event(), context.Event()
+    holder = context.Process(target=hold_a_slot, args=(folder, limits, used, ready, done))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        yield done, holder
+    finally:
+        done.set()
+        holder.join(10)
+
+
 def test_a_trial_waits_at_the_gate_until_a_holder_has_gone(tmp_path):
     import threading
 
     limits = Limits(trials=2, budget_bytes=40, owner="sweep")
-    context = multiprocessing.get_context("spawn")
-    ready, done = context.Event(), context.Event()
-    holder = context.Process(target=hold_a_slot, args=(tmp_path, limits, 30, ready, done))
-    holder.start()
-    try:
-        assert ready.wait(30)
+    with another_trial_holding(tmp_path, limits, 30) as (done, holder):
         threading.Timer(1.0, done.set).start()  # the holder ends after a second
         gate = MemoryGate(tmp_path, limits, poll_s=0.05)
         assert gate.acquire(20, "newcomer") >= 0.9  # 30 + 20 > 40: it waited for the holder
         holder.join(10)
         assert not holder.is_alive()
-    finally:
-        done.set()
-        holder.join(10)
 
 
 def test_an_out_of_memory_error_lowers_the_trials_at_once_below_those_holding_the_gpu(tmp_path):
     limits = Limits(trials=4, budget_bytes=100, owner="sweep")
-    context = multiprocessing.get_context("spawn")
-    ready, done = context.Event(), context.Event()
-    holder = context.Process(target=hold_a_slot, args=(tmp_path, limits, 30, ready, done))
-    holder.start()
-    try:
-        assert ready.wait(30)
+    with another_trial_holding(tmp_path, limits, 30) as (done, holder):
         gate = MemoryGate(tmp_path, limits, poll_s=0.05)
         gate.acquire(30, "oom")
         assert gate.lower_after_oom() == 1  # two held the GPU: one at a time from now on
         assert gpu_gate.read_limits(tmp_path).trials == 1
         gate.release()
-        alone = MemoryGate(tmp_path, limits, poll_s=0.05)  # the same sweep: its lowered limits stand
+        MemoryGate(tmp_path, limits, poll_s=0.05)  # the same sweep: its lowered limits stand
         assert gpu_gate.read_limits(tmp_path).trials == 1
         done.set()
         holder.join(10)
-        alone.acquire(30, "alone")
-        assert alone.lower_after_oom() == 0  # alone on the GPU: it does not fit, nothing to lower
-    finally:
-        done.set()
-        holder.join(10)
+    alone = MemoryGate(tmp_path, limits, poll_s=0.05)
+    alone.acquire(30, "alone")
+    assert alone.lower_after_oom() == 0  # alone on the GPU: it does not fit, nothing to lower
 
 
 def test_a_new_sweep_starts_from_its_own_packing_not_a_lowered_one(tmp_path):
