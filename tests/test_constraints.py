@@ -142,5 +142,24 @@ def test_the_floors_are_the_lower_bounds_of_the_ranges(tmp_path):
     lock = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lock)
     floors = lock.floors(set())
-    assert floors["mlflow"] == "3.9.0" and floors["ray"] == "2.51" and "torch" not in floors
+    assert floors["mlflow"] == "3.17.0" and floors["ray"] == "2.51" and "torch" not in floors
     assert "numpy" not in floors  # no lower bound: nothing to pin
+
+
+def test_every_store_in_docs_runs_has_the_schema_of_this_installs_mlflow(tmp_path):
+    """A store k3lab ships opens with the versions it installs (and at the ranges' floors: CI's floors job)."""
+    import lzma
+    import sqlite3
+
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    head = ScriptDirectory.from_config(_get_alembic_config("sqlite://")).get_current_head()
+    stores = sorted((ROOT / "docs/runs").glob("*.db.xz"))
+    assert stores
+    for store in stores:
+        copy = tmp_path / "store.db"
+        copy.write_bytes(lzma.decompress(store.read_bytes()))
+        with sqlite3.connect(copy) as db:
+            schema = db.execute("SELECT version_num FROM alembic_version").fetchone()[0]
+        assert schema == head, f"{store.name}: schema {schema}, this MLflow's {head} (scripts/downgrade_store.py)"

@@ -266,9 +266,16 @@ class Resolver:
             raise UserError(f"{parent} needs {name}{specifier}, but the constraints pin {name}{pin}")
 
 
+def read_requirement(text: str, where: str, what: str):
+    """`text` as a packaging Requirement; a UserError naming `where` it came from otherwise."""
+    try:
+        return packaging_modules()[1].Requirement(text)
+    except Exception as error:
+        raise UserError(f"{where}: cannot read {text!r} as {what} ({error})") from None
+
+
 def parse_constraints(paths: Iterable[Path | str]) -> dict[str, str]:
     """pip constraints files ('name==1.2', comments, blank lines) -> {canonical name: specifier}."""
-    requirements = packaging_modules()[1]
     out: dict[str, str] = {}
     for value in paths:
         path = Path(value)
@@ -278,10 +285,7 @@ def parse_constraints(paths: Iterable[Path | str]) -> dict[str, str]:
             line = line.split("#", 1)[0].strip()
             if not line:
                 continue
-            try:
-                requirement = requirements.Requirement(line)
-            except Exception as error:
-                raise UserError(f"{path}:{number}: cannot read {line!r} as a constraint ({error})") from None
+            requirement = read_requirement(line, f"{path}:{number}", "a constraint")
             if requirement.extras or requirement.url:
                 raise UserError(f"{path}:{number}: {line!r}: a constraint names a version range only")
             name = canonical(requirement.name)
@@ -291,7 +295,6 @@ def parse_constraints(paths: Iterable[Path | str]) -> dict[str, str]:
 
 def parse_excludes(values: Iterable[str]) -> dict[str, str]:
     """'torch==2.11.0,triton' (repeatable, or @FILE with one a line) -> {name: specifier}."""
-    requirements = packaging_modules()[1]
     out: dict[str, str] = {}
     for value in values:
         items: list[str] = []
@@ -307,9 +310,6 @@ def parse_excludes(values: Iterable[str]) -> dict[str, str]:
         for item in (i.strip() for i in items):
             if not item:
                 continue
-            try:
-                requirement = requirements.Requirement(item)
-            except Exception as error:
-                raise UserError(f"--exclude: cannot read {item!r} as a requirement ({error})") from None
+            requirement = read_requirement(item, "--exclude", "a requirement")
             out[canonical(requirement.name)] = str(requirement.specifier)
     return out
