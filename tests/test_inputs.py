@@ -37,7 +37,7 @@ def test_a_trial_run_lists_its_corpus_once_and_the_runs_table_filters_by_it(tmp_
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     train = TrainSpec(steps=2, batch_size=2, seq_len=32, warmup_steps=1, eval_interval=2, eval_batches=1)
-    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny").to_dict(),
+    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny"),
                      train=train, tracking_uri=uri, experiment="inputs")
     _, run_id = run_trial(spec, device="cpu")
     client = MlflowClient(uri)

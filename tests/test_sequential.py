@@ -274,7 +274,7 @@ def sweep_file_designs() -> set[tuple[int, int, float]]:
     """(start, max, alpha / K) of every seeds policy of every profile of experiments/*.yaml."""
     from pathlib import Path
 
-    from k3lab.registry.sweep import _read, load_sweep, profile_names
+    from k3lab.registry.sweep_file import _read, load_sweep, profile_names
 
     found = set()
     for path in sorted(Path(__file__).resolve().parent.parent.glob("experiments/*.yaml")):

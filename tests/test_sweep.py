@@ -697,7 +697,7 @@ def test_a_grid_starts_seed_by_seed_so_a_sweep_stopped_early_holds_whole_pairs()
     from k3lab.tune.trial import trial_specs
 
     sweep = load_sweep_for(str(Path(__file__).resolve().parents[1] / "experiments/pairing.yaml"), "cpu")
-    run = SimpleNamespace(sweep=sweep, tracking_uri=None, experiment="pairing-cpu")
+    run = SimpleNamespace(sweep=sweep, tracking_uri=None, experiment="pairing-cpu", uses_gpus=False)
     started = [(spec.seed, spec.variant_name) for spec in trial_specs(run, parent_run_id="p").values()]
     variants = [v.name for v in sweep.valid_variants]
     assert started == [(seed, name) for seed in range(8) for name in variants]

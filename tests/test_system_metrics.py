@@ -88,7 +88,7 @@ def test_a_trial_run_holds_its_system_metrics_at_steps_of_its_training(tmp_path,
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     train = TrainSpec(steps=6, batch_size=2, seq_len=32, warmup_steps=1, eval_interval=6, eval_batches=1,
                       log_interval=2)
-    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny").to_dict(),
+    spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny"),
                      train=train, tracking_uri=uri, experiment="system")
     _, run_id = run_trial(spec, device="cpu")
     client = MLflowTracker(uri, run_id).client
