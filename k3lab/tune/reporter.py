@@ -37,7 +37,7 @@ class TrialReporter:
     checkpoints: this process saves checkpoints (not the other ranks of a DDP trial);
     extra: added to every report but a diverged trial's (a DDP trial's world_size);
     tracker: the trial's MLflow run, set by run_trial once it is open (None: not tracked);
-    meter: measures the trial's GPU memory after each evaluation (`k3lab.runtime.memory.MemoryMeter`)."""
+    meter: measures the trial's GPU memory after each evaluation (`k3lab.runtime.gpu_gate.MemoryMeter`)."""
 
     def __init__(self, spec, report, checkpoint_type, restored: bool, checkpoints: bool = True,
                  extra: dict | None = None, meter=None):
