@@ -417,3 +417,20 @@ def test_an_older_stores_trials_get_their_loss_under_loss_so_their_page_opens_on
         metrics = client.get_run(run_id).data.metrics
         assert "probe/attnres_entropy/L00" in metrics and "diag/attnres_entropy/L00" not in metrics  # after the loss
         assert len(client.get_metric_history(run_id, "probe/attnres_entropy/L00")) == 3
+
+
+def test_an_older_stores_diagnostics_move_under_probe_and_mlflows_system_metrics_stay(tmp_path):
+    """`k3lab ui` regroups an older store's diagnostics (diag/, moe/, attnres/) under probe/ so that a
+    trial's page opens on its loss; the system metrics MLflow shows on their own tab keep their names."""
+    from mlflow.tracking import MlflowClient
+
+    from k3lab.store.metrics import regroup_diagnostics
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("older")).info.run_id
+    for key in ("diag/grad_norm", "moe/balance", "loss/val_loss", "system/cpu_utilization_percentage"):
+        client.log_metric(run, key, 1.0, step=1)
+    assert regroup_diagnostics(tmp_path / "mlflow.db", [run]) == 2
+    assert sorted(client.get_run(run).data.metrics) == [
+        "loss/val_loss", "probe/grad_norm", "probe/moe/balance", "system/cpu_utilization_percentage"]

@@ -46,12 +46,14 @@ PAGE_SECTIONS = {"train_loss": "loss/train_loss", "val_loss": "loss/val_loss",  
 
 
 PAGE_ORDER = ("loss/", "perf/", PROBE + "/")  # the sections a trial's metrics sit in, in the page's order
+OLDER_DIAGNOSTICS = ("diag/", "moe/", "attnres/")  # where older stores kept the diagnostics now under probe/
 
 
 def regroup_diagnostics(database, run_ids: list[str]) -> int:
-    """Rename the runs' metrics under another section than PAGE_ORDER's (an older store's `diag/X`,
+    """Rename the runs' diagnostics under an older store's sections (OLDER_DIAGNOSTICS: `diag/X`,
     `moe/...`, `attnres/...`) to `probe/X`, in the SQLite `database` (MLflow has no API to rename a
-    metric), so that their page opens on the loss. Returns the metric names renamed."""
+    metric), so that their page opens on the loss; other sections (MLflow's `system/` metrics) stay.
+    Returns the metric names renamed."""
     import sqlite3
 
     renamed = 0
@@ -60,7 +62,7 @@ def regroup_diagnostics(database, run_ids: list[str]) -> int:
             keys = [key for (key,) in connection.execute(
                 "SELECT DISTINCT key FROM latest_metrics WHERE run_uuid = ?", (run_id,))]
             for key in keys:
-                if "/" in key and not key.startswith(PAGE_ORDER):
+                if key.startswith(OLDER_DIAGNOSTICS):
                     new = f"{PROBE}/{key.removeprefix('diag/')}"
                     for table in ("metrics", "latest_metrics"):
                         connection.execute(f"UPDATE {table} SET key = ? WHERE run_uuid = ? AND key = ?",
