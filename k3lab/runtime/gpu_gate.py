@@ -22,6 +22,8 @@ from pathlib import Path
 import attrs
 
 from k3lab.runtime.memory import NON_TORCH_BYTES, add_measurement, host_gpu, locked
+from k3lab.runtime.slots import cuda_key
+from k3lab.runtime.tunings import write_json
 
 ENV_VAR = "K3LAB_GATE_DIR"  # where the gate folders are (default: the temp directory, per user)
 POLL_S = 0.5
@@ -70,7 +72,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 def gate_folder(device_index: int | None = None) -> Path:
     """The gate of the GPU this process sees (CUDA_VISIBLE_DEVICES as Ray sets it for the trial)."""
-    key = f"cuda-{os.environ.get('CUDA_VISIBLE_DEVICES', 'all').replace(',', '_')}-{device_index or 0}"
+    key = cuda_key(device_index)
     root = os.environ.get(ENV_VAR) or Path(tempfile.gettempdir()) / f"k3lab-gpu-{os.getuid()}"
     return Path(root) / key
 
@@ -94,10 +96,7 @@ def read_limits(folder: Path) -> Limits | None:
 
 
 def write_limits(folder: Path, limits: Limits) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f".limits.{os.getpid()}.partial"
-    partial.write_text(json.dumps(attrs.asdict(limits)))
-    partial.replace(folder / "limits.json")
+    write_json(folder / "limits.json", attrs.asdict(limits))
 
 
 def set_limits(folder: Path, limits: Limits) -> None:

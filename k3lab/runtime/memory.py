@@ -30,6 +30,7 @@ from pathlib import Path
 import attrs
 
 from k3lab.registry.variants import short_hash
+from k3lab.runtime.tunings import read_json, write_json
 
 HEADROOM = 0.10  # of the card's memory kept free: allocator fragmentation, an evaluation's extra tensors
 NON_TORCH_BYTES = 1 << 30  # outside PyTorch's allocator (CUDA context, kernel images) where NVML cannot say
@@ -57,11 +58,7 @@ def record_path(cache: Path) -> Path:
 
 def read_record(path: Path) -> dict:
     """{variant key: {GPU name: entry}}; empty when missing or unreadable (a record only saves a measurement)."""
-    try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
+    return read_json(Path(path))
 
 
 def known_peaks(cache: Path | None) -> dict:
@@ -84,9 +81,7 @@ def add_measurement(cache: Path, key: str, variant: str, gpu: str, peak_bytes: i
             return
         record[key][gpu] = {"variant": variant, "peak_bytes": int(peak_bytes), "gpu_bytes": int(gpu_bytes),
                             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        partial = path.with_name(f".{RECORD_NAME}.{os.getpid()}.partial")
-        partial.write_text(json.dumps(record, indent=1, sort_keys=True))
-        partial.replace(path)
+        write_json(path, record)
 
 
 def ship_measurements(cache: Path, shipped: Path = SHIPPED_RECORD) -> int:

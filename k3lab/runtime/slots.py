@@ -36,12 +36,14 @@ POLL_S = 0.2
 ENV_VAR = "K3LAB_SLOT_DIR"  # where the slot folders are (default: the temp directory, per user)
 
 
+def cuda_key(index: int | None) -> str:
+    """A GPU of this host as the process sees it: CUDA_VISIBLE_DEVICES (as Ray sets it) and the index."""
+    return f"cuda-{os.environ.get('CUDA_VISIBLE_DEVICES', 'all').replace(',', '_')}-{index or 0}"
+
+
 def slot_folder(device) -> Path:
     """The folder of the slots of `device` (a torch.device) on this host, for this user."""
-    if device.type == "cuda":
-        key = f"cuda-{os.environ.get('CUDA_VISIBLE_DEVICES', 'all').replace(',', '_')}-{device.index or 0}"
-    else:
-        key = device.type
+    key = cuda_key(device.index) if device.type == "cuda" else device.type
     root = os.environ.get(ENV_VAR) or Path(tempfile.gettempdir()) / f"k3lab-slots-{os.getuid()}"
     return Path(root) / key
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
 from k3lab.registry.variants import short_hash
 from k3lab.runtime.memory import read_record, variant_key
+from k3lab.runtime.tunings import write_json
 
 RECORD_NAME = "k3lab-throughput.json"
 SHIPPED_RECORD = Path(__file__).resolve().parents[1] / "tunings" / "sweep-throughput.json"
@@ -46,10 +46,7 @@ def add_throughput(cache: Path, sweep, gpu: str, tokens_per_s: float, trials_at_
             "sweep": sweep.name if sweep.profile is None else f"{sweep.name}-{sweep.profile}",
             "tokens_per_s": round(tokens_per_s), "trials_at_once": trials_at_once,
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        partial = path.with_name(f".{RECORD_NAME}.{os.getpid()}.partial")
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(record, indent=1, sort_keys=True))
-        partial.replace(path)
+        write_json(path, record)
 
 
 def measured_rates(sweep, cache: Path | None) -> dict[str, dict]:
