@@ -53,3 +53,35 @@ def test_a_trial_run_lists_its_corpus_once_and_the_runs_table_filters_by_it(tmp_
     assert [r.info.run_id for r in client.search_runs([experiment], "dataset.name = 'stdlib-byte'")] == [run_id]
     assert client.search_runs([experiment], f"dataset.digest = '{listed.dataset.digest}'")
     assert not client.search_runs([experiment], "dataset.name = 'another-corpus'")
+
+
+class LosesTheFirstRace:
+    """An MlflowClient whose first log_inputs runs after another trial inserted the same dataset:
+    MLflow's lookup missed it, so its insert breaks the (experiment, name, digest) key."""
+
+    def __init__(self, client, other_run_id):
+        self.client, self.other_run_id, self.lost = client, other_run_id, False
+
+    def get_run(self, run_id):
+        return self.client.get_run(run_id)
+
+    def log_inputs(self, run_id, datasets):
+        from mlflow.exceptions import MlflowException
+
+        if not self.lost:
+            self.lost = True
+            self.client.log_inputs(self.other_run_id, datasets=datasets)
+            raise MlflowException("UNIQUE constraint failed: datasets.experiment_id, datasets.name, datasets.digest")
+        self.client.log_inputs(run_id, datasets=datasets)
+
+
+def test_a_trial_that_loses_the_insert_race_to_another_trial_still_lists_the_corpus(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("race")
+    mine, other = (client.create_run(experiment).info.run_id for _ in range(2))
+    racing = LosesTheFirstRace(client, other)
+    log_corpus(racing, mine, tmp_path, MANIFEST)
+    assert racing.lost
+    for run_id in (mine, other):
+        (listed,) = client.get_run(run_id).inputs.dataset_inputs
+        assert listed.dataset.digest == corpus_digest(MANIFEST)

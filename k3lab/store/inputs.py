@@ -50,8 +50,22 @@ def corpus_input(path: str | Path, manifest: dict):
 
 
 def log_corpus(client, run_id: str, path: str | Path, manifest: dict) -> None:
-    """The corpus as the run's input (once: a reopened run that lists it already is left as it is)."""
+    """The corpus as the run's input (once: a reopened run that lists it already is left as it is).
+
+    Trials of one experiment start together and each logs the same dataset. MLflow looks the dataset
+    up, then inserts it, so a trial beside another can lose that race on the (experiment, name,
+    digest) key. It then retries once: the second call finds the row the other trial wrote.
+    """
+    from mlflow.exceptions import MlflowException
+
     wanted = corpus_input(path, manifest)
-    listed = client.get_run(run_id).inputs.dataset_inputs
-    if not any(i.dataset.digest == wanted.dataset.digest and i.dataset.name == wanted.dataset.name for i in listed):
-        client.log_inputs(run_id, datasets=[wanted])
+    for attempt in range(2):
+        listed = client.get_run(run_id).inputs.dataset_inputs
+        if any(i.dataset.digest == wanted.dataset.digest and i.dataset.name == wanted.dataset.name for i in listed):
+            return
+        try:
+            client.log_inputs(run_id, datasets=[wanted])
+            return
+        except MlflowException:
+            if attempt == 1:
+                raise
