@@ -101,17 +101,17 @@ def live_before(swept):
     return sweep_snapshot(f"sqlite:///{swept / 'mlflow.db'}", "live")
 
 
-@pytest.fixture(scope="module")
-def ui(swept, live_before):
-    """`k3lab ui` on the sweep's store at a free loopback port; stopped (its process group) at the end."""
-    chromium = browser_or_skip()
+@contextlib.contextmanager
+def served_ui(store: Path, folder: Path, *options: str):
+    """`k3lab ui STORE` at a free loopback port, its log in `folder`; yields its base URL and stops the
+    server (its process group) at the end."""
     port = free_port()
-    env = os.environ | {"K3LAB_UI_DIR": str(swept / "ui"),
+    env = os.environ | {"K3LAB_UI_DIR": str(folder / "ui"),
                         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    log = open(swept / "ui.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "k3lab.cli", "ui", str(swept / "mlflow.db"), "--port", str(port),
-                               "--workers", "1"], cwd=swept, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    log = open(folder / "ui.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "k3lab.cli", "ui", str(store), "--port", str(port),
+                               "--workers", "1", *options], cwd=folder, env=env, stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 180
@@ -121,10 +121,10 @@ def ui(swept, live_before):
                     break
             except OSError:
                 pass
-            assert server.poll() is None, (swept / "ui.log").read_text()[-3000:]
+            assert server.poll() is None, (folder / "ui.log").read_text()[-3000:]
             assert time.time() < deadline, "k3lab ui did not answer in 180 s"
             time.sleep(1)
-        yield base, chromium
+        yield base
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server's own group: mlflow, uvicorn and its workers
         try:
@@ -133,6 +133,14 @@ def ui(swept, live_before):
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def ui(swept, live_before):
+    """`k3lab ui` on the sweep's store."""
+    chromium = browser_or_skip()
+    with served_ui(swept / "mlflow.db", swept) as base:
+        yield base, chromium
 
 
 def screenshot_folder(tmp_path) -> Path:
