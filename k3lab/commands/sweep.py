@@ -14,6 +14,7 @@ STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_S
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
 MAX_FAILURES = 2  # --max-failures' default
 STOPPED_ON_TIME = 3  # exit code of a sweep --stop-after stopped: resumable, not failed
+LOG_COLUMNS = 200  # a summary table's width where no terminal limits it
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,13 +46,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def wide_console(**options):
-    """A console at least 120 columns wide, so summary tables do not wrap in logs, and that never
-    wraps a line of text (a printed command must stay one line to copy, also in a file)."""
+    """A console for summary tables, at least 120 columns on a terminal and `LOG_COLUMNS` in a log or
+    pipe, so tables keep whole names and numbers there; it never wraps a line of text (a printed
+    command must stay one line to copy, also in a file)."""
     import shutil
 
     from rich.console import Console
 
-    return Console(width=max(120, shutil.get_terminal_size().columns), soft_wrap=True, **options)
+    columns = shutil.get_terminal_size().columns if sys.stdout.isatty() else LOG_COLUMNS
+    return Console(width=max(120, columns), soft_wrap=True, **options)
 
 
 def sweep_run_from_args(args, **options):

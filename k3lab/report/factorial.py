@@ -170,7 +170,7 @@ def cells(e: Effect) -> list[str]:
     return [e.kind, e.label, str(e.pairs), difference, interval, pct(e.relative, e.relative_half_width), e.verdict]
 
 
-HEADERS = ("effect", "levels", "seeds", "difference", "interval", "vs reference", "")
+HEADERS = ("effect", "levels", "seeds", "difference", "interval", "vs reference", "verdict")
 
 
 def note(design: Design, metric: str) -> str:
@@ -190,5 +190,5 @@ def factorial_table(effects: list[Effect], design: Design, metric: str, title: s
 def factorial_lines(effects: list[Effect], design: Design, metric: str) -> list[str]:
     """Markdown for results.md."""
     lines = [f"Main effects and interactions ({note(design, metric)}):", "",
-             "| " + " | ".join(h or "verdict" for h in HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     return lines + ["| " + " | ".join(cells(e)) + " |" for e in effects]

@@ -335,7 +335,8 @@ def sequential_table(comparisons: list[stats.Comparison], metric: str, design: D
     columns = columns_of(comparisons, design)
     for column in columns:
         table.add_column(headers[column], justify="left" if column in ("variant", "baseline", "verdict", "stopping")
-                         else "right", no_wrap=column == "verdict")
+                         else "right", no_wrap=column == "verdict",
+                         overflow="fold" if column in ("variant", "baseline") else "ellipsis")  # names whole
     if extra:
         table.add_column(extra.header, justify="right")
     for comparison in comparisons:
