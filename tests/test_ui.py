@@ -43,8 +43,8 @@ def fake_sweep(uri: str, experiment: str = "mini", variants=("attnres_off", "att
 def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent_run_id, trials = fake_sweep(uri)
-    views.present_sweep(uri, parent_run_id, axes=["attn_res_block_size"], variant_order=["attnres_off", "attnres_bs1"],
-                        description="two variants")
+    views.present_sweep(uri, parent_run_id, axis_params=["axis.attn_res_block_size"],
+                        variant_order=["attnres_off", "attnres_bs1"], description="two variants")
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("mini")
     assert experiment.tags[runs.EXPERIMENT_KIND] == "custom_model_development"
@@ -72,7 +72,7 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
     assert "#/metric/val_loss?runs=" in parent_note and all(r in parent_note for r in trials.values())
     assert f"Group by* the tag `{runs.VARIANT_NAME}`" in parent_note
     assert ".." not in parent_note.replace("...", "")  # "is `final_val_loss`.." once
-    views.present_sweep(uri, parent_run_id, axes=["attn_res_block_size"])  # again: the same, one view
+    views.present_sweep(uri, parent_run_id, axis_params=["axis.attn_res_block_size"])  # again: the same, one view
     assert [k for k in client.get_experiment_by_name("mini").tags if k.startswith(views.SHARED_VIEW)] == \
         [views.SHARED_VIEW + views.LOSS_VIEW]
 
@@ -206,7 +206,7 @@ def test_params_of_a_switched_off_feature_read_off():
 
     off = params(use_attn_res=False)
     assert off["model.attn_res_block_size"] == "off" and off["model.attn_res_proj_init"] == "off"
-    assert off["model.use_attn_res"] is False and off["axis.attn_res_block_size"] == "off"
+    assert off["model.use_attn_res"] is False and "axis.attn_res_block_size" not in off  # one param per value
     assert off["model.num_experts"] == 4  # MoE is on in tiny
     on = params()
     assert on["model.attn_res_block_size"] == 2

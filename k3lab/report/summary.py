@@ -70,7 +70,7 @@ def summarize(records: list[TrialRecord], metric: str = "val_loss") -> list[dict
             "statuses": sorted({r.status for r in group}), f"{metric}_mean": mean, f"{metric}_std": std,
             "params_total": int(first.get("params.total", 0)), "params_active": int(first.get("params.active", 0)),
             "tokens_per_s": tps, "tokens": max((r.value("tokens") or 0) for r in group),
-            "axes": {k.removeprefix("axis."): v for k, v in first.items() if k.startswith("axis.")},
+            "axes": group[0].axes,
         })
     return rows
 
