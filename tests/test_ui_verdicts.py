@@ -268,7 +268,7 @@ def test_the_parent_description_leads_with_its_links_and_names_each_variants_ver
 
 
 def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refreshes_its_view(tmp_path):
-    from k3lab.report.prepare import prepare_store
+    from k3lab.report.ui_store import prepare_store
     from k3lab.store import views
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -21,7 +21,7 @@ import attrs
 from k3lab.data.dataset import MANIFEST, Dataset
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.fields import is_field
-from k3lab.registry.variants import inactive_fields
+from k3lab.registry.model_variants import inactive_fields
 from k3lab.runtime.gpu_gate import MemoryGate, MemoryMeter, TrialMemory, gate_folder, is_out_of_memory
 from k3lab.runtime.memory import Packing, variant_key
 from k3lab.runtime.slots import TrainingSlot, slot_folder
