@@ -3,7 +3,8 @@
     experiment <sweep>[-<profile>]
       parent run   k3lab.kind=sweep: the sweep file, its params, sweep_* metrics, the report
         trial runs k3lab.kind=trial, nested (mlflow.parentRunId), one per variant x seed:
-                   k3lab.variant_id, k3lab.variant_name, k3lab.seed, where and how it ran
+                   k3lab.variant_id, k3lab.variant_name, k3lab.seed, k3lab.axes (the axes its
+                   variant sets; each value one param: `axis_value`), where and how it ran
 
 Every tag name and every search query of the store is written here, once; the rest of k3lab
 asks these functions. A trial's checkpoints and its Ray reports name its run under RUN_ID_KEY,
