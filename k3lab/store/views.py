@@ -74,7 +74,7 @@ def parent_verdicts(parent_data, variant_order: Sequence[str] = ()) -> list[tupl
     return [(name, parent_data.tags[prefix + name]) for name in found]
 
 
-def group_keys(axes: Sequence[str] = ()) -> list[dict]:
+def group_keys() -> list[dict]:
     """Group by the variant name tag: group labels name variants (not an axis value such as `off`)."""
     return [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
 
@@ -99,7 +99,7 @@ def loss_view_state(axis_params: Sequence[str], metric: str = "val_loss",
         "viewMaximized": False, "runListHidden": False, "isAccordionReordered": True,
         "useGroupedValuesInCharts": False,  # every run its own lines, in its run colour
         "hideEmptyCharts": True,
-        "groupBy": {"aggregateFunction": "average", "groupByKeys": group_keys(axis_params)}, "groupsExpanded": {},
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": group_keys()}, "groupsExpanded": {},
         "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
     }
 
@@ -145,7 +145,7 @@ def metric_page_link(experiment_id: str, run_ids: Sequence[str], metrics: Sequen
 
 # -- descriptions ----------------------------------------------------------------------------
 
-def how_to_compare(axes: Sequence[str], metric: str) -> str:
+def how_to_compare(metric: str) -> str:
     return (f"To compare by hand: *Runs*, the chart view, *Group by* the tag `{runs.VARIANT_NAME}` (the seeds "
             f"of one variant together, and the trials show without expanding the parent run). Curves of chosen "
             f"trials overlaid: open a trial, *Model metrics*, a chart's title: the metric page, where more runs "
@@ -182,7 +182,7 @@ def verdict_lines(parent_data, variant_order: Sequence[str] = ()) -> list[str]:
     return lines
 
 
-def parent_note(experiment_id: str, parent_run_id: str, description: str, axes: Sequence[str], metric: str,
+def parent_note(experiment_id: str, parent_run_id: str, description: str, metric: str,
                 trial_run_ids: Sequence[str] = (), state: str | None = None, verdicts_: Sequence[str] = (),
                 next_steps: tuple[str, str] = ("k3lab sweep FILE --resume", "k3lab report FILE --close")) -> str:
     """The parent run's description: where to look (the links first, clear of the UI's fold),
@@ -204,7 +204,7 @@ def parent_note(experiment_id: str, parent_run_id: str, description: str, axes: 
     if state == runs.INTERRUPTED:
         lines += [f"**Interrupted**: its driver stopped before the sweep ended; `{next_steps[0]}` "
                   f"continues it, `{next_steps[1]}` ends it.", ""]
-    lines += [how_to_compare(axes, metric)]
+    lines += [how_to_compare(metric)]
     return "\n".join(lines)
 
 
@@ -246,7 +246,7 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axis_params: Sequenc
         description = parent.data.tags.get(runs.DESCRIPTION, "" if LOSS_VIEW_NAME in note else note)
     ordered = sorted(trials, key=lambda t: (variant_order.index(runs.variant_of(t)) if runs.variant_of(t) in
                                             variant_order else len(variant_order), runs.seed_of(t)))
-    note = parent_note(experiment_id, parent_run_id, description, axis_params, metric,
+    note = parent_note(experiment_id, parent_run_id, description, metric,
                        [t.info.run_id for t in ordered], state, verdict_lines(parent.data, variant_order),
                        **({"next_steps": next_steps} if next_steps else {}))
     if parent.data.tags.get(runs.NOTE) != note:
