@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from k3lab.report.compute import compute_multipliers  # noqa: E402
+from k3lab.report.compute_multipliers import compute_multipliers  # noqa: E402
 from k3lab.report.records import TrialRecord  # noqa: E402
 from k3lab.report.sequential import fixed_design  # noqa: E402
 

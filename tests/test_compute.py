@@ -1,4 +1,4 @@
-"""The compute multiplier (`k3lab.report.compute`), the compute curve's trials in a sweep file
+"""The compute multiplier (`k3lab.report.compute_multipliers`), the compute curve's trials in a sweep file
 (`compute: {scales: [...]}`) and the seeds policy's handling of them."""
 
 import math
@@ -9,8 +9,8 @@ from conftest import bench_script
 
 from k3lab.errors import UserError
 from k3lab.registry.sweep_file import load_sweep
-from k3lab.report.compute import Multiplier, compute_multipliers, power_law
-from k3lab.report.compute import size_multipliers as multipliers_across_sizes
+from k3lab.report.compute_multipliers import Multiplier, compute_multipliers, power_law
+from k3lab.report.compute_multipliers import size_multipliers as multipliers_across_sizes
 from k3lab.report.sequential import HALFWIDTH, Design, fixed_design
 from k3lab.tune.planner import SeedPlanner
 

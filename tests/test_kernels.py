@@ -152,7 +152,7 @@ def test_a_new_batch_gpu_or_library_version_warms_again(fake_gpu, tmp_path, monk
 def test_a_compiled_sweeps_shapes_warm_compiled_and_an_eager_shape_keeps_its_fingerprint():
     from dataclasses import replace
 
-    from k3lab.registry.variants import short_hash
+    from k3lab.registry.model_variants import short_hash
 
     shape = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))[0]
     assert shape.compile  # the gpu profile compiles its blocks: the warm-up compiles them too

@@ -180,7 +180,7 @@ def test_a_sweep_stopped_with_its_state_saved_says_stopped_resumable_not_killed(
     parent = MlflowClient(run.tracking_uri).get_run(run_id)
     assert parent.info.status == "KILLED" and parent.data.tags[runs.STATUS] == runs.STOPPED
     assert shown[-1] == runs.STOPPED
-    note = parent_note("1", run_id, "x", [], "val_loss", state=runs.STOPPED,
+    note = parent_note("1", run_id, "x", "val_loss", state=runs.STOPPED,
                        next_steps=("k3lab sweep x.yaml --resume", "k3lab report x.yaml --close"))
     assert "**Stopped, resumable**: its state is saved; `k3lab sweep x.yaml --resume` continues it." in \
         note.splitlines()

@@ -43,8 +43,8 @@ def fake_sweep(uri: str, experiment: str = "mini", variants=("attnres_off", "att
 def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent_run_id, trials = fake_sweep(uri)
-    views.present_sweep(uri, parent_run_id, axes=["attn_res_block_size"], variant_order=["attnres_off", "attnres_bs1"],
-                        description="two variants")
+    views.present_sweep(uri, parent_run_id, axis_params=["axis.attn_res_block_size"],
+                        variant_order=["attnres_off", "attnres_bs1"], description="two variants")
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("mini")
     assert experiment.tags[runs.EXPERIMENT_KIND] == "custom_model_development"
@@ -72,7 +72,7 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
     assert "#/metric/val_loss?runs=" in parent_note and all(r in parent_note for r in trials.values())
     assert f"Group by* the tag `{runs.VARIANT_NAME}`" in parent_note
     assert ".." not in parent_note.replace("...", "")  # "is `final_val_loss`.." once
-    views.present_sweep(uri, parent_run_id, axes=["attn_res_block_size"])  # again: the same, one view
+    views.present_sweep(uri, parent_run_id, axis_params=["axis.attn_res_block_size"])  # again: the same, one view
     assert [k for k in client.get_experiment_by_name("mini").tags if k.startswith(views.SHARED_VIEW)] == \
         [views.SHARED_VIEW + views.LOSS_VIEW]
 
@@ -106,7 +106,7 @@ def test_ui_app_starts_a_new_browser_in_model_training():
 
 def test_a_copied_compressed_store_opens_with_its_artifacts_and_report(tmp_path, capsys):
     from k3lab.commands.ui import store_uri
-    from k3lab.report.prepare import prepare_store
+    from k3lab.report.ui_store import prepare_store
 
     origin = tmp_path / "origin"
     origin.mkdir()
@@ -206,7 +206,7 @@ def test_params_of_a_switched_off_feature_read_off():
 
     off = params(use_attn_res=False)
     assert off["model.attn_res_block_size"] == "off" and off["model.attn_res_proj_init"] == "off"
-    assert off["model.use_attn_res"] is False and off["axis.attn_res_block_size"] == "off"
+    assert off["model.use_attn_res"] is False and "axis.attn_res_block_size" not in off  # one param per value
     assert off["model.num_experts"] == 4  # MoE is on in tiny
     on = params()
     assert on["model.attn_res_block_size"] == 2
@@ -314,7 +314,7 @@ def test_ui_and_report_give_a_stored_sweep_the_same_verdicts(tmp_path):
     with per-comparison t-intervals, against the results' 'not resolved')."""
     from k3lab.cli import main
     from k3lab.commands.ui import store_uri
-    from k3lab.report.prepare import prepare_store
+    from k3lab.report.ui_store import prepare_store
 
     class Args:
         store = str(Path(__file__).resolve().parents[1] / "docs/runs/attnres_block-gpu-paired-2026-12-02.db.xz")
@@ -337,7 +337,7 @@ def test_ui_and_report_give_a_stored_sweep_the_same_verdicts(tmp_path):
 
 
 def test_a_store_from_before_designs_gets_family_wise_intervals_in_the_ui(tmp_path):
-    from k3lab.report.prepare import rebuild_missing_reports
+    from k3lab.report.ui_store import rebuild_missing_reports
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, _ = fake_sweep(uri, variants=("attnres_off", "attnres_bs1", "attnres_bs2"))
@@ -366,7 +366,7 @@ def sweep_snapshot(uri: str, experiment: str) -> dict:
 def test_k3lab_ui_never_writes_into_a_sweep_whose_driver_runs(tmp_path):
     """Opened while a sweep ran, it rebuilt the report into the running parent's artifacts and
     tagged a running trial `k3lab.verdict=not resolved`."""
-    from k3lab.report.prepare import prepare_store
+    from k3lab.report.ui_store import prepare_store
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     fake_sweep(uri, experiment="ended")
@@ -403,7 +403,7 @@ def older_sweep(uri: str, experiment: str = "old") -> list[str]:
 
 def test_an_older_stores_trials_get_their_loss_under_loss_so_their_page_opens_on_it(tmp_path):
     """A trial page on the 2026-12-02 store opened on 23 diagnostics before its loss."""
-    from k3lab.report.prepare import prepare_store
+    from k3lab.report.ui_store import prepare_store
     from k3lab.store.metrics import PAGE_SECTIONS
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

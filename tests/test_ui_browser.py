@@ -301,7 +301,7 @@ def test_the_views_table_shows_the_reports_means_for_each_variant(ui, swept, tmp
     """Its group rows averaged killed trials too: bs4 +0.34% where the report said +0.95%."""
     from mlflow import MlflowClient
 
-    from k3lab.report.prepare import report_options
+    from k3lab.report.ui_store import report_options
     from k3lab.report.summary import build_report
     from k3lab.store import runs
 

@@ -164,7 +164,8 @@ def test_the_saved_views_first_chart_is_each_variants_mean_difference_and_interv
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, _ = curve_sweep(uri)
     summary = report(uri, parent)
-    views.present_sweep(uri, parent, axes=["attn_res_block_size"], variant_order=["attnres_off", "attnres_bs1"])
+    views.present_sweep(uri, parent, axis_params=["axis.attn_res_block_size"],
+                        variant_order=["attnres_off", "attnres_bs1"])
     state = view_of(uri)
     first = state["compareRunCharts"][0]
     assert first["selectedMetricKeys"] == list(verdicts.CURVE) and first["range"] == {}  # an axis that fits them
@@ -198,7 +199,7 @@ def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_eval
 def test_group_labels_name_variants_not_axis_values(tmp_path):
     from k3lab.store import views
 
-    assert views.loss_view_state(["attn_res_block_size"])["groupBy"]["groupByKeys"] == [
+    assert views.loss_view_state(["model.attn_res_block_size"])["groupBy"]["groupByKeys"] == [
         {"mode": "tag", "groupByData": runs.VARIANT_NAME}]
 
 
@@ -206,7 +207,7 @@ def test_the_runs_table_leads_with_the_verdict_and_its_numbers():
     """They came last, cut off at the right edge."""
     from k3lab.store import views
 
-    columns = views.loss_view_state(["attn_res_block_size"])["selectedColumns"]
+    columns = views.loss_view_state(["model.attn_res_block_size"])["selectedColumns"]
     assert columns[:4] == ["tags.`k3lab.verdict`", "metrics.`verdict_pct`", "metrics.`verdict_low_pct`",
                            "metrics.`verdict_high_pct`"]
     assert views.loss_view_state([])["columnOrder"][:4] == columns[:4]
@@ -267,7 +268,7 @@ def test_the_parent_description_leads_with_its_links_and_names_each_variants_ver
 
 
 def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refreshes_its_view(tmp_path):
-    from k3lab.report.prepare import prepare_store
+    from k3lab.report.ui_store import prepare_store
     from k3lab.store import views
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "from a checkout on PYTHONPATH; install.sh then does not import it")
     parser.add_argument("--full-mlflow", action="store_true",
                         help="bundle the full mlflow (with its UI) instead of mlflow-skinny + sqlalchemy + alembic")
-    parser.add_argument("--no-slim", action="store_true", help="bundle ray's wheel as published (~79 MB)")
+    parser.add_argument("--no-slim", action="store_true", help="bundle ray's wheel as published (not slimmed: larger)")
     parser.add_argument("--no-strip", action="store_true",
                         help="keep the symbol tables of the slimmed wheels' ELF files (stripped by default, "
                              "where binutils' strip is on PATH)")

@@ -3,7 +3,7 @@
 STORE is a SQLite store (`mlflow.db`, the folder holding it, or a compressed `*.db.xz` such as
 those in docs/runs, unpacked first into --unpack-dir: `k3lab.store.archive`); default
 `--tracking-uri`, MLFLOW_TRACKING_URI or ./mlflow.db. Before the server starts, a local store gets
-what the UI needs to show it (`k3lab.report.prepare`: never in a sweep whose driver runs); then
+what the UI needs to show it (`k3lab.report.ui_store`: never in a sweep whose driver runs); then
 `mlflow server --app-name k3lab` (`k3lab.ui_app`: MLflow's app, starting a new browser in the
 "Model training" view) serves it.
 """
@@ -100,7 +100,7 @@ def run_ui(args) -> int:
         raise UserError(f"{database}: not an MLflow store (no MLflow tables in it)")
     check_address(args.host, args.port)
     if not args.no_prepare and sqlite_path(uri) is not None:
-        from k3lab.report.prepare import prepare_store
+        from k3lab.report.ui_store import prepare_store
 
         prepare_store(uri)
     command = server_command(args, uri)

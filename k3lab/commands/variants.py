@@ -11,7 +11,7 @@ from k3lab.registry.commands import add_profile_argument, load_sweep_for, print_
 
 if TYPE_CHECKING:  # imported where used: `k3lab --help` registers this command without torch
     from k3lab.registry.sweep_file import Sweep
-    from k3lab.registry.variants import Variant
+    from k3lab.registry.model_variants import Variant
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

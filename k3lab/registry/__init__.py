@@ -34,11 +34,11 @@ _EXPORTS = {  # name -> the module it comes from, imported on first use (`k3lab 
     'load_sweep': 'k3lab.registry.sweep_file',
     'resolve_profile': 'k3lab.registry.sweep_file',
     'sweep_profiles': 'k3lab.registry.sweep_file',
-    'Point': 'k3lab.registry.variants',
-    'Variant': 'k3lab.registry.variants',
-    'config_id': 'k3lab.registry.variants',
-    'expand': 'k3lab.registry.variants',
-    'points': 'k3lab.registry.variants',
+    'Point': 'k3lab.registry.model_variants',
+    'Variant': 'k3lab.registry.model_variants',
+    'config_id': 'k3lab.registry.model_variants',
+    'expand': 'k3lab.registry.model_variants',
+    'points': 'k3lab.registry.model_variants',
 }
 
 __all__ = [

@@ -9,7 +9,7 @@ from typing import Any
 from k3lab.registry.axes import Axis, axis_kind
 from k3lab.registry.keypath import SpecError
 from k3lab.registry.sections import SweepSpec
-from k3lab.registry.variants import Variant
+from k3lab.registry.model_variants import Variant
 
 def baseline_values(raw: dict[str, Any], axes: tuple[Axis, ...]) -> dict[str, Any]:
     """`baseline: {axis: value}` parsed: every key an axis of the sweep, every value one of its values."""

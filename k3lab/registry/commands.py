@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # imported where used: `k3lab --help` loads this module witho
     from rich.table import Table
 
     from k3lab.registry.sweep_file import Sweep
-    from k3lab.registry.variants import Variant
+    from k3lab.registry.model_variants import Variant
 
 
 def add_profile_argument(parser: argparse.ArgumentParser) -> None:
@@ -114,7 +114,7 @@ def _sizes(sweep: Sweep, variant: Variant) -> tuple[str, str, str, str]:
 def _status(variant: Variant) -> str:
     from rich.markup import escape
 
-    from k3lab.registry.variants import OK, REJECTED
+    from k3lab.registry.model_variants import OK, REJECTED
 
     if variant.status == OK:
         return "[green]ok[/green]"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from k3lab.hints import command
 from k3lab.registry.sweep_file import Sweep, profile_option
-from k3lab.registry.variants import DUPLICATE
+from k3lab.registry.model_variants import DUPLICATE
 from k3lab.report.sequential import DECIDED, HALFWIDTH
 
 

@@ -147,7 +147,7 @@ class BudgetSpec:
 
 @attrs.frozen
 class ComputeSpec:
-    """What the variants are worth in compute (`k3lab.report.compute`). `scales: [1.25, 1.6, 2.0]`:
+    """What the variants are worth in compute (`k3lab.report.compute_multipliers`). `scales: [1.25, 1.6, 2.0]`:
     the baseline of every group also trains at these multiples of the file's token budget (steps,
     warmup and decay stretched alike; same seeds and data order), and each variant's multiplier is
     the baseline compute that reaches its loss, over its own. `sizes: AXIS` with `at: FLOPS`: the

@@ -20,7 +20,7 @@ from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.axes import Axis, apply_fidelity, axis_kind, parse_axes
 from k3lab.registry.baselines import baseline_values, default_baselines, group_baselines, named_baseline
-from k3lab.registry.compute import compute_variants, size_families
+from k3lab.registry.compute_curves import compute_variants, size_families
 from k3lab.registry.convert import describe, structure
 from k3lab.registry.fields import check_fields
 from k3lab.registry.keypath import SpecError
@@ -29,7 +29,7 @@ from k3lab.registry.profiles import apply_profile, check_profiles, locate, profi
 from k3lab.registry.sections import (BaseSpec, BudgetSpec, ComputeSpec, MatchSpec, MetricSpec, ResourceSpec,
                                  SchedulerSpec, SeedsSpec, SweepSpec)
 from k3lab.train.spec import TrainSpec
-from k3lab.registry.variants import Point, Variant, expand, parse_explicit, point_names, points
+from k3lab.registry.model_variants import Point, Variant, expand, parse_explicit, point_names, points
 from k3lab.registry.yamlfile import read_yaml
 
 MAX_VARIANTS = 1000
@@ -78,7 +78,7 @@ class Sweep:
     baseline_axes: dict[str, Any] = attrs.Factory(dict)  # `baseline: {axis: value}` as parsed, or the default's
     # compared axis (`default_baselines`); {} for one baseline
     compute: ComputeSpec | None = None  # the baselines' compute curves: their stretched copies are in `variants`
-    compute_sizes: dict[str, Any] | None = None  # with compute.sizes: `k3lab.registry.compute.size_families`
+    compute_sizes: dict[str, Any] | None = None  # with compute.sizes: `k3lab.registry.compute_curves.size_families`
 
     def train_of(self, variant: Variant) -> TrainSpec:
         """How `variant` trains: the file's `train`, stretched for a point of a compute curve."""

@@ -1,5 +1,5 @@
 """Loss against cost (training FLOPs or GPU-seconds) curves of one seed: where such a curve reaches
-a loss, and power laws across model sizes, for the multipliers of `k3lab.report.compute`.
+a loss, and power laws across model sizes, for the multipliers of `k3lab.report.compute_multipliers`.
 
 A seed's curve is its baseline's trials at several budgets, (cost, loss) points. Between them
 the curve is read by a monotone cubic (PCHIP) in log cost against log loss: it passes through

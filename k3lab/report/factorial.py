@@ -1,7 +1,7 @@
 """What each axis of a multi-axis sweep does, and whether two axes interact: a factorial summary,
 paired by seed, with family-wise intervals.
 
-The variants whose `axis.*` params cover every axis form the grid (cells: one level per axis;
+The variants that set every axis (`TrialRecord.axes`) form the grid (cells: one level per axis;
 variants outside it, such as an all-dense extra, are left out); it needs two or more axes and
 every cell. Per seed s and cell c, y[c, s] is the trial's verdict value (`family.trial_value`).
 Against each axis's reference level (the baselines' level, else its first in the file):
@@ -74,8 +74,7 @@ class Effect:
 def factorial_grid(records: list[TrialRecord], variant_order: list[str], references: dict[str, str] | None = None
                    ) -> Grid | None:
     """The sweep's full grid of axes (None: under two axes, or a cell without a variant)."""
-    axes_of = {r.variant: {k.removeprefix("axis."): v for k, v in r.params.items() if k.startswith("axis.")}
-               for r in records}
+    axes_of = {r.variant: r.axes for r in records}
     order = [v for v in variant_order if v in axes_of] + sorted(set(axes_of) - set(variant_order))
     names = set().union(*axes_of.values()) if axes_of else set()
     inside = [v for v in order if set(axes_of[v]) == names]
@@ -96,12 +95,12 @@ def factorial_grid(records: list[TrialRecord], variant_order: list[str], referen
 
 def baseline_levels(records: list[TrialRecord], baselines: dict[str, str]) -> dict[str, str]:
     """Each axis's level shared by every baseline variant (where they agree on it)."""
-    params = {r.variant: r.params for r in records}
+    axes_of = {r.variant: r.axes for r in records}
     out: dict[str, str] = {}
-    for key in {k for b in set(baselines.values()) for k in params.get(b, {}) if k.startswith("axis.")}:
-        found = {params[b].get(key) for b in set(baselines.values()) if b in params}
+    for axis in {a for b in set(baselines.values()) for a in axes_of.get(b, {})}:
+        found = {axes_of[b].get(axis) for b in set(baselines.values()) if b in axes_of}
         if len(found) == 1 and None not in found:
-            out[key.removeprefix("axis.")] = found.pop()
+            out[axis] = found.pop()
     return out
 
 

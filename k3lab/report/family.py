@@ -313,7 +313,7 @@ def columns_of(comparisons: list[stats.Comparison], design: Design) -> tuple[str
 @dataclass(frozen=True)
 class ExtraColumn:
     """A column of the comparisons table that another module computes (the compute multiplier,
-    `k3lab.report.compute.multiplier_column`): its header, its cell per variant ("n/a" where it
+    `k3lab.report.compute_multipliers.multiplier_column`): its header, its cell per variant ("n/a" where it
     has none), and a note saying what it is."""
 
     header: str

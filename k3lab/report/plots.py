@@ -5,8 +5,8 @@ its own last point; curves of differences take their y axis from the later half 
 
     loss_curves.png         train_loss (log scale, smoothed); train_loss minus the baseline over
                             the second half of training and the metric minus the baseline at each
-                            evaluation with its interval, paired by seed (differences of ~1% that
-                            overlaid curves hide)
+                            evaluation with its interval, paired by seed (differences that overlaid
+                            curves hide)
     <metric>_by_variant.png the final metric per variant, mean ± std over seeds, the baseline's as a line
     <metric>_vs_params.png  the final metric against active parameters (variants of equal size side
                             by side, labelled), the baseline's as a line

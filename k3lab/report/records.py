@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from k3lab.store.runs import trial_axes
+
 
 @dataclass
 class TrialRecord:
@@ -21,3 +23,8 @@ class TrialRecord:
 
     def value(self, name: str) -> float | None:
         return self.final.get(name)
+
+    @property
+    def axes(self) -> dict[str, str | None]:
+        """The swept values of the trial's variant, {axis: value} (`k3lab.store.runs.trial_axes`)."""
+        return trial_axes(self.params, self.tags)

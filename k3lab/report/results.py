@@ -126,13 +126,13 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
     lines = [f"### {title}", "", *run_lines(parent, records, report_command), "",
              *variant_table_lines(summary["rows"], metric), ""]
     if summary.get("comparisons"):
-        from k3lab.report.compute import multiplier_column
+        from k3lab.report.compute_multipliers import multiplier_column
         from k3lab.report.family import sequential_table_lines
 
         extra = multiplier_column(summary.get("multipliers", []), summary["design"].interval_name)
         lines += [*sequential_table_lines(summary["comparisons"], metric, summary["design"], extra), ""]
     if summary.get("size_multipliers"):
-        from k3lab.report.compute import size_multiplier_lines
+        from k3lab.report.compute_multipliers import size_multiplier_lines
 
         lines += [*size_multiplier_lines(summary["size_multipliers"], summary["compute_sizes"],
                                          summary["design"].interval_name), ""]

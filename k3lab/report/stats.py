@@ -1,7 +1,7 @@
 """Seed-paired comparisons of sweep variants against a baseline variant.
 
 Trials of the same seed see the same data order and the same initial draw, so the
-seed-to-seed spread (about the size of the effects k3lab measures, ~1% of loss) cancels
+seed-to-seed spread (as large as the effects k3lab compares: docs/results.md, "Pairing") cancels
 in the per-seed difference. For each variant:
 
     d_s      = metric(variant, seed s) - metric(baseline, seed s)   for every seed s

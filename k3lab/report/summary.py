@@ -70,7 +70,7 @@ def summarize(records: list[TrialRecord], metric: str = "val_loss") -> list[dict
             "statuses": sorted({r.status for r in group}), f"{metric}_mean": mean, f"{metric}_std": std,
             "params_total": int(first.get("params.total", 0)), "params_active": int(first.get("params.active", 0)),
             "tokens_per_s": tps, "tokens": max((r.value("tokens") or 0) for r in group),
-            "axes": {k.removeprefix("axis."): v for k, v in first.items() if k.startswith("axis.")},
+            "axes": group[0].axes,
         })
     return rows
 
@@ -98,7 +98,7 @@ def print_summary(console, experiment: str, summary: dict) -> None:
     metric = summary["metric"]
     console.print(summary_table(summary["rows"], metric, title=f"{experiment}: final {metric}"))
     if summary.get("comparisons"):
-        from k3lab.report.compute import multiplier_column
+        from k3lab.report.compute_multipliers import multiplier_column
         from k3lab.report.family import sequential_table
 
         extra = multiplier_column(summary.get("multipliers", []), summary["design"].interval_name)
@@ -118,7 +118,7 @@ def print_summary(console, experiment: str, summary: dict) -> None:
     for line in summary.get("diverged", []):
         console.print(f"diverged: {line}", markup=False, highlight=False)
     if summary.get("size_multipliers"):
-        from k3lab.report.compute import size_multiplier_table
+        from k3lab.report.compute_multipliers import size_multiplier_table
 
         console.print(size_multiplier_table(summary["size_multipliers"], summary["compute_sizes"],
                                             summary["design"].interval_name))
@@ -156,7 +156,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     """Summary rows, the comparisons with the baselines, and plot and JSON files in out_dir; returns
     {"rows", "records", "files", "metric", "baseline", "comparisons", "design", "curves", "pairs"
     (variant -> the baseline it is compared with), "last", "diverged" (one line per diverged trial),
-    "multipliers" (`k3lab.report.compute.Multiplier`s, with compute curves), "size_multipliers"
+    "multipliers" (`k3lab.report.compute_multipliers.Multiplier`s, with compute curves), "size_multipliers"
     (across model sizes), "compute_sizes", "factorial" (`k3lab.report.factorial.Effect`s of a multi-axis
     grid) and "factorial_design" (their intervals' design)}.
 
@@ -165,8 +165,8 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     (`k3lab.report.sequential.Design`; default: one look, Bonferroni t over the family), last
     (verdicts on the mean of the last N evaluations), rise (the divergence rule): see
     `k3lab.report.family`; compute: the baselines' compute curves (baseline -> {its stretched copy:
-    multiple}) and compute_sizes (families over a size axis, `k3lab.registry.compute.size_families`),
-    for the compute multipliers (`k3lab.report.compute`); unfinished: why a comparison its rule did
+    multiple}) and compute_sizes (families over a size axis, `k3lab.registry.compute_curves.size_families`),
+    for the compute multipliers (`k3lab.report.compute_multipliers`); unfinished: why a comparison its rule did
     not stop has no more seeds (default: read from the store); record: write the verdicts into the store for the MLflow UI
     (`k3lab.report.ui_verdicts`)."""
     from k3lab.report import family
@@ -184,12 +184,12 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
         comparisons = family.comparisons_for(records, pairs, metric, mode, design, last, unfinished, rise)
     multipliers = []
     if pairs and compute:
-        from k3lab.report.compute import compute_multipliers
+        from k3lab.report.compute_multipliers import compute_multipliers
 
         multipliers = compute_multipliers(records, pairs, compute, metric, design, last, mode, rise)
     size_multipliers = []
     if pairs and compute_sizes:
-        from k3lab.report.compute import size_multipliers as across_sizes
+        from k3lab.report.compute_multipliers import size_multipliers as across_sizes
 
         size_multipliers = across_sizes(records, compute_sizes, metric, design, last, mode, rise)
     add_paired_columns(rows, comparisons, pairs, multipliers)
@@ -216,7 +216,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
             files.append(family.plot_curve_differences(curves, out_dir / f"{metric}_curve_vs_baseline.png", metric,
                                                        mode, colours, design.interval_name, title))
         if multipliers:
-            from k3lab.report.compute import plot_compute_curve
+            from k3lab.report.compute_multipliers import plot_compute_curve
 
             files.append(plot_compute_curve(records, multipliers, compute, out_dir / "compute_multiplier.png", metric,
                                             colours, last, mode, rise, title))

@@ -42,7 +42,7 @@ from typing import Callable
 
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
-from k3lab.registry.variants import short_hash
+from k3lab.registry.model_variants import short_hash
 from k3lab.runtime.model_code import PACKAGE, add_model_code
 from k3lab.runtime.tunings import read_json, start_from_shipped, write_json
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import attrs
 
-from k3lab.registry.variants import short_hash
+from k3lab.registry.model_variants import short_hash
 from k3lab.runtime.tunings import read_json, write_json
 
 HEADROOM = 0.10  # of the card's memory kept free: allocator fragmentation, an evaluation's extra tensors

@@ -20,7 +20,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from k3lab.registry.variants import short_hash
+from k3lab.registry.model_variants import short_hash
 from k3lab.runtime.memory import read_record, variant_key
 from k3lab.runtime.tunings import write_json
 

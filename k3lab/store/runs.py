@@ -3,7 +3,8 @@
     experiment <sweep>[-<profile>]
       parent run   k3lab.kind=sweep: the sweep file, its params, sweep_* metrics, the report
         trial runs k3lab.kind=trial, nested (mlflow.parentRunId), one per variant x seed:
-                   k3lab.variant_id, k3lab.variant_name, k3lab.seed, where and how it ran
+                   k3lab.variant_id, k3lab.variant_name, k3lab.seed, k3lab.axes (the axes its
+                   variant sets; each value one param: `axis_value`), where and how it ran
 
 Every tag name and every search query of the store is written here, once; the rest of k3lab
 asks these functions. A trial's checkpoints and its Ray reports name its run under RUN_ID_KEY,
@@ -19,7 +20,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from k3lab.errors import UserError
 from k3lab.store.schema import mlflow_version_tags, schema_mismatch
@@ -36,6 +37,7 @@ EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_develop
 KIND = "k3lab.kind"  # "sweep" (a parent run) or "trial"
 DESCRIPTION = "k3lab.description"  # on the parent run: the sweep file's description
 VARIANT_ID, VARIANT_NAME, SEED = "k3lab.variant_id", "k3lab.variant_name", "k3lab.seed"
+AXES = "k3lab.axes"  # on a trial run: the axes its variant sets, a JSON list (their values: `axis_value`)
 ERROR = "k3lab.error"  # the first line of what stopped a trial
 STOPPED_AT = "k3lab.stopped_at_step"  # a trial the scheduler (or a signal) stopped
 CRASHES, LAST_CRASH = "k3lab.crashes", "k3lab.last_crash"  # a trial's crashes Tune restarted from a checkpoint
@@ -136,10 +138,13 @@ def sweep_tags(name: str, profile: str | None, version: str, commit: str, descri
             "k3lab.baseline": baseline} | reopen_tags() | mlflow_version_tags()
 
 
-def trial_tags(variant_id: str, variant_name: str, seed: int, colour: str | None = None) -> dict[str, str]:
+def trial_tags(variant_id: str, variant_name: str, seed: int, colour: str | None = None,
+               axes: Sequence[str] | None = None) -> dict[str, str]:
     """A new trial run's tags (with `node_tags` and `execution_tags`); `colour`: the variant's
-    (`k3lab.store.colours`), so every seed of a variant has one colour in the MLflow UI."""
+    (`k3lab.store.colours`), so every seed of a variant has one colour in the MLflow UI; `axes`:
+    the names of the axes its variant sets (their values are params: `axis_value`)."""
     tags = {VARIANT_ID: variant_id, VARIANT_NAME: variant_name, SEED: str(seed), KIND: "trial"}
+    tags |= {AXES: json.dumps(list(axes))} if axes is not None else {}
     return tags | mlflow_version_tags() | ({RUN_COLOR: colour} if colour else {})
 
 
@@ -351,9 +356,40 @@ def variant_order(tracking_uri: str, parent, trials: list) -> list[str]:
     return sorted(first, key=lambda n: (n not in position, position.get(n, 0), n != baseline, first[n], n))
 
 
+# -- swept values ---------------------------------------------------------------------------
+
+
+def axis_param(params: dict, axis: str) -> str:
+    """The param that holds a trial's value of `axis` (one param per value): `axis.<name>` for an
+    axis no config field is named after (layer_schedule, ffn, fidelity), and for every axis in
+    stores written before (they logged it beside `model.<name>`, spelled as in the sweep file);
+    else the config field's `model.<name>`."""
+    key = f"axis.{axis}"
+    return key if key in params else f"model.{axis}"
+
+
+def axis_value(params: dict, axis: str) -> str | None:
+    """A trial's value of `axis`, from its params (`axis_param`)."""
+    return params.get(axis_param(params, axis))
+
+
+def trial_axes(params: dict, tags: dict) -> dict[str, str | None]:
+    """A trial's swept values, {axis: value}, for the axes its variant sets: named by its AXES tag,
+    or in a store written before that tag, by its `axis.*` params."""
+    names = json.loads(tags[AXES]) if AXES in tags else [k.removeprefix("axis.") for k in params
+                                                         if k.startswith("axis.")]
+    return {name: axis_value(params, name) for name in names}
+
+
 def swept_axes(trials: list) -> list[str]:
-    """The axes a sweep swept, from its trials' `axis.*` params: those every trial has (a sweep
-    of named variants, whose params differ per variant, has none)."""
-    keys = [{k.removeprefix("axis.") for k in t.data.params if k.startswith("axis.")} for t in trials]
+    """The axes a sweep swept: those every trial's variant sets (`trial_axes`; a sweep of named
+    variants, whose overrides differ per variant, has none)."""
+    keys = [set(trial_axes(t.data.params, t.data.tags)) for t in trials]
     common = set.intersection(*keys) if keys else set()
     return sorted(common)
+
+
+def axis_params(trials: list, axes: Sequence[str]) -> list[str]:
+    """The params that hold `axes`' values in these trials (`axis_param`): the UI's columns."""
+    params = trials[0].data.params if trials else {}
+    return [axis_param(params, axis) for axis in axes]

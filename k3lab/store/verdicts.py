@@ -17,7 +17,7 @@
                 vs_baseline_high/<variant>     interval's bounds
                 k3lab.verdict.<variant>        better, worse, equivalent or not resolved
                 compute_multiplier/<variant>   (step: the pairs it rests on) with a compute curve:
-                compute_multiplier_low/...     the variant's compute multiplier (`k3lab.report.compute`)
+                compute_multiplier_low/...     the variant's compute multiplier (`k3lab.report.compute_multipliers`)
                 compute_multiplier_high/...    and its interval's bounds
 
 A variant run is one run per compared variant (`k3lab.kind` = variant, `k3lab.sweep_run` = the

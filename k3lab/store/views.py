@@ -74,19 +74,19 @@ def parent_verdicts(parent_data, variant_order: Sequence[str] = ()) -> list[tupl
     return [(name, parent_data.tags[prefix + name]) for name in found]
 
 
-def group_keys(axes: Sequence[str] = ()) -> list[dict]:
+def group_keys() -> list[dict]:
     """Group by the variant name tag: group labels name variants (not an axis value such as `off`)."""
     return [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
 
 
-def loss_view_state(axes: Sequence[str], metric: str = "val_loss",
+def loss_view_state(axis_params: Sequence[str], metric: str = "val_loss",
                     verdicts_: Sequence[tuple[str, str]] = ()) -> dict:
     """The experiment page's state for LOSS_VIEW (the keys of MLflow 3.17's saved views)."""
     section, first = "k3lab-loss", "k3lab-difference"
     charts = list(dict.fromkeys([*FIRST_CHARTS[:2], metric, *FIRST_CHARTS[2:]]))
     columns = [f"tags.`{verdicts.VERDICT}`", *(f"metrics.`{name}`" for name in verdicts.VERDICT_NUMBERS)]
     columns += [f"metrics.`{name}`" for name in dict.fromkeys([metric, "train_loss"])]
-    columns += [f"params.`axis.{axis}`" for axis in axes] + ["metrics.`avg_tokens_per_s`", "params.`params.active`"]
+    columns += [f"params.`{param}`" for param in axis_params] + ["metrics.`avg_tokens_per_s`", "params.`params.active`"]
     return {
         "searchFilter": f"tags.`{verdicts.COUNTED}` = 'true'", "orderByKey": "attributes.start_time",
         "orderByAsc": False, "startTime": "ALL",
@@ -99,7 +99,7 @@ def loss_view_state(axes: Sequence[str], metric: str = "val_loss",
         "viewMaximized": False, "runListHidden": False, "isAccordionReordered": True,
         "useGroupedValuesInCharts": False,  # every run its own lines, in its run colour
         "hideEmptyCharts": True,
-        "groupBy": {"aggregateFunction": "average", "groupByKeys": group_keys(axes)}, "groupsExpanded": {},
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": group_keys()}, "groupsExpanded": {},
         "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
     }
 
@@ -145,7 +145,7 @@ def metric_page_link(experiment_id: str, run_ids: Sequence[str], metrics: Sequen
 
 # -- descriptions ----------------------------------------------------------------------------
 
-def how_to_compare(axes: Sequence[str], metric: str) -> str:
+def how_to_compare(metric: str) -> str:
     return (f"To compare by hand: *Runs*, the chart view, *Group by* the tag `{runs.VARIANT_NAME}` (the seeds "
             f"of one variant together, and the trials show without expanding the parent run). Curves of chosen "
             f"trials overlaid: open a trial, *Model metrics*, a chart's title: the metric page, where more runs "
@@ -182,7 +182,7 @@ def verdict_lines(parent_data, variant_order: Sequence[str] = ()) -> list[str]:
     return lines
 
 
-def parent_note(experiment_id: str, parent_run_id: str, description: str, axes: Sequence[str], metric: str,
+def parent_note(experiment_id: str, parent_run_id: str, description: str, metric: str,
                 trial_run_ids: Sequence[str] = (), state: str | None = None, verdicts_: Sequence[str] = (),
                 next_steps: tuple[str, str] = ("k3lab sweep FILE --resume", "k3lab report FILE --close")) -> str:
     """The parent run's description: where to look (the links first, clear of the UI's fold),
@@ -204,19 +204,20 @@ def parent_note(experiment_id: str, parent_run_id: str, description: str, axes: 
     if state == runs.INTERRUPTED:
         lines += [f"**Interrupted**: its driver stopped before the sweep ended; `{next_steps[0]}` "
                   f"continues it, `{next_steps[1]}` ends it.", ""]
-    lines += [how_to_compare(axes, metric)]
+    lines += [how_to_compare(metric)]
     return "\n".join(lines)
 
 
 # -- writing them ------------------------------------------------------------------------------
 
-def present_sweep(tracking_uri: str, parent_run_id: str, *, axes: Sequence[str] = (), metric: str = "val_loss",
+def present_sweep(tracking_uri: str, parent_run_id: str, *, axis_params: Sequence[str] = (), metric: str = "val_loss",
                   variant_order: Sequence[str] = (), description: str | None = None, title: str | None = None,
                   state: str | None = None, next_steps: tuple[str, str] | None = None) -> None:
     """Write what the UI shows of a sweep: the experiment's kind, saved view and description, the
     parent's description (`next_steps`: see `parent_note`; a parent tagged stopped says so), and a
-    colour on every trial without one (variants in `variant_order`, then any others, sorted).
-    Idempotent; used when a sweep starts and ends, by `k3lab report`, and by `k3lab ui` on stores
+    colour on every trial without one (variants in `variant_order`, then any others, sorted);
+    `axis_params`: the params that hold the swept values (`k3lab.store.runs.axis_param`), the view's
+    columns. Idempotent; used when a sweep starts and ends, by `k3lab report`, and by `k3lab ui` on stores
     made before these existed."""
     client = runs.client(tracking_uri)
     parent = client.get_run(parent_run_id)
@@ -229,7 +230,7 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axes: Sequence[str] 
         created = json.loads(experiment.tags[SHARED_VIEW + LOSS_VIEW]).get("createdAt")
     title = title or f"k3lab sweep {experiment.name}"
     tags = {runs.EXPERIMENT_KIND: runs.MODEL_TRAINING, runs.NOTE: experiment_note(experiment_id, parent_run_id, title)}
-    view = loss_view_state(axes, metric, parent_verdicts(parent.data, variant_order))
+    view = loss_view_state(axis_params, metric, parent_verdicts(parent.data, variant_order))
     tags |= saved_view_tag(LOSS_VIEW, LOSS_VIEW_NAME, view, created)
     for key, value in tags.items():
         if experiment.tags.get(key) != value:
@@ -245,7 +246,7 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axes: Sequence[str] 
         description = parent.data.tags.get(runs.DESCRIPTION, "" if LOSS_VIEW_NAME in note else note)
     ordered = sorted(trials, key=lambda t: (variant_order.index(runs.variant_of(t)) if runs.variant_of(t) in
                                             variant_order else len(variant_order), runs.seed_of(t)))
-    note = parent_note(experiment_id, parent_run_id, description, axes, metric,
+    note = parent_note(experiment_id, parent_run_id, description, metric,
                        [t.info.run_id for t in ordered], state, verdict_lines(parent.data, variant_order),
                        **({"next_steps": next_steps} if next_steps else {}))
     if parent.data.tags.get(runs.NOTE) != note:
@@ -265,8 +266,8 @@ def view_is_current(experiment_tags: dict) -> bool:
 def present_earlier_sweeps(tracking_uri: str, refresh: Collection[str] = (), skip: Collection[str] = ()) -> int:
     """`present_sweep` for the sweeps of experiments without the current loss view (stores from an
     older k3lab) and for the parent runs in `refresh` (verdicts just recorded), never for those in
-    `skip` (sweeps whose driver runs): axes from the trials' params, variants in the sweep's order
-    (`k3lab.store.runs.variant_order`). Returns how many."""
+    `skip` (sweeps whose driver runs): axes from the trials (`k3lab.store.runs.swept_axes`),
+    variants in the sweep's order (`k3lab.store.runs.variant_order`). Returns how many."""
     client = runs.client(tracking_uri)
     done, count = set(), 0
     for parent in reversed(runs.sweep_runs(tracking_uri)):  # oldest first: the latest ends in the description
@@ -280,7 +281,7 @@ def present_earlier_sweeps(tracking_uri: str, refresh: Collection[str] = (), ski
         state = runs.sweep_state(parent, trials)
         if state == runs.INTERRUPTED and parent.info.status == "RUNNING":
             runs.mark_interrupted(tracking_uri, parent.info.run_id)
-        present_sweep(tracking_uri, parent.info.run_id, axes=runs.swept_axes(trials), metric=metric,
-                      variant_order=runs.variant_order(tracking_uri, parent, trials), state=state)
+        present_sweep(tracking_uri, parent.info.run_id, axis_params=runs.axis_params(trials, runs.swept_axes(trials)),
+                      metric=metric, variant_order=runs.variant_order(tracking_uri, parent, trials), state=state)
         count += 1
     return count

@@ -39,6 +39,7 @@ from k3lab.store.views import present_sweep
 from k3lab.tune.run import SweepRun
 from k3lab.tune.seeds import report_options
 from k3lab.tune.system import SweepSystemMetrics
+from k3lab.tune.trial import value_params
 
 
 def git_commit() -> str:
@@ -184,7 +185,8 @@ def present(run: SweepRun, parent_run_id: str, state: str | None = None) -> None
     description with links to its trials (and, `state` interrupted, what to do), a colour per
     variant (`k3lab.store.views`)."""
     sweep = run.sweep
-    present_sweep(run.tracking_uri, parent_run_id, axes=[axis.name for axis in sweep.axes],
+    axis_params = list(value_params(axis.name for axis in sweep.axes).values())
+    present_sweep(run.tracking_uri, parent_run_id, axis_params=axis_params,
                   metric=sweep.metric.name, variant_order=[v.name for v in sweep.valid_variants],
                   description=sweep.description, title=sweep_title(run), state=state,
                   next_steps=(run.hint("sweep", resume=True), run.hint("report", close=True)))

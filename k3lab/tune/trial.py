@@ -20,7 +20,8 @@ import attrs
 
 from k3lab.data.dataset import MANIFEST, Dataset
 from k3lab.model.config import KimiK3Config
-from k3lab.registry.variants import inactive_fields
+from k3lab.registry.fields import is_field
+from k3lab.registry.model_variants import inactive_fields
 from k3lab.runtime.gpu_gate import MemoryGate, MemoryMeter, TrialMemory, gate_folder, is_out_of_memory
 from k3lab.runtime.memory import Packing, variant_key
 from k3lab.runtime.slots import TrainingSlot, slot_folder
@@ -110,13 +111,21 @@ def memory_plans(run, packing: Packing | None, owner: str) -> dict[str, TrialMem
 
 
 def trial_params(spec: TrialSpec, counts: dict) -> dict:
-    """MLflow params of a trial run: the flattened model config, train spec and counts."""
+    """MLflow params of a trial run: the flattened model config, train spec and counts, and the
+    swept values that no `model.*` param holds (`value_params`)."""
     params = runs.model_params(spec.config.to_dict(), inactive_fields(spec.config))
     params |= flatten("train", attrs.asdict(spec.train))
     params |= {f"params.{k}": v for k, v in counts.items() if k != "by_component"}
     params |= {f"params.component.{k}": v for k, v in counts["by_component"].items()}
-    params |= {f"axis.{k}": v for k, v in (spec.overrides or {}).items()}
+    swept = spec.overrides or {}
+    params |= {key: swept[axis] for axis, key in value_params(swept).items() if key not in params}
     return params | {"seed": spec.seed, "variant_id": spec.variant_id, "variant_name": spec.variant_name}
+
+
+def value_params(axes) -> dict[str, str]:
+    """The param each swept axis's value is logged as, one param per value: a config field's
+    `model.<name>`, else (an axis of its own: layer_schedule, ffn, fidelity) `axis.<name>`."""
+    return {axis: f"model.{axis}" if is_field(axis) else f"axis.{axis}" for axis in axes}
 
 
 def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
@@ -130,7 +139,7 @@ def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
         tracker.client.update_run(run_id, status="RUNNING")
         tracker.set_tags(node_tags() | execution_tags(execution))  # a restored trial may run on another node
         return tracker
-    tags = runs.trial_tags(spec.variant_id, spec.variant_name, spec.seed, spec.colour)
+    tags = runs.trial_tags(spec.variant_id, spec.variant_name, spec.seed, spec.colour, list(spec.overrides or ()))
     tags |= node_tags() | execution_tags(execution)
     tracker = MLflowTracker.start(spec.tracking_uri, spec.experiment, spec.name, tags=tags,
                                   parent_run_id=spec.parent_run_id, flush_every=flush_every)

@@ -239,7 +239,7 @@ def multiplier_note(multipliers: list[Multiplier], interval: str) -> str:
 
 def size_multipliers(records: list[TrialRecord], sizes: dict, metric: str, design: Design, last: int = 1,
                      mode: str = "min", rise: float | None = None) -> list[Multiplier]:
-    """Across model sizes (`k3lab.registry.compute.size_families`), as the AttnRes paper: per seed,
+    """Across model sizes (`k3lab.registry.compute_curves.size_families`), as the AttnRes paper: per seed,
     each family's loss fitted against compute over its sizes; the compared family's fitted loss at
     `sizes["at"]` FLOPs; the baseline family's compute that reaches it, over `at`."""
     found = []

@@ -1,4 +1,4 @@
-"""A sweep's compute curves (`compute:` in the sweep file), for `k3lab.report.compute`.
+"""A sweep's compute curves (`compute:` in the sweep file), for `k3lab.report.compute_multipliers`.
 
 - `scales`: each baseline's stretched copies, `<baseline>_x1.5` trained 1.5x as long, appended
   to the sweep's variants (`compute_variants`).
@@ -14,7 +14,7 @@ from typing import Any
 from k3lab.registry.axes import Axis, label
 from k3lab.registry.keypath import SpecError
 from k3lab.registry.sections import ComputeSpec
-from k3lab.registry.variants import Variant
+from k3lab.registry.model_variants import Variant
 
 
 def compute_variants(compute: ComputeSpec | None, baselines: dict[str, str],
