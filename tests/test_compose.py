@@ -486,7 +486,9 @@ def test_the_sweep_lands_in_mlflow_one_parent_and_one_nested_run_per_trial(clust
     runs = experiment_runs(base, "compose_mini")
     parents = [r for r in runs if tags_of(r).get("k3lab.kind") == "sweep"]
     trials = [r for r in runs if tags_of(r).get("k3lab.kind") == "trial"]
-    assert len(parents) == 1 and len(trials) == 2 and len(runs) == 3
+    variants = [r for r in runs if tags_of(r).get("k3lab.kind") == "variant"]  # the compared variant's mean and band
+    assert len(parents) == 1 and len(trials) == 2 and len(runs) == 4
+    assert [tags_of(r)["k3lab.variant_name"] for r in variants] == ["attnres_bs1"]
     assert sorted(tags_of(r)["k3lab.variant_name"] for r in trials) == ["attnres_bs1", "attnres_off"]
     parent_id = parents[0]["info"]["run_id"]
     for run_ in runs:
@@ -518,7 +520,7 @@ def test_a_killed_worker_loses_no_trial_and_repeats_no_step(cluster, killed_swee
     base = cluster["mlflow"]
     runs = experiment_runs(base, "compose_kill")
     trials = [r for r in runs if tags_of(r).get("k3lab.kind") == "trial"]
-    assert len(runs) == 3 and len(trials) == 2  # no trial opened a second run
+    assert len(runs) == 4 and len(trials) == 2  # no trial opened a second run (the parent, one variant run)
     assert all(r["info"]["status"] == "FINISHED" for r in runs), [r["info"]["status"] for r in runs]
     assert set(killed_sweep["killed_at"]) == {r["info"]["run_id"] for r in trials}
     nodes = ray_nodes(cluster)
@@ -556,7 +558,7 @@ def test_the_runs_are_stored_in_postgresql(cluster, mini_sweep, killed_sweep):
 
     rows = sql("SELECT e.name, r.status, count(*) FROM runs r JOIN experiments e ON r.experiment_id = e.experiment_id "
                "WHERE e.name IN ('compose_mini', 'compose_kill') GROUP BY e.name, r.status ORDER BY e.name")
-    assert rows == [["compose_kill", "FINISHED", "3"], ["compose_mini", "FINISHED", "3"]]
+    assert rows == [["compose_kill", "FINISHED", "4"], ["compose_mini", "FINISHED", "4"]]  # parent, 2 trials, 1 variant
     # every (run, metric, step) of the loss curves once: no step logged twice, killed worker or not
     repeated = sql("SELECT m.run_uuid, m.key, m.step, count(*) FROM metrics m JOIN runs r ON m.run_uuid = r.run_uuid "
                    "JOIN experiments e ON r.experiment_id = e.experiment_id WHERE e.name IN ('compose_mini', 'compose_kill') "
