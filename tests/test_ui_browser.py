@@ -359,6 +359,15 @@ def test_opening_the_ui_during_a_sweep_changes_nothing_in_its_store(ui, swept, l
     assert sweep_snapshot(f"sqlite:///{swept / 'mlflow.db'}", "live") == live_before
 
 
+def system_metric_charts(page, base: str, experiment: str, run_id: str) -> str:
+    """The titles of the charts on a run's System metrics tab, once every chart is drawn."""
+    page.goto(f"{base}/#/experiments/{experiment}/runs/{run_id}/system-metrics")
+    cards = page.locator("[data-testid=experiment-view-compare-runs-card]")
+    cards.first.wait_for()
+    page.wait_for_timeout(2000)  # every chart drawn
+    return " ".join(cards.locator("h4").all_inner_texts())
+
+
 def test_a_trials_page_shows_its_system_metrics_and_the_corpus_it_trained_on(ui, swept, tmp_path):
     """On a CPU sweep: the machine's CPU and memory and the trial process's own, on the run's System
     metrics tab; the corpus among its datasets."""
@@ -369,11 +378,7 @@ def test_a_trials_page_shows_its_system_metrics_and_the_corpus_it_trained_on(ui,
     trial = ids["trials"]["attnres_bs1-s0"]
     shots = screenshot_folder(tmp_path)
     with new_page(chromium) as page:
-        page.goto(f"{base}/#/experiments/{ids['experiment']}/runs/{trial}/system-metrics")
-        cards = page.locator("[data-testid=experiment-view-compare-runs-card]")
-        cards.first.wait_for()
-        page.wait_for_timeout(2000)  # every chart drawn
-        headings = " ".join(cards.locator("h4").all_inner_texts())
+        headings = system_metric_charts(page, base, ids["experiment"], trial)
         for name in ("cpu_utilization_percentage", "system_memory_usage_megabytes", "process_memory_megabytes"):
             assert name in headings, headings
         assert "gpu_" not in headings  # no GPU on this machine: none pretended

@@ -9,7 +9,7 @@ share. Skips without Playwright and chromium, as tests/test_ui_browser.py does.
 from pathlib import Path
 
 import pytest
-from test_ui_browser import browser_or_skip, new_page, screenshot_folder, served_ui
+from test_ui_browser import browser_or_skip, new_page, screenshot_folder, served_ui, system_metric_charts
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -37,11 +37,7 @@ def test_a_gpu_trials_page_shows_its_gpus_busy_share_memory_and_power(gpu_store,
     parent, trial = runs["gpu_system_metrics"], runs["attnres_bs2-s0"]
     assert parent.data.metrics["sweep_gpus"] == 1 and 0 < parent.data.metrics["sweep_gpu_busy_pct"] <= 100
     with new_page(chromium) as page:
-        page.goto(f"{base}/#/experiments/{experiment}/runs/{trial.info.run_id}/system-metrics")
-        cards = page.locator("[data-testid=experiment-view-compare-runs-card]")
-        cards.first.wait_for()
-        page.wait_for_timeout(2000)  # every chart drawn
-        headings = " ".join(cards.locator("h4").all_inner_texts())
+        headings = system_metric_charts(page, base, experiment, trial.info.run_id)
         for name in GPU_METRICS:
             assert name in headings, headings
         page.screenshot(path=screenshot_folder(tmp_path) / "12-gpu-trial-system-metrics.png")
