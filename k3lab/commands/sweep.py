@@ -14,7 +14,6 @@ STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_S
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
 MAX_FAILURES = 2  # --max-failures' default
 STOPPED_ON_TIME = 3  # exit code of a sweep --stop-after stopped: resumable, not failed
-LOG_COLUMNS = 200  # a summary table's width where no terminal limits it
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,18 +44,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.set_defaults(func=run_sweep_command)
 
 
-def wide_console(**options):
-    """A console for summary tables, at least 120 columns on a terminal and `LOG_COLUMNS` in a log or
-    pipe, so tables keep whole names and numbers there; it never wraps a line of text (a printed
-    command must stay one line to copy, also in a file)."""
-    import shutil
-
-    from rich.console import Console
-
-    columns = shutil.get_terminal_size().columns if sys.stdout.isatty() else LOG_COLUMNS
-    return Console(width=max(120, columns), soft_wrap=True, **options)
-
-
 def sweep_run_from_args(args, **options):
     """The sweep file under its profile, with the storage and tracking store the flags name."""
     from k3lab.registry.commands import load_sweep_for
@@ -73,7 +60,7 @@ def sweep_run_from_args(args, **options):
 def run_sweep_command(args) -> int:
     from k3lab.commands.variants import measured_rates, print_packing
     from k3lab.registry.commands import print_plan
-    from k3lab.report.summary import print_summary
+    from k3lab.report.summary import print_summary, wide_console
     from k3lab.runtime.sigterm import stop_on_sigterm
     from k3lab.runtime.stopping import stop_after_seconds, stop_timer
     from k3lab.tune.driver import run_sweep

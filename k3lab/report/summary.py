@@ -92,6 +92,22 @@ def summary_table(rows: list[dict], metric: str = "val_loss", title: str = "swee
     return table
 
 
+LOG_COLUMNS = 200  # a summary table's width where no terminal limits it
+
+
+def wide_console(**options):
+    """A console for summary tables, at least 120 columns on a terminal and `LOG_COLUMNS` in a log or
+    pipe, so tables keep whole names and numbers there; it never wraps a line of text (a printed
+    command must stay one line to copy, also in a file)."""
+    import shutil
+    import sys
+
+    from rich.console import Console
+
+    columns = shutil.get_terminal_size().columns if sys.stdout.isatty() else LOG_COLUMNS
+    return Console(width=max(120, columns), soft_wrap=True, **options)
+
+
 def print_summary(console, experiment: str, summary: dict) -> None:
     """`build_report`'s summary on a rich console: the per-variant table, the paired comparisons
     against the baselines, then the sweep's hardware use and the report files written."""
