@@ -23,6 +23,7 @@ import attrs
 
 from k3lab.runtime.memory import NON_TORCH_BYTES, add_measurement, host_gpu, locked
 from k3lab.runtime.slots import cuda_key
+from k3lab.runtime.sysmetrics import nvml_handles
 from k3lab.runtime.tunings import write_json
 
 ENV_VAR = "K3LAB_GATE_DIR"  # where the gate folders are (default: the temp directory, per user)
@@ -45,18 +46,15 @@ def measure_footprint(device) -> int:
 def process_gpu_bytes(device) -> int | None:
     """NVML's GPU memory of this process on `device` (None where NVML or the process is not listed:
     no nvidia-ml-py, or MPS clients not shown)."""
-    try:
-        import pynvml
+    for handle in nvml_handles(device):  # none without pynvml or NVML
+        try:
+            import pynvml
 
-        pynvml.nvmlInit()
-        visible = [part for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part]
-        index = device.index or 0
-        physical = int(visible[index]) if visible else index
-        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(physical)):
-            if process.pid == os.getpid() and process.usedGpuMemory:
-                return int(process.usedGpuMemory)
-    except Exception:  # no pynvml, no NVML, a UUID in CUDA_VISIBLE_DEVICES, an MPS client it does not list
-        return None
+            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if process.pid == os.getpid() and process.usedGpuMemory:
+                    return int(process.usedGpuMemory)
+        except Exception:  # a query NVML refuses: the allowance stands in
+            return None
     return None
 
 
@@ -127,18 +125,18 @@ class MemoryGate:
             self.update(expected_bytes, name)
         while self.fd is None:
             with locked(self.folder / "gate.lock"):
-                limits, holders, free = read_limits(self.folder), *self._holders()
+                limits = read_limits(self.folder)
+                holders, free = self._holders(limits)
                 if admits(limits, list(holders.values()), expected_bytes) and free:
                     self._take(free[0], expected_bytes, name)
             if self.fd is None:
                 time.sleep(self.poll_s)
         return time.perf_counter() - started
 
-    def _holders(self) -> tuple[dict[int, int | None], list[int]]:
+    def _holders(self, limits: Limits | None) -> tuple[dict[int, int | None], list[int]]:
         """({slot: bytes} of the slots other processes hold, [free slots]), over the slot files there
-        are, plus one. This process's own slot is skipped: closing any descriptor of a file drops
-        the process's record lock on it."""
-        limits = read_limits(self.folder)
+        are (at least the `limits`' trials), plus one. This process's own slot is skipped: closing
+        any descriptor of a file drops the process's record lock on it."""
         held, free = {}, []
         for slot in range(max(limits.trials if limits else 1, len(list(self.folder.glob("slot-*.lock")))) + 1):
             if slot == self.slot:
@@ -164,14 +162,14 @@ class MemoryGate:
     def update(self, used_bytes: int | None, name: str = "") -> None:
         """The bytes this holder uses (its measurement), for the next newcomer's admission."""
         if self.slot is not None:
-            (self.folder / f"slot-{self.slot}.json").write_text(json.dumps({"bytes": used_bytes, "trial": name}))
+            write_json(self.folder / f"slot-{self.slot}.json", {"bytes": used_bytes, "trial": name})
 
     def lower_after_oom(self) -> int:
         """An out-of-memory error on this GPU: one trial fewer at once than now hold it (this one
         included), for the rest of the sweep; the new number. 0 when this trial was alone on it."""
         with locked(self.folder / "gate.lock"):
-            holders = len(self._holders()[0]) + (1 if self.fd is not None else 0)
             limits = read_limits(self.folder)
+            holders = len(self._holders(limits)[0]) + (1 if self.fd is not None else 0)
             lowered = max(holders - 1, 0)
             if limits is not None and lowered >= 1:
                 write_limits(self.folder, attrs.evolve(limits, trials=min(limits.trials, lowered)))

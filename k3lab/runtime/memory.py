@@ -50,6 +50,11 @@ def variant_key(config, train) -> str:
     return short_hash([config.to_dict(), fields])
 
 
+def variant_keys(sweep) -> dict[str, str]:
+    """{variant name: `variant_key`} of the sweep's valid variants, in the file's order."""
+    return {v.name: variant_key(v.config, sweep.train_of(v)) for v in sweep.valid_variants}
+
+
 # -- the record ------------------------------------------------------------------------------
 
 def record_path(cache: Path) -> Path:
@@ -226,8 +231,8 @@ def host_gpu() -> GPUModel | None:
 
 def sweep_packing(sweep, gpu: GPUModel, cache: Path | None, gpus: int = 1, max_concurrent: int | None = None) -> Packing:
     """The packing of `sweep`'s trials on one GPU of `gpu`'s model, from the record."""
-    variants = {v.name: variant_key(v.config, sweep.train_of(v)) for v in sweep.valid_variants}
-    return plan_packing(variants, gpu, trials_ceiling(sweep.resources, gpus, max_concurrent), known_peaks(cache))
+    return plan_packing(variant_keys(sweep), gpu, trials_ceiling(sweep.resources, gpus, max_concurrent),
+                        known_peaks(cache))
 
 
 def host_packing(sweep, cache: Path | None, gpus: int = 1, max_concurrent: int | None = None) -> Packing | None:
@@ -249,7 +254,7 @@ def packing_lines(sweep, cache: Path | None) -> list[str]:
     every GPU model the record has measured its variants on, and on this host's GPU."""
     if sweep.resources.strategy is not None or not 0 < sweep.resources.gpu <= 1:
         return []
-    variants = {v.name: variant_key(v.config, sweep.train_of(v)) for v in sweep.valid_variants}
+    variants = variant_keys(sweep)
     record = known_peaks(cache)
     gpus = {gpu.name: gpu for gpu in recorded_gpus(variants, record)}
     here = host_gpu()

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from k3lab.registry.model_variants import short_hash
-from k3lab.runtime.memory import read_record, variant_key
+from k3lab.runtime.memory import read_record, variant_keys
 from k3lab.runtime.tunings import write_json
 
 RECORD_NAME = "k3lab-throughput.json"
@@ -29,7 +29,7 @@ SHIPPED_RECORD = Path(__file__).resolve().parents[1] / "tunings" / "sweep-throug
 
 
 def trials_key(sweep) -> str:
-    return short_hash(sorted(variant_key(v.config, sweep.train_of(v)) for v in sweep.valid_variants))
+    return short_hash(sorted(variant_keys(sweep).values()))
 
 
 def record_path(cache: Path) -> Path:

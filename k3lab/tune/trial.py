@@ -23,7 +23,7 @@ from k3lab.model.config import KimiK3Config
 from k3lab.registry.fields import is_field
 from k3lab.registry.model_variants import inactive_fields
 from k3lab.runtime.gpu_gate import MemoryGate, MemoryMeter, TrialMemory, gate_folder, is_out_of_memory
-from k3lab.runtime.memory import Packing, variant_key
+from k3lab.runtime.memory import Packing, variant_keys
 from k3lab.runtime.slots import TrainingSlot, slot_folder
 from k3lab.store import runs
 from k3lab.store.colours import variant_colours
@@ -100,13 +100,12 @@ def memory_plans(run, packing: Packing | None, owner: str) -> dict[str, TrialMem
     record = known_peaks(run.kernel_cache)
     trials = packing.trials if packing is not None else trials_ceiling(run.sweep.resources)
     plans = {}
-    for variant in run.sweep.valid_variants:
-        key = variant_key(variant.config, run.sweep.train_of(variant))
+    for name, key in variant_keys(run.sweep).items():
         entry = record.get(key, {}).get(packing.gpu.name) if packing is not None else None
-        plans[variant.name] = TrialMemory(key=key, variant=variant.name, trials=trials, owner=owner,
-                                          expected_bytes=int(entry["peak_bytes"]) if entry else None,
-                                          budget_bytes=packing.gpu.budget_bytes if packing is not None else 0,
-                                          cache=str(run.kernel_cache))
+        plans[name] = TrialMemory(key=key, variant=name, trials=trials, owner=owner,
+                                  expected_bytes=int(entry["peak_bytes"]) if entry else None,
+                                  budget_bytes=packing.gpu.budget_bytes if packing is not None else 0,
+                                  cache=str(run.kernel_cache))
     return plans
 
 
@@ -373,7 +372,7 @@ _gate: MemoryGate | None = None  # this process's place on its GPU, held from it
 
 def enter_gate(spec: TrialSpec) -> MemoryGate | None:
     """Wait, before this process touches CUDA, until its GPU has the memory for this trial
-    (`k3lab.runtime.memory.MemoryGate`); None for trials outside the packing (CPU, DDP)."""
+    (`k3lab.runtime.gpu_gate.MemoryGate`); None for trials outside the packing (CPU, DDP)."""
     global _gate
     if spec.memory is None:
         return None
