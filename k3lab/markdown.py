@@ -44,3 +44,9 @@ def replace_section(path: str | Path, name: str, body: str, header: str = "") ->
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return replaced
+
+
+def table_lines(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table: the header row, the rule under it and one line per row of cells."""
+    return (["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+            + ["| " + " | ".join(row) + " |" for row in rows])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
+from k3lab.markdown import table_lines
 from k3lab.report import stats
 from k3lab.report.family import comparisons_for, values_by_seed
 from k3lab.report.records import TrialRecord
@@ -97,12 +98,10 @@ def across_table(rows: list[dict], sweeps: list[Sweep], metric: str, title: str)
 
 
 def across_lines(rows: list[dict], sweeps: list[Sweep], metric: str) -> list[str]:
-    lines = [f"{metric} against the baselines in {len(sweeps)} sweeps ({note(sweeps)}):", "",
-             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    for row in rows:
-        for label, comparison in [*row["by_sweep"], (POOLED, row["pooled"])]:
-            lines.append("| " + " | ".join([row["variant"], row["baseline"], *cells(label, comparison)]) + " |")
-    return lines
+    cells_of = [[row["variant"], row["baseline"], *cells(label, comparison)]
+                for row in rows for label, comparison in [*row["by_sweep"], (POOLED, row["pooled"])]]
+    return [f"{metric} against the baselines in {len(sweeps)} sweeps ({note(sweeps)}):", "",
+            *table_lines(list(HEADERS), cells_of)]
 
 
 def across_json(rows: list[dict]) -> list[dict]:

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 import attrs
 from rich.table import Table
 
+from k3lab.markdown import table_lines
 from k3lab.report import stats
 from k3lab.report.family import values_by_seed
 from k3lab.report.records import TrialRecord
@@ -188,6 +189,5 @@ def factorial_table(effects: list[Effect], design: Design, metric: str, title: s
 
 def factorial_lines(effects: list[Effect], design: Design, metric: str) -> list[str]:
     """Markdown for results.md."""
-    lines = [f"Main effects and interactions ({note(design, metric)}):", "",
-             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    return lines + ["| " + " | ".join(cells(e)) + " |" for e in effects]
+    return [f"Main effects and interactions ({note(design, metric)}):", "",
+            *table_lines(list(HEADERS), [cells(e) for e in effects])]

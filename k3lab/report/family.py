@@ -28,6 +28,7 @@ from rich.text import Text
 from k3lab.report.sequential import (BUDGET, FIXED, MAX, RUNNING, SEQUENTIAL_COLUMNS, STOPPED, Design,
                                      comparison_cells, compare_sequential, fixed_design, sequential_headers,
                                      sequential_note)
+from k3lab.markdown import table_lines
 from k3lab.report import stats
 from k3lab.report.figures import pyplot, save_figure
 from k3lab.report.records import TrialRecord
@@ -122,15 +123,13 @@ def seed_difference_lines(records: list[TrialRecord], pairs: dict[str, str], met
     seed far from the others, which widens the interval most, is seen before the verdict is read."""
     values = values_by_seed(records, metric, last, mode, rise)
     seeds = sorted({seed for by_seed in values.values() for seed in by_seed})
-    lines = [f"{metric} - baseline at each seed (paired; -: no pair):", "",
-             "| variant | baseline | " + " | ".join(f"s{seed}" for seed in seeds) + " |",
-             "|---|---|" + "---|" * len(seeds)]
+    rows = []
     for variant, baseline in pairs.items():
         mine, theirs = values.get(variant, {}), values.get(baseline, {})
-        cells = [f"{mine[s] - theirs[s]:+.4f}" if stats.usable(mine.get(s)) and stats.usable(theirs.get(s)) else "-"
-                 for s in seeds]
-        lines.append(f"| {variant} | {baseline} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append([variant, baseline, *(f"{mine[s] - theirs[s]:+.4f}" if stats.usable(mine.get(s))
+                                          and stats.usable(theirs.get(s)) else "-" for s in seeds)])
+    return [f"{metric} - baseline at each seed (paired; -: no pair):", "",
+            *table_lines(["variant", "baseline", *(f"s{seed}" for seed in seeds)], rows)]
 
 
 def design_record(options: dict, stored_by: str = "sweep") -> dict:
@@ -287,9 +286,8 @@ def curve_table_lines(curves: list[dict], metric: str, interval: str) -> list[st
     columns, grid = curve_grid(curves)
     lines = [f"{metric} against the baseline at every evaluation, in % of the baseline's {metric} "
              f"(mean over the pairs ± the half-width of its {interval}, pointwise), by tokens trained:", "",
-             "| variant | " + " | ".join(f"{t:,}" for t in columns) + " |", "|---|" + "---|" * len(columns)]
-    lines += ["| " + name + " | " + " | ".join(cells.get(t, "-") for t in columns) + " |"
-              for name, cells in grid.items()]
+             *table_lines(["variant", *(f"{t:,}" for t in columns)],
+                          [[name, *(cells.get(t, "-") for t in columns)] for name, cells in grid.items()])]
     return lines
 
 
@@ -351,13 +349,12 @@ def sequential_table_lines(comparisons: list[stats.Comparison], metric: str, des
     headers = sequential_headers(metric, design)
     columns = design_columns(design)
     more_header = [extra.header] if extra else []
-    lines = [f"Against the baselines, paired by seed ({sequential_note(design)}):", "",
-             "| " + " | ".join([*(headers[c] for c in columns), *more_header]) + " |",
-             "|" + "---|" * (len(columns) + len(more_header))]
+    rows = []
     for comparison in comparisons:
         cells = comparison_cells(comparison)
-        more = [extra.cell(comparison.variant)] if extra else []
-        lines.append("| " + " | ".join([*(cells[c] for c in columns), *more]) + " |")
+        rows.append([*(cells[c] for c in columns), *([extra.cell(comparison.variant)] if extra else [])])
+    lines = [f"Against the baselines, paired by seed ({sequential_note(design)}):", "",
+             *table_lines([*(headers[c] for c in columns), *more_header], rows)]
     return lines + (["", extra.note] if extra else [])
 
 
