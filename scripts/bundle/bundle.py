@@ -263,7 +263,8 @@ def prepare_out(out: Path) -> None:
         raise BundleError(f"{out} is not a folder")
     old = sorted(out.glob("part-*")) if out.is_dir() else []
     if out.is_dir() and (set(out.iterdir()) != set(old) or not all((p / PART_FILE).is_file() for p in old)):
-        raise BundleError(f"{out} holds files other than an earlier bundle's parts: not overwriting it")
+        raise BundleError(f"{out} holds files other than an earlier bundle's parts: not overwriting it "
+                          "(remove it, or name another folder)")
     for part in old:
         shutil.rmtree(part)
     out.mkdir(parents=True, exist_ok=True)
