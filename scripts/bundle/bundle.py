@@ -205,7 +205,7 @@ def slim_wheel(source: Path, dest: Path, drop: tuple[str, ...], strip: str | Non
 
     with zipfile.ZipFile(source) as src:
         kept = [info for info in src.infolist() if not dropped(info.filename) and not info.is_dir()]
-        (info_dir,) = {info.filename.split("/")[0] for info in kept if info.filename.split("/")[0].endswith(".dist-info")}
+        (info_dir,) = {top for top in (info.filename.split("/")[0] for info in kept) if top.endswith(".dist-info")}
         record, entry_points = f"{info_dir}/RECORD", f"{info_dir}/entry_points.txt"
         changed = stripped(src, kept, strip) if strip else {}
         if entry_points in src.namelist():
