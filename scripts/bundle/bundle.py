@@ -255,6 +255,8 @@ def write_parts(out: Path, wheels: Path, part_size: int, versions: dict[str, str
         (folder / PART_FILE).write_text(json.dumps(info, indent=1) + "\n")
         total = sum(path.stat().st_size for path in folder.iterdir())
         print(f"part-{index}: {len(names)} wheels, {total / 2**20:.2f} MiB ({total} bytes)")
+    print("install offline, in order, into one folder: "
+          + "; ".join(f"bash scripts/bundle/install.sh {out}/part-{i} DIR" for i in range(1, len(parts) + 1)))
 
 
 def prepare_out(out: Path) -> None:
