@@ -208,6 +208,13 @@ def test_bad_input_is_one_line_and_a_failing_exit(tmp_path, capsys, argv, messag
     assert capsys.readouterr().err == message.format(tmp=tmp_path)
 
 
+def test_install_sh_refuses_a_folder_that_is_not_a_part_in_one_line(tmp_path):
+    done = subprocess.run(["bash", str(SCRIPTS / "install.sh"), str(tmp_path), str(tmp_path / "site")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and not (tmp_path / "site").exists()
+    assert done.stderr == f"install.sh: {tmp_path}/part.json: no such file (not a part of the bundle)\n"
+
+
 def test_an_output_folder_holding_other_files_is_not_overwritten(tmp_path):
     (tmp_path / "notes.txt").write_text("mine\n")
     with pytest.raises(bundle.BundleError, match="holds files other than an earlier bundle's parts"):
