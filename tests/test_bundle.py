@@ -185,8 +185,10 @@ def test_the_bundle_is_what_the_requirements_reach_through_packages_the_target_l
         item("redis", "6.0"), item("zzwin", "1.0"),
     ]}
     preinstalled = {"torch": "2.11.0", "numpy": "2.5.2", "pandas": "", "click": ""}
-    assert bundle.bundled(report, preinstalled) == {
-        "datasets": "5.2.0", "dill": "0.4.1", "protobuf": "7.36.2", "ray": "2.60.0", "tensorboardx": "2.6.5"}
+    wheels, spares = bundle.bundled(report, preinstalled)
+    assert wheels == {"datasets": "5.2.0", "dill": "0.4.1", "protobuf": "7.36.2", "ray": "2.60.0",
+                      "tensorboardx": "2.6.5"}
+    assert spares == {"click": "8.5.1", "pandas": "3.1.1"}  # unpinned on the target, needed by the bundle
 
 
 def test_the_check_reports_pip_check_lines_about_the_bundled_packages_only():
@@ -201,7 +203,8 @@ def test_the_check_reports_pip_check_lines_about_the_bundled_packages_only():
 @pytest.mark.parametrize("argv, message", [
     (["build", "{tmp}/out", "--part-size", "lots"], "bundle.py: --part-size 'lots': write e.g. 28MiB or 500MB\n"),
     (["build", "{tmp}/out", "--preinstalled", "{tmp}/none.txt"], "bundle.py: {tmp}/none.txt: no such file\n"),
-    (["check", "{tmp}"], "bundle.py: {tmp}/part.json: no such file (a part of the bundle holds one)\n"),
+    (["check", "{tmp}", "--target", "{tmp}/site"],
+     "bundle.py: {tmp}/part.json: no such file (a part of the bundle holds one)\n"),
 ])
 def test_bad_input_is_one_line_and_a_failing_exit(tmp_path, capsys, argv, message):
     assert bundle.main([a.format(tmp=tmp_path) for a in argv]) == 1
@@ -224,8 +227,9 @@ def test_an_output_folder_holding_other_files_is_not_overwritten(tmp_path):
 
 def local_index(folder: Path) -> None:
     """Wheels for a project that needs alpha, mlflow, torchy (the target's: its real wheel needs a
-    package no index has) and ray[tune]; click is the target's too."""
-    make_wheel(folder, "alpha", "1.0", ["beta>=1"])
+    package no index has) and ray[tune]; click and zzold are the target's too (unpinned)."""
+    make_wheel(folder, "alpha", "1.0", ["beta>=1", "zzold>=2"], files={"alpha/__init__.py": "import zzold\n"})
+    make_wheel(folder, "zzold", "2.0")  # the target's, too old there: its spare
     make_wheel(folder, "beta", "1.0")
     make_wheel(folder, "beta", "2.0")  # held at 1.0 by the constraints
     make_wheel(folder, "mlflow-skinny", "3.17.2", ["click<9"])
@@ -246,7 +250,7 @@ def test_a_real_build_from_local_wheels_installs_part_by_part_and_checks(tmp_pat
     (tmp_path / "project" / "pyproject.toml").write_text(
         '[project]\nname = "k3"\ndependencies = ["alpha", "mlflow>=3", "torchy>=2", "padding", "ballast"]\n'
         '[project.optional-dependencies]\ngpu = ["ray[tune]"]\n')
-    (tmp_path / "pre.txt").write_text("torchy==2.0\nclick\n")
+    (tmp_path / "pre.txt").write_text("torchy==2.0\nclick\nzzold\n")
     (tmp_path / "constraints.txt").write_text("beta==1.0\nclick==8.5.1\n")
     out, site = tmp_path / "bundle", tmp_path / "site"
     build = [sys.executable, str(SCRIPTS / "bundle.py"), "build", str(out), "--project", str(tmp_path / "project"),
@@ -261,7 +265,8 @@ def test_a_real_build_from_local_wheels_installs_part_by_part_and_checks(tmp_pat
     wheels = sorted(p.name.split("-")[0] for part in parts for p in part.glob("*.whl"))
     assert wheels == ["alembic", "alpha", "ballast", "beta", "mlflow_skinny", "padding", "ray", "sqlalchemy",
                       "tensorboardx"]
-    assert all(sum(f.stat().st_size for f in part.iterdir()) <= bundle.PART_RESERVE + 320_000 for part in parts)
+    assert all(sum(f.stat().st_size for f in part.rglob("*") if f.is_file()) <= bundle.PART_RESERVE + 320_000
+               for part in parts)
     said = []
     for part in parts:
         env = pip_env() | {"PYTHON": sys.executable}
@@ -270,5 +275,9 @@ def test_a_real_build_from_local_wheels_installs_part_by_part_and_checks(tmp_pat
         assert done.returncode == 0, done.stdout + done.stderr
         said.append(done.stdout)
     assert "part 1 of 2 installed; part 2 checks" in said[0] and "imported alpha, ray.tune" in said[1]
+    assert "installing the bundled zzold in place of the target's" in said[1]  # not here: its spare
+    assert "installing the bundled click" not in said[1]  # this environment's click will do
+    assert sorted(p.name for p in (parts[1] / "spares").iterdir()) == ["click-8.5.1-py3-none-any.whl",
+                                                                  "zzold-2.0-py3-none-any.whl"]
     assert (site / "beta" / "__init__.py").read_text() == "VERSION = '1.0'\n"
     assert not (site / "ray" / "jars").exists() and not (site / "torchy").exists()

@@ -11,13 +11,15 @@ metadata (no wheel is downloaded for it), `pip download --no-deps` fetches the c
 - the target's own packages (--preinstalled, one `name` or `name==version` a line): the pinned
   ones enter the resolution as empty wheels at the target's version (`2.11.0+target`), so pip
   takes the target's torch as it is instead of following it into CUDA; no preinstalled package
-  is bundled, nor a package that only preinstalled ones need;
+  is bundled, nor a package that only preinstalled ones need; the small unpinned ones the bundle
+  needs travel as spares (below SPARE_MAX), installed only where the target's is too old;
 - mlflow is bundled as mlflow-skinny + sqlalchemy + alembic (the tracking client and the SQL
   store k3lab uses; the full package adds the UI server);
 - ray's wheel is repacked without the parts k3lab never runs (SLIM), its ELF files stripped of
   the symbols linking does not need, LZMA-compressed (a wheel pip installs as any other);
 - the wheels go into part-1, part-2, ... of at most --part-size each (a transfer's cap), each
-  with a part.json; the last part's `check` runs `pip check` and imports the main modules.
+  with a part.json; the last part's `check` runs `pip check`, installs the spares it asks for,
+  and imports the main modules.
 pip evaluates environment markers with the interpreter it runs on, not --python-version's: a
 dependency only a newer Python needs is missed here and reported by `check` on the target.
 """
@@ -31,6 +33,7 @@ import hashlib
 import importlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -55,6 +58,7 @@ SLIM = {"ray": ("ray/jars", "ray/rllib", "ray/llm", "ray/serve", "ray/dashboard/
 SWAP = {"mlflow": ("mlflow-skinny", "sqlalchemy", "alembic")}
 
 PART_FILE = "part.json"
+SPARE_MAX = 2**20  # the largest wheel of a preinstalled package carried as a spare
 PART_RESERVE = 64 * 2**10  # room in a part for its part.json
 UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -127,14 +131,14 @@ def run_pip(args: list[str], what: str) -> None:
 def resolve(work: Path, requirements: list[str], preinstalled: dict[str, str], constraints: dict[str, str],
             target: list[str]) -> dict:
     """pip's resolution for the target as its --report (JSON): the target's pinned packages as stubs and
-    constraints, the other constraints from the constraints file."""
+    constraints, every other package held by the constraints file."""
     stubs = work / "stubs"
     stubs.mkdir()
     for name, version in preinstalled.items():
         if version:
             stub_wheel(stubs, name, version)
     pins = {name: version for name, version in preinstalled.items() if version}
-    pins |= {name: version for name, version in constraints.items() if name not in preinstalled}
+    pins |= {name: version for name, version in constraints.items() if not preinstalled.get(name)}
     (work / "constraints.txt").write_text("".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))
     (work / "requirements.txt").write_text("\n".join(requirements) + "\n")
     run_pip(["install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(work / "report.json"),
@@ -143,16 +147,20 @@ def resolve(work: Path, requirements: list[str], preinstalled: dict[str, str], c
     return json.loads((work / "report.json").read_text())
 
 
-def bundled(report: dict, preinstalled: dict[str, str]) -> dict[str, str]:
+def bundled(report: dict, preinstalled: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """name -> version of what the target lacks: the resolved packages reached from the requirements,
     with their extras, through packages the target does not have (a preinstalled package's own
-    dependencies stay its own). Markers are read as pip read them, on this interpreter."""
+    dependencies stay its own); and of the unpinned preinstalled packages they reach (the spares'
+    candidates). Markers are read as pip read them, on this interpreter."""
     items = {canonical(item["metadata"]["name"]): item for item in report["install"]}
     pending = [(name, extra) for name, item in items.items() if item["requested"]
                for extra in ("", *item.get("requested_extras", []))]
     seen: set[tuple[str, str]] = set()
+    spares = set()
     while pending:
         name, extra = pending.pop()
+        if name in preinstalled and not preinstalled[name] and name in items:
+            spares.add(name)
         if (name, extra) in seen or name in preinstalled or name not in items:
             continue
         seen.add((name, extra))
@@ -160,7 +168,9 @@ def bundled(report: dict, preinstalled: dict[str, str]) -> dict[str, str]:
             requirement = Requirement(line)
             if requirement.marker is None or requirement.marker.evaluate({"extra": extra}):
                 pending += [(canonical(requirement.name), e) for e in ("", *requirement.extras)]
-    return {name: items[name]["metadata"]["version"] for name in sorted({name for name, _ in seen})}
+    version = {name: items[name]["metadata"]["version"] for name in items}
+    return ({name: version[name] for name in sorted({name for name, _ in seen})},
+            {name: version[name] for name in sorted(spares)})
 
 
 def record_hash(data: bytes) -> str:
@@ -242,19 +252,28 @@ def plan_parts(sizes: dict[str, int], part_size: int) -> list[list[str]]:
     return parts
 
 
-def write_parts(out: Path, wheels: Path, part_size: int, versions: dict[str, str], imports: list[str]) -> None:
-    """The wheels in `wheels` moved into out/part-1, part-2, ..., each with its part.json."""
-    sizes = {path.name: path.stat().st_size for path in wheels.glob("*.whl")}
+def write_parts(out: Path, work: Path, part_size: int, info: dict) -> None:
+    """The wheels in work/wheels moved into out/part-1, part-2, ..., each with its part.json; the spares
+    (work/spares) into spares/ of the part with the most room, numbered last: its check installs them."""
+    sizes = {path.name: path.stat().st_size for path in (work / "wheels").glob("*.whl")}
+    spares = {path.name: path.stat().st_size for path in (work / "spares").glob("*.whl")}
     parts = plan_parts(sizes, part_size)
+    parts.sort(key=lambda part: -sum(sizes[n] for n in part))  # the one with the most room last
+    if parts and sum(sizes[n] for n in parts[-1]) + sum(spares.values()) > part_size - PART_RESERVE:
+        raise BundleError(f"no part has room for the spares ({sum(spares.values())} bytes): give a larger --part-size")
     for index, names in enumerate(parts, 1):
         folder = out / f"part-{index}"
-        folder.mkdir(parents=True)
+        (folder / "spares").mkdir(parents=True)
         for name in names:
-            shutil.move(wheels / name, folder / name)
-        info = {"part": index, "of": len(parts), "wheels": sorted(names), "bundled": versions, "imports": imports}
-        (folder / PART_FILE).write_text(json.dumps(info, indent=1) + "\n")
-        total = sum(path.stat().st_size for path in folder.iterdir())
-        print(f"part-{index}: {len(names)} wheels, {total / 2**20:.2f} MiB ({total} bytes)")
+            shutil.move(work / "wheels" / name, folder / name)
+        for name in spares if index == len(parts) else ():
+            shutil.move(work / "spares" / name, folder / "spares" / name)
+        part = info | {"part": index, "of": len(parts), "wheels": sorted(names),
+                       "spares": sorted(spares) if index == len(parts) else []}
+        (folder / PART_FILE).write_text(json.dumps(part, indent=1) + "\n")
+        total = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+        print(f"part-{index}: {len(names)} wheels{f', {len(spares)} spares' if part['spares'] else ''}, "
+              f"{total / 2**20:.2f} MiB ({total} bytes)")
     print("install offline, in order, into one folder: "
           + "; ".join(f"bash scripts/bundle/install.sh {out}/part-{i} DIR" for i in range(1, len(parts) + 1)))
 
@@ -283,11 +302,19 @@ def build(args: argparse.Namespace) -> None:
     prepare_out(out)
     with tempfile.TemporaryDirectory(prefix="bundle-") as tmp:
         work = Path(tmp)
-        versions = bundled(resolve(work, requirements, preinstalled, constraints, target), preinstalled)
+        versions, spares = bundled(resolve(work, requirements, preinstalled, constraints, target), preinstalled)
         print(f"bundling {len(versions)} packages the target lacks: "
               + ", ".join(f"{n}=={v}" for n, v in versions.items()))
-        run_pip(["download", "--no-deps", "--quiet", "-d", str(work / "wheels"), *target,
-                 *(f"{name}=={version}" for name, version in versions.items())], "pip download")
+        for folder, wanted in (("wheels", versions), ("spares", spares)):
+            (work / folder).mkdir()
+            if wanted:
+                run_pip(["download", "--no-deps", "--quiet", "-d", str(work / folder), *target,
+                         *(f"{n}=={v}" for n, v in wanted.items())], f"pip download of the {folder}")
+        large = [path for path in (work / "spares").glob("*.whl") if path.stat().st_size > SPARE_MAX]
+        for path in large:
+            path.unlink()
+        print(f"spares, installed only where the target's own is too old: {len(spares) - len(large)} of {len(spares)} "
+              f"preinstalled packages the bundle needs (the others' wheels are over {SPARE_MAX} bytes)")
         strip = shutil.which("strip")
         for path in sorted((work / "wheels").glob("*.whl")):
             name = canonical(path.name.split("-")[0])
@@ -296,7 +323,7 @@ def build(args: argparse.Namespace) -> None:
                 slim_wheel(path, work / path.name, SLIM[name], strip)
                 print(f"  {path.stat().st_size / 2**20:.1f} MiB -> {(work / path.name).stat().st_size / 2**20:.1f} MiB")
                 (work / path.name).replace(path)
-        write_parts(out, work / "wheels", part_size, versions, args.imports)
+        write_parts(out, work, part_size, {"bundled": versions, "imports": args.imports})
 
 
 def pip_check_problems(output: str, names) -> list[str]:
@@ -304,9 +331,26 @@ def pip_check_problems(output: str, names) -> list[str]:
     return [line for line in output.splitlines() if line.split() and canonical(line.split()[0]) in names]
 
 
+def pip_check(names) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "pip", "check", "--disable-pip-version-check"],
+                          capture_output=True, text=True)
+    return pip_check_problems(done.stdout, names)
+
+
+def install_spares(part: Path, target: str, problems: list[str]) -> None:
+    """The part's spares of the packages `pip check` names (too old or missing), into `target`."""
+    wanted = {canonical(m) for line in problems for m in re.findall(r"(?:requires|but you have) ([\w.-]+)", line)}
+    wheels = [part / "spares" / f for f in os.listdir(part / "spares") if canonical(f.split("-")[0]) in wanted]
+    if wheels:
+        print(f"check: installing the bundled {', '.join(sorted(w.name.split('-')[0] for w in wheels))}"
+              " in place of the target's")
+        run_pip(["install", "--no-index", "--no-deps", "--quiet", "--upgrade", "--target", target,
+                 *map(str, wheels)], "pip install of the spares")
+
+
 def check(args: argparse.Namespace) -> None:
-    """After a part: nothing until the last one; then `pip check` for the bundled packages (warnings)
-    and the imports (an error when one fails)."""
+    """After a part: nothing until the last one; then `pip check` for the bundled packages (the spares
+    it asks for installed, what is left a warning) and the imports (an error when one fails)."""
     path = Path(args.part) / PART_FILE
     if not path.is_file():
         raise BundleError(f"{path}: no such file (a part of the bundle holds one)")
@@ -314,9 +358,8 @@ def check(args: argparse.Namespace) -> None:
     if info["part"] < info["of"]:
         print(f"check: part {info['part']} of {info['of']} installed; part {info['of']} checks, once every part is in")
         return
-    done = subprocess.run([sys.executable, "-m", "pip", "check", "--disable-pip-version-check"],
-                          capture_output=True, text=True)
-    problems = pip_check_problems(done.stdout, set(info["bundled"]))
+    install_spares(Path(args.part), args.target, pip_check(set(info["bundled"])))
+    problems = pip_check(set(info["bundled"]))
     for line in problems:
         print(f"check: warning: {line}")
     failed = []
@@ -348,6 +391,7 @@ def parser() -> argparse.ArgumentParser:
     make.set_defaults(func=build)
     after = commands.add_parser("check", help="after installing a part: pip check and imports, at the last part")
     after.add_argument("part", help="the part's folder")
+    after.add_argument("--target", required=True, help="the folder the parts were installed into")
     after.set_defaults(func=check)
     return main
 

@@ -2,7 +2,8 @@
 # Install one part of the offline bundle (scripts/bundle/bundle.py build) into a folder, offline:
 #   bash scripts/bundle/install.sh PART TARGET      e.g. .carry/bundle/part-1 /tmp/site
 # Install the parts in order into one TARGET; after the last one, bundle.py's check runs pip check
-# for the bundled packages and imports the main modules. Then:
+# for the bundled packages, installs the spares of the target's packages it finds too old, and
+# imports the main modules. Then:
 #   export PYTHONPATH=$PWD:TARGET:$PYTHONPATH PATH=TARGET/bin:$PATH
 # PYTHON picks the interpreter (default python3).
 set -euo pipefail
@@ -17,4 +18,4 @@ target="$(cd "$target" && pwd)"
   --upgrade --no-compile --target "$target" "$part"/*.whl
 # bytecode now, on every core: where PYTHONDONTWRITEBYTECODE=1 (common in images) no process writes it
 "$python" -m compileall -q -j 0 "$target" > /dev/null || echo "install.sh: warning: some modules did not compile"
-PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}" "$python" "$here/bundle.py" check "$part"
+PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}" "$python" "$here/bundle.py" check "$part" --target "$target"
