@@ -291,6 +291,19 @@ def prepare_out(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def slim_all(folder: Path) -> None:
+    """The wheels in `folder` that SLIM names, slimmed in place (ELF files stripped where strip is on PATH)."""
+    strip = shutil.which("strip")
+    for path in sorted(folder.glob("*.whl")):
+        name = canonical(path.name.split("-")[0])
+        if name in SLIM:
+            print(f"slimming {path.name} (LZMA{', ELF files stripped' if strip else ', strip not on PATH'}; minutes)")
+            slimmed = folder.parent / path.name
+            slim_wheel(path, slimmed, SLIM[name], strip)
+            print(f"  {path.stat().st_size / 2**20:.1f} MiB -> {slimmed.stat().st_size / 2**20:.1f} MiB")
+            slimmed.replace(path)
+
+
 def build(args: argparse.Namespace) -> None:
     preinstalled = {name: v for path in args.preinstalled for name, v in read_names(Path(path)).items()}
     constraints = {name: v for path in args.constraint for name, v in read_names(Path(path), True).items()}
@@ -315,14 +328,7 @@ def build(args: argparse.Namespace) -> None:
             path.unlink()
         print(f"spares, installed only where the target's own is too old: {len(spares) - len(large)} of {len(spares)} "
               f"preinstalled packages the bundle needs (the others' wheels are over {SPARE_MAX} bytes)")
-        strip = shutil.which("strip")
-        for path in sorted((work / "wheels").glob("*.whl")):
-            name = canonical(path.name.split("-")[0])
-            if name in SLIM:
-                print(f"slimming {path.name} (LZMA{', ELF files stripped' if strip else ''}; minutes)")
-                slim_wheel(path, work / path.name, SLIM[name], strip)
-                print(f"  {path.stat().st_size / 2**20:.1f} MiB -> {(work / path.name).stat().st_size / 2**20:.1f} MiB")
-                (work / path.name).replace(path)
+        slim_all(work / "wheels")
         write_parts(out, work, part_size, {"bundled": versions, "imports": args.imports})
 
 
