@@ -14,10 +14,10 @@ import shlex
 import sys
 
 import k3lab
-from k3lab.commands import bundle, data, export, kernels, report, sweep, train, ui, variants
+from k3lab.commands import data, export, kernels, report, sweep, train, ui, variants
 from k3lab.errors import UserError
 
-COMMANDS = (variants, data, train, sweep, report, ui, kernels, bundle, export)  # in `k3lab --help`'s order
+COMMANDS = (variants, data, train, sweep, report, ui, kernels, export)  # in `k3lab --help`'s order
 
 
 def build_parser() -> argparse.ArgumentParser:

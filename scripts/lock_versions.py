@@ -1,6 +1,6 @@
 """Write constraints.txt: the versions of k3lab's dependencies (every extra) installed in this
 environment, one `name==version` a line, for the laptop install, the offline GPU bundle and the
-compose images to install from (`pip install -c constraints.txt ...`, `k3lab bundle --constraint`).
+compose images to install from (`pip install -c constraints.txt ...`, `bundle.py build --constraint`).
 
     python scripts/lock_versions.py            # rewrite constraints.txt from this environment
     python scripts/lock_versions.py --check    # exit 1 when constraints.txt differs from it
@@ -31,7 +31,7 @@ HEADER = """\
 # The one resolved set of versions k3lab installs everywhere, so a store written on one machine
 # opens on every other (MLflow refuses a store from a newer MLflow):
 #   laptop:         pip install -c constraints.txt -e .          (or -e ".[test]")
-#   GPU bundle:     scripts/bundle/h200.sh                        (k3lab bundle --constraint constraints.txt)
+#   GPU bundle:     scripts/bundle/h200.sh                        (bundle.py build --constraint constraints.txt)
 #   compose images: docker/Dockerfile, docker/Dockerfile.cpu      (pip install -c constraints.txt)
 # torch, Triton and the CUDA libraries are left to each platform (the CPU build, the CUDA image).
 # Written by `python scripts/lock_versions.py` from an environment that installed the ranges of

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from k3lab.bundle import Fetcher, Resolver, Target, UserError, WheelInfo, parse_constraints, parse_excludes
-from k3lab.bundle.resolve import SUBSTITUTES
 from k3lab.store import runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,8 +22,13 @@ CONSTRAINTS = ROOT / "constraints.txt"
 STORE_FORMAT = ("mlflow", "mlflow-skinny", "mlflow-tracing", "sqlalchemy", "alembic")  # what a store's schema follows
 
 
+def constraint_lines() -> list[Requirement]:
+    lines = (line.split("#", 1)[0].strip() for line in CONSTRAINTS.read_text().splitlines())
+    return [Requirement(line) for line in lines if line]
+
+
 def pinned() -> dict[str, Version]:
-    return {name: Version(spec.removeprefix("==")) for name, spec in parse_constraints([CONSTRAINTS]).items()}
+    return {canonicalize_name(r.name): Version(str(r.specifier).removeprefix("==")) for r in constraint_lines()}
 
 
 def project_requirements() -> list[Requirement]:
@@ -35,7 +39,7 @@ def project_requirements() -> list[Requirement]:
 
 def test_every_pin_is_one_version_inside_the_projects_ranges():
     pins = pinned()
-    assert all(spec.startswith("==") for spec in parse_constraints([CONSTRAINTS]).values())
+    assert all(len(r.specifier) == 1 and str(r.specifier).startswith("==") for r in constraint_lines())
     for requirement in project_requirements():
         name = requirement.name.lower().replace("_", "-")
         if name in pins:
@@ -72,24 +76,17 @@ def test_the_gpu_bundle_and_the_compose_images_install_from_it():
         assert "pip install -c constraints.txt " in (ROOT / dockerfile).read_text()
 
 
-def bundled_mlflow(tmp_path: Path) -> WheelInfo:
-    """The MLflow wheel the GPU bundle takes (scripts/bundle/h200.sh's excludes and constraints, its mlflow
-    substitution), for this machine's Python: only MLflow itself is fetched, the rest is left to this install."""
-    pins = parse_constraints([CONSTRAINTS])
-    exclude = parse_excludes([f"@{ROOT / 'scripts/bundle/h200-preinstalled.txt'}"])
-    exclude |= {name: "" for name in pins if name not in STORE_FORMAT[:3]}
-    requirement = next(str(r) for r in project_requirements() if r.name == "mlflow")
-    from test_bundle import make_wheel  # tests/ is on sys.path, as pytest puts it
-
-    root = WheelInfo.read(make_wheel(tmp_path / "root", "k3lab", "0.1.0", [requirement]))
-    target = Target("%d.%d" % sys.version_info[:2])
-    resolver = Resolver(target, Fetcher(target, tmp_path / "work", log=lambda *a: None), exclude, SUBSTITUTES,
-                        log=lambda *a: None, pins=pins)
-    try:
-        resolution = resolver.resolve(root, set())
-    except UserError as error:
-        pytest.skip(f"no package index to fetch the bundle's MLflow from: {error}")
-    return resolution.wheels["mlflow-skinny"]
+def bundled_mlflow(tmp_path: Path) -> Path:
+    """The MLflow wheel the GPU bundle takes (scripts/bundle/bundle.py swaps mlflow for mlflow-skinny at
+    constraints.txt's version), for this machine's Python: only that wheel, the rest is this install's."""
+    wanted = f"mlflow-skinny=={pinned()['mlflow-skinny']}"
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                           "--disable-pip-version-check", "-d", str(tmp_path / "wheel"), wanted],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"no package index to fetch the bundle's MLflow from: {done.stderr.strip()[-300:]}")
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    return wheel
 
 
 WRITE_STORE = """
@@ -110,13 +107,13 @@ def test_a_store_written_with_the_bundles_mlflow_opens_with_this_install(tmp_pat
     wheel = bundled_mlflow(tmp_path)
     site = tmp_path / "bundle-site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
-                    str(wheel.path)], check=True)
+                    str(wheel)], check=True)
     uri = f"sqlite:///{tmp_path / 'gpu.db'}"
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
     done = subprocess.run([sys.executable, "-c", WRITE_STORE, uri, str(site)], capture_output=True, text=True,
                           env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-1] == wheel.version == mlflow.__version__  # one MLflow on both machines
+    assert done.stdout.split()[-1] == wheel.name.split("-")[1] == mlflow.__version__  # one MLflow on both machines
     client = runs.client(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("bundle").experiment_id])
     assert run.data.metrics["val_loss"] == 3.25 and run.info.status == "FINISHED"

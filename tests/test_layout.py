@@ -29,7 +29,7 @@ def test_train_imports_without_ray_mlflow_or_the_sweep_parser():
 
 
 # Each package with the packages above it in the layers of ../shared/DESIGN.md (cli -> commands
-# -> tune -> runtime; tune -> report -> store; commands -> registry, data, bundle): none of them
+# -> tune -> runtime; tune -> report -> store; commands -> registry, data): none of them
 # may be imported from it.
 ABOVE = {
     "k3lab.runtime": ("k3lab.tune", "k3lab.report", "k3lab.commands", "k3lab.cli"),
@@ -38,7 +38,6 @@ ABOVE = {
     "k3lab.store": ("k3lab.tune", "k3lab.runtime", "k3lab.report", "k3lab.commands", "k3lab.cli"),
     "k3lab.registry": ("k3lab.commands", "k3lab.cli"),
     "k3lab.data": ("k3lab.commands", "k3lab.cli"),
-    "k3lab.bundle": ("k3lab.commands", "k3lab.cli"),
 }
 
 
