@@ -418,6 +418,11 @@ def table(results: list[tuple[str, str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def card_of(results: list[tuple[str, str, dict]]) -> str:
+    """The device the rows ran on, as the rows name it."""
+    return next((r["device"] for _, _, r in results if "device" in r), "no row ran")
+
+
 def variant_table(results: list[tuple[str, str, dict]]) -> str:
     """Rows with an AttnRes variant, by the row without it (and the code): each variant's
     tokens/s and its share of off's. Empty when no row names a variant."""
@@ -519,6 +524,8 @@ def main() -> None:
         for label, code_dir in codes:
             result = run_row(row, args, code_dir)
             results.append((row, label, result))
+            if args.json:  # after every row, so a run stopped part-way keeps what it measured
+                Path(args.json).write_text(json.dumps({"card": card_of(results), "rows": results}, indent=1))
             print(table(results[-1:]).splitlines()[-1], flush=True)
             for name, ms, count in result.get("top_kernels", []):
                 print(f"    {ms:8.2f} ms/step  {count:6.0f}x  {name[:110]}", flush=True)
@@ -530,7 +537,7 @@ def main() -> None:
                 print(f"    launched by (one eager step, --where {args.where}):", flush=True)
                 for kind, us, count, op, where in result.get("sources", []):
                     print(f"    {us / 1e3:8.2f} ms/step  {count:6.0f}x  {kind}: {op} at {where}", flush=True)
-    card = next((r["device"] for _, _, r in results if "device" in r), "no row ran")
+    card = card_of(results)
     body = (f"{card}: {args.warmup} warm-up + {args.steps} timed steps per row, random "
             "tokens, bf16 autocast over fp32 weights, fused KDA (FLA) unless `chunkwise`, Muon + AdamW unless "
             "`adamw`, the residual stream in fp32 unless `bf16res`. Optimizer share = optimizer / (fwd+bwd + "
@@ -541,8 +548,6 @@ def main() -> None:
         variants = (f"{card}, {args.warmup} warm-up + {args.steps} timed steps per row, all rows in one run: each "
                     "AttnRes variant's tokens/s against off's of the same row and code.\n\n" + variants)
         print(variants)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"card": card, "rows": results}, indent=1))
     if args.write or args.write_variants:
         sys.path.insert(0, str(ROOT))
         from bench.report import write_section

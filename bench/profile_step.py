@@ -29,6 +29,8 @@ from k3lab.markdown import replace_section  # noqa: E402
 
 DEFAULT_ROW = "small@64x1024:graph:compile:compilemuon:bf16res:kdastates"
 ATTN_RES_KIND = "AttnRes (k3lab)"
+JOURNAL_HEADER = ("# Step profiles by AttnRes variant\n\nDated entries written by bench/profile_step.py, each with "
+                  "its command; the current tables are in [docs/benchmarks.md](../benchmarks.md).\n")
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,6 +42,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--top", type=int, default=12, help="kernels listed per variant")
     parser.add_argument("--from", dest="source", default=None, metavar="JSON",
                         help="read the rows from a `bench_trial.py --json` file instead of running them")
+    parser.add_argument("--code", default="after", help="with --from: the rows of this code (after, or "
+                        "bench_trial's --before-label)")
     parser.add_argument("--journal", default=None, help="add the entry to this markdown file")
     args = parser.parse_args()
     for variant in args.variants.split(","):
@@ -52,7 +56,7 @@ def measured_rows(args: argparse.Namespace) -> tuple[str, list[tuple[str, dict]]
     wanted = [f"{args.row}:{v}" for v in args.variants.split(",")]
     if args.source:
         saved = json.loads(Path(args.source).read_text())
-        found = {row: r for row, code, r in saved["rows"] if code == "after"}
+        found = {row: r for row, code, r in saved["rows"] if code == args.code}
         return saved["card"], [(row.rsplit(":", 1)[1], found[row]) for row in wanted if row in found]
     options = argparse.Namespace(steps=args.steps, warmup=args.warmup, top=args.top, where="")
     rows = [(row.rsplit(":", 1)[1], bench_trial.run_row(row, options, ROOT)) for row in wanted]
@@ -78,10 +82,12 @@ def variant_section(variant: str, r: dict, off: dict | None, top: int) -> list[s
     return lines + [""]
 
 
-def entry(card: str, rows: list[tuple[str, dict]], command: str, top: int) -> tuple[str, str]:
+def entry(card: str, rows: list[tuple[str, dict]], command: str, top: int, code: str = "after") -> tuple[str, str]:
     """(section name, markdown) of the journal entry."""
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     name = f"Step profile by AttnRes variant, {card}, {date}"
+    if code != "after":
+        name += f", {code}"
     off = dict(rows).get("off")
     lines = [f"## {name}", "", f"Command: `{command}`", "",
              "Kernel times from torch.profiler over 2 steps after the timed ones (bench/bench_trial.py's "
@@ -96,10 +102,10 @@ def entry(card: str, rows: list[tuple[str, dict]], command: str, top: int) -> tu
 def main() -> None:
     args = parse_args()
     card, rows = measured_rows(args)
-    name, text = entry(card, rows, "python " + " ".join(sys.argv), args.top)
+    name, text = entry(card, rows, "python " + " ".join(sys.argv), args.top, args.code)
     print(text)
     if args.journal:
-        replace_section(args.journal, name, text)
+        replace_section(args.journal, name, text, header=JOURNAL_HEADER)
 
 
 if __name__ == "__main__":
