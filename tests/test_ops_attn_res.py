@@ -2,8 +2,9 @@
 
 CPU: FLA's PyTorch reference is the reference mixture then the pre-norm; the fused path's
 autograd functions, on CPU running their plain-PyTorch twins (`naive.reference_forward`,
-`naive.dv_reference`), keep the endpoints' bookkeeping of the reference path.
-GPU (`gpu` marker): k3lab's Triton kernels (`kernel.py`) against the twins and FLA's forward.
+`naive.buffer_dv_reference`), keep the endpoints' bookkeeping of the reference path.
+GPU (`gpu` marker): k3lab's Triton kernels (`buffer_kernel.py` through `fused`, `kernel.py`) against
+the twins and FLA's forward.
 Error metric, as FLA's tests: rms(out - ref) / rms(ref) (`conftest.err_ratio`).
 """
 
@@ -116,7 +117,6 @@ def test_endpoints_readers_sum_their_gradient_in_one_buffer_as_autograd_would():
     for got, want in zip(grads[True], grads[False]):  # both in fp32 math, summed in other orders
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     # each endpoint's readers (3 and 2 of them) summed its gradient into its slot of one buffer
-    assert stored.grads.written == {0, 1}
     torch.testing.assert_close(stored.grads.grads.view(2, N, D), torch.stack(grads[False][:2]), rtol=1e-4, atol=1e-5)
 
 

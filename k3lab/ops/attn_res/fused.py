@@ -5,22 +5,21 @@ with the pre-norm after it in one kernel each way.
 reference's): one (S, B*T, M) buffer allocated at the start of a forward for its S block
 endpoints, slot P written in place at the P-th block boundary (`add`), where the reference
 concatenates every endpoint again at each boundary and each mixture. A mixture (`mix`) reads slots
-0..P-1 and the live prefix as K = P+1 sources through k3lab's Triton kernels (`kernel.py`): the
-candidates' RMSNorm, scorer, softmax, weighted sum and the sub-layer's pre-norm in one forward
-kernel that reads each source once, one backward kernel for all their gradients.
+0..P-1 and the live prefix as K = P+1 sources through k3lab's Triton kernels (`buffer_kernel.py`):
+the candidates' RMSNorm, scorer, softmax, weighted sum and the sub-layer's pre-norm in one forward
+kernel, all their gradients in one backward kernel, each reading every source once.
 
 Gradients: an endpoint is read by every mixture after it (up to 2 x layers of them). Autograd
 would give each reader's gradient its own buffer and add them one eager add at a time; here the
-readers' backwards write (the first) or add (the later ones, bit l of the kernel's ACC) slot l's
-gradient into one (S, B*T, M) gradient buffer (`SlotGrads`), and hand autograd nothing for it. A
-reader depends on the endpoints through a token (`Store`'s output: an empty tensor chained from
-store to store), so each store's backward runs after all its readers' and returns the slot's sum.
-The scorers' and norms' weight gradients come back as (1 or 2, G, D) partial sums, finished by
-one torch.sum (`column_sums`).
+readers' backwards add slot l's gradient into one (S, B*T, M) gradient buffer (`SlotGrads`, zeros
+until the first), and hand autograd nothing for it. A reader depends on the endpoints through a
+token (`Store`'s output: an empty tensor chained from store to store), so each store's backward
+runs after all its readers' and returns the slot's sum. The scorers' and norms' weight gradients
+come back as (1 or 2, G, D) partial sums, finished by one torch.sum (`column_sums`).
 
 On CPU tensors the same autograd functions run the plain-PyTorch twins (`naive.reference_forward`,
-`naive.dv_reference`), so CPU tests check the bookkeeping; the GPU tests hold the kernels to the twins
-and to FLA's forward (`fla_forward`).
+`naive.buffer_dv_reference`), so CPU tests check the bookkeeping; the kernels are held to the twins
+through Triton's interpreter (tests/test_attn_res_kernel_interpreted.py) and on the GPU.
 
 Imported only when the fused path runs (`KimiK3.uses_fused_attn_res`): its
 `torch.compiler.disable` imports torch._dynamo, and with it Triton on CUDA builds of torch.
@@ -38,42 +37,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from k3lab.ops.attn_res.naive import dv_reference, reference_forward
-
-MAX_SOURCES = 31  # kernel.py's ACC bits, kept here so CPU runs never import Triton
-
+from k3lab.ops.attn_res.naive import buffer_dv_reference, reference_forward
 
 class SlotGrads:
-    """The stored endpoints' gradients, (S, N, M) in the buffer's dtype, each slot the sum over its
-    readers' backwards; allocated by the first backward, so a forward without one costs nothing."""
+    """The stored endpoints' gradients, one (S, N, M) buffer in the endpoints' dtype, each slot the
+    sum over its readers' backwards; allocated (zeros) by the first backward, so a forward
+    without one costs nothing."""
 
     def __init__(self):
         self.grads: torch.Tensor | None = None
-        self.written: set[int] = set()
 
-    def targets(self, values: torch.Tensor, count: int) -> tuple[list, int, list]:
-        """Where a reader of slots 0..count-1 writes their gradients: (targets, ACC bits of the
-        slots to add to, [(slot, target)] to add after the kernel, for slots past MAX_SOURCES)."""
+    def buffer(self, values: torch.Tensor) -> torch.Tensor:
         if self.grads is None:
-            self.grads = torch.empty_like(values)
-        targets, acc, late = [], 0, []
-        for i in range(count):
-            if i not in self.written or i < MAX_SOURCES:
-                targets.append(self.grads[i])
-                acc |= (i in self.written) << i
-            else:
-                targets.append(torch.empty_like(self.grads[i]))
-                late.append((i, targets[-1]))
-        return targets, acc, late
-
-    def finish(self, count: int, late: list) -> None:
-        for i, target in late:
-            self.grads[i] += target
-        self.written.update(range(count))
+            self.grads = torch.zeros_like(values)
+        return self.grads
 
     def take(self, slot: int) -> torch.Tensor | None:
         """Slot's summed gradient for its store's backward (None if no reader had a gradient)."""
-        return self.grads[slot] if slot in self.written else None
+        return None if self.grads is None else self.grads[slot]
 
 
 class EndpointBuffer:
@@ -134,10 +115,13 @@ class AttnResMixture(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, w, ow, eps, endpoints: EndpointBuffer, _token, prefix):
         D = prefix.shape[-1]
-        forward = forward_kernel if prefix.is_cuda else reference_forward
-        o, rstd, logit, lse = forward(q, w, ow, [*endpoints.slots(), prefix.view(-1, D)], eps)
+        flat, count = prefix.view(-1, D), endpoints.count
+        if prefix.is_cuda:
+            o, rstd, logit, lse = buffer_forward(q, w, ow, endpoints.values, count, flat, eps)
+        else:
+            o, rstd, logit, lse = reference_forward(q, w, ow, [*endpoints.slots(), flat], eps)
         ctx.save_for_backward(q, w, ow, rstd, logit, lse, prefix)
-        ctx.eps, ctx.endpoints = eps, endpoints
+        ctx.eps, ctx.endpoints, ctx.count = eps, endpoints, count
         weights = (logit - lse).exp().mean(dim=1)  # (K,)
         ctx.mark_non_differentiable(weights)
         return o.view(prefix.shape), weights
@@ -145,13 +129,15 @@ class AttnResMixture(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _):
         q, w, ow, rstd, logit, lse, prefix = ctx.saved_tensors
-        endpoints, D = ctx.endpoints, do.shape[-1]
-        targets, acc, late = endpoints.grads.targets(endpoints.values, endpoints.count)
-        dprefix = torch.empty_like(prefix)
-        backward = dv_kernel if do.is_cuda else dv_reference
-        partials = backward(q, w, ow, [*endpoints.slots(), prefix.view(-1, D)], rstd, logit, lse,
-                            do.contiguous().view(-1, D), [*targets, dprefix.view(-1, D)], acc, ctx.eps)
-        endpoints.grads.finish(endpoints.count, late)
+        values, D = ctx.endpoints.values, do.shape[-1]
+        grads, dprefix = ctx.endpoints.grads.buffer(values), torch.empty_like(prefix)
+        flat = lambda t: t.contiguous().view(-1, D)  # noqa: E731
+        if do.is_cuda:
+            partials = buffer_backward(q, w, ow, values, ctx.count, flat(prefix), rstd, logit, lse, flat(do), grads,
+                                       flat(dprefix), ctx.eps)
+        else:
+            partials = buffer_dv_reference(q, w, ow, values, ctx.count, flat(prefix), flat(do), grads, flat(dprefix),
+                                           ctx.eps)
         dq, dw, dow = column_sums(partials, q, w, ow)
         return dq, dw, dow, None, None, None, dprefix
 
@@ -184,16 +170,16 @@ def fla_forward(q, w, ow, flat, eps):
     return o, rstd, logit, lse
 
 
-def forward_kernel(*args):
-    from k3lab.ops.attn_res.kernel import forward
+def buffer_forward(*args):
+    from k3lab.ops.attn_res.buffer_kernel import forward
 
     return forward(*args)
 
 
-def dv_kernel(*args):
-    from k3lab.ops.attn_res.kernel import dv_backward
+def buffer_backward(*args):
+    from k3lab.ops.attn_res.buffer_kernel import backward
 
-    return dv_backward(*args)
+    return backward(*args)
 
 
 def column_sums(partials: torch.Tensor, q: torch.Tensor, w: torch.Tensor, ow: torch.Tensor | None):

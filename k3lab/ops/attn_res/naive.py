@@ -9,10 +9,12 @@ The mixture over depth candidates V = [stored endpoints..., live prefix] (DESIGN
 in two layouts:
 - `attn_res_mixture` / `apply_attn_res`: the model's path on CPU (and with the chunkwise KDA),
   endpoints stacked as (BT, P, M), the norm and scorer the block's modules;
-- `reference_forward` / `dv_twin`: the layout of the fused kernels (`kernel.py`): K sources of
-  (N, D) and the weight vectors, returning the statistics the kernels keep; `dv_reference` is
-  `kernel.dv_backward` in plain PyTorch. `fused.AttnResMixture` runs these on CPU tensors, so the
-  CPU tests check its bookkeeping, and the GPU tests hold the kernels to them.
+- `reference_forward` / `dv_twin`: the layout of the fused kernels: K sources of (N, D) and the
+  weight vectors, returning the statistics the kernels keep; `buffer_dv_reference` is
+  `buffer_kernel.backward` (the model's) and `dv_reference` `kernel.dv_backward` (the kernels
+  over a tuple of sources, kept for bench/bench_attnres.py) in plain PyTorch. `fused.AttnResMixture`
+  runs these on CPU tensors, so the CPU tests check its bookkeeping; the interpreted and GPU tests
+  hold the kernels to them.
 """
 
 from __future__ import annotations
@@ -100,6 +102,16 @@ def dv_reference(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, e
     dvs, dqw, dow_partial = dv_twin(q, w, ow, residuals, do, eps)
     for i, (target, dv) in enumerate(zip(targets, dvs)):
         target.copy_(target.float() + dv if acc >> i & 1 else dv)
+    return torch.stack([dqw] if ow is None else [dqw, dow_partial])
+
+
+def buffer_dv_reference(q, w, ow, values, count: int, prefix, do, grads, dprefix, eps: float):
+    """`buffer_kernel.backward` in plain PyTorch: slot l's gradient added into grads[l] for l < count,
+    the prefix's stored in dprefix; returns the per-row terms (1 or 2, N, D) for `fused.column_sums`."""
+    dvs, dqw, dow_partial = dv_twin(q, w, ow, [*values[:count].unbind(0), prefix], do, eps)
+    for grad, dv in zip(grads[:count].unbind(0), dvs):
+        grad.copy_(grad.float() + dv)
+    dprefix.copy_(dvs[-1])
     return torch.stack([dqw] if ow is None else [dqw, dow_partial])
 
 
