@@ -141,6 +141,32 @@ def test_fused_attn_res_path_with_its_twin_kernels_gives_the_references_gradient
         assert err_ratio(got, want) < 1e-4  # a reader's gradient left out would be ~1e-1
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["stacked", "buffer"])
+def test_compiled_blocks_pass_either_endpoints_state_through_and_train_as_eager_blocks(fused):
+    """The endpoints object crosses each compiled block (dynamo, eager backend: no compiler needed):
+    the buffer's `add` and `mix` as graph breaks, the stacked state traced; outputs and gradients
+    bit for bit those of the eager blocks."""
+    from k3lab.model.model import compile_blocks
+
+    model = KimiK3(tiny_config(num_layers=5, layer_types=("kda", "kda", "mla", "kda", "mla"), attn_res_block_size=2))
+    randomize_scorers(model, std=0.3)
+    model.uses_fused_attn_res = lambda idx: fused
+    idx = torch.randint(0, 320, (2, 16))
+    results = []
+    for compiled in (False, True):
+        if compiled:
+            torch._dynamo.reset()
+            compile_blocks(model, backend="eager")
+        model.zero_grad()
+        h = model.final_hidden_states(idx)
+        h.square().sum().backward()
+        results.append([h.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    torch._dynamo.reset()
+    assert len(results[0]) == len(results[1]) > 10
+    for eager, compiled in zip(*results):
+        assert torch.equal(eager, compiled)
+
+
 # == GPU ======================================================================================
 
 @gpu
