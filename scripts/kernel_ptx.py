@@ -65,16 +65,22 @@ def code_of(ptx: str) -> str:
     return "\n".join(line for line in body.splitlines() if not line.strip().startswith((".loc", ".file", "//")))
 
 
+def module_of(tree: str, name: str):
+    """The module `name` of the k3lab under `tree` (any k3lab imported before is forgotten)."""
+    sys.path.insert(0, tree)
+    for loaded in [m for m in sys.modules if m == "k3lab" or m.startswith("k3lab.")]:
+        del sys.modules[loaded]
+    module = importlib.import_module(name)
+    sys.path.remove(tree)
+    return module
+
+
 def kernel_codes(tree: str, warps: int | None = None, steps: int | None = None,
                  rows: int | None = None) -> dict[str, str]:
     """{case: PTX} for the forward and backward kernels of the k3lab under `tree`, at `rows` token rows
     a program (default: the model's) on `warps` warps (default: one a row, as the model), the backward
     walking `steps` row blocks a program (default: the model's `row_steps(N, K)`)."""
-    sys.path.insert(0, tree)
-    for name in [m for m in sys.modules if m == "k3lab" or m.startswith("k3lab.")]:
-        del sys.modules[name]
-    kernels = importlib.import_module("k3lab.ops.attn_res.kernel")
-    sys.path.remove(tree)
+    kernels = module_of(tree, "k3lab.ops.attn_res.kernel")
     bf16, fp32 = (lambda: MockTensor(torch.bfloat16)), (lambda: MockTensor(torch.float32))
     codes = {}
     for K in SOURCES:
@@ -100,11 +106,7 @@ def buffer_codes(tree: str, steps: int | None = None) -> dict[str, str]:
     """{case: PTX} for `buffer_kernel`'s forward and backward (with the output norm, bf16 sources) at
     the model's SLOTS and warps for P stored endpoints; the backward at `steps` rows a program
     (default: the model's for N)."""
-    sys.path.insert(0, tree)
-    for name in [m for m in sys.modules if m == "k3lab" or m.startswith("k3lab.")]:
-        del sys.modules[name]
-    kernels = importlib.import_module("k3lab.ops.attn_res.buffer_kernel")
-    sys.path.remove(tree)
+    kernels = module_of(tree, "k3lab.ops.attn_res.buffer_kernel")
     bf16, fp32 = (lambda: MockTensor(torch.bfloat16)), (lambda: MockTensor(torch.float32))
     steps = steps or max(1, triton.next_power_of_2(triton.cdiv(N, kernels.PARTIAL_ROWS)))
     codes = {}
