@@ -5,6 +5,8 @@
     python bench/bench_trial.py --before .carry/before --before-rows small@16x512   # before for one row
     python bench/bench_trial.py --rows small@64x1024:compile --top 15        # the top kernels, every kernel by kind
     python bench/bench_trial.py --rows small@64x1024:graph:compile --where eager,copies   # who launches them
+    python bench/bench_trial.py --rows small@64x1024:graph:compile:off,small@64x1024:graph:compile:bs4 --write
+    python bench/bench_trial.py --rows tiny@2x64:off,tiny@2x64:full --steps 2 --warmup 1   # on CPU too (no graph)
 
 A row is PRESET@BxT[:option...]; options: adamw (AdamW for every parameter instead of
 Muon + AdamW), compile (torch.compile'd blocks, as trials with `compile` run), compilemuon (Muon's
@@ -16,7 +18,11 @@ trials did), graphfb (forward+backward only in the graph, the optimizers eager),
 (activation checkpointing of every decoder layer), bf16res (`residual_in_fp32: false`: the
 residual stream and AttnRes sources in bf16), kdastates (KDA's backward reads the chunk states
 its forward kept instead of recomputing them, as trials with `kda_keep_states` run; recomputed in a
---before checkout without it). Each row runs in its own process with the
+--before checkout without it), naiveattnres (the reference AttnRes path, `naive.StackedEndpoints`,
+instead of the fused kernels), and the AttnRes variant as the sweep files' `attn_res_block_size`
+axis names it: off (the pre-norm baseline), full (block size 1) or bsN (block size N); without one,
+the preset's own. Rows with variants write a second table: each variant's tokens/s against off's
+of the same row and code, one table per card. Each row runs in its own process with the
 trial's step: bf16 autocast over fp32 weights, the loss without logits, gradient clipping at
 1.0, every optimizer, the MoE bias update. `--before DIR` runs every row a second time with
 DIR (an older checkout of k3lab, e.g. `git archive <commit> | tar x -C DIR`) first on
@@ -47,7 +53,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROWS = "small@16x512,small@64x1024,small@64x1024:adamw,base@16x2048"
-OPTIONS = ("adamw", "compile", "compilemuon", "chunkwise", "graph", "graphfb", "ckpt", "bf16res", "kdastates")
+OPTIONS = ("adamw", "compile", "compilemuon", "chunkwise", "graph", "graphfb", "ckpt", "bf16res", "kdastates",
+           "naiveattnres")
+VARIANTS = ("off", "full", "bsN")  # AttnRes: the pre-norm baseline, block size 1, block size N
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
 KERNEL_KINDS = (  # (kind, substrings of a kernel's name): the first kind that matches, in this order
     ("AttnRes (k3lab)", ("attn_res_",)),
@@ -78,6 +86,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--where", default="", help="comma-separated kinds of kernels (first words: eager, copies, "
                         "...) to trace to the code that launches them, from one eager step")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    parser.add_argument("--write-variants", action="store_true",
+                        help="write only the AttnRes variants' table into docs/benchmarks.md")
+    parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"), help="the file --write writes into")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="save every row's measurements (top kernels and kinds too) as JSON, for "
+                             "bench/profile_step.py --from")
     parser.add_argument("--from-logs", nargs="+", default=None, metavar="LOG",
                         help="write the table from saved outputs of earlier runs (each log's first line: its "
                              "'# date, machine, commit: command') instead of measuring")
@@ -111,10 +125,29 @@ def parse_row(row: str, error=None) -> dict:
         batch, seq = (int(n) for n in shape.split("x"))
     except ValueError:
         (error or sys.exit)(f"row {row!r}: expected PRESET@BxT[:option...]")
-    unknown = set(options) - set(OPTIONS)
+    unknown = {o for o in options if o not in OPTIONS and attn_res_variant([o]) is None}
     if unknown:
-        (error or sys.exit)(f"row {row!r}: unknown options {sorted(unknown)} (choose from {', '.join(OPTIONS)})")
+        (error or sys.exit)(f"row {row!r}: unknown options {sorted(unknown)} "
+                            f"(choose from {', '.join(OPTIONS + VARIANTS)})")
+    if len([o for o in options if attn_res_variant([o])]) > 1:
+        (error or sys.exit)(f"row {row!r}: more than one AttnRes variant")
     return {"preset": preset, "batch": batch, "seq": seq, "options": options}
+
+
+def attn_res_variant(options: list[str]) -> str | None:
+    """The row's AttnRes variant option (off, full, bsN), or None."""
+    return next((o for o in options if o in ("off", "full") or (o[:2] == "bs" and o[2:].isdigit() and int(o[2:]))),
+                None)
+
+
+def attn_res_overrides(options: list[str]) -> dict:
+    """The config fields of the row's AttnRes variant, as the sweep axis `attn_res_block_size` sets them."""
+    variant = attn_res_variant(options)
+    if variant is None:
+        return {}
+    if variant == "off":
+        return {"use_attn_res": False}
+    return {"use_attn_res": True, "attn_res_block_size": 1 if variant == "full" else int(variant[2:])}
 
 
 # -- one row, in a child process -------------------------------------------------------------
@@ -126,17 +159,22 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     from k3lab.model.model import KimiK3, compile_blocks
     from k3lab.optim.assignment import build_optimizers
     from k3lab.registry.presets import load_preset
-    from k3lab.train.diagnostics import peak_flops
+    from k3lab.train.diagnostics import device_name, peak_flops
 
     torch.backends.cuda.matmul.allow_tf32 = True
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: the tiny preset, to test the bench
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # a CPU row tests the bench; one thread beside whatever else runs
     options = row["options"]
     bf16_stream = {"residual_in_fp32": False} if "bf16res" in options else {}  # a --before checkout lacks the field
     config = load_preset(row["preset"]).replace(
-        kda_implementation="chunkwise" if "chunkwise" in options else "fused", max_seq_len=max(row["seq"], 1024),
-        **bf16_stream)
+        kda_implementation="chunkwise" if "chunkwise" in options or device.type != "cuda" else "fused", max_seq_len=max(row["seq"], 1024),
+        **bf16_stream, **attn_res_overrides(options))
     torch.manual_seed(0)
-    model = KimiK3(config).cuda().train()
+    model = KimiK3(config).to(device).train()
     model.checkpoint_layers = "ckpt" in options
+    if "naiveattnres" in options:
+        model.uses_fused_attn_res = lambda idx: False
     if "kdastates" in options:
         try:
             from k3lab.model.kda import keep_kda_states
@@ -157,12 +195,12 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
         compiled_muon = {"compile": True} if "compilemuon" in options and "compile" in inspect.signature(
             build_optimizers).parameters else {}
         optimizers = build_optimizers(model, lr=3e-3, weight_decay=0.1, **capturable, **compiled_muon)
-    idx = torch.randint(0, config.vocab_size, (row["batch"], row["seq"]), device="cuda")
+    idx = torch.randint(0, config.vocab_size, (row["batch"], row["seq"]), device=device)
     targets = torch.roll(idx, -1, dims=1)
     events = []
 
     def loss_fn(x, y):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):  # CPU: fp32
             return model(x, y, return_logits=False)[1]
 
     def forward_backward(x, y):
@@ -184,7 +222,7 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     graphed = graphed_step(graph_kind, model, optimizers, loss_fn, forward_backward, whole_step)
 
     def step():
-        start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start, middle, end = (Event(device) for _ in range(3))
         start.record()
         replay = graphed is not None and len(events) >= 2  # captured after two eager steps
         split = not (replay and graph_kind == "step")  # an event between forward+backward and the update
@@ -201,24 +239,26 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
         events.append((start, middle if split else None, end))
         return loss
 
-    torch.cuda.reset_peak_memory_stats()
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     step()
-    torch.cuda.synchronize()
+    synchronize()
     first_step = time.perf_counter() - started
     for _ in range(warmup - 1):
         step()
-    torch.cuda.synchronize()
+    synchronize()
     timed_from = len(events)
     started = time.perf_counter()
     for _ in range(steps):
         loss = step()
-    torch.cuda.synchronize()
+    synchronize()
     step_s = (time.perf_counter() - started) / steps
     timed = events[timed_from:]
     fwd_bwd = sum(s.elapsed_time(m or e) for s, m, e in timed) / steps
     opt = sum(m.elapsed_time(e) for _, m, e in timed) / steps if all(m for _, m, _ in timed) else None
-    kernels, launches, top_kernels, kinds = profile_steps(step, 2, top)
+    kernels, launches, top_kernels, kinds = profile_steps(step, 2, top, device)
     sources = []
     if where:  # after the timed and profiled steps: an eager step of the same model, traced
         kernel_sources = sibling_module("kernel_sources")  # by path: a --before tree comes first on sys.path
@@ -231,14 +271,34 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
 
         sources = kernel_sources.profile_sources(eager_step, traced_kinds(where), kernel_kind)[:top or 20]
     tokens_per_s = row["batch"] * row["seq"] / step_s
-    peak = peak_flops(torch.device("cuda"))
+    peak = peak_flops(device)
     return {
         "tokens_per_s": tokens_per_s, "step_ms": 1e3 * step_s, "fwd_bwd_ms": fwd_bwd, "optimizer_ms": opt,
-        "mfu": tokens_per_s * counts["flops_per_token"] / peak if peak else None,
-        "kernels": kernels, "launches": launches, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "mfu": tokens_per_s * counts["flops_per_token"] / peak if peak else None, "device": device_name(device),
+        "kernels": kernels, "launches": launches,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
         "first_step_s": first_step, "loss": loss.item(), "params": counts["total"], "active": counts["active"],
         "top_kernels": top_kernels, "kernel_kinds": kinds, "sources": sources,
     }
+
+
+class Event:
+    """torch.cuda.Event on a GPU; on CPU the wall clock at `record` (the step has run by then)."""
+
+    def __init__(self, device):
+        import torch
+
+        self.cuda = torch.cuda.Event(enable_timing=True) if device.type == "cuda" else None
+        self.at = 0.0
+
+    def record(self) -> None:
+        if self.cuda is not None:
+            self.cuda.record()
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end: Event) -> float:
+        """Milliseconds from this event to `end`."""
+        return self.cuda.elapsed_time(end.cuda) if self.cuda is not None else 1e3 * (end.at - self.at)
 
 
 def sibling_module(name: str):
@@ -276,12 +336,14 @@ def graphed_step(kind: str | None, model, optimizers, loss_fn, forward_backward,
     return graphs.GraphedStep(whole_step, model.parameters(), optimizers)
 
 
-def profile_steps(step, n: int, top: int) -> tuple[float, float, list, list]:
+def profile_steps(step, n: int, top: int, device) -> tuple[float, float, list, list]:
     """GPU kernels and CUDA launch calls per step over n profiled steps, the top kernels, and
-    every kernel's time summed by kind (`by_kind`)."""
+    every kernel's time summed by kind (`by_kind`). On CPU: no kernels, the top ops by CPU time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    if device.type != "cuda":
+        return cpu_profile(step, n, top)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             step()
@@ -296,6 +358,18 @@ def profile_steps(step, n: int, top: int) -> tuple[float, float, list, list]:
                    if e.device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA]
     device_time.sort(key=lambda t: -t[1])
     return kernels / n, launches / n, device_time[:top], by_kind(device_time)
+
+
+def cpu_profile(step, n: int, top: int) -> tuple[float, float, list, list]:
+    """profile_steps on CPU: (0 kernels, 0 launches, the top ops by self CPU time, their kinds)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+            step()
+    cpu_time = sorted(((e.key, e.self_cpu_time_total / n / 1e3, e.count / n) for e in prof.key_averages()
+                       if e.self_cpu_time_total > 0), key=lambda t: -t[1])
+    return 0.0, 0.0, cpu_time[:top], by_kind(cpu_time)
 
 
 def kernel_kind(name: str) -> str:
@@ -342,6 +416,33 @@ def table(results: list[tuple[str, str, dict]]) -> str:
                      f"| {opt} | {share} | {r['kernels']:,.0f} | {r['launches']:,.0f} "
                      f"| {r['peak_gib']:.1f} | {r['first_step_s']:.1f} |")
     return "\n".join(lines)
+
+
+def card_of(results: list[tuple[str, str, dict]]) -> str:
+    """The device the rows ran on, as the rows name it."""
+    return next((r["device"] for _, _, r in results if "device" in r), "no row ran")
+
+
+def variant_table(results: list[tuple[str, str, dict]]) -> str:
+    """Rows with an AttnRes variant, by the row without it (and the code): each variant's
+    tokens/s and its share of off's. Empty when no row names a variant."""
+    groups: dict[tuple[str, str], dict[str, dict]] = {}
+    for row, code, r in results:
+        options = parse_row(row)["options"]
+        variant = attn_res_variant(options)
+        if variant is not None:
+            base = row.split(":")[0] + "".join(f":{o}" for o in options if o != variant)
+            groups.setdefault((base, code), {})[variant] = r
+    lines = ["| row | code | variant | tokens/s | % of off's | step (ms) |", "|---|---|---|---|---|---|"]
+    for (base, code), variants in groups.items():
+        off = variants.get("off", {}).get("tokens_per_s")
+        for variant, r in variants.items():
+            if "error" in r:
+                lines.append(f"| {base} | {code} | {variant} | failed: {r['error']} | | |")
+                continue
+            share = f"{r['tokens_per_s'] / off:.1%}" if off else "n/a"
+            lines.append(f"| {base} | {code} | {variant} | {r['tokens_per_s']:,.0f} | {share} | {r['step_ms']:.1f} |")
+    return "\n".join(lines) if groups else ""
 
 
 def rows_from_logs(paths: list[str]) -> tuple[list[str], list[str]]:
@@ -412,11 +513,10 @@ def main() -> None:
         return
     import torch
 
-    if not torch.cuda.is_available():
-        sys.exit("bench_trial.py needs a CUDA GPU")
-    from k3lab.runtime.kernel_cache import open_kernel_cache
+    if torch.cuda.is_available():
+        from k3lab.runtime.kernel_cache import open_kernel_cache
 
-    open_kernel_cache()  # k3lab's kernel cache, started from its shipped tunings; the rows' processes inherit it
+        open_kernel_cache()  # k3lab's kernel cache, started from its shipped tunings; the rows' processes inherit it
     before_rows = set((args.before_rows or args.rows).split(",")) if args.before else set()
     results = []
     for row in args.rows.split(","):
@@ -424,6 +524,8 @@ def main() -> None:
         for label, code_dir in codes:
             result = run_row(row, args, code_dir)
             results.append((row, label, result))
+            if args.json:  # after every row, so a run stopped part-way keeps what it measured
+                Path(args.json).write_text(json.dumps({"card": card_of(results), "rows": results}, indent=1))
             print(table(results[-1:]).splitlines()[-1], flush=True)
             for name, ms, count in result.get("top_kernels", []):
                 print(f"    {ms:8.2f} ms/step  {count:6.0f}x  {name[:110]}", flush=True)
@@ -435,16 +537,25 @@ def main() -> None:
                 print(f"    launched by (one eager step, --where {args.where}):", flush=True)
                 for kind, us, count, op, where in result.get("sources", []):
                     print(f"    {us / 1e3:8.2f} ms/step  {count:6.0f}x  {kind}: {op} at {where}", flush=True)
-    body = (f"{torch.cuda.get_device_name()}: {args.warmup} warm-up + {args.steps} timed steps per row, random "
+    card = card_of(results)
+    body = (f"{card}: {args.warmup} warm-up + {args.steps} timed steps per row, random "
             "tokens, bf16 autocast over fp32 weights, fused KDA (FLA) unless `chunkwise`, Muon + AdamW unless "
             "`adamw`, the residual stream in fp32 unless `bf16res`. Optimizer share = optimizer / (fwd+bwd + "
             "optimizer) GPU time. Kernels and launch calls from torch.profiler (2 steps).\n\n" + table(results))
     print(body)
-    if args.write:
+    variants = variant_table(results)
+    if variants:
+        variants = (f"{card}, {args.warmup} warm-up + {args.steps} timed steps per row, all rows in one run: each "
+                    "AttnRes variant's tokens/s against off's of the same row and code.\n\n" + variants)
+        print(variants)
+    if args.write or args.write_variants:
         sys.path.insert(0, str(ROOT))
         from bench.report import write_section
 
-        write_section("Trial step: presets on one GPU", body)
+        if args.write:
+            write_section("Trial step: presets on one GPU", body, doc=Path(args.doc))
+        if variants:
+            write_section(f"AttnRes variants against off: {card}", variants, doc=Path(args.doc))
 
 
 if __name__ == "__main__":
