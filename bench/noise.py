@@ -75,7 +75,7 @@ def file_design(baseline: str, variants: set[str]) -> dict:
     """For a store that stored no design (a run of some of the gpu profile's variants): the gpu
     profile's design, Gaussian-calibrated as the stored ones, its variants against `baseline`."""
     from k3lab.registry.commands import load_sweep_for
-    from k3lab.tune.seeds import design_of
+    from k3lab.runner.tune.seeds import design_of
 
     sweep = load_sweep_for(str(Path(__file__).resolve().parent.parent / "experiments/attnres_block.yaml"), "gpu")
     design = attrs.evolve(design_of(sweep), skew=0.0, level=None).calibrated()

@@ -14,7 +14,7 @@ comparisons' variances of the differences (each weighted by its pairs - 1).
 Between two stores, the ratio of the pooled variances is an F statistic with the pooled
 degrees of freedom; its one-sided p-value says how surprising the smaller spread would be if
 both came from the same spread. That is the before/after of a change to the pairing, such as
-`train.init: paired` (k3lab.train.init).
+`train.init: paired` (k3lab.runner.train.init).
 """
 
 from __future__ import annotations

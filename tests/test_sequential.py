@@ -1,5 +1,5 @@
 """Family-wise decisions (k3lab.report.sequential) and the seeds policy that looks at them after
-every seed pair (k3lab.tune.seeds.SeedPlanner), on simulated sweeps: trial results drawn from a
+every seed pair (k3lab.runner.tune.seeds.SeedPlanner), on simulated sweeps: trial results drawn from a
 distribution with known true differences, no model."""
 
 import math
@@ -15,7 +15,7 @@ from k3lab.report.sequential import (
 )
 from k3lab.report.calibration import SKEW_COVERED, null_rejection_rate
 from k3lab.report.stats import t_interval
-from k3lab.tune.planner import FINISHED, SeedPlanner
+from k3lab.runner.tune.planner import FINISHED, SeedPlanner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

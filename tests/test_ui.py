@@ -195,8 +195,8 @@ def test_a_parent_run_whose_driver_died_is_interrupted(driver, trials_running, e
 
 def test_params_of_a_switched_off_feature_read_off():
     from k3lab.model.config import tiny_config
-    from k3lab.train.spec import TrainSpec
-    from k3lab.tune.trial import TrialSpec, trial_params
+    from k3lab.registry.train_spec import TrainSpec
+    from k3lab.runner.tune.trial import TrialSpec, trial_params
 
     def params(**fields):
         config = tiny_config(**fields)

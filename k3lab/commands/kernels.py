@@ -1,5 +1,5 @@
-"""`k3lab kernels warm|info|export|import`: the per-machine GPU kernel cache (`k3lab.runtime.kernel_cache`) and
-its tuned kernels as archives (`k3lab.runtime.tunings`)."""
+"""`k3lab kernels warm|info|export|import`: the per-machine GPU kernel cache (`k3lab.runner.runtime.kernel_cache`) and
+its tuned kernels as archives (`k3lab.runner.runtime.tunings`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import argparse
 from pathlib import Path
 
 from k3lab.errors import UserError
-from k3lab.runtime import kernel_cache  # through the module: tests stand in for its GPU functions
-from k3lab.runtime.kernel_cache import ENV_VAR
-from k3lab.runtime.tunings import export_tunings, import_tunings
+from k3lab.runner.runtime import kernel_cache  # through the module: tests stand in for its GPU functions
+from k3lab.runner.runtime.kernel_cache import ENV_VAR
+from k3lab.runner.runtime.tunings import export_tunings, import_tunings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

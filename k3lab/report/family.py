@@ -28,7 +28,7 @@ from rich.text import Text
 from k3lab.report.sequential import (BUDGET, FIXED, MAX, RUNNING, SEQUENTIAL_COLUMNS, STOPPED, Design,
                                      comparison_cells, compare_sequential, fixed_design, sequential_headers,
                                      sequential_note)
-from k3lab.markdown import table_lines
+from k3lab.report.markdown import table_lines
 from k3lab.report import stats
 from k3lab.report.figures import pyplot, save_figure
 from k3lab.report.records import TrialRecord
