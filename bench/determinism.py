@@ -83,7 +83,7 @@ def flagged_operations(trainer, x, y, deterministic: bool) -> list[str]:
 
 def main() -> None:
     args = parse_args()
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
     from k3lab.runner.train.trainer import Trainer
     from k3lab.runner.runtime.kernel_cache import open_kernel_cache
 

@@ -307,7 +307,7 @@ def alone_child(args: argparse.Namespace) -> dict:
     import attrs
     import torch
 
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
     from k3lab.runner.runtime.kernel_cache import open_kernel_cache
     from k3lab.runner.tune.trial import TrialSpec, forget_earlier_trial, run_trial
 

@@ -111,7 +111,7 @@ def test_a_trial_restored_from_its_final_checkpoint_reports_its_runs_figures(tmp
     file show) carries the last evaluation's figures from its MLflow run, not the worst value."""
     from k3lab.registry import TrainSpec
     from k3lab.runner.train.trainer import TrainResult
-    from k3lab.runner.tune.reporter import TrialReporter
+    from k3lab.runner.tune.ray_reports import TrialReporter
     from k3lab.runner.tune.trial import TrialSpec
 
     uri, run_id = finished_run(tmp_path)

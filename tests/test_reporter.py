@@ -9,7 +9,7 @@ from k3lab.runner.train.checkpoint import load_checkpoint
 from k3lab.registry.train_spec import TrainSpec
 from k3lab.runner.train.loop import fit
 from k3lab.runner.train.trainer import Trainer
-from k3lab.runner.tune.reporter import TrialReporter
+from k3lab.runner.tune.ray_reports import TrialReporter
 from k3lab.runner.tune.trial import TrialSpec
 
 pytestmark = pytest.mark.usefixtures("isolated_data")

@@ -467,7 +467,7 @@ def test_a_sweep_resumed_in_parts_lists_each_resume_command_once_with_its_count(
 def test_the_data_line_gives_one_figure_when_every_trial_trained_the_same_epochs():
     from types import SimpleNamespace as NS
 
-    from k3lab.report.family import epochs_line
+    from k3lab.report.paired import epochs_line
 
     same = [NS(params={"data.epochs": "0.0304"}), NS(params={"data.epochs": "0.0301"})]
     assert epochs_line(same) == "Data: each trial trained 0.03 epochs of its corpus (data.epochs)"
@@ -506,7 +506,7 @@ def test_a_dry_run_says_how_many_pairs_the_rule_takes_at_an_earlier_runs_spreads
     of that run's report, per comparison with two pairs or more, before any GPU time is spent."""
     import statistics
 
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
     from k3lab.report.sequential import pairs_needed
     from k3lab.runner.tune.seeds import design_of
 

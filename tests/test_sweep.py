@@ -223,7 +223,7 @@ def test_ui_refuses_a_tracking_server_uri(capsys):
 def test_diverged_trial_reports_the_worst_metric_value():
     from k3lab.registry import TrainSpec
     from k3lab.runner.train.trainer import TrainResult
-    from k3lab.runner.tune.reporter import diverged_report
+    from k3lab.runner.tune.ray_reports import diverged_report
     from k3lab.runner.tune.trial import TrialSpec
 
     spec = TrialSpec("id", "v", 0, {}, TrainSpec(steps=10, warmup_steps=1), None, "x", metric="val_bpb", mode="max")
@@ -693,7 +693,7 @@ def test_a_stop_after_that_is_not_a_duration_is_one_line_and_nothing_starts(tmp_
 def test_a_grid_starts_seed_by_seed_so_a_sweep_stopped_early_holds_whole_pairs():
     from types import SimpleNamespace
 
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
     from k3lab.runner.tune.trial import trial_specs
 
     sweep = load_sweep_for(str(Path(__file__).resolve().parents[1] / "experiments/pairing.yaml"), "cpu")

@@ -247,7 +247,7 @@ def test_a_sweep_whose_driver_died_is_reported_interrupted_and_closed(tmp_path, 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml")))
 def test_every_shipped_gpu_profile_makes_val_loss_a_curve(path):
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
 
     for profile in ("gpu", "gpu2"):
         try:

@@ -13,7 +13,7 @@ from k3lab.runner.runtime.tunings import export_tunings, import_tunings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from k3lab.registry.commands import add_profile_argument
+    from k3lab.registry.sweep_cli import add_profile_argument
 
     parser = subparsers.add_parser("kernels", help="the per-machine GPU kernel cache (FLA autotuning, compiles)")
     commands = parser.add_subparsers(dest="kernels_command", required=True, metavar="ACTION")
@@ -47,7 +47,7 @@ def add_cache_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def run_warm(args: argparse.Namespace) -> int:
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
 
     sweep = load_sweep_for(args.file, args.profile)
     kernel_cache.require_cuda()

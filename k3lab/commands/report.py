@@ -10,7 +10,7 @@ from pathlib import Path
 
 from k3lab.commands.sweep import STORAGE_HELP, TRACKING_HELP, sweep_run_from_args
 from k3lab.errors import UserError
-from k3lab.registry.commands import add_profile_argument
+from k3lab.registry.sweep_cli import add_profile_argument
 from k3lab.registry.sections import METRICS
 
 
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_report(args) -> int:
     from k3lab.report.summary import build_report, print_summary, wide_console
     from k3lab.runner.tune.parent import present
-    from k3lab.runner.tune.reporting import check_interrupted, find_parent_run, other_sweeps, report_across, report_design
+    from k3lab.runner.tune.stored_sweep import check_interrupted, find_parent_run, other_sweeps, report_across, report_design
     from k3lab.runner.runtime.preflight import check_tracking_server
 
     run = sweep_run_from_args(args)

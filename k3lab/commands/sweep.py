@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from k3lab.errors import UserError
-from k3lab.registry.commands import add_profile_argument
+from k3lab.registry.sweep_cli import add_profile_argument
 
 STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def sweep_run_from_args(args, **options):
     """The sweep file under its profile, with the storage and tracking store the flags name."""
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
     from k3lab.store.state import default_storage, tracking_uri_or_default
     from k3lab.runner.tune.run import SweepRun
 
@@ -59,7 +59,7 @@ def sweep_run_from_args(args, **options):
 
 def run_sweep_command(args) -> int:
     from k3lab.commands.variants import measured_rates, print_packing
-    from k3lab.registry.commands import print_plan
+    from k3lab.registry.sweep_cli import print_plan
     from k3lab.report.summary import print_summary, wide_console
     from k3lab.runner.runtime.sigterm import stop_on_sigterm
     from k3lab.runner.runtime.stopping import stop_after_seconds, stop_timer
@@ -101,7 +101,7 @@ def run_sweep_command(args) -> int:
 def dry_run(console, run) -> int:
     """What the sweep would run, and where, after the checks the real sweep makes before it starts
     anything (`check_dry_run`: a sweep that would be refused is refused here too, exit 2)."""
-    from k3lab.registry.commands import print_variant_table
+    from k3lab.registry.sweep_cli import print_variant_table
     from k3lab.runner.tune.seeds import earlier_run_line
     from k3lab.runner.tune.driver import check_dry_run, dry_run_line
 

@@ -65,7 +65,7 @@ class EvalPrinter:
         self.console, self.save, self.tracker = console, save, None
 
     def on_eval(self, trainer, metrics: dict) -> None:
-        from k3lab.runner.tune.reporter import save_with_run_id
+        from k3lab.runner.tune.ray_reports import save_with_run_id
 
         self.console.print(f"step {metrics['step']}: val_loss {metrics['val_loss']:.4f} val_bpb {metrics['val_bpb']:.3f}")
         if self.save:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from k3lab.registry.commands import add_profile_argument, load_sweep_for, print_plan, print_variant_table
+from k3lab.registry.sweep_cli import add_profile_argument, load_sweep_for, print_plan, print_variant_table
 
 if TYPE_CHECKING:  # imported where used: `k3lab --help` registers this command without torch
     from k3lab.registry.sweep_file import Sweep

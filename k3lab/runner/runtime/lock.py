@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from k3lab.errors import UserError
-from k3lab.runner.runtime.made import missing_from, remove_made
+from k3lab.runner.runtime.cleanup import missing_from, remove_made
 
 
 def lock_file(storage: Path, experiment: str) -> Path:

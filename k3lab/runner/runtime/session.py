@@ -17,7 +17,7 @@ from k3lab.errors import UserError
 from k3lab.runner.runtime.kernel_cache import cache_env
 from k3lab.runner.runtime.lock import sweep_lock
 from k3lab.runner.runtime.logs import library_logs
-from k3lab.runner.runtime.made import missing_from, remove_made
+from k3lab.runner.runtime.cleanup import missing_from, remove_made
 from k3lab.runner.runtime.mps import ENV_KEYS as MPS_ENV
 from k3lab.runner.runtime.mps import gpu_sharing
 from k3lab.runner.runtime.reaper import Watchdog, end_leftovers

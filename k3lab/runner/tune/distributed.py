@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from k3lab.runner.tune.reporter import TrialReporter
+from k3lab.runner.tune.ray_reports import TrialReporter
 from k3lab.runner.tune.trial import TrialSpec, limit_threads, load_ray_checkpoint, run_trial
 
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from ray.tune.search import Searcher
 
-from k3lab.report.family import diverged_step
+from k3lab.report.paired import diverged_step
 from k3lab.report.sequential import Design, fixed_design
 from k3lab.report.stats import usable
 from k3lab.runner.tune.planner import FINISHED, SeedPlanner
@@ -109,7 +109,7 @@ def last_mean(tracking_uri: str, metric: str, last: int, result: dict | None, mo
               rise: float | None = None) -> float | None:
     """A trial's value as the mean of its last `last` evaluations of `metric`, read from its MLflow
     run: the same values the report compares, and None where its curve diverged
-    (`k3lab.report.family.diverged_step`). (A trial's reports to Tune do not survive a restore,
+    (`k3lab.report.paired.diverged_step`). (A trial's reports to Tune do not survive a restore,
     and one restored from its final checkpoint reports no metric of its own; its run has them.)"""
     if not trained_to_the_end(result):
         return None
@@ -160,7 +160,7 @@ def report_options(sweep) -> dict:
     """What `build_report` needs to compare a sweep's variants as its file asks: the metric, the
     baseline of each group, the design, the verdict metric's `last`, the divergence rule, the
     variants in the file's order and the baselines' compute curves. The parent run stores them
-    (`k3lab.report.family.design_record`)."""
+    (`k3lab.report.paired.design_record`)."""
     metric = sweep.metric
     return {"metric": metric.name, "mode": metric.mode, "baselines": dict(sweep.baselines),
             "design": design_of(sweep), "last": metric.last, "rise": metric.diverged,
@@ -177,7 +177,7 @@ def earlier_run_line(run) -> str | None:
     sweep, path = run.sweep, sqlite_path(run.tracking_uri)
     if not (sweep.adaptive and sweep.seed_policy.until.rule != "max") or path is None or not holds_mlflow_runs(path):
         return None
-    from k3lab.report.family import comparisons_for
+    from k3lab.report.paired import comparisons_for
     from k3lab.report.sequential import pairs_needed_line
     from k3lab.report.summary import load_trials
     from k3lab.store.runs import latest_sweep_run

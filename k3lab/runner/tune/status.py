@@ -19,7 +19,7 @@ from ray import tune
 from k3lab.store import runs
 from k3lab.store.runs import RUN_ID_KEY
 from k3lab.runner.runtime.crashes import dead_worker_log, fault_line
-from k3lab.runner.tune.reporter import OUT_OF_MEMORY
+from k3lab.runner.tune.ray_reports import OUT_OF_MEMORY
 
 
 class OutOfMemoryRestarts(tune.Callback):

@@ -25,7 +25,7 @@ from rich.live import Live
 from rich.table import Table
 
 from k3lab.registry.plan import profile_label
-from k3lab.runner.tune.reporter import OUT_OF_MEMORY
+from k3lab.runner.tune.ray_reports import OUT_OF_MEMORY
 from k3lab.runner.tune.status import crash_line
 
 DONE_STATUSES = ("done", "stopped early", "diverged", "error")

@@ -35,7 +35,7 @@ from k3lab.runner.train.diagnostics import device_name
 from k3lab.registry.train_spec import TrainSpec
 from k3lab.runner.train.loop import fit
 from k3lab.runner.train.trainer import FINISHED, TrainResult, Trainer
-from k3lab.runner.tune.reporter import TrialReporter
+from k3lab.runner.tune.ray_reports import TrialReporter
 from k3lab.runner.tune.system import with_system_metrics
 
 
@@ -169,7 +169,7 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
     may be the variant's next seed).
 
     reporter: its `on_eval(trainer, metrics)` runs after every evaluation, with `reporter.tracker`
-    set to the trial's run (see `k3lab.runner.tune.reporter`).
+    set to the trial's run (see `k3lab.runner.tune.ray_reports`).
     flush_with_checkpoints: metrics reach MLflow only when the reporter has saved a checkpoint
     and flushed them, and a crash drops the unsent ones. A trial restored from its last
     checkpoint then logs the steps its run does not have yet: no step is logged twice.

@@ -19,7 +19,7 @@ def report_design(run: SweepRun, parent_run_id: str, baseline: str | None = None
     this report only."""
     import attrs
 
-    from k3lab.report.family import design_record
+    from k3lab.report.paired import design_record
     from k3lab.report.summary import stored_options
     from k3lab.store.runs import write_design
 
