@@ -317,7 +317,7 @@ def main() -> None:
     args = parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
-        from k3lab.runtime.kernel_cache import open_kernel_cache
+        from k3lab.runner.runtime.kernel_cache import open_kernel_cache
 
         open_kernel_cache()  # before FLA's kernels autotune: k3lab's cache, from its shipped tunings
         if not torch.cuda.is_available():

@@ -4,7 +4,7 @@
     python bench/bench_ddp.py --rows 1,2,2:static --preset small --batch 32 --seq 1024
     python bench/bench_ddp.py --rows 1,4,8 --write          # a host of 8 GPUs, the tuned 100 MB buckets
 
-A row is GPUS[:option...]; options change `DDPOptions` (k3lab/train/ddp.py) from its defaults:
+A row is GPUS[:option...]; options change `DDPOptions` (k3lab/runner/train/ddp.py) from its defaults:
 legacy (the trainer's settings before this benchmark: find_unused_parameters, no gradient
 views, 25 MB buckets), static (static_graph), noview (no gradient views), bucketN (bucket_cap_mb=N).
 The kernels of the shape are tuned first, once, into the kernel cache (as a sweep's warm-up
@@ -80,10 +80,10 @@ def measure(row: str, args: argparse.Namespace) -> dict | None:
     import torch.distributed as dist
 
     from k3lab.registry import load_preset
-    from k3lab.train.ddp import DDPOptions
-    from k3lab.train.diagnostics import peak_flops
-    from k3lab.train.spec import TrainSpec
-    from k3lab.train.trainer import Trainer
+    from k3lab.runner.train.ddp import DDPOptions
+    from k3lab.runner.train.diagnostics import peak_flops
+    from k3lab.registry.train_spec import TrainSpec
+    from k3lab.runner.train.trainer import Trainer
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     cuda = torch.cuda.is_available()  # CPU (gloo) only to try the benchmark itself on a laptop
@@ -138,7 +138,7 @@ def warm_kernel_cache(args: argparse.Namespace) -> None:
     """FLA autotunes each new shape for minutes: tune this one once, here, into the kernel cache
     ($K3LAB_KERNEL_CACHE or ~/.cache/k3lab/kernels), so the rows' ranks start warm."""
     from k3lab.registry import load_preset
-    from k3lab.runtime.kernel_cache import KernelShape, open_kernel_cache, warm_kernels
+    from k3lab.runner.runtime.kernel_cache import KernelShape, open_kernel_cache, warm_kernels
 
     cache = open_kernel_cache()  # this process and the torchrun jobs it starts; from the shipped tunings
     config = load_preset(args.preset).replace(max_seq_len=max(args.seq, 1024))

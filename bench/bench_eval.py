@@ -26,8 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from k3lab.registry import load_preset  # noqa: E402
-from k3lab.train.spec import TrainSpec  # noqa: E402
-from k3lab.train.trainer import Trainer, save_trainer  # noqa: E402
+from k3lab.registry.train_spec import TrainSpec  # noqa: E402
+from k3lab.runner.train.trainer import Trainer, save_trainer  # noqa: E402
 
 
 def synced(device: torch.device) -> None:

@@ -79,7 +79,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--only", default=None, help=f"comma-separated subset of {', '.join(NAMES)}")
     parser.add_argument("--compile", action="store_true", help="torch.compile KimiK3's decoder blocks")
     parser.add_argument("--graph", action="store_true",
-                        help="replay the whole step as one CUDA graph (k3lab.train.graphs), both models")
+                        help="replay the whole step as one CUDA graph (k3lab.runner.train.graphs), both models")
     parser.add_argument("--kda-keep-states", action="store_true",
                         help="KimiK3's KDA backward reads the chunk states its forward kept (train.kda_keep_states); "
                              "FLA's model always recomputes them")
@@ -199,7 +199,7 @@ class Stepper:
     autotune), as k3lab trials do."""
 
     def __init__(self, model, optimizer, is_fla: bool, graph: bool):
-        from k3lab.train.graphs import GraphedStep
+        from k3lab.runner.train.graphs import GraphedStep
 
         self.model, self.optimizer, self.is_fla, self.steps = model, optimizer, is_fla, 0
         self.loss_of = loss_function(model, is_fla)
@@ -306,7 +306,7 @@ def main() -> None:
         origin, body = body_from_log(args.from_log)
         write_section(SECTION, body, measured_on=origin)
         return
-    from k3lab.runtime.kernel_cache import open_kernel_cache
+    from k3lab.runner.runtime.kernel_cache import open_kernel_cache
 
     open_kernel_cache(args.cache_dir)  # before FLA is imported; k3lab's cache, started from its shipped tunings
     import torch

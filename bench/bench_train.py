@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import write_section  # noqa: E402
 from k3lab.data import BatchSampler, prepare_dataset  # noqa: E402
 from k3lab.registry import load_preset  # noqa: E402
-from k3lab.train.spec import TrainSpec  # noqa: E402
-from k3lab.train.loop import fit  # noqa: E402
-from k3lab.train.trainer import Trainer  # noqa: E402
+from k3lab.registry.train_spec import TrainSpec  # noqa: E402
+from k3lab.runner.train.loop import fit  # noqa: E402
+from k3lab.runner.train.trainer import Trainer  # noqa: E402
 
 
 def sampler_tokens_per_s(tokens, batch_size: int, seq_len: int, device: torch.device, batches: int = 200) -> float:

@@ -152,6 +152,16 @@ def attn_res_overrides(options: list[str]) -> dict:
 
 # -- one row, in a child process -------------------------------------------------------------
 
+def train_module(name: str):
+    """`k3lab.runner.train.<name>`, or `k3lab.train.<name>` in a --before checkout from before the runner/ move."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"k3lab.runner.train.{name}")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"k3lab.train.{name}")
+
+
 def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> dict:
     import torch
 
@@ -159,7 +169,8 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     from k3lab.model.model import KimiK3, compile_blocks
     from k3lab.optim.assignment import build_optimizers
     from k3lab.registry.presets import load_preset
-    from k3lab.train.diagnostics import device_name, peak_flops
+    diagnostics = train_module("diagnostics")
+    device_name, peak_flops = diagnostics.device_name, diagnostics.peak_flops
 
     torch.backends.cuda.matmul.allow_tf32 = True
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: the tiny preset, to test the bench
@@ -318,14 +329,14 @@ def graph_option(options: list[str]) -> str | None:
         return "forward_backward"
     if "graph" not in options:
         return None
-    import k3lab.train.graphs as graphs
+    graphs = train_module("graphs")
 
     return "step" if hasattr(graphs, "GraphedStep") else "forward_backward"
 
 
 def graphed_step(kind: str | None, model, optimizers, loss_fn, forward_backward, whole_step):
     """The row's CUDA graph (captured on its first call), or None."""
-    import k3lab.train.graphs as graphs
+    graphs = train_module("graphs")
 
     if kind is None:
         return None
@@ -491,7 +502,7 @@ def write_from_logs(paths: list[str]) -> None:
             + "\n".join(f"{i}. {origin}" for i, origin in enumerate(origins, 1)) + "\n\n"
             + "3 warm-up + 10 timed steps per row, random tokens, bf16 autocast over fp32 weights, fused KDA "
             "(FLA), Muon + AdamW unless `adamw`; `graph`: the step replayed as a CUDA graph (forward+backward only in "
-            "code from before k3lab.train.graphs.GraphedStep, and with `graphfb`), `compile`: "
+            "code from before GraphedStep (k3lab.runner.train.graphs), and with `graphfb`), `compile`: "
             "torch.compile'd blocks, `compilemuon`: Muon's steps compiled too, `kdastates`: KDA's chunk states kept for the backward, `ckpt`: activation checkpointing, `bf16res`: the residual stream in bf16 "
             "(`residual_in_fp32: false`). Optimizer share = optimizer / (fwd+bwd + optimizer) GPU time. Kernels "
             "and launch calls from torch.profiler (2 steps).\n\n"
@@ -514,7 +525,7 @@ def main() -> None:
     import torch
 
     if torch.cuda.is_available():
-        from k3lab.runtime.kernel_cache import open_kernel_cache
+        from k3lab.runner.runtime.kernel_cache import open_kernel_cache
 
         open_kernel_cache()  # k3lab's kernel cache, started from its shipped tunings; the rows' processes inherit it
     before_rows = set((args.before_rows or args.rows).split(",")) if args.before else set()

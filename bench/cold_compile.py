@@ -4,7 +4,7 @@
     python bench/cold_compile.py --device cpu --row tiny@2x64 --phases fresh,both --work /tmp/cold   # harness
 
 A fresh GPU machine's first training step compiles three things, each cached in the kernel cache
-(`k3lab.runtime.kernel_cache`):
+(`k3lab.runner.runtime.kernel_cache`):
 - Triton compiles FLA's kernels (`<cache>/triton`);
 - torch.compile builds the blocks (`<cache>/inductor`: FX graphs, AOTAutograd, its own Triton
   kernels);
@@ -43,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from k3lab.runtime.tunings import relocated_group  # noqa: E402
+from k3lab.runner.runtime.tunings import relocated_group  # noqa: E402
 SECTION = "Cold compile: a trial's first step by what its kernel cache holds"
 PHASES = ("fresh", "triton", "inductor", "mega", "both")
 COPIED = {"fresh": (), "triton": ("triton",), "inductor": ("inductor",), "mega": (), "both": ("triton", "inductor")}
@@ -104,7 +104,7 @@ def first_step(row: str, device_name: str, load_mega: Path | None, save_mega: Pa
 
 
 def child(args: argparse.Namespace) -> None:
-    from k3lab.runtime.kernel_cache import open_kernel_cache
+    from k3lab.runner.runtime.kernel_cache import open_kernel_cache
 
     phase = args.child
     work = Path(args.work)

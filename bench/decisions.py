@@ -23,7 +23,7 @@ from scipy import optimize
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from k3lab.report.calibration import SKEW_COVERED, null_draws  # noqa: E402
 from k3lab.report.sequential import BETTER, NOT_RESOLVED, WORSE, Design, compare_family  # noqa: E402
-from k3lab.tune.planner import FINISHED, SeedPlanner  # noqa: E402
+from k3lab.runner.tune.planner import FINISHED, SeedPlanner  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "statistics.md"
 SECTION = "Simulated sweeps"

@@ -83,9 +83,9 @@ def flagged_operations(trainer, x, y, deterministic: bool) -> list[str]:
 
 def main() -> None:
     args = parse_args()
-    from k3lab.registry.commands import load_sweep_for
-    from k3lab.train.trainer import Trainer
-    from k3lab.runtime.kernel_cache import open_kernel_cache
+    from k3lab.registry.sweep_cli import load_sweep_for
+    from k3lab.runner.train.trainer import Trainer
+    from k3lab.runner.runtime.kernel_cache import open_kernel_cache
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":

@@ -210,7 +210,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))  # before k3lab is imported: its model is the one timed
     if not torch.cuda.is_available():
         sys.exit("kernel_choices.py: no CUDA GPU here")
-    from k3lab.runtime.kernel_cache import open_kernel_cache
+    from k3lab.runner.runtime.kernel_cache import open_kernel_cache
 
     open_kernel_cache()  # before FLA is imported
     for name, choice in choices.items():

@@ -37,7 +37,7 @@ from scipy import stats as scipy_stats
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import check_stores, write_section  # noqa: E402
 from k3lab.report.calibration import SKEW_COVERED  # noqa: E402
-from k3lab.report.family import values_by_seed  # noqa: E402
+from k3lab.report.paired import values_by_seed  # noqa: E402
 from k3lab.report.sequential import NEEDED_CAP, Design, compare_family, pairs_needed  # noqa: E402
 from k3lab.report.stats import paired_seeds  # noqa: E402
 
@@ -74,8 +74,8 @@ def load(path: str) -> tuple[dict, list]:
 def file_design(baseline: str, variants: set[str]) -> dict:
     """For a store that stored no design (a run of some of the gpu profile's variants): the gpu
     profile's design, Gaussian-calibrated as the stored ones, its variants against `baseline`."""
-    from k3lab.registry.commands import load_sweep_for
-    from k3lab.tune.seeds import design_of
+    from k3lab.registry.sweep_cli import load_sweep_for
+    from k3lab.runner.tune.seeds import design_of
 
     sweep = load_sweep_for(str(Path(__file__).resolve().parent.parent / "experiments/attnres_block.yaml"), "gpu")
     design = attrs.evolve(design_of(sweep), skew=0.0, level=None).calibrated()

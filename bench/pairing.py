@@ -14,7 +14,7 @@ comparisons' variances of the differences (each weighted by its pairs - 1).
 Between two stores, the ratio of the pooled variances is an F statistic with the pooled
 degrees of freedom; its one-sided p-value says how surprising the smaller spread would be if
 both came from the same spread. That is the before/after of a change to the pairing, such as
-`train.init: paired` (k3lab.train.init).
+`train.init: paired` (k3lab.runner.train.init).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import check_stores, write_section  # noqa: E402
-from k3lab.registry.commands import load_sweep_for  # noqa: E402
+from k3lab.registry.sweep_cli import load_sweep_for  # noqa: E402
 from k3lab.report.stats import SeedValues, paired_seeds  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results.md"
@@ -69,8 +69,8 @@ def stored_trials(path: str, metric: str, seeds: set[int] | None) -> tuple[str, 
 
 def paired_values(path: str, metric: str, seeds: set[int] | None) -> tuple[str, dict[str, dict[int, float | None]]]:
     """(the baseline its parent run names, {variant: {seed: final metric}}) of the one sweep in the
-    store; None for a trial that did not finish (`k3lab.report.family.values_by_seed`)."""
-    from k3lab.report.family import values_by_seed
+    store; None for a trial that did not finish (`k3lab.report.paired.values_by_seed`)."""
+    from k3lab.report.paired import values_by_seed
 
     baseline, records = stored_trials(path, metric, seeds)
     return baseline, values_by_seed(records, metric)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import bench_trial  # noqa: E402
-from k3lab.markdown import replace_section  # noqa: E402
+from k3lab.report.markdown import replace_section  # noqa: E402
 
 DEFAULT_ROW = "small@64x1024:graph:compile:compilemuon:bf16res:kdastates"
 ATTN_RES_KIND = "AttnRes (k3lab)"

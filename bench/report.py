@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from k3lab.markdown import replace_section  # noqa: E402
+from k3lab.report.markdown import replace_section  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 HEADER = "# Benchmarks\n\nEvery section below is written by the benchmark it names; none is typed by hand.\n"

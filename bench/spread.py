@@ -27,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.pairing import RESULTS, stored_trials  # noqa: E402
 from bench.report import check_stores, write_section  # noqa: E402
-from k3lab.registry.commands import load_sweep_for  # noqa: E402
-from k3lab.report.family import values_by_seed  # noqa: E402
+from k3lab.registry.sweep_cli import load_sweep_for  # noqa: E402
+from k3lab.report.paired import values_by_seed  # noqa: E402
 from k3lab.report.sequential import HALFWIDTH, MAX, NEEDED_CAP, Design, pairs_needed  # noqa: E402
 from k3lab.report.stats import paired_seeds  # noqa: E402
 

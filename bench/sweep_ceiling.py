@@ -13,14 +13,14 @@ into docs/benchmarks.md, so a run split over two calls of a lent machine is one 
 - warm: the same sweep again on the caches the fresh phase left (a second sweep on one machine).
 - slots: the warm sweep with `resources.training_slots: N` added to its profile (`--training-slots`,
   default 2; a copy of the file in WORK): as many trials at once, but only N of them train while
-  the others start up (`k3lab.runtime.slots`). Against warm, it says what hiding start-ups gives.
+  the others start up (`k3lab.runner.runtime.slots`). Against warm, it says what hiding start-ups gives.
   Kept in results.json as `slots-N`: one row per N measured.
 - any sweep phase with `--trials-at-once N`: the same trials, N at a time on the GPU
   (resources.max_concurrent_trials N, gpu 1/N), kept as `PHASE-N-at-once`.
 - any sweep phase with `--no-reuse-actors`: the same with `resources.reuse_actors: false` (a new
   process for every trial), kept as `PHASE-noreuse`; with `--no-mps`: with `resources.mps: false`,
   the trials taking turns on the GPU instead of running side by side through the MPS daemon a
-  sweep starts where it can (`k3lab.runtime.mps`), kept as `PHASE-nomps`.
+  sweep starts where it can (`k3lab.runner.runtime.mps`), kept as `PHASE-nomps`.
 - any sweep phase with `--tree DIR --label NAME`: the same, run by the k3lab of another checkout
   (its own folder and store; the caches are shared), kept as `PHASE-NAME`: before and after a
   change, side by side on one machine.
@@ -220,7 +220,7 @@ COMPILE_COUNTS = ("fxgraph_cache_hits", "fxgraph_cache_misses", "aot_cache_hits"
 
 
 def compiled_graphs(client, trials) -> dict[str, float]:
-    """torch.compile's cache hits and misses summed over the trials (k3lab.train.diagnostics): at each
+    """torch.compile's cache hits and misses summed over the trials (k3lab.runner.train.diagnostics): at each
     trial's first step (`first_step_*`, its first attempt's) and by its last evaluation
     (`trial_*`, the largest count of any attempt). Misses are graphs a trial compiled because
     the kernel cache did not have them: a fresh sweep that misses did not find them in the
@@ -307,9 +307,9 @@ def alone_child(args: argparse.Namespace) -> dict:
     import attrs
     import torch
 
-    from k3lab.registry.commands import load_sweep_for
-    from k3lab.runtime.kernel_cache import open_kernel_cache
-    from k3lab.tune.trial import TrialSpec, forget_earlier_trial, run_trial
+    from k3lab.registry.sweep_cli import load_sweep_for
+    from k3lab.runner.runtime.kernel_cache import open_kernel_cache
+    from k3lab.runner.tune.trial import TrialSpec, forget_earlier_trial, run_trial
 
     open_kernel_cache(say=lambda line: print(line, file=sys.stderr))
     sweep = load_sweep_for(args.file, args.profile)
@@ -478,7 +478,7 @@ def timeline_table(results: dict) -> str:
         if r and r.get("timeline") is not None:
             cells = ["-" if x is None else f"{x:.1f}" for x in timeline_steps(r)]
             parts = r["timeline"].get("first_trial_build_parts") or {}
-            if parts:  # the build's parts (k3lab.tune.trial.build_parts), where the trial logged them
+            if parts:  # the build's parts (k3lab.runner.tune.trial.build_parts), where the trial logged them
                 from k3lab.report.results import BUILD_PART_LABELS
 
                 cells[3] += " (" + ", ".join(f"{label} {parts[key]:.1f}" for key, label in BUILD_PART_LABELS.items()

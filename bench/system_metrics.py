@@ -3,7 +3,7 @@
     python bench/system_metrics.py [--samples 200] [--write]
 
 Times `SystemSampler.sample()` over the monitors a trial on this machine's device uses
-(`k3lab.runtime.sysmetrics.trial_monitors`: the machine's CPU and memory, the process's, and on a
+(`k3lab.runner.runtime.sysmetrics.trial_monitors`: the machine's CPU and memory, the process's, and on a
 CUDA device the GPU's busy share, memory, power and the process's GPU memory), and the share of
 one CPU core that sampling every `K3LAB_SYSTEM_METRICS_S` seconds (default 10) takes. The sampler
 runs on its own thread; the training loop only takes the mean of the samples when it logs.
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import write_section  # noqa: E402
-from k3lab.runtime.sysmetrics import SystemSampler, interval_s, trial_monitors  # noqa: E402
+from k3lab.runner.runtime.sysmetrics import SystemSampler, interval_s, trial_monitors  # noqa: E402
 
 
 def main() -> None:

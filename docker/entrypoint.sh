@@ -22,7 +22,7 @@ done
 
 # K3LAB_MPS=1 (the GPU workers of docker-compose.yml): an NVIDIA MPS control daemon for this
 # container's GPUs before the command, so trials that share a GPU run their kernels side by side
-# instead of taking turns (k3lab.runtime.mps; a sweep on one machine starts its own). Its pipe and
+# instead of taking turns (k3lab.runner.runtime.mps; a sweep on one machine starts its own). Its pipe and
 # log folders are exported, so Ray and every trial process it starts connect to it. Where it
 # cannot run (no NVIDIA driver programs in the container) it says so in one line and goes on.
 start_mps() {

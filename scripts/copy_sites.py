@@ -16,7 +16,7 @@ sys.path.insert(0, ".")
 from k3lab.model.model import KimiK3, compile_blocks
 from k3lab.optim.assignment import build_optimizers
 from k3lab.registry.presets import load_preset
-from k3lab.runtime.kernel_cache import open_kernel_cache
+from k3lab.runner.runtime.kernel_cache import open_kernel_cache
 
 open_kernel_cache(None)
 torch.backends.cuda.matmul.allow_tf32 = True

@@ -1,6 +1,6 @@
 """On a GPU machine, from the repository root: `python scripts/mps_check.py`.
 
-k3lab.runtime.mps's daemon starts, two CUDA processes connect to it (nvidia-smi lists the MPS
+k3lab.runner.runtime.mps's daemon starts, two CUDA processes connect to it (nvidia-smi lists the MPS
 server and them), it quits after (the time it took printed); a driver that called cuInit, as
 sweeps' drivers once did, against it; then a driver killed with SIGKILL: its daemon and server go
 with it. Its runs: docs/runs/mps-check-*.log.
@@ -8,7 +8,7 @@ with it. Its runs: docs/runs/mps-check-*.log.
 import os, subprocess, sys, textwrap, time
 from pathlib import Path
 sys.path.insert(0, os.getcwd())
-from k3lab.runtime.mps import gpu_sharing
+from k3lab.runner.runtime.mps import gpu_sharing
 
 CHILD = textwrap.dedent('''
     import os, time, torch
@@ -30,7 +30,7 @@ alone = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=
 print("alone, no MPS:", alone.strip(), flush=True)
 with gpu_sharing(None, True, False, log_dir=Path("/tmp/mpslog"), where="check", say=print) as how:
     print("sharing:", how, flush=True)
-    from k3lab.runtime.preflight import cuda_gpus
+    from k3lab.runner.runtime.preflight import cuda_gpus
     print("GPUs (NVML, as the sweep's driver counts them):", cuda_gpus(), flush=True)
     procs = [subprocess.Popen([sys.executable, "-c", CHILD]) for _ in range(2)]
     time.sleep(6)
@@ -49,7 +49,7 @@ cuinit = textwrap.dedent(f'''
     from pathlib import Path
     sys.path.insert(0, {os.getcwd()!r})
     import torch
-    from k3lab.runtime.mps import gpu_sharing
+    from k3lab.runner.runtime.mps import gpu_sharing
     with gpu_sharing(None, True, False, log_dir=Path("/tmp/mpslog3"), where="x", say=print):
         print("torch.cuda.is_available() in the driver (cuInit):", torch.cuda.is_available(), flush=True)
         subprocess.run([sys.executable, "-c", {CHILD!r}])
@@ -64,7 +64,7 @@ driver = textwrap.dedent(f'''
     import os, signal, subprocess, sys, time
     from pathlib import Path
     sys.path.insert(0, {os.getcwd()!r})
-    from k3lab.runtime.mps import gpu_sharing
+    from k3lab.runner.runtime.mps import gpu_sharing
     with gpu_sharing(None, True, False, log_dir=Path("/tmp/mpslog2"), where="x", say=print):
         subprocess.run([sys.executable, "-c", {CHILD!r}])
         print("killing the driver", flush=True)

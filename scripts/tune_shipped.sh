@@ -4,7 +4,7 @@
 #   GPU-attnres_block.tar.xz  the flagship sweep's gpu profile warmed in a cache of its own, then
 #                             run as a short sweep (seed 0, four steps a trial) in that cache, and
 #                             exported with its compiled kernels (megabytes: one sweep only); its trials'
-#                             peak GPU memory merged into gpu-memory.json (k3lab.runtime.memory)
+#                             peak GPU memory merged into gpu-memory.json (k3lab.runner.runtime.memory)
 #   GPU.tar.xz                autotune results only: every experiment's gpu profiles warmed
 #                                     (`k3lab kernels warm`), the GPU tests run, each preset trained for
 #                                     two steps (`k3lab train`)
@@ -50,7 +50,7 @@ K3LAB_KERNEL_CACHE="$flagship" $k3lab kernels warm experiments/attnres_block.yam
 echo "== the same trials' first steps as a sweep (cache $flagship)"
 K3LAB_KERNEL_CACHE="$flagship" first_steps experiments/attnres_block.yaml || exit 1
 K3LAB_KERNEL_CACHE="$flagship" $k3lab kernels export --compiled "$archive" || exit 1
-python -c "import sys; from pathlib import Path; from k3lab.runtime.memory import ship_measurements; \
+python -c "import sys; from pathlib import Path; from k3lab.runner.runtime.memory import ship_measurements; \
 print(f'gpu-memory.json: {ship_measurements(Path(sys.argv[1]))} measurements merged')" "$flagship"
 [ "${1:-}" = compiled ] && exit 0
 warm_profiles experiments/attnres_block.yaml   # the flagship first, then the GPU tests: what a first hour runs

@@ -18,7 +18,7 @@ def _seed():
 
 def pytest_configure(config):
     if torch.cuda.is_available():  # the GPU tests share the machine's kernel cache (and k3lab's shipped tunings)
-        from k3lab.runtime.kernel_cache import open_kernel_cache
+        from k3lab.runner.runtime.kernel_cache import open_kernel_cache
 
         open_kernel_cache()
 
@@ -120,7 +120,7 @@ def mlflow_api(base: str, path: str, body: dict | None = None) -> dict:
 
 
 def sweep_that_gets_sigterm(run, live, say):
-    """A stand-in for `k3lab.tune.driver.run_sweep` that makes its folders, then gets SIGTERM as a
+    """A stand-in for `k3lab.runner.tune.driver.run_sweep` that makes its folders, then gets SIGTERM as a
     job control or a scheduler would send it (the handler's SIGINT ends the sleep)."""
     run.tune_dir.mkdir(parents=True)
     run.state_file.write_text("{}")

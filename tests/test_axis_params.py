@@ -15,8 +15,8 @@ from k3lab.report.factorial import factorial_grid
 from k3lab.report.summary import load_trials, summarize
 from k3lab.store import runs, views
 from k3lab.store.tracking import MLflowTracker
-from k3lab.train.spec import TrainSpec
-from k3lab.tune.trial import TrialSpec, open_trial_run, value_params
+from k3lab.registry.train_spec import TrainSpec
+from k3lab.runner.tune.trial import TrialSpec, open_trial_run, value_params
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTS = {"total": 1, "active": 1, "embedding": 1, "flops_per_token": 1, "by_component": {}}

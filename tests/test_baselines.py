@@ -1,5 +1,5 @@
 """Baselines by axis values, each variant compared with the baseline of its own group, and the
-whole curve: paired differences at every evaluation (k3lab.report.family), on hand-made records."""
+whole curve: paired differences at every evaluation (k3lab.report.paired), on hand-made records."""
 
 import math
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 
 from k3lab.cli import main
 from k3lab.registry import load_sweep
-from k3lab.report.family import (comparisons_for, curve_differences, curve_table_lines, diverged_step,
+from k3lab.report.paired import (comparisons_for, curve_differences, curve_table_lines, diverged_step,
                                  plot_curve_differences, sequential_table_lines, trial_value)
 from k3lab.report.sequential import Design
 from k3lab.report.summary import TrialRecord
@@ -236,7 +236,7 @@ def test_a_cpu_trial_that_blew_up_but_trained_every_step_is_named_diverged_and_l
 
 
 def test_a_stored_design_gives_the_comparisons_back_in_the_sweep_files_order(tmp_path):
-    from k3lab.report.family import design_record, options_from_record
+    from k3lab.report.paired import design_record, options_from_record
     from k3lab.store import runs
     from k3lab.store.tracking import MLflowTracker
 

@@ -12,7 +12,7 @@ from k3lab.registry.sweep_file import load_sweep
 from k3lab.report.compute_multipliers import Multiplier, compute_multipliers, power_law
 from k3lab.report.compute_multipliers import size_multipliers as multipliers_across_sizes
 from k3lab.report.sequential import HALFWIDTH, Design, fixed_design
-from k3lab.tune.planner import SeedPlanner
+from k3lab.runner.tune.planner import SeedPlanner
 
 multipliers = bench_script("multipliers")  # the simulated sweeps of bench/multipliers.py
 SCALES, CURVES, STEPS, FLOPS = multipliers.SCALES, multipliers.CURVES, multipliers.STEPS, multipliers.FLOPS

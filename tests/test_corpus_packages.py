@@ -116,7 +116,7 @@ def test_the_plan_says_when_trials_would_repeat_data(tmp_path, isolated_data):
 
 def test_data_epochs_of_a_trial(isolated_data):
     from k3lab.registry import TrainSpec
-    from k3lab.tune.trial import data_params
+    from k3lab.runner.tune.trial import data_params
 
     class Trainer:  # what data_params reads of a trainer
         spec = TrainSpec(steps=10, batch_size=2, seq_len=32, warmup_steps=1)

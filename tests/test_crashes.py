@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from mlflow import MlflowClient
 
-from k3lab.runtime.crashes import dead_worker_log, dead_worker_pid, fault_line, short_path
-from k3lab.tune.status import MLflowStatusCallback, crash_line, keep_worker_log
+from k3lab.runner.runtime.crashes import dead_worker_log, dead_worker_pid, fault_line, short_path
+from k3lab.runner.tune.status import MLflowStatusCallback, crash_line, keep_worker_log
 
 # Tune's error.txt for a trial whose worker died (Ray 2.x ActorDiedError), pid 9868
 ACTOR_DIED = """Failure # 1 (occurred at 2026-12-01_14-39-56)
@@ -49,16 +49,16 @@ def test_a_dead_workers_pid_is_read_from_tunes_error_and_other_errors_name_none(
 
 def test_a_segfault_in_a_graph_replay_reads_as_one_line_with_the_k3lab_frame_under_it():
     assert fault_line(worker_stderr()) == ("Segmentation fault in replay (torch/cuda/graphs.py:139), "
-                                           "from k3lab/train/graphs.py:54 in __call__")
+                                           "from k3lab/runner/train/graphs.py:54 in __call__")
 
 
 def test_the_crashing_threads_stack_is_read_and_not_another_threads():
     log = ("Fatal Python error: Aborted\n\nThread 0x00007f01 (most recent call first):\n"
            '  File "/usr/lib/python3.12/threading.py", line 355 in wait\n\n'
            "Current thread 0x00007f02 (most recent call first):\n"
-           '  File "/work/main/k3lab/train/trainer.py", line 207 in train_step\n'
-           '  File "/work/main/k3lab/train/trainer.py", line 371 in fit\n')
-    assert fault_line(log) == "Aborted in train_step (k3lab/train/trainer.py:207)"
+           '  File "/work/main/k3lab/runner/train/trainer.py", line 207 in train_step\n'
+           '  File "/work/main/k3lab/runner/train/trainer.py", line 371 in fit\n')
+    assert fault_line(log) == "Aborted in train_step (k3lab/runner/train/trainer.py:207)"
 
 
 def test_a_signal_without_a_python_stack_is_still_named_and_a_clean_log_names_nothing():
@@ -68,7 +68,7 @@ def test_a_signal_without_a_python_stack_is_still_named_and_a_clean_log_names_no
 
 def test_frames_are_named_from_their_package_down():
     assert short_path("/opt/torch/.venv/lib/python3.12/site-packages/torch/cuda/graphs.py") == "torch/cuda/graphs.py"
-    assert short_path("/work/main/k3lab/train/graphs.py") == "k3lab/train/graphs.py"
+    assert short_path("/work/main/k3lab/runner/train/graphs.py") == "k3lab/runner/train/graphs.py"
 
 
 def test_the_dead_workers_log_is_found_in_rays_log_folder_or_its_old_folder(tmp_path):
@@ -81,7 +81,7 @@ def test_the_dead_workers_log_is_found_in_rays_log_folder_or_its_old_folder(tmp_
 
 
 def test_a_crash_is_counted_with_its_fault_and_the_workers_log_kept_on_the_run(tmp_path, monkeypatch):
-    import k3lab.runtime.crashes as crashes
+    import k3lab.runner.runtime.crashes as crashes
 
     logs = ray_logs(tmp_path, 9868, worker_stderr())
     monkeypatch.setattr(crashes, "ray_logs_dir", lambda: logs)
@@ -101,7 +101,7 @@ def test_a_crash_is_counted_with_its_fault_and_the_workers_log_kept_on_the_run(t
 
 
 def test_without_the_workers_log_the_crash_line_is_tunes_last_error_line(tmp_path, monkeypatch):
-    import k3lab.runtime.crashes as crashes
+    import k3lab.runner.runtime.crashes as crashes
 
     monkeypatch.setattr(crashes, "ray_logs_dir", lambda: None)
     (tmp_path / "error.txt").write_text(ACTOR_DIED)
@@ -112,7 +112,7 @@ def test_without_the_workers_log_the_crash_line_is_tunes_last_error_line(tmp_pat
 def test_only_the_last_of_a_trials_failures_is_read(tmp_path, monkeypatch):
     """Tune appends every failure of a trial to one error file: a later failure that is not a
     dead worker's must not be reported with an earlier crash's worker log, and the other way round."""
-    import k3lab.runtime.crashes as crashes
+    import k3lab.runner.runtime.crashes as crashes
 
     monkeypatch.setattr(crashes, "ray_logs_dir", lambda: ray_logs(tmp_path, 9868, worker_stderr()))
     out_of_memory = "Failure # 2 (occurred at 2026-12-01_14-45-02)\ntorch.OutOfMemoryError: CUDA out of memory\n"

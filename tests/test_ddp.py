@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
 from k3lab.registry import TrainSpec
-from k3lab.tune.trial import TrialSpec
+from k3lab.runner.tune.trial import TrialSpec
 from k3lab.store.tracking import MemoryTracker
 
 pytestmark = [pytest.mark.usefixtures("isolated_data"), pytest.mark.slow]
@@ -49,8 +49,8 @@ def single_worker_losses(batch_size):
     spec = TrialSpec("x", "one_worker", 0, config, TrainSpec(**(TRAIN | {"batch_size": batch_size})),
                      tracking_uri=None, experiment="x")
     tracker = MemoryTracker()
-    from k3lab.train.loop import train
-    from k3lab.train.trainer import Trainer
+    from k3lab.runner.train.loop import train
+    from k3lab.runner.train.trainer import Trainer
 
     train(config, spec.train, tracker=tracker, trainer=Trainer(config, spec.train, seed=0))
     return [v for _, v in tracker.metrics["train_loss"]]

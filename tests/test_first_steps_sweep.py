@@ -6,8 +6,8 @@ from pathlib import Path
 
 import attrs
 
-from k3lab.registry.commands import load_sweep_for
-from k3lab.train.trainer import EAGER_STEPS_BEFORE_CAPTURE
+from k3lab.registry.sweep_cli import load_sweep_for
+from k3lab.runner.train.trainer import EAGER_STEPS_BEFORE_CAPTURE
 
 ROOT = Path(__file__).resolve().parents[1]
 

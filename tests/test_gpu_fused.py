@@ -245,7 +245,7 @@ gpu = pytest.mark.gpu
 
 @pytest.fixture
 def fresh_compiler():
-    """Dynamo's caches emptied, as in a new trial process (`k3lab.tune.trial` resets them between
+    """Dynamo's caches emptied, as in a new trial process (`k3lab.runner.tune.trial` resets them between
     variants): compiled tests run earlier in this process leave guard entries on the blocks' shared
     code objects, and past the recompile limit dynamo runs a block eagerly instead of compiling it."""
     import torch._dynamo
@@ -464,7 +464,7 @@ def test_cuda_graph_training_steps_match_eager_steps(isolated_data, fresh_compil
     trainer's eager step computes, step after step: the same losses, weights and MoE biases."""
     needs_fla()
     from k3lab.registry import TrainSpec
-    from k3lab.train import trainer as trainer_module
+    from k3lab.runner.train import trainer as trainer_module
 
     config = gpu_config(kda_implementation="fused", vocab_size=320)
     spec = TrainSpec(steps=8, batch_size=2, seq_len=256, warmup_steps=2)
@@ -491,7 +491,7 @@ def test_a_captured_step_runs_both_optimizers_at_each_steps_learning_rate():
     steps do: with float rates the fp32 rounding of a rate differs by an ulp, which Adam's and
     Muon's normalisations amplify to ~4e-4 within two steps of this model (H200, 2026-12-03)."""
     from k3lab.optim.assignment import build_optimizers
-    from k3lab.train.graphs import GraphedStep
+    from k3lab.runner.train.graphs import GraphedStep
 
     rates = [1e-2, 2e-2, 5e-2, 0.0, 3e-2, 1e-3, 2e-2]
     x = torch.randn(len(rates), 16, 32, device="cuda")
@@ -586,7 +586,7 @@ def test_a_restarted_trainer_replays_its_graph_and_trains_as_a_new_trainer_of_it
     built for it does (which runs its first steps eagerly, then captures a graph of its own)."""
     needs_fla()
     from k3lab.registry import TrainSpec
-    from k3lab.train.trainer import Trainer
+    from k3lab.runner.train.trainer import Trainer
 
     config = gpu_config(kda_implementation="fused", vocab_size=320)
     spec = TrainSpec(steps=8, batch_size=2, seq_len=256, warmup_steps=2, compile=True, eval_batches=2)
@@ -611,7 +611,7 @@ def test_a_deterministic_trainer_repeats_its_losses_to_the_last_bit(isolated_dat
     backward in the MLA layers differs from run to run: bench/determinism.py)."""
     needs_fla()
     from k3lab.registry import TrainSpec
-    from k3lab.train.trainer import Trainer
+    from k3lab.runner.train.trainer import Trainer
 
     config = gpu_config(kda_implementation="fused", vocab_size=320)
     spec = TrainSpec(steps=12, batch_size=2, seq_len=256, warmup_steps=2, compile=True, deterministic=True)
@@ -628,7 +628,7 @@ def test_evaluation_of_a_compiled_trainer_equals_eager_evaluation(isolated_data,
     evaluation runs the compiled blocks eagerly, and must give the eager trainer's value."""
     needs_fla()
     from k3lab.registry import TrainSpec
-    from k3lab.train.trainer import Trainer
+    from k3lab.runner.train.trainer import Trainer
 
     config = gpu_config(kda_implementation="fused", vocab_size=320)
     trainers = [Trainer(config, TrainSpec(steps=4, batch_size=2, seq_len=256, warmup_steps=1, compile=compiled,

@@ -29,7 +29,7 @@ from k3lab.model.config import KimiK3Config, tiny_config
 from k3lab.model.fidelity import fidelity_fields
 from k3lab.model.model import KimiK3
 from k3lab.model.moe import StableLatentMoE
-from k3lab.train.checkpoint import load_checkpoint
+from k3lab.runner.train.checkpoint import load_checkpoint
 from k3lab.export.hugging_face import config_from_params
 from k3lab.store.tracking import flatten
 

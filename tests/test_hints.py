@@ -117,7 +117,7 @@ def test_the_errors_of_a_sweep_run_again_print_hints_that_act_on_that_sweep(tmp_
 
 def test_the_resume_hint_of_a_stopped_sweep_acts_on_it_and_keeps_how_it_ran(tmp_path, profiled_sweep, monkeypatch,
                                                                               capsys):
-    import k3lab.tune.driver as sweep_module
+    import k3lab.runner.tune.driver as sweep_module
 
     monkeypatch.setattr(sweep_module, "run_sweep", sweep_that_gets_sigterm)
     argv = sweep_args(tmp_path, profiled_sweep, "--profile", "wide", "--max-concurrent", "1", "--overwrite")

@@ -1,4 +1,4 @@
-"""Paired initialisation (k3lab.train.init): a seed's trials start alike wherever they share a module."""
+"""Paired initialisation (k3lab.runner.train.init): a seed's trials start alike wherever they share a module."""
 
 import dataclasses
 import pytest
@@ -7,7 +7,7 @@ import torch
 from k3lab.errors import FieldError
 from k3lab.model.model import KimiK3
 from k3lab.registry import TrainSpec, load_preset
-from k3lab.train.init import init_paired, module_seed
+from k3lab.runner.train.init import init_paired, module_seed
 
 
 def built(config, seed, paired=True):

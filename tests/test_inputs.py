@@ -33,7 +33,7 @@ def test_the_digest_follows_the_tokens_and_nothing_else():
 
 
 def test_a_trial_run_lists_its_corpus_once_and_the_runs_table_filters_by_it(tmp_path):
-    from k3lab.tune.trial import TrialSpec, run_trial
+    from k3lab.runner.tune.trial import TrialSpec, run_trial
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     train = TrainSpec(steps=2, batch_size=2, seq_len=32, warmup_steps=1, eval_interval=2, eval_batches=1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from k3lab.registry.presets import load_preset
-from k3lab.train.spec import TrainSpec
+from k3lab.runner.train.spec import TrainSpec
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
 
@@ -19,8 +19,8 @@ class StandInCheckpoint:
 
 def test_the_next_seed_of_a_variant_in_one_process_neither_builds_nor_compiles_again(monkeypatch):
     ray_tune = pytest.importorskip("ray.tune")
-    import k3lab.train.trainer as trainer_module
-    import k3lab.tune.trial as trial
+    import k3lab.runner.train.trainer as trainer_module
+    import k3lab.runner.tune.trial as trial
 
     builds, compiles, reports = [], [], []
 

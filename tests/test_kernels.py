@@ -12,9 +12,9 @@ from k3lab.cli import main
 from k3lab.errors import UserError
 from k3lab.registry import load_sweep
 from k3lab.report.efficiency import peak_flops_of, sweep_efficiency
-from k3lab.runtime import kernel_cache, tunings
-from k3lab.runtime.kernel_cache import cache_info, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
-from k3lab.runtime.model_code import model_code_files
+from k3lab.runner.runtime import kernel_cache, tunings
+from k3lab.runner.runtime.kernel_cache import cache_info, kernel_shapes, resolve_kernel_cache, use_kernel_cache, warm_kernels
+from k3lab.runner.runtime.model_code import model_code_files
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -456,7 +456,7 @@ def test_a_sweep_whose_shapes_are_all_warm_needs_no_warm_up_task(fake_gpu, tmp_p
     """The driver reads the record itself (a GPU task's process start and imports cost 7-8 s)."""
     from types import SimpleNamespace
 
-    from k3lab.runtime.warmup import warm_on_this_host
+    from k3lab.runner.runtime.warmup import warm_on_this_host
 
     shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
     fake_nvidia_smi(tmp_path / "bin", monkeypatch, ["NVIDIA H200"])
@@ -478,7 +478,7 @@ def test_on_a_fresh_cache_the_driver_imports_the_shipped_tunings_and_then_needs_
                                                                                                  monkeypatch):
     from types import SimpleNamespace
 
-    from k3lab.runtime.warmup import warm_on_this_host
+    from k3lab.runner.runtime.warmup import warm_on_this_host
 
     shapes = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))
     ship_tunings_of(shapes, tmp_path, monkeypatch)
@@ -556,7 +556,7 @@ def test_the_warm_records_key_covers_the_model_its_ops_and_the_optimizer(path, t
 
 
 def test_the_code_text_keeps_code_and_drops_comments_docstrings_and_blank_lines():
-    from k3lab.runtime.model_code import code_text
+    from k3lab.runner.runtime.model_code import code_text
 
     source = ('"""Module."""\n\nimport torch  # why\n\n\nclass A:\n    """Class,\n    two lines."""\n\n'
               '    def f(self):\n        """F."""\n        return "#not a comment"  # a comment\n')

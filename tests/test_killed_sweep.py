@@ -16,9 +16,9 @@ from mlflow import MlflowClient
 from k3lab.cli import main
 from k3lab.store.state import write_state
 from k3lab.store.tracking import BUILD_PARTS, MLflowTracker
-from k3lab.tune import parent as parent_module
-from k3lab.tune.parent import PART_WALL, ParentRun, PartClock
-from k3lab.tune.run import SweepRun
+from k3lab.runner.tune import parent as parent_module
+from k3lab.runner.tune.parent import PART_WALL, ParentRun, PartClock
+from k3lab.runner.tune.run import SweepRun
 
 REPO = Path(__file__).resolve().parents[1]
 STARTUP = ("startup_build_s", *BUILD_PARTS)
@@ -133,8 +133,8 @@ def test_a_trial_whose_checkpoint_was_deleted_starts_again_on_resume_instead_of_
     does not exist on storage anymore"); only --overwrite helped."""
     from ray import tune
 
-    from k3lab.tune.run import start_lost_trials_again
-    from k3lab.tune.trial import load_ray_checkpoint
+    from k3lab.runner.tune.run import start_lost_trials_again
+    from k3lab.runner.tune.trial import load_ray_checkpoint
 
     tune_dir = tmp_path / "runs" / "mini"
     kept, lost = tune_dir / "tune_trainable_ab_00000_0_x", tune_dir / "tune_trainable_ab_00001_1_y"
@@ -156,7 +156,7 @@ def test_a_trial_whose_checkpoint_was_deleted_starts_again_on_resume_instead_of_
 
 
 def test_a_trial_error_is_shown_without_rays_colour_codes(tmp_path):
-    from k3lab.tune.status import error_text, plain
+    from k3lab.runner.tune.status import error_text, plain
 
     assert plain("\x1b[36mray::ImplicitFunc.train()\x1b[39m (pid=1)") == "ray::ImplicitFunc.train() (pid=1)"
     error_file = tmp_path / "error.txt"

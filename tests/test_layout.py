@@ -1,4 +1,4 @@
-"""The package's layout holds: one trial's training (`k3lab.train`) loads neither Ray, MLflow nor
+"""The package's layout holds: one trial's training (`k3lab.runner.train`) loads neither Ray, MLflow nor
 the sweep file parser."""
 
 import re
@@ -8,8 +8,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-TRAIN_MODULES = ("k3lab.train", "k3lab.train.trainer", "k3lab.train.loop", "k3lab.train.checks", "k3lab.train.spec", "k3lab.train.checkpoint",
-                 "k3lab.train.graphs", "k3lab.train.ddp", "k3lab.train.diagnostics")
+TRAIN_MODULES = ("k3lab.runner.train", "k3lab.runner.train.trainer", "k3lab.runner.train.loop", "k3lab.runner.train.checks",
+                 "k3lab.runner.train.checkpoint", "k3lab.runner.train.graphs", "k3lab.runner.train.ddp",
+                 "k3lab.runner.train.diagnostics", "k3lab.registry.train_spec")
 
 
 def test_train_imports_without_ray_mlflow_or_the_sweep_parser():
@@ -19,7 +20,8 @@ def test_train_imports_without_ray_mlflow_or_the_sweep_parser():
         "    sys.modules[name] = None  # any import of them raises ImportError\n"
         f"import importlib\nfor module in {TRAIN_MODULES!r}:\n"
         "    importlib.import_module(module)\n"
-        "loaded = sorted(m for m in sys.modules if m.startswith(('k3lab.registry', 'k3lab.tune', 'k3lab.store')))\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('k3lab.registry', 'k3lab.runner.tune', 'k3lab.store'))\n"
+        "                and m not in ('k3lab.registry', 'k3lab.registry.train_spec'))\n"
         "assert not loaded, loaded\n"
         "print('ok')\n"
     )
@@ -28,17 +30,12 @@ def test_train_imports_without_ray_mlflow_or_the_sweep_parser():
     assert done.stdout.strip() == "ok"
 
 
-# Each package with the packages above it in the layers of ../shared/DESIGN.md (cli -> commands
-# -> tune -> runtime; tune -> report -> store; commands -> registry, data): none of them
-# may be imported from it.
-ABOVE = {
-    "k3lab.runtime": ("k3lab.tune", "k3lab.report", "k3lab.commands", "k3lab.cli"),
-    "k3lab.tune": ("k3lab.commands", "k3lab.cli"),
-    "k3lab.report": ("k3lab.tune", "k3lab.commands", "k3lab.cli"),
-    "k3lab.store": ("k3lab.tune", "k3lab.runtime", "k3lab.report", "k3lab.commands", "k3lab.cli"),
-    "k3lab.registry": ("k3lab.commands", "k3lab.cli"),
-    "k3lab.data": ("k3lab.commands", "k3lab.cli"),
-}
+# The packages from the top layer down (../shared/DESIGN.md's layout, with the card's runner/): a
+# package may import only the packages below it, so the import graph has no circle and no arrow up.
+LAYERS = ("k3lab.cli", "k3lab.commands", "k3lab.export", "k3lab.runner.tune",
+          "k3lab.runner.runtime", "k3lab.runner.train", "k3lab.registry", "k3lab.report", "k3lab.store",
+          "k3lab.data", "k3lab.optim", "k3lab.model", "k3lab.ops")
+ABOVE = {package: LAYERS[:i] for i, package in enumerate(LAYERS) if i > 0}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -57,10 +54,19 @@ def imported_modules(path: Path) -> set[str]:
 def test_no_import_points_up_the_layers():
     upward = []
     for package, above in ABOVE.items():
-        for path in sorted((REPO / package.replace(".", "/")).glob("*.py")):
+        where = REPO / package.replace(".", "/")
+        for path in sorted(where.rglob("*.py")) if where.is_dir() else [where.with_suffix(".py")]:
             upward += [f"{path.relative_to(REPO)} imports {name}" for name in imported_modules(path)
                        if name.startswith(above)]
     assert not upward, upward
+
+
+def test_every_package_of_k3lab_has_its_layer():
+    """A new package must take its place in LAYERS, or the test above would not look at it."""
+    packages = {f"k3lab.{path.name}" for path in (REPO / "k3lab").iterdir() if (path / "__init__.py").exists()}
+    packages |= {f"k3lab.runner.{path.name}" for path in (REPO / "k3lab" / "runner").iterdir() if path.is_dir()
+                 and (path / "__init__.py").exists()}
+    assert packages - {"k3lab.runner"} <= set(LAYERS), sorted(packages - {"k3lab.runner"} - set(LAYERS))
 
 
 def test_cli_imports_every_command_group_statically():

@@ -1,4 +1,4 @@
-"""GPU memory packing (k3lab.runtime.memory): trials at once from measured peaks, the gate that
+"""GPU memory packing (k3lab.runner.runtime.memory): trials at once from measured peaks, the gate that
 holds a trial off a full GPU, and an out-of-memory error that lowers the trials at once instead of
 crashing into the same wall. A fake GPU of given memory stands in for the card."""
 
@@ -11,9 +11,9 @@ from conftest import mini_sweep, sweep_args
 from mlflow.tracking import MlflowClient
 
 from k3lab.errors import UserError
-from k3lab.runtime import gpu_gate, memory
-from k3lab.runtime.gpu_gate import Limits, MemoryGate, admits
-from k3lab.runtime.memory import GIB, DoesNotFit, GPUModel, plan_packing
+from k3lab.runner.runtime import gpu_gate, memory
+from k3lab.runner.runtime.gpu_gate import Limits, MemoryGate, admits
+from k3lab.runner.runtime.memory import GIB, DoesNotFit, GPUModel, plan_packing
 
 H100 = GPUModel("NVIDIA H100 80GB HBM3", 80 * GIB)
 

@@ -1,4 +1,4 @@
-"""Trials that share a GPU run through an MPS daemon of the sweep's own (k3lab.runtime.mps).
+"""Trials that share a GPU run through an MPS daemon of the sweep's own (k3lab.runner.runtime.mps).
 
 The daemon here is a shell script named nvidia-cuda-mps-control on PATH: with -f it records its
 PID and environment, makes the control socket's file and waits for `quit` on a second call's stdin.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from k3lab.errors import UserError
-from k3lab.runtime.mps import CONTROL, gpu_sharing, sharing_off_because
+from k3lab.runner.runtime.mps import CONTROL, gpu_sharing, sharing_off_because
 
 FAKE_DAEMON = """#!/bin/sh
 if [ "$1" = "-f" ]; then
@@ -149,7 +149,7 @@ def test_a_driver_killed_with_sigkill_takes_its_daemon_with_it(tmp_path, daemon)
     driver = textwrap.dedent(f"""
         import os, signal, time
         from pathlib import Path
-        from k3lab.runtime.mps import gpu_sharing
+        from k3lab.runner.runtime.mps import gpu_sharing
         with gpu_sharing(None, True, False, log_dir=Path({str(tmp_path / 'x.mps')!r}), where="x.yaml"):
             os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -185,7 +185,7 @@ def test_the_dry_run_says_how_the_trials_will_share_their_gpu(tmp_path, daemon, 
 
     flagship = str(Path(__file__).resolve().parent.parent / "experiments" / "attnres_block.yaml")
     dry_run = ["sweep", flagship, "--profile", "gpu", "--dry-run", "--storage", str(tmp_path / "runs")]
-    monkeypatch.setattr("k3lab.tune.driver.check_dry_run", lambda run: None)  # as on a GPU machine with FLA
+    monkeypatch.setattr("k3lab.runner.tune.driver.check_dry_run", lambda run: None)  # as on a GPU machine with FLA
     assert main(dry_run) == 0
     assert "trials on one GPU run side by side through an MPS daemon of the sweep's own" in capsys.readouterr().out
     assert not daemon.exists()  # a plan starts nothing
@@ -205,7 +205,7 @@ def test_a_daemon_whose_server_does_not_quit_is_ended_within_quit_s_in_all(tmp_p
     """As the real one does while a client is left: `quit` waits, and the daemon stays."""
     calls = fake_daemon(tmp_path, monkeypatch)
     (tmp_path / "bin" / CONTROL).write_text(STUCK_DAEMON.format(calls=calls))
-    monkeypatch.setattr("k3lab.runtime.mps.QUIT_S", 2.0)
+    monkeypatch.setattr("k3lab.runner.runtime.mps.QUIT_S", 2.0)
     with gpu_sharing(None, True, False, log_dir=tmp_path / "x.mps", where="x.yaml", say=lambda line: None):
         pid = int(calls.read_text().split()[1])
         told = time.monotonic()
@@ -219,7 +219,7 @@ def test_a_sweeps_driver_counts_gpus_through_nvml_and_never_initialises_cuda(tmp
     import torch
 
     from k3lab.registry.sweep_file import resolve_profile
-    from k3lab.runtime.preflight import check_gpus
+    from k3lab.runner.runtime.preflight import check_gpus
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("torch.cuda.is_available: cuInit"))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -11,7 +11,7 @@ from k3lab.model.model import KimiK3
 from k3lab.optim.muon import Muon, newton_schulz, shape_buckets
 from k3lab.optim.assignment import build_optimizers, split_parameters
 from k3lab.registry import TrainSpec
-from k3lab.train.trainer import Trainer
+from k3lab.runner.train.trainer import Trainer
 
 SHAPES = [(32, 64), (64, 32), (48, 48), (32, 64), (16, 80)]  # wide, tall, square, a repeat, odd
 

@@ -41,7 +41,7 @@ def test_each_variant_is_compared_with_its_groups_baseline_when_the_sweep_file_i
     import lzma
 
     from bench.pairing import store_rows
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
 
     root = Path(__file__).resolve().parents[1]
     store = tmp_path / "kkkm.db"  # three schedules, each with its own baseline

@@ -47,7 +47,7 @@ def test_sweep_prints_the_same_header_before_it_starts(tmp_path, sweep_file, mon
     def stop(run, live, say):  # the header is printed; what the sweep then does is tested elsewhere
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("k3lab.tune.driver.run_sweep", stop)
+    monkeypatch.setattr("k3lab.runner.tune.driver.run_sweep", stop)
     assert main(["variants", str(sweep_file)]) == 0
     header = first_line(capsys)
     assert main(["sweep", str(sweep_file), "--storage", str(tmp_path / "runs")]) == 130
@@ -102,7 +102,7 @@ def test_every_variant_the_plan_drops_is_named_with_the_reason_before_a_sweep_ru
     def stop(run, live, say):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("k3lab.tune.driver.run_sweep", stop)
+    monkeypatch.setattr("k3lab.runner.tune.driver.run_sweep", stop)
     assert main(["sweep", str(path), "--storage", str(tmp_path / "runs")]) == 130
     assert capsys.readouterr().out.splitlines()[:3] == expected
 

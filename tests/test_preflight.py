@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
 from k3lab.registry import load_preset
-from k3lab.train.spec import TrainSpec
+from k3lab.registry.train_spec import TrainSpec
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
 
@@ -242,7 +242,7 @@ def test_a_sweep_whose_cpu_step_cannot_fit_is_refused_naming_the_variant_dry_run
 
 def test_the_memory_floor_counts_weights_and_each_layers_saved_inputs():
     from k3lab.registry.counts import count
-    from k3lab.runtime.preflight import step_memory_floor
+    from k3lab.runner.runtime.preflight import step_memory_floor
 
     config = load_preset("tiny")
     spec = TrainSpec(batch_size=8, seq_len=128)
@@ -259,7 +259,7 @@ def parent_run(tmp_path):
 
 def no_ray(monkeypatch):
     """Ray neither started nor asked for its resources: the sweep goes straight to its trials."""
-    monkeypatch.setattr("k3lab.tune.driver.ray_session", lambda run: contextlib.nullcontext())
+    monkeypatch.setattr("k3lab.runner.tune.driver.ray_session", lambda run: contextlib.nullcontext())
 
 
 def test_sweep_that_breaks_after_its_parent_run_opened_ends_it_failed(tmp_path, sweep_file, monkeypatch):
@@ -267,7 +267,7 @@ def test_sweep_that_breaks_after_its_parent_run_opened_ends_it_failed(tmp_path, 
         raise RuntimeError("Ray would not start")
 
     no_ray(monkeypatch)
-    monkeypatch.setattr("k3lab.tune.driver.make_tuner", broken_ray)
+    monkeypatch.setattr("k3lab.runner.tune.driver.make_tuner", broken_ray)
     with pytest.raises(RuntimeError, match="Ray would not start"):  # a bug keeps its traceback
         main(sweep_args(tmp_path, sweep_file))
     parent = parent_run(tmp_path)
@@ -280,7 +280,7 @@ def test_ctrl_c_after_the_parent_run_opened_ends_it_killed(tmp_path, sweep_file,
         raise KeyboardInterrupt
 
     no_ray(monkeypatch)
-    monkeypatch.setattr("k3lab.tune.driver.make_tuner", interrupted)
+    monkeypatch.setattr("k3lab.runner.tune.driver.make_tuner", interrupted)
     assert main(sweep_args(tmp_path, sweep_file)) == 130
     assert "interrupted" in capsys.readouterr().err
     assert parent_run(tmp_path).info.status == "KILLED"
@@ -295,7 +295,7 @@ def test_ctrl_c_that_tune_catches_ends_the_parent_killed_not_finished(tmp_path, 
             return []
 
     no_ray(monkeypatch)
-    monkeypatch.setattr("k3lab.tune.driver.make_tuner", lambda run, specs, callbacks: StoppedTuner(run))
+    monkeypatch.setattr("k3lab.runner.tune.driver.make_tuner", lambda run, specs, callbacks: StoppedTuner(run))
     assert main([*sweep_args(tmp_path, sweep_file), "--overwrite"]) == 130
     assert parent_run(tmp_path).info.status == "KILLED"
     hint = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("sweep stopped"))
@@ -317,7 +317,7 @@ def test_ctrl_c_ends_the_trial_runs_it_left_running_killed(tmp_path, sweep_file,
             return []
 
     no_ray(monkeypatch)
-    monkeypatch.setattr("k3lab.tune.driver.make_tuner", lambda run, specs, callbacks: StoppedTuner(specs))
+    monkeypatch.setattr("k3lab.runner.tune.driver.make_tuner", lambda run, specs, callbacks: StoppedTuner(specs))
     assert main(sweep_args(tmp_path, sweep_file)) == 130
     assert MlflowClient(uri).get_run(started["trial"].run_id).info.status == "KILLED"
     assert parent_run(tmp_path).info.status == "KILLED"
@@ -338,8 +338,8 @@ def test_a_sweep_tokenizes_its_corpus_on_a_thread_after_every_check_has_passed(m
     import k3lab.data
     from k3lab.errors import UserError
     from k3lab.registry.presets import load_preset
-    from k3lab.train.spec import TrainSpec
-    from k3lab.runtime.preflight import Preflight, run_preflight_overlapped
+    from k3lab.registry.train_spec import TrainSpec
+    from k3lab.runner.runtime.preflight import Preflight, run_preflight_overlapped
 
     release, started = threading.Event(), []
 
@@ -365,8 +365,8 @@ def test_an_error_while_tokenizing_on_the_thread_reaches_the_sweep(monkeypatch, 
     import k3lab.data
     from k3lab.errors import UserError
     from k3lab.registry.presets import load_preset
-    from k3lab.train.spec import TrainSpec
-    from k3lab.runtime.preflight import Preflight, run_preflight_overlapped
+    from k3lab.registry.train_spec import TrainSpec
+    from k3lab.runner.runtime.preflight import Preflight, run_preflight_overlapped
 
     def failing_prepare(source, tokenizer, progress):
         raise UserError("source 'stdlib': 1 non-empty document(s)")

@@ -11,10 +11,10 @@ from mlflow.tracking import MlflowClient
 from rich.console import Console
 
 from k3lab.registry.sweep_file import load_sweep
-from k3lab.tune import sweep_progress as progress_module
-from k3lab.tune.sweep_progress import SweepProgress, progress_mode
-from k3lab.tune.trial import trial_specs
-from k3lab.tune.run import SweepRun
+from k3lab.runner.tune import sweep_progress as progress_module
+from k3lab.runner.tune.sweep_progress import SweepProgress, progress_mode
+from k3lab.runner.tune.trial import trial_specs
+from k3lab.runner.tune.run import SweepRun
 
 
 @pytest.fixture
@@ -110,9 +110,9 @@ def test_a_trial_restored_from_its_final_checkpoint_reports_its_runs_figures(tmp
     """Nothing left to train, nothing evaluated: its report to Tune (which the table and Tune's result
     file show) carries the last evaluation's figures from its MLflow run, not the worst value."""
     from k3lab.registry import TrainSpec
-    from k3lab.train.trainer import TrainResult
-    from k3lab.tune.reporter import TrialReporter
-    from k3lab.tune.trial import TrialSpec
+    from k3lab.runner.train.trainer import TrainResult
+    from k3lab.runner.tune.ray_reports import TrialReporter
+    from k3lab.runner.tune.trial import TrialSpec
 
     uri, run_id = finished_run(tmp_path)
     spec = TrialSpec("id", "attnres_off", 0, {}, TrainSpec(steps=8, warmup_steps=1), uri, "mini")
@@ -143,7 +143,7 @@ def test_a_crashed_trial_says_its_error_as_it_restarts(sweep, tmp_path):
 def test_a_crash_before_a_trials_first_report_is_counted_on_the_run_its_first_report_names(tmp_path):
     """A reused actor can die as it sets up its next trial, before that trial has a run: the
     crash is counted once the restarted trial reports, so the report's crash count is whole."""
-    from k3lab.tune.status import MLflowStatusCallback
+    from k3lab.runner.tune.status import MLflowStatusCallback
 
     uri, run_id = finished_run(tmp_path)
     error_file = tmp_path / "error.txt"

@@ -97,7 +97,7 @@ def train_readme_baseline() -> tuple[str, float]:
     import torch
 
     from k3lab.registry.sweep_file import load_sweep
-    from k3lab.tune.trial import TrialSpec, run_trial
+    from k3lab.runner.tune.trial import TrialSpec, run_trial
 
     sample = readme_sample()
     sweep = load_sweep(sample.SWEEP_FILE, sample.PROFILE)

@@ -1,4 +1,4 @@
-"""No Ray process outlives a sweep (`k3lab.runtime.reaper`), without Ray: a stand-in driver whose
+"""No Ray process outlives a sweep (`k3lab.runner.runtime.reaper`), without Ray: a stand-in driver whose
 'Ray' children ignore SIGTERM, killed with SIGKILL; and the leftovers a next sweep ends.
 The end-to-end test with a real sweep and Ray is in tests/test_sweep.py."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from k3lab.errors import UserError
-from k3lab.runtime import reaper
+from k3lab.runner.runtime import reaper
 
 pytestmark = pytest.mark.skipif(not reaper.supported(), reason="needs /proc (Linux)")
 
@@ -27,7 +27,7 @@ DRIVER = f"""
 import json, subprocess, sys, time
 from pathlib import Path
 import ray
-from k3lab.runtime.reaper import Watchdog
+from k3lab.runner.runtime.reaper import Watchdog
 stubborn = {STUBBORN!r}
 before = subprocess.Popen([sys.executable, "-c", stubborn])
 watchdog = Watchdog.start(Path(sys.argv[1]))

@@ -30,7 +30,7 @@ def read_only(folder, monkeypatch) -> None:
     if os.geteuid() != 0:
         folder.chmod(0o555)
         return
-    import k3lab.runtime.preflight as preflight
+    import k3lab.runner.runtime.preflight as preflight
 
     real = preflight.tempfile.NamedTemporaryFile
 

@@ -1,10 +1,10 @@
-"""The report's figures as a paper would use them (k3lab.report.plots, family.plot_curve_differences):
+"""The report's figures as a paper would use them (k3lab.report.plots, paired.plot_curve_differences):
 titled with the sweep, intervals on the difference curves, y limits from the later part of
 training, tokens without an axis offset, crosses only on trials that stopped early."""
 
 import pytest
 
-from k3lab.report import family, plots
+from k3lab.report import paired, plots
 from k3lab.report.records import TrialRecord
 
 TOKENS_PER_STEP = 2 * 32 * 100_000  # tokens of millions: matplotlib would write "1e7" beside the axis
@@ -38,14 +38,14 @@ def figures(monkeypatch):
         saved[path.name] = fig
         return path
 
-    monkeypatch.setattr(family, "save_figure", keep)
+    monkeypatch.setattr(paired, "save_figure", keep)
     monkeypatch.setattr(plots, "save_figure", keep)
     return saved
 
 
 def curve_figure(figures, tmp_path, title="attnres_block-gpu"):
-    rows = family.curve_differences(early_gap_records(), {"v": "base"}, "val_loss")
-    family.plot_curve_differences(rows, tmp_path / "curve.png", "val_loss", "min", {"v": "C1"}, "95% t", title)
+    rows = paired.curve_differences(early_gap_records(), {"v": "base"}, "val_loss")
+    paired.plot_curve_differences(rows, tmp_path / "curve.png", "val_loss", "min", {"v": "C1"}, "95% t", title)
     return figures["curve.png"], rows
 
 
@@ -74,7 +74,7 @@ def test_the_tokens_axis_has_no_offset(figures, tmp_path):
     fig, _ = curve_figure(figures, tmp_path)
     axis = fig.axes[0].xaxis
     assert axis.get_offset_text().get_text() == ""
-    assert family.token_count(25_600_000) == "25.6M" and family.token_count(1.5e9) == "1.5B"
+    assert paired.token_count(25_600_000) == "25.6M" and paired.token_count(1.5e9) == "1.5B"
 
 
 def test_a_cross_marks_only_a_trial_that_stopped_before_the_sweeps_end(figures, tmp_path):
@@ -97,7 +97,7 @@ def test_the_loss_plots_difference_panels_take_their_y_axis_from_the_later_half(
 
 def test_the_loss_plots_metric_panel_draws_each_evaluations_interval(figures, tmp_path):
     records = early_gap_records()
-    rows = family.curve_differences(records, {"v": "base"}, "val_loss")
+    rows = paired.curve_differences(records, {"v": "base"}, "val_loss")
     plots.plot_loss_curves(records, tmp_path / "loss.png", "val_loss", {"base": "C0", "v": "C1"}, "base", "sweep",
                            rows)
     val = figures["loss.png"].axes[2]

@@ -5,12 +5,12 @@ from types import SimpleNamespace
 import pytest
 
 from k3lab.registry import load_preset
-from k3lab.train.checkpoint import load_checkpoint
-from k3lab.train.spec import TrainSpec
-from k3lab.train.loop import fit
-from k3lab.train.trainer import Trainer
-from k3lab.tune.reporter import TrialReporter
-from k3lab.tune.trial import TrialSpec
+from k3lab.runner.train.checkpoint import load_checkpoint
+from k3lab.registry.train_spec import TrainSpec
+from k3lab.runner.train.loop import fit
+from k3lab.runner.train.trainer import Trainer
+from k3lab.runner.tune.ray_reports import TrialReporter
+from k3lab.runner.tune.trial import TrialSpec
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
 

@@ -215,7 +215,7 @@ def test_results_markdown_shows_the_sweep_totals_the_parent_logged(tmp_path):
     text = results_markdown(build_report(uri, parent), load_parent(uri, parent), "AttnRes")
     assert "- Sweep: wall time 1,234 s, tokens in all 16,384,000, aggregate tokens/s 13,272, MFU 12.3%" in text
     assert "- Machine: 2 x " in text  # the GPUs the sweep had, not just the device name
-    assert "sharing a GPU" not in text  # a sweep from before k3lab.runtime.mps (or one on whole GPUs)
+    assert "sharing a GPU" not in text  # a sweep from before k3lab.runner.runtime.mps (or one on whole GPUs)
 
 
 def test_results_markdown_says_how_trials_shared_their_gpu(tmp_path):
@@ -467,7 +467,7 @@ def test_a_sweep_resumed_in_parts_lists_each_resume_command_once_with_its_count(
 def test_the_data_line_gives_one_figure_when_every_trial_trained_the_same_epochs():
     from types import SimpleNamespace as NS
 
-    from k3lab.report.family import epochs_line
+    from k3lab.report.paired import epochs_line
 
     same = [NS(params={"data.epochs": "0.0304"}), NS(params={"data.epochs": "0.0301"})]
     assert epochs_line(same) == "Data: each trial trained 0.03 epochs of its corpus (data.epochs)"
@@ -506,13 +506,13 @@ def test_a_dry_run_says_how_many_pairs_the_rule_takes_at_an_earlier_runs_spreads
     of that run's report, per comparison with two pairs or more, before any GPU time is spent."""
     import statistics
 
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
     from k3lab.report.sequential import pairs_needed
-    from k3lab.tune.seeds import design_of
+    from k3lab.runner.tune.seeds import design_of
 
     uri, _, tmp_path = paired_store
     file = str(Path(__file__).resolve().parents[1] / "experiments/attnres_block.yaml")
-    monkeypatch.setattr("k3lab.tune.driver.check_dry_run", lambda run: None)  # as on a GPU machine with FLA
+    monkeypatch.setattr("k3lab.runner.tune.driver.check_dry_run", lambda run: None)  # as on a GPU machine with FLA
     assert main(["sweep", file, "--profile", "gpu", "--dry-run", "--tracking-uri", uri,
                  "--storage", str(tmp_path / "runs")]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("earlier run"))
@@ -542,7 +542,7 @@ def test_a_sweep_that_ran_to_its_end_says_budget_though_its_parent_is_still_open
 
 @pytest.mark.parametrize("content, code", [(b"", 0), (b"not a database at all", 2)])
 def test_a_dry_run_leaves_an_empty_or_foreign_store_file_untouched(tmp_path, content, code, capsys, monkeypatch):
-    monkeypatch.setattr("k3lab.tune.driver.check_dry_run", lambda run: None)  # as on a GPU machine with FLA
+    monkeypatch.setattr("k3lab.runner.tune.driver.check_dry_run", lambda run: None)  # as on a GPU machine with FLA
     store = tmp_path / "mlflow.db"
     store.write_bytes(content)
     file = str(Path(__file__).resolve().parents[1] / "experiments/attnres_block.yaml")

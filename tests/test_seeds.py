@@ -18,7 +18,7 @@ from k3lab.cli import main
 from k3lab.errors import UserError
 from k3lab.registry import load_sweep
 from k3lab.report.sequential import Design
-from k3lab.tune.planner import FINISHED, SeedPlanner
+from k3lab.runner.tune.planner import FINISHED, SeedPlanner
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
 REPO = Path(__file__).resolve().parents[1]
@@ -251,7 +251,7 @@ def test_a_halfwidth_of_zero_is_refused(tmp_path):
 def test_the_searcher_speaks_ray_tunes_interface_and_its_saved_state_restores(tmp_path):
     from ray.tune.search import ConcurrencyLimiter, Searcher
 
-    from k3lab.tune.seeds import SeedSearcher
+    from k3lab.runner.tune.seeds import SeedSearcher
 
     def searcher():
         plan = SeedPlanner(["b", "v"], {"v": "b"}, [0, 1, 2, 3], 2, Design(1, 4, 2, halfwidth=1e-6))
@@ -290,7 +290,7 @@ def test_a_freed_process_gets_its_variants_next_seed_but_no_trial_of_a_later_sta
     """next_trial(prefer=...) hands out the ended variant's next wanted seed before the others of
     the same stage (its process restarts that variant's trainer), and never an added seed ahead
     of a start seed; the searcher prefers the variants whose trials ended, first ended first."""
-    from k3lab.tune.seeds import SeedSearcher
+    from k3lab.runner.tune.seeds import SeedSearcher
 
     def planner():
         return SeedPlanner(["b", "v", "w"], {"v": "b", "w": "b"}, [0, 1, 2, 3], 2, Design(2, 4, 2, halfwidth=1e-6))
@@ -318,7 +318,7 @@ def test_a_freed_process_gets_its_variants_next_seed_but_no_trial_of_a_later_sta
 def test_a_sweep_run_in_parts_spends_its_wall_budget_as_the_sum_of_the_parts(tmp_path):
     from ray.tune.search import Searcher
 
-    from k3lab.tune.seeds import SeedSearcher
+    from k3lab.runner.tune.seeds import SeedSearcher
 
     now = [0.0]
 

@@ -1,5 +1,5 @@
 """Family-wise decisions (k3lab.report.sequential) and the seeds policy that looks at them after
-every seed pair (k3lab.tune.seeds.SeedPlanner), on simulated sweeps: trial results drawn from a
+every seed pair (k3lab.runner.tune.seeds.SeedPlanner), on simulated sweeps: trial results drawn from a
 distribution with known true differences, no model."""
 
 import math
@@ -15,7 +15,7 @@ from k3lab.report.sequential import (
 )
 from k3lab.report.calibration import SKEW_COVERED, null_rejection_rate
 from k3lab.report.stats import t_interval
-from k3lab.tune.planner import FINISHED, SeedPlanner
+from k3lab.runner.tune.planner import FINISHED, SeedPlanner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -96,7 +96,7 @@ def test_verdicts_and_stopping_reasons_of_a_family():
 def test_an_undecided_comparison_says_whether_the_budget_or_a_stop_ended_it(state, ended, reason):
     """A sweep stopped after two of its three 10-minute parts has spent 20 of its 30 minutes: its
     undecided comparisons were stopped, not ended by the budget, and `--resume` would add seeds."""
-    from k3lab.report.family import unfinished_reason
+    from k3lab.report.paired import unfinished_reason
 
     design = Design(comparisons=1, max_pairs=8, start=3)
     base = {s: 2.0 + 0.1 * s for s in range(4)}
@@ -381,7 +381,7 @@ def test_an_undecided_comparison_says_about_how_many_pairs_the_rule_would_take()
 
 
 def test_the_tables_name_the_planning_column_after_the_rule_and_a_fixed_list_has_none():
-    from k3lab.report.family import design_columns, sequential_table_lines
+    from k3lab.report.paired import design_columns, sequential_table_lines
 
     base = {s: 1.0 + 0.01 * s for s in range(5)}
     values = {s: v + 0.01 * (-1) ** s for s, v in base.items()}

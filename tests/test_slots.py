@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from k3lab.runtime.slots import TrainingSlot
+from k3lab.runner.runtime.slots import TrainingSlot
 
 
 def holder(folder, slots=1):
     process = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from pathlib import Path; from k3lab.runtime.slots import TrainingSlot; "
+        "import sys; from pathlib import Path; from k3lab.runner.runtime.slots import TrainingSlot; "
         f"slot = TrainingSlot({slots}, Path({str(folder)!r})); slot.acquire(); print('held', flush=True); "
         "sys.stdin.readline(); slot.release(); print('released', flush=True); sys.stdin.readline()")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -82,7 +82,7 @@ def test_a_process_a_trial_forks_does_not_keep_its_slot(tmp_path):
     try:
         slot.release()
         probe = subprocess.run([sys.executable, "-c", (
-            "from pathlib import Path; from k3lab.runtime.slots import TrainingSlot; "
+            "from pathlib import Path; from k3lab.runner.runtime.slots import TrainingSlot; "
             f"print(TrainingSlot(1, Path({str(tmp_path)!r}))._try_each_slot() is not None)")],
             capture_output=True, text=True, timeout=60)
         assert probe.stdout.strip() == "True"

@@ -13,7 +13,7 @@ from conftest import mini_sweep, sweep_args, sweep_that_gets_sigterm
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
-from k3lab.tune.status import final_status
+from k3lab.runner.tune.status import final_status
 
 pytestmark = [pytest.mark.usefixtures("isolated_data"), pytest.mark.slow]
 
@@ -222,9 +222,9 @@ def test_ui_refuses_a_tracking_server_uri(capsys):
 
 def test_diverged_trial_reports_the_worst_metric_value():
     from k3lab.registry import TrainSpec
-    from k3lab.train.trainer import TrainResult
-    from k3lab.tune.reporter import diverged_report
-    from k3lab.tune.trial import TrialSpec
+    from k3lab.runner.train.trainer import TrainResult
+    from k3lab.runner.tune.ray_reports import diverged_report
+    from k3lab.runner.tune.trial import TrialSpec
 
     spec = TrialSpec("id", "v", 0, {}, TrainSpec(steps=10, warmup_steps=1), None, "x", metric="val_bpb", mode="max")
     report = diverged_report(spec, TrainResult(status="diverged", step=3, tokens=300, error="nan"), "run")
@@ -479,7 +479,7 @@ def test_resume_of_a_finished_sweep_shows_its_trials_done_and_keeps_the_first_wa
 def test_a_trial_larger_than_the_ray_cluster_is_refused_with_the_field(tmp_path, resources, cluster, message):
     from k3lab.errors import UserError
     from k3lab.registry.sweep_file import load_sweep
-    from k3lab.tune.driver import check_cluster_fits
+    from k3lab.runner.tune.driver import check_cluster_fits
 
     path = tmp_path / "big.yaml"
     path.write_text(mini_sweep("big", "too large").replace("resources: {cpu: 1, gpu: 0}", f"resources: {resources}"))
@@ -501,7 +501,7 @@ def test_a_sweep_refused_once_ray_is_up_leaves_no_log_file_or_storage_folder(tmp
 
 def test_trials_that_fit_the_ray_cluster_pass_and_ddp_workers_fall_back_to_cpu_without_gpus(tmp_path):
     from k3lab.registry.sweep_file import load_sweep
-    from k3lab.tune.driver import check_cluster_fits
+    from k3lab.runner.tune.driver import check_cluster_fits
 
     for resources, cluster in [("{cpu: 3, gpu: 0.25}", {"CPU": 16, "GPU": 1}),
                                ("{cpu: 8, gpus_per_trial: 2, strategy: ddp}", {"CPU": 32, "GPU": 2}),
@@ -578,7 +578,7 @@ def test_with_one_training_slot_two_trials_at_once_start_together_but_train_one_
 
 def ray_processes_of(driver: int) -> dict[int, int]:
     """{pid: start time} of every process under a driver: its Ray instance (and the watchdog)."""
-    from k3lab.runtime import reaper
+    from k3lab.runner.runtime import reaper
 
     return reaper.descendants(driver)
 
@@ -592,7 +592,7 @@ def test_a_driver_killed_with_sigkill_leaves_no_ray_process_and_resume_shows_its
     import threading
     import time
 
-    from k3lab.runtime import reaper
+    from k3lab.runner.runtime import reaper
 
     if not reaper.supported():
         pytest.skip("needs /proc (Linux)")
@@ -693,8 +693,8 @@ def test_a_stop_after_that_is_not_a_duration_is_one_line_and_nothing_starts(tmp_
 def test_a_grid_starts_seed_by_seed_so_a_sweep_stopped_early_holds_whole_pairs():
     from types import SimpleNamespace
 
-    from k3lab.registry.commands import load_sweep_for
-    from k3lab.tune.trial import trial_specs
+    from k3lab.registry.sweep_cli import load_sweep_for
+    from k3lab.runner.tune.trial import trial_specs
 
     sweep = load_sweep_for(str(Path(__file__).resolve().parents[1] / "experiments/pairing.yaml"), "cpu")
     run = SimpleNamespace(sweep=sweep, tracking_uri=None, experiment="pairing-cpu", uses_gpus=False)
@@ -711,7 +711,7 @@ def test_a_sigterm_signal_stops_a_sweep_as_ctrl_c_does_with_exit_143_and_the_res
     the command says how to go on and exits 143; it died in Ray's crash dump with exit 1."""
     import signal
 
-    import k3lab.tune.driver as sweep_module
+    import k3lab.runner.tune.driver as sweep_module
 
     monkeypatch.setattr(sweep_module, "run_sweep", sweep_that_gets_sigterm)
     before = signal.getsignal(signal.SIGTERM)
@@ -726,7 +726,7 @@ def test_the_sigterm_signal_handler_is_put_back_after_ray_init_replaces_it():
     """ray.init installs its own SIGTERM handler (a crash dump, exit 1): the sweep's comes back after it."""
     import signal
 
-    from k3lab.runtime.sigterm import keep_sigterm_handler, on_sigterm, stop_on_sigterm
+    from k3lab.runner.runtime.sigterm import keep_sigterm_handler, on_sigterm, stop_on_sigterm
 
     with stop_on_sigterm():
         with keep_sigterm_handler():
@@ -763,7 +763,7 @@ def test_a_second_sweep_while_one_holds_the_experiment_lock_is_refused_in_one_li
 
 def test_the_sweep_lock_is_released_and_removed_and_a_folder_made_for_it_is_removed_again(tmp_path):
     """A sweep refused after taking the lock (its folder checks) leaves nothing, and the next one gets the lock."""
-    from k3lab.runtime.lock import sweep_lock
+    from k3lab.runner.runtime.lock import sweep_lock
 
     path = tmp_path / "runs" / "mini.lock"
     with pytest.raises(RuntimeError), sweep_lock(path):
@@ -781,7 +781,7 @@ def test_a_sweep_stopped_before_its_state_file_leaves_neither_its_log_nor_an_emp
     from types import SimpleNamespace
 
     from k3lab.errors import UserError
-    from k3lab.runtime.session import sweep_log
+    from k3lab.runner.runtime.session import sweep_log
 
     (tmp_path / "runs").mkdir()
     run = SimpleNamespace(verbose=False, log_file=tmp_path / "runs" / "mini.log", state_file=tmp_path / "runs" / "x",
@@ -796,7 +796,7 @@ def test_a_sweep_stopped_before_its_state_file_leaves_neither_its_log_nor_an_emp
 def test_a_sweep_stopped_early_keeps_a_store_file_it_did_not_make_or_that_holds_data(tmp_path):
     from types import SimpleNamespace
 
-    from k3lab.runtime.session import sweep_log
+    from k3lab.runner.runtime.session import sweep_log
 
     run = SimpleNamespace(verbose=True, log_file=tmp_path / "mini.log", state_file=tmp_path / "x",
                           tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -811,7 +811,7 @@ def test_tunes_sigint_handler_left_after_a_finished_fit_no_longer_swallows_a_sig
     SIGINT) during the report set its event and was ignored."""
     import signal
 
-    from k3lab.runtime.sigterm import on_sigterm, sigint_kept, stop_on_sigterm
+    from k3lab.runner.runtime.sigterm import on_sigterm, sigint_kept, stop_on_sigterm
 
     before = signal.getsignal(signal.SIGINT)  # ignored where the tests run as a background job
     with stop_on_sigterm():

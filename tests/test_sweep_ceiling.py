@@ -7,7 +7,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.sweep_ceiling import parse_args, sweep_file_for  # noqa: E402
-from k3lab.registry.commands import load_sweep_for  # noqa: E402
+from k3lab.registry.sweep_cli import load_sweep_for  # noqa: E402
 
 FLAGSHIP = str(ROOT / "experiments/attnres_block.yaml")
 

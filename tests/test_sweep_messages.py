@@ -13,7 +13,7 @@ FLAGSHIP = Path(__file__).resolve().parents[1] / "experiments" / "attnres_block.
 
 def test_a_dry_run_on_a_machine_without_a_gpu_is_refused_as_the_gpu_sweep_would_be(tmp_path, capsys, monkeypatch):
     """It exited 0 and never said that the real sweep would be refused (exit 2)."""
-    monkeypatch.setattr("k3lab.runtime.preflight.cuda_gpus", lambda: 0)
+    monkeypatch.setattr("k3lab.runner.runtime.preflight.cuda_gpus", lambda: 0)
     assert main(["sweep", str(FLAGSHIP), "--profile", "gpu", "--dry-run", "--storage", str(tmp_path / "runs"),
                  "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -42,7 +42,7 @@ def test_a_finished_sweep_names_its_next_steps_with_the_flags_that_point_at_its_
                                                                                       ui):
     """A killed sweep printed what to run next, a finished one nothing."""
     from k3lab.registry import load_sweep
-    from k3lab.tune.run import SweepRun, local_tracking_uri, next_steps
+    from k3lab.runner.tune.run import SweepRun, local_tracking_uri, next_steps
 
     monkeypatch.chdir(tmp_path)
     run = SweepRun(sweep=load_sweep(FLAGSHIP), storage=Path("k3lab_runs"), tracking_uri=uri or local_tracking_uri())

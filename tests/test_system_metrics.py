@@ -1,4 +1,4 @@
-"""A trial's system metrics (k3lab.runtime.sysmetrics, k3lab.tune.system): sampled on a thread, logged
+"""A trial's system metrics (k3lab.runner.runtime.sysmetrics, k3lab.runner.tune.system): sampled on a thread, logged
 with the trial's own metrics at their steps under MLflow's `system/` names; the sweep's on its parent run."""
 
 import threading
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from k3lab.registry import TrainSpec, load_preset
-from k3lab.runtime.sysmetrics import SystemSampler, interval_s, trial_monitors
+from k3lab.runner.runtime.sysmetrics import SystemSampler, interval_s, trial_monitors
 from k3lab.store.tracking import MemoryTracker, MLflowTracker
-from k3lab.tune.system import GPU_BUSY, SampledTracker, SweepSystemMetrics, with_system_metrics
+from k3lab.runner.tune.system import GPU_BUSY, SampledTracker, SweepSystemMetrics, with_system_metrics
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
 
@@ -82,7 +82,7 @@ def test_a_cpu_trial_samples_the_machine_and_its_own_process_but_no_gpu():
 
 
 def test_a_trial_run_holds_its_system_metrics_at_steps_of_its_training(tmp_path, monkeypatch):
-    from k3lab.tune.trial import TrialSpec, run_trial
+    from k3lab.runner.tune.trial import TrialSpec, run_trial
 
     monkeypatch.setenv("K3LAB_SYSTEM_METRICS_S", "0.01")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -100,7 +100,7 @@ def test_a_trial_run_holds_its_system_metrics_at_steps_of_its_training(tmp_path,
 
 
 def test_the_sweeps_gpu_busy_share_goes_to_its_parent_run_with_the_mean_at_the_end(tmp_path, monkeypatch):
-    import k3lab.tune.system as system
+    import k3lab.runner.tune.system as system
 
     monkeypatch.setattr(system, "sweep_monitors", lambda: [Counting()])
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -8,9 +8,9 @@ from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
 from k3lab.registry import TrainSpec, load_preset
-from k3lab.train.checkpoint import load_checkpoint
-from k3lab.train.loop import train
-from k3lab.train.trainer import (DIVERGED, FINISHED, Trainer, keep_states_where_kda_is_fused, lr_factor,
+from k3lab.runner.train.checkpoint import load_checkpoint
+from k3lab.runner.train.loop import train
+from k3lab.runner.train.trainer import (DIVERGED, FINISHED, Trainer, keep_states_where_kda_is_fused, lr_factor,
                                  save_trainer)
 from k3lab.store.tracking import MemoryTracker, MLflowTracker
 
@@ -177,7 +177,7 @@ def test_a_restarted_trainer_trains_exactly_as_a_new_trainer_of_its_seed(init):
 def test_loading_a_checkpoint_drops_a_captured_graph_whose_optimizer_state_it_replaced():
     """Optimizer.load_state_dict puts new state tensors in place; a graph captured before would
     go on updating the old ones, so the trainer captures again after its eager steps."""
-    from k3lab.train.graphs import GraphedStep
+    from k3lab.runner.train.graphs import GraphedStep
 
     config, spec = load_preset("tiny"), tiny_spec(steps=4)
     trainer = Trainer(config, spec, seed=0)
@@ -314,7 +314,7 @@ def test_cuda_graph_is_off_with_the_reason_where_it_cannot_run():
 
 
 def test_cuda_graph_blockers_name_accumulation_and_ddp():
-    from k3lab.train.graphs import cuda_graph_blocker
+    from k3lab.runner.train.graphs import cuda_graph_blocker
 
     cuda = torch.device("cuda")
     assert cuda_graph_blocker(cuda, grad_accum=1, distributed=False) is None
@@ -352,7 +352,7 @@ def test_kda_keep_states_reaches_every_fused_kda_layer_of_the_trial():
 
 
 def test_trial_run_records_how_it_ran(tmp_path):
-    from k3lab.tune.trial import TrialSpec, run_trial
+    from k3lab.runner.tune.trial import TrialSpec, run_trial
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny"),
@@ -366,9 +366,9 @@ def test_trial_run_records_how_it_ran(tmp_path):
 
 
 def test_a_sweeps_trials_train_on_the_corpus_its_driver_prepared_without_finding_it_again(monkeypatch):
-    import k3lab.train.trainer as trainer_module
+    import k3lab.runner.train.trainer as trainer_module
     from k3lab.data import prepare_dataset
-    from k3lab.tune.trial import TrialSpec, run_trial
+    from k3lab.runner.tune.trial import TrialSpec, run_trial
 
     prepared = prepare_dataset(tiny_spec().dataset, tiny_spec().tokenizer, progress=False)  # as the driver does
 
@@ -384,7 +384,7 @@ def test_a_sweeps_trials_train_on_the_corpus_its_driver_prepared_without_finding
 
 
 def test_a_trial_that_cannot_see_the_drivers_corpus_prepares_its_own(tmp_path):
-    from k3lab.tune.trial import prepared_by_driver
+    from k3lab.runner.tune.trial import prepared_by_driver
 
     assert prepared_by_driver(None) is None
     assert prepared_by_driver(str(tmp_path / "on-the-head-node-only")) is None  # a worker without the volume
@@ -428,8 +428,8 @@ def test_relocation_leaves_other_artifact_locations_alone(tmp_path):
 def test_train_final_line_shows_the_run_average_tokens_per_s_not_the_last_windows(monkeypatch, capsys):
     import types
 
-    from k3lab.train import loop as loop_module
-    from k3lab.train import trainer as train_module
+    from k3lab.runner.train import loop as loop_module
+    from k3lab.runner.train import trainer as train_module
 
     clock = {"now": 0.0}  # a fake clock: five slow steps, then five fast ones
     monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"],
@@ -472,7 +472,7 @@ def test_a_trial_sends_its_metrics_before_each_report_a_scheduler_may_stop_it_at
     steps it covers, and the last report finds the run closed, with its final metrics."""
     from ray import tune
 
-    from k3lab.tune.trial import RUN_ID_KEY, TrialSpec, tune_trainable
+    from k3lab.runner.tune.trial import RUN_ID_KEY, TrialSpec, tune_trainable
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = TrialSpec(variant_id="v", variant_name="tiny", seed=0, config=load_preset("tiny"),
@@ -498,7 +498,7 @@ def test_a_trial_sends_its_metrics_before_each_report_a_scheduler_may_stop_it_at
 def test_a_trial_logs_its_own_torch_compile_cache_hits_and_misses_not_its_process_earlier_ones(monkeypatch):
     import torch._dynamo.utils as dynamo_utils
 
-    from k3lab.train.diagnostics import compile_cache_counts
+    from k3lab.runner.train.diagnostics import compile_cache_counts
 
     dynamo_utils.counters.clear()
     dynamo_utils.counters["inductor"]["fxgraph_cache_hit"] += 3  # an earlier trial of this (reused) process

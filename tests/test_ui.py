@@ -195,8 +195,8 @@ def test_a_parent_run_whose_driver_died_is_interrupted(driver, trials_running, e
 
 def test_params_of_a_switched_off_feature_read_off():
     from k3lab.model.config import tiny_config
-    from k3lab.train.spec import TrainSpec
-    from k3lab.tune.trial import TrialSpec, trial_params
+    from k3lab.registry.train_spec import TrainSpec
+    from k3lab.runner.tune.trial import TrialSpec, trial_params
 
     def params(**fields):
         config = tiny_config(**fields)
@@ -247,7 +247,7 @@ def test_a_sweep_whose_driver_died_is_reported_interrupted_and_closed(tmp_path, 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "experiments").glob("*.yaml")))
 def test_every_shipped_gpu_profile_makes_val_loss_a_curve(path):
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
 
     for profile in ("gpu", "gpu2"):
         try:

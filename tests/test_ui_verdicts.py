@@ -63,7 +63,7 @@ def test_each_compared_trial_carries_its_paired_difference_in_percent_at_every_e
 def test_a_trial_that_ends_gets_its_differences_as_soon_as_its_pair_has_ended_too(tmp_path):
     from types import SimpleNamespace
 
-    from k3lab.tune.differences import DifferencesCallback
+    from k3lab.runner.tune.differences import DifferencesCallback
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, trials = curve_sweep(uri, status={("attnres_off", 1): "RUNNING"})  # seed 1's baseline still trains
@@ -294,7 +294,7 @@ def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refres
 
 @pytest.mark.slow
 def test_the_sweeps_own_report_writes_the_differences_and_verdicts(tmp_path, sweep_file, isolated_data):
-    """The end-of-sweep report (`k3lab.tune.parent.report_sweep`) takes the same path as `k3lab report`."""
+    """The end-of-sweep report (`k3lab.runner.tune.parent.report_sweep`) takes the same path as `k3lab report`."""
     from conftest import sweep_args
 
     from k3lab.cli import main

@@ -26,8 +26,8 @@ def run_export(args) -> int:
     from k3lab.model.model import KimiK3
     from k3lab.errors import UserError
     from k3lab.store.state import default_storage
-    from k3lab.train.checkpoint import load_checkpoint
-    from k3lab.runtime.preflight import check_writable
+    from k3lab.runner.train.checkpoint import load_checkpoint
+    from k3lab.runner.runtime.preflight import check_writable
 
     if not args.hf:
         raise UserError("--hf: names no folder")

@@ -1,5 +1,5 @@
-"""`k3lab kernels warm|info|export|import`: the per-machine GPU kernel cache (`k3lab.runtime.kernel_cache`) and
-its tuned kernels as archives (`k3lab.runtime.tunings`)."""
+"""`k3lab kernels warm|info|export|import`: the per-machine GPU kernel cache (`k3lab.runner.runtime.kernel_cache`) and
+its tuned kernels as archives (`k3lab.runner.runtime.tunings`)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import argparse
 from pathlib import Path
 
 from k3lab.errors import UserError
-from k3lab.runtime import kernel_cache  # through the module: tests stand in for its GPU functions
-from k3lab.runtime.kernel_cache import ENV_VAR
-from k3lab.runtime.tunings import export_tunings, import_tunings
+from k3lab.runner.runtime import kernel_cache  # through the module: tests stand in for its GPU functions
+from k3lab.runner.runtime.kernel_cache import ENV_VAR
+from k3lab.runner.runtime.tunings import export_tunings, import_tunings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from k3lab.registry.commands import add_profile_argument
+    from k3lab.registry.sweep_cli import add_profile_argument
 
     parser = subparsers.add_parser("kernels", help="the per-machine GPU kernel cache (FLA autotuning, compiles)")
     commands = parser.add_subparsers(dest="kernels_command", required=True, metavar="ACTION")
@@ -47,7 +47,7 @@ def add_cache_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def run_warm(args: argparse.Namespace) -> int:
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
 
     sweep = load_sweep_for(args.file, args.profile)
     kernel_cache.require_cuda()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from k3lab.commands.sweep import STORAGE_HELP, TRACKING_HELP, sweep_run_from_args
 from k3lab.errors import UserError
-from k3lab.registry.commands import add_profile_argument
+from k3lab.registry.sweep_cli import add_profile_argument
 from k3lab.registry.sections import METRICS
 
 
@@ -42,9 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_report(args) -> int:
     from k3lab.report.summary import build_report, print_summary, wide_console
-    from k3lab.tune.parent import present
-    from k3lab.tune.reporting import check_interrupted, find_parent_run, other_sweeps, report_across, report_design
-    from k3lab.runtime.preflight import check_tracking_server
+    from k3lab.runner.tune.parent import present
+    from k3lab.runner.tune.stored_sweep import check_interrupted, find_parent_run, other_sweeps, report_across, report_design
+    from k3lab.runner.runtime.preflight import check_tracking_server
 
     run = sweep_run_from_args(args)
     out = Path(args.out) if args.out else run.storage / f"{run.experiment}_report"
@@ -71,7 +71,7 @@ def run_report(args) -> int:
 def check_report_flags(args, run, out: Path) -> None:
     """`k3lab report`'s flags, before any work: what fails only when the report is written would
     leave summary.json and the plots written and the markdown not."""
-    from k3lab.runtime.preflight import check_writable
+    from k3lab.runner.runtime.preflight import check_writable
 
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file, not a folder (the report writes its plots and summary.json there)")
@@ -91,7 +91,7 @@ def check_store_writable(run) -> None:
     state and its UI view there, and SQLite writes a journal beside the file (in a read-only folder
     each write was an MLflow traceback, and the report exited 0)."""
     from k3lab.store.tracking import sqlite_path
-    from k3lab.runtime.preflight import check_writable
+    from k3lab.runner.runtime.preflight import check_writable
 
     store = sqlite_path(run.tracking_uri)
     if store is None or not store.exists():
@@ -120,8 +120,8 @@ def check_gpu_log(args) -> None:
 def check_markdown(markdown: Path, experiment: str) -> None:
     """--markdown: a text file or none yet (`check_section_file`), in a folder that is, or can be
     made (as --out's), and written, as can its plots folder beside it."""
-    from k3lab.markdown import check_section_file
-    from k3lab.runtime.preflight import check_writable
+    from k3lab.report.markdown import check_section_file
+    from k3lab.runner.runtime.preflight import check_writable
 
     check_section_file(markdown, "--markdown")
     check_writable("--markdown", markdown.parent)
@@ -137,7 +137,7 @@ def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> str:
     """The sweep's section of the markdown file, with its plots copied into a folder beside it
     (docs/results.md -> docs/results/<experiment>/*.png) and linked from the section.
     Returns the line that says what it wrote, and where."""
-    from k3lab.markdown import replace_section
+    from k3lab.report.markdown import replace_section
     from k3lab.report.results import copy_plots, load_parent, results_markdown
 
     markdown, section = Path(args.markdown), getattr(args, "section", None) or run.experiment

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from k3lab.errors import UserError
-from k3lab.registry.commands import add_profile_argument
+from k3lab.registry.sweep_cli import add_profile_argument
 
 STORAGE_HELP = "folder for Tune state, checkpoints and reports (default: K3LAB_STORAGE or ./k3lab_runs)"
 TRACKING_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlflow.db)"
@@ -46,9 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def sweep_run_from_args(args, **options):
     """The sweep file under its profile, with the storage and tracking store the flags name."""
-    from k3lab.registry.commands import load_sweep_for
+    from k3lab.registry.sweep_cli import load_sweep_for
     from k3lab.store.state import default_storage, tracking_uri_or_default
-    from k3lab.tune.run import SweepRun
+    from k3lab.runner.tune.run import SweepRun
 
     if args.storage is not None and not args.storage.strip():
         raise UserError("--storage: names no folder (leave it out for K3LAB_STORAGE or ./k3lab_runs)")
@@ -59,12 +59,12 @@ def sweep_run_from_args(args, **options):
 
 def run_sweep_command(args) -> int:
     from k3lab.commands.variants import measured_rates, print_packing
-    from k3lab.registry.commands import print_plan
+    from k3lab.registry.sweep_cli import print_plan
     from k3lab.report.summary import print_summary, wide_console
-    from k3lab.runtime.sigterm import stop_on_sigterm
-    from k3lab.runtime.stopping import stop_after_seconds, stop_timer
-    from k3lab.tune.driver import run_sweep
-    from k3lab.tune.run import check_options, next_steps
+    from k3lab.runner.runtime.sigterm import stop_on_sigterm
+    from k3lab.runner.runtime.stopping import stop_after_seconds, stop_timer
+    from k3lab.runner.tune.driver import run_sweep
+    from k3lab.runner.tune.run import check_options, next_steps
 
     check_options(args.max_concurrent, args.max_failures, args.resume, args.overwrite)
     stop_after = stop_after_seconds(args.stop_after)  # a bad value: refused before anything starts
@@ -101,9 +101,9 @@ def run_sweep_command(args) -> int:
 def dry_run(console, run) -> int:
     """What the sweep would run, and where, after the checks the real sweep makes before it starts
     anything (`check_dry_run`: a sweep that would be refused is refused here too, exit 2)."""
-    from k3lab.registry.commands import print_variant_table
-    from k3lab.tune.seeds import earlier_run_line
-    from k3lab.tune.driver import check_dry_run, dry_run_line
+    from k3lab.registry.sweep_cli import print_variant_table
+    from k3lab.runner.tune.seeds import earlier_run_line
+    from k3lab.runner.tune.driver import check_dry_run, dry_run_line
 
     check_dry_run(run)
     print_variant_table(console, run.sweep)
@@ -118,7 +118,7 @@ def stopped_sweep(args, run, on_time: bool) -> int:
     """The exit of a sweep stopped by Ctrl-C, SIGTERM or --stop-after: the `--resume` command that
     continues it where its state was saved, and the exit code (130 for Ctrl-C, re-raised; 143 for
     SIGTERM; 3 for --stop-after, or 1 when it stopped before anything could be resumed)."""
-    from k3lab.runtime import sigterm
+    from k3lab.runner.runtime import sigterm
 
     terminated = not on_time and sigterm.received.is_set()
     stopped = (f"sweep stopped after {args.stop_after} (--stop-after)" if on_time

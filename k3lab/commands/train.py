@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def parse_device(name: str | None):
     """The torch device `--device` names (default: cuda when available)."""
-    from k3lab.train.trainer import resolve_device
+    from k3lab.runner.train.trainer import resolve_device
 
     try:
         device = resolve_device(name)
@@ -48,7 +48,7 @@ def parse_device(name: str | None):
 
 def train_preflight(args, config, spec, tracking_uri: str | None, device, log_file: Path | None):
     """What `k3lab train` needs, for `run_preflight`."""
-    from k3lab.runtime.preflight import Preflight
+    from k3lab.runner.runtime.preflight import Preflight
 
     folders = {"log folder": log_file.parent} if log_file else {}
     if args.save:  # before training, not at its first evaluation; a .pt path is the checkpoint file itself
@@ -65,7 +65,7 @@ class EvalPrinter:
         self.console, self.save, self.tracker = console, save, None
 
     def on_eval(self, trainer, metrics: dict) -> None:
-        from k3lab.tune.reporter import save_with_run_id
+        from k3lab.runner.tune.ray_reports import save_with_run_id
 
         self.console.print(f"step {metrics['step']}: val_loss {metrics['val_loss']:.4f} val_bpb {metrics['val_bpb']:.3f}")
         if self.save:
@@ -78,9 +78,9 @@ def run_train(args) -> int:
 
     from k3lab.registry.train_inputs import build_train_inputs
     from k3lab.store.state import default_storage, tracking_uri_or_default
-    from k3lab.runtime.logs import library_logs
-    from k3lab.runtime.preflight import run_preflight
-    from k3lab.tune.trial import TrialSpec, run_trial
+    from k3lab.runner.runtime.logs import library_logs
+    from k3lab.runner.runtime.preflight import run_preflight
+    from k3lab.runner.tune.trial import TrialSpec, run_trial
 
     config, spec = build_train_inputs(args)  # checked: a mistake is one line, before anything starts
     tracking_uri = None if args.no_tracking else tracking_uri_or_default(args.tracking_uri)
@@ -88,7 +88,7 @@ def run_train(args) -> int:
     log_file = None if args.verbose or tracking_uri is None else default_storage() / "train.log"
     run_preflight(train_preflight(args, config, spec, tracking_uri, device, log_file))
     if device.type == "cuda":
-        from k3lab.runtime.kernel_cache import open_kernel_cache
+        from k3lab.runner.runtime.kernel_cache import open_kernel_cache
 
         open_kernel_cache(args.kernel_cache, say=Console(stderr=True).print)
     name = Path(args.model).stem

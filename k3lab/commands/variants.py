@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from k3lab.registry.commands import add_profile_argument, load_sweep_for, print_plan, print_variant_table
+from k3lab.registry.sweep_cli import add_profile_argument, load_sweep_for, print_plan, print_variant_table
 
 if TYPE_CHECKING:  # imported where used: `k3lab --help` registers this command without torch
     from k3lab.registry.sweep_file import Sweep
@@ -37,9 +37,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measured_rates(sweep: Sweep, cache_dir: str | None = None) -> dict[str, float]:
-    """{GPU model: the aggregate tokens/s a sweep of these trials measured there} (`k3lab.runtime.throughput`)."""
-    from k3lab.runtime.kernel_cache import resolve_kernel_cache
-    from k3lab.runtime.throughput import measured_rates as rates
+    """{GPU model: the aggregate tokens/s a sweep of these trials measured there} (`k3lab.runner.runtime.throughput`)."""
+    from k3lab.runner.runtime.kernel_cache import resolve_kernel_cache
+    from k3lab.runner.runtime.throughput import measured_rates as rates
 
     if not sweep.resources.gpu and not sweep.resources.gpus_per_trial:
         return {}
@@ -48,9 +48,9 @@ def measured_rates(sweep: Sweep, cache_dir: str | None = None) -> dict[str, floa
 
 
 def print_packing(console, sweep: Sweep, cache_dir: str | None = None) -> None:
-    """The trials at once per GPU model that has measured this sweep's variants (`k3lab.runtime.memory`)."""
-    from k3lab.runtime.kernel_cache import resolve_kernel_cache
-    from k3lab.runtime.memory import packing_lines
+    """The trials at once per GPU model that has measured this sweep's variants (`k3lab.runner.runtime.memory`)."""
+    from k3lab.runner.runtime.kernel_cache import resolve_kernel_cache
+    from k3lab.runner.runtime.memory import packing_lines
 
     for line in packing_lines(sweep, resolve_kernel_cache(cache_dir, sweep.kernel_cache)):
         console.print(line, markup=False, highlight=False, soft_wrap=True)

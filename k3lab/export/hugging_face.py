@@ -32,7 +32,7 @@ RUN_ID = re.compile(r"^[0-9a-f]{32}$")  # MLflow run ids
 
 def locate_checkpoint(source: str, storage: Path) -> Path:
     """The trainer.pt that `source` (a path or an MLflow run id) names."""
-    from k3lab.train.checkpoint import CHECKPOINT_FILE
+    from k3lab.runner.train.checkpoint import CHECKPOINT_FILE
 
     path = Path(source)
     if path.is_file():

@@ -143,3 +143,19 @@ def count_config(config: KimiK3Config, seq_len: int | None = None) -> dict:
     with torch.device("meta"):
         model = KimiK3(config)
     return count_parameters(model, seq_len)
+
+
+# dense bf16 tensor-core peaks (FLOP/s), by device-name substring; first match wins
+PEAK_BF16_FLOPS = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+)
+
+
+def peak_flops_of(device_name: str | None) -> float | None:
+    """Dense bf16 peak FLOP/s of a GPU by name (first matching key), or None when unknown."""
+    if not device_name:
+        return None
+    return next((peak for key, peak in PEAK_BF16_FLOPS if key in device_name), None)

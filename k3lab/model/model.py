@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from k3lab.compiling import raise_recompile_limit
+from k3lab.model.compiling import raise_recompile_limit
 from k3lab.model.config import KimiK3Config
 from k3lab.model.ffn import DenseFFN
 from k3lab.model.kda import KDAChunkwise, KDAFused

@@ -46,7 +46,7 @@ import math
 
 import torch
 
-from k3lab.compiling import raise_recompile_limit
+from k3lab.model.compiling import raise_recompile_limit
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's quintic coefficients
 
@@ -149,7 +149,7 @@ class Muon(torch.optim.Optimizer):
         buffers = [self.momentum_buffer(p) for p in params]
         stacked = self.stack(grads, buffers, group["momentum"], group["nesterov"])  # (S, rows, cols) bf16
         ortho = self.orthogonalise(stacked, group["ns_coefficients"], group["ns_steps"], group["eps"])
-        lr = group["lr"]  # a float, or a device scalar in a step captured as a CUDA graph (k3lab.train.graphs)
+        lr = group["lr"]  # a float, or a device scalar in a step captured as a CUDA graph (k3lab.runner.train.graphs)
         if self.compiled and not isinstance(lr, torch.Tensor):  # a number would be a constant of the graph
             lr = torch.full((), lr, device=ortho.device)  # a fill kernel: torch.tensor would copy and wait
         self.apply(params, ortho, lr, group["weight_decay"], group["adjust_lr_fn"])

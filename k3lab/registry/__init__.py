@@ -28,7 +28,7 @@ _EXPORTS = {  # name -> the module it comes from, imported on first use (`k3lab 
     'ResourceSpec': 'k3lab.registry.sections',
     'SchedulerSpec': 'k3lab.registry.sections',
     'SweepSpec': 'k3lab.registry.sections',
-    'TrainSpec': 'k3lab.train.spec',
+    'TrainSpec': 'k3lab.registry.train_spec',
     'Sweep': 'k3lab.registry.sweep_file',
     'Trial': 'k3lab.registry.sweep_file',
     'load_sweep': 'k3lab.registry.sweep_file',

@@ -24,7 +24,7 @@ from k3lab.registry.convert import describe
 from k3lab.registry.keypath import Path, SpecError
 from k3lab.registry.matching import match_config
 from k3lab.registry.sections import NAME_PATTERN, MatchSpec
-from k3lab.train.spec import TrainSpec
+from k3lab.registry.train_spec import TrainSpec
 
 OK, REJECTED, DUPLICATE = "ok", "rejected", "duplicate"
 

@@ -112,7 +112,7 @@ def variants_command(sweep: Sweep) -> str:
 
 def policy_lines(sweep: Sweep, measured: dict[str, float] | None = None) -> list[str]:
     """The seeds policy, the budget, and the worst-case trial count, tokens and time; measured:
-    {GPU model: the sweep's aggregate tokens/s measured there} (`k3lab.runtime.throughput`), which
+    {GPU model: the sweep's aggregate tokens/s measured there} (`k3lab.runner.runtime.throughput`), which
     the file's budget.tokens_per_s overrides."""
     policy = sweep.seed_policy
     if policy is None:

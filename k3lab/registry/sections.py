@@ -3,7 +3,8 @@
 `TrainSpec`, `MetricSpec`, `ResourceSpec`, `SchedulerSpec` and `MatchSpec`
 are plain data with a sensible default for every field, so other parts of
 k3lab (the training loop, Ray Tune orchestration) can build them directly;
-`TrainSpec` lives beside the training loop, in `k3lab.train.spec`.
+`TrainSpec` has a module of its own, `k3lab.registry.train_spec`: the training loop reads it
+without loading the sweep file parser.
 Validators raise `FieldError`, which names the offending field.
 `SweepSpec` is the whole file as written (before a profile is applied and
 before the base model and the axes are resolved; see `k3lab.registry.sweep_file`).
@@ -20,7 +21,7 @@ import attrs
 from k3lab.errors import FieldError
 from k3lab.model.fidelity import FIDELITIES
 from k3lab.report.sequential import DECIDED, HALFWIDTH, RULES
-from k3lab.train.spec import TrainSpec
+from k3lab.registry.train_spec import TrainSpec
 from k3lab.validators import non_empty, non_negative, one_of, open_unit_interval, positive
 
 METRIC_MODES = ("min", "max")
@@ -78,7 +79,7 @@ class UntilSpec:
 class SeedsSpec:
     """`seeds: {start: 4, max: 16, until: decided}`: seeds first .. first + max - 1, every variant
     starting with `start` of them, more added while a comparison is not yet as `until` asks (see
-    `k3lab.tune.seeds`); `confidence` is family-wise."""
+    `k3lab.runner.tune.seeds`); `confidence` is family-wise."""
 
     start: int = attrs.field(default=3)
     max: int = attrs.field(default=16)
@@ -188,8 +189,8 @@ class ResourceSpec:
     trial in the process of one that ended (Ray Tune's option): imports, the CUDA context
     and in-memory kernel caches are kept, so start-up is shorter. `training_slots` lets at
     most that many of the trials on one GPU (or one CPU host) train at once; the others do
-    their start-up and wait for a slot (`k3lab.runtime.slots`). `mps`: trials that share a GPU run
-    their kernels side by side through an MPS daemon of the sweep's own (`k3lab.runtime.mps`);
+    their start-up and wait for a slot (`k3lab.runner.runtime.slots`). `mps`: trials that share a GPU run
+    their kernels side by side through an MPS daemon of the sweep's own (`k3lab.runner.runtime.mps`);
     unset, wherever it can; true, or the sweep stops before it starts; false, in turns."""
 
     cpu: float = attrs.field(default=1.0, validator=positive)

@@ -28,7 +28,7 @@ from k3lab.registry.presets import model_fields
 from k3lab.registry.profiles import apply_profile, check_profiles, locate, profile_names
 from k3lab.registry.sections import (BaseSpec, BudgetSpec, ComputeSpec, MatchSpec, MetricSpec, ResourceSpec,
                                  SchedulerSpec, SeedsSpec, SweepSpec)
-from k3lab.train.spec import TrainSpec
+from k3lab.registry.train_spec import TrainSpec
 from k3lab.registry.model_variants import Point, Variant, expand, parse_explicit, point_names, points
 from k3lab.registry.yamlfile import read_yaml
 
@@ -53,7 +53,7 @@ class Trial:
 
 @attrs.frozen
 class Sweep:
-    """A loaded sweep under one profile: what `k3lab.tune` needs to start trials."""
+    """A loaded sweep under one profile: what `k3lab.runner.tune` needs to start trials."""
 
     name: str
     description: str
@@ -70,7 +70,7 @@ class Sweep:
     match: MatchSpec | None
     variants: tuple[Variant, ...]
     baseline: str  # the valid variant the others are compared against, paired by seed
-    kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.runtime.kernel_cache
+    kernel_cache: str | None = None  # as written in the file, relative to it; see k3lab.runner.runtime.kernel_cache
     notes: tuple[str, ...] = ()  # defaults adapted to what the file sets, shown with the plan
     seed_policy: SeedsSpec | None = None  # `seeds: {start, max, until}`; then `seeds` holds every seed it may use
     budget: BudgetSpec | None = None
@@ -160,7 +160,7 @@ def resolve_profile(path: str | Path, profile: str | None) -> str | None:
         return profile
     import torch
 
-    wanted = "gpu" if torch.cuda.device_count() > 0 else "cpu"  # NVML, not cuInit (k3lab.runtime.preflight.cuda_gpus)
+    wanted = "gpu" if torch.cuda.device_count() > 0 else "cpu"  # NVML, not cuInit (k3lab.runner.runtime.preflight.cuda_gpus)
     return wanted if wanted in sweep_profiles(path) else None
 
 

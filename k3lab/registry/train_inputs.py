@@ -44,7 +44,7 @@ def build_train_inputs(args):
     from k3lab.registry.fields import check_fields
     from k3lab.registry.keypath import SpecError
     from k3lab.registry.presets import model_fields
-    from k3lab.train.spec import TrainSpec
+    from k3lab.registry.train_spec import TrainSpec
 
     model_overrides, train_overrides = parse_overrides(args.overrides)
     load_preset(args.model)  # a preset that does not validate is named in its own error

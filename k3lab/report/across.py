@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from k3lab.markdown import table_lines
+from k3lab.report.markdown import table_lines
 from k3lab.report import stats
-from k3lab.report.family import comparisons_for, values_by_seed
+from k3lab.report.paired import comparisons_for, values_by_seed
 from k3lab.report.records import TrialRecord
 from k3lab.report.sequential import BUDGET, Design, compare_sequential, fixed_design
 

@@ -43,7 +43,7 @@ from typing import Callable
 import attrs
 
 from k3lab.report.curves import ABOVE, BELOW, compute_at, curve_reach, power_law
-from k3lab.report.family import ExtraColumn, tokens_per_step, trial_value
+from k3lab.report.paired import ExtraColumn, tokens_per_step, trial_value
 from k3lab.report.records import TrialRecord
 from k3lab.report.sequential import Design
 

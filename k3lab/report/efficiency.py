@@ -15,7 +15,7 @@ of measured sweeps: docs/benchmarks.md, "Sweep sizing").
 from __future__ import annotations
 
 from k3lab.store.runs import client, crash_count, oom_restart_count
-from k3lab.train.diagnostics import peak_flops_of
+from k3lab.model.counting import peak_flops_of
 
 
 def wall_to_the_end(start_ms: int | None, end_ms: int | None, trial_end_ms: list[int | None]) -> float | None:

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 import attrs
 from rich.table import Table
 
-from k3lab.markdown import table_lines
+from k3lab.report.markdown import table_lines
 from k3lab.report import stats
-from k3lab.report.family import values_by_seed
+from k3lab.report.paired import values_by_seed
 from k3lab.report.records import TrialRecord
 from k3lab.report.sequential import Design, fixed_design
 

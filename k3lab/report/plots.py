@@ -13,7 +13,7 @@ its own last point; curves of differences take their y axis from the later half 
     <metric>_vs_baseline.png each variant's paired difference from the baseline with its 95% interval
 
 (`<metric>_curve_vs_baseline.png`, the difference at every evaluation in % of the baseline, is
-`k3lab.report.family`'s.)
+`k3lab.report.paired`'s.)
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def paired_curve(records, variant: str, baseline: str, name: str, window: int, f
 
 
 def draw_difference_rows(ax, rows: list[dict], colour: str) -> list[tuple]:
-    """A variant's rows of `k3lab.report.family.curve_differences` (mean paired difference at each
+    """A variant's rows of `k3lab.report.paired.curve_differences` (mean paired difference at each
     evaluation, its interval as error bars); returns the drawn (steps, values) of both bounds."""
     steps = [r["step"] for r in rows]
     means = [r["difference"] for r in rows]

@@ -127,7 +127,7 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
              *variant_table_lines(summary["rows"], metric), ""]
     if summary.get("comparisons"):
         from k3lab.report.compute_multipliers import multiplier_column
-        from k3lab.report.family import sequential_table_lines
+        from k3lab.report.paired import sequential_table_lines
 
         extra = multiplier_column(summary.get("multipliers", []), summary["design"].interval_name)
         lines += [*sequential_table_lines(summary["comparisons"], metric, summary["design"], extra), ""]
@@ -147,15 +147,15 @@ def results_markdown(summary: dict, parent: ParentRecord, title: str, report_com
     lines += [f"- Diverged: {line}" for line in summary.get("diverged", [])] + (
         [""] if summary.get("diverged") else [])
     if any(c.pairs > 1 for c in summary.get("comparisons", [])):
-        from k3lab.report.family import seed_difference_lines
+        from k3lab.report.paired import seed_difference_lines
 
         lines += [*seed_difference_lines(records, summary["pairs"], metric, summary.get("last", 1),
                                          summary.get("mode", "min"), summary.get("rise")), ""]
     if len({row["step"] for row in summary.get("curves", [])}) > 1:
-        from k3lab.report.family import curve_table_lines
+        from k3lab.report.paired import curve_table_lines
 
         lines += [*curve_table_lines(summary["curves"], metric, summary["design"].interval_name), ""]
-    from k3lab.report.family import epochs_line
+    from k3lab.report.paired import epochs_line
 
     if epochs_line(records):
         lines += [f"- {epochs_line(records)}", ""]

@@ -115,7 +115,7 @@ def print_summary(console, experiment: str, summary: dict) -> None:
     console.print(summary_table(summary["rows"], metric, title=f"{experiment}: final {metric}"))
     if summary.get("comparisons"):
         from k3lab.report.compute_multipliers import multiplier_column
-        from k3lab.report.family import sequential_table
+        from k3lab.report.paired import sequential_table
 
         extra = multiplier_column(summary.get("multipliers", []), summary["design"].interval_name)
         console.print(sequential_table(summary["comparisons"], metric, summary["design"],
@@ -139,7 +139,7 @@ def print_summary(console, experiment: str, summary: dict) -> None:
         console.print(size_multiplier_table(summary["size_multipliers"], summary["compute_sizes"],
                                             summary["design"].interval_name))
     if len({row["step"] for row in summary.get("curves", [])}) > 1:
-        from k3lab.report.family import curve_table
+        from k3lab.report.paired import curve_table
 
         console.print(curve_table(summary["curves"], f"{experiment}: {metric} - baseline at every evaluation, "
                                                      "% of the baseline's"))
@@ -180,12 +180,12 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     baselines (variant -> its group's baseline; default: every variant against `baseline`), design
     (`k3lab.report.sequential.Design`; default: one look, Bonferroni t over the family), last
     (verdicts on the mean of the last N evaluations), rise (the divergence rule): see
-    `k3lab.report.family`; compute: the baselines' compute curves (baseline -> {its stretched copy:
+    `k3lab.report.paired`; compute: the baselines' compute curves (baseline -> {its stretched copy:
     multiple}) and compute_sizes (families over a size axis, `k3lab.registry.compute_curves.size_families`),
     for the compute multipliers (`k3lab.report.compute_multipliers`); unfinished: why a comparison its rule did
     not stop has no more seeds (default: read from the store); record: write the verdicts into the store for the MLflow UI
     (`k3lab.report.ui_verdicts`)."""
-    from k3lab.report import family
+    from k3lab.report import paired
 
     records = load_trials(tracking_uri, parent_run_id, curves=("train_loss", metric))
     order = file_order((r.variant for r in records), variant_order)
@@ -193,11 +193,11 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     rows = sorted(summarize(records, metric), key=lambda row: order.index(row["variant"]))
     pairs = baselines or ({v: baseline for v in order if v != baseline} if baseline else {})
     if pairs and design is None:
-        design = family.fixed_design(len(pairs), max((row["trials"] for row in rows), default=1))
+        design = paired.fixed_design(len(pairs), max((row["trials"] for row in rows), default=1))
     comparisons = []
     if pairs:
         unfinished = unfinished or stored_unfinished_reason(tracking_uri, parent_run_id)
-        comparisons = family.comparisons_for(records, pairs, metric, mode, design, last, unfinished, rise)
+        comparisons = paired.comparisons_for(records, pairs, metric, mode, design, last, unfinished, rise)
     multipliers = []
     if pairs and compute:
         from k3lab.report.compute_multipliers import compute_multipliers
@@ -209,7 +209,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
 
         size_multipliers = across_sizes(records, compute_sizes, metric, design, last, mode, rise)
     add_paired_columns(rows, comparisons, pairs, multipliers)
-    curves = family.curve_differences(records, pairs, metric, design, mode, rise) if pairs else []
+    curves = paired.curve_differences(records, pairs, metric, design, mode, rise) if pairs else []
     from k3lab.report.factorial import factorial_effects
 
     effects, effect_design = factorial_effects(records, metric, order, pairs, design, mode, last, rise)
@@ -229,7 +229,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
             files.append(plots.plot_paired_differences(comparisons, out_dir / f"{metric}_vs_baseline.png", metric,
                                                        mode, colours, title, design.interval_name))
         if len({row["step"] for row in curves}) > 1:  # the whole curve, when there is more than the end
-            files.append(family.plot_curve_differences(curves, out_dir / f"{metric}_curve_vs_baseline.png", metric,
+            files.append(paired.plot_curve_differences(curves, out_dir / f"{metric}_curve_vs_baseline.png", metric,
                                                        mode, colours, design.interval_name, title))
         if multipliers:
             from k3lab.report.compute_multipliers import plot_compute_curve
@@ -246,7 +246,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
         files.append(summary_path)
     summary = {"rows": rows, "records": records, "files": files, "metric": metric, "baseline": baseline,
                "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last,
-               "mode": mode, "rise": rise, "diverged": family.diverged_lines(records, metric, mode, rise),
+               "mode": mode, "rise": rise, "diverged": paired.diverged_lines(records, metric, mode, rise),
                "multipliers": multipliers, "size_multipliers": size_multipliers, "compute_sizes": compute_sizes,
                "factorial": effects, "factorial_design": effect_design}
     if record and records:
@@ -268,20 +268,20 @@ def record_in_store(tracking_uri: str, parent_run_id: str, summary: dict) -> Non
 
 def stored_options(tracking_uri: str, parent_run_id: str) -> dict | None:
     """`build_report`'s options as the sweep stored them with its parent run (metric, baselines,
-    design, ...: `k3lab.report.family.design_record`); None for a store from before they were."""
-    from k3lab.report import family
+    design, ...: `k3lab.report.paired.design_record`); None for a store from before they were."""
+    from k3lab.report import paired
 
     record = runs.read_design(tracking_uri, runs.client(tracking_uri).get_run(parent_run_id))
-    return family.options_from_record(record) if record is not None else None
+    return paired.options_from_record(record) if record is not None else None
 
 
 def stored_unfinished_reason(tracking_uri: str, parent_run_id: str) -> str:
-    """`family.unfinished_reason` for a sweep in the store."""
-    from k3lab.report import family
+    """`paired.unfinished_reason` for a sweep in the store."""
+    from k3lab.report import paired
 
     parent = runs.client(tracking_uri).get_run(parent_run_id)
     state = runs.sweep_state(parent, runs.trial_runs(tracking_uri, parent_run_id))
-    return family.unfinished_reason(state, ended="trials_failed" in parent.data.metrics)
+    return paired.unfinished_reason(state, ended="trials_failed" in parent.data.metrics)
 
 
 def experiment_title(tracking_uri: str, parent_run_id: str) -> str:

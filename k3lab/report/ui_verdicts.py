@@ -3,14 +3,14 @@ compared trial's paired difference from its baseline trial at every evaluation, 
 mean difference, interval and verdict, and each trial's outcome.
 
 Differences are in % of the baseline trial's (or, per variant, the baseline's mean) value; a trial
-that diverged (`k3lab.report.family.diverged_step`) has none from the step where it or its
+that diverged (`k3lab.report.paired.diverged_step`) has none from the step where it or its
 baseline trial did.
 """
 
 from __future__ import annotations
 
 from k3lab.report import stats
-from k3lab.report.family import diverged_step, diverged_trials
+from k3lab.report.paired import diverged_step, diverged_trials
 from k3lab.report.records import TrialRecord
 from k3lab.store import runs
 from k3lab.store.colours import variant_colours
@@ -86,7 +86,7 @@ def variant_rows(records: list[TrialRecord], comparisons: list[stats.Comparison]
     """Per compared variant with pairs, what its variant run shows (`store.log_variant_runs`):
     `variant_effects`' numbers, its colour (its trials' `mlflow.runColor`, else its place among the
     records, which come in the sweep file's order), and its mean difference and interval at every
-    evaluation (`k3lab.report.family.curve_differences`, in %)."""
+    evaluation (`k3lab.report.paired.curve_differences`, in %)."""
     colour = variant_colours(list(dict.fromkeys(r.variant for r in records)))
     colour |= {r.variant: r.tags[runs.RUN_COLOR] for r in records if r.tags.get(runs.RUN_COLOR)}
     rows = []

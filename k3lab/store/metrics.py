@@ -7,7 +7,7 @@ then its diagnostics, the loss and throughput are also logged under `loss/` and 
 (`with_page_sections`; the plain names stay what sweeps, reports and views read), and the
 diagnostics sit under `probe/`, which sorts after both.
 
-The training loop hands its diagnostics over as numbers per layer (`k3lab.train.diagnostics.diagnostics`);
+The training loop hands its diagnostics over as numbers per layer (`k3lab.runner.train.diagnostics.diagnostics`);
 here they get their names: all under one prefix, one summary series per layer, zero-padded layer
 numbers (L00 = model.layers[0]) so that layers sort in order:
 

@@ -46,7 +46,7 @@ CRASHED, OOM = "crashed", "out of memory"  # the causes of a restart
 DEVICE, HOST = "k3lab.device", "k3lab.host"
 COMMAND, RESUMED_WITH = "k3lab.command", "k3lab.resumed_with"  # on the parent run: how it was run
 DRIVER = "k3lab.driver"  # on the parent run: host:pid of the process running the sweep (the last one)
-# on the parent run: "mps", "each node's own: why" or "time-slicing: why" (k3lab.runtime.mps)
+# on the parent run: "mps", "each node's own: why" or "time-slicing: why" (k3lab.runner.runtime.mps)
 GPU_SHARING = "k3lab.gpu_sharing"
 STATUS = "k3lab.status"  # on the parent: running, finished, failed, killed, stopped (resumable), interrupted
 INTERRUPTED = "interrupted"
