@@ -1,6 +1,5 @@
 """Paired initialisation (k3lab.runner.train.init): a seed's trials start alike wherever they share a module."""
 
-import dataclasses
 import pytest
 import torch
 
@@ -19,8 +18,8 @@ def built(config, seed, paired=True):
 
 
 def baseline_and_attnres():
-    base = dataclasses.replace(load_preset("tiny"), num_layers=4, use_attn_res=False)
-    return base, dataclasses.replace(base, use_attn_res=True, attn_res_block_size=1)
+    base = load_preset("tiny").replace(num_layers=4, use_attn_res=False)
+    return base, base.replace(use_attn_res=True, attn_res_block_size=1)
 
 
 def shared(a, b):

@@ -150,13 +150,13 @@ def test_a_new_batch_gpu_or_library_version_warms_again(fake_gpu, tmp_path, monk
 
 
 def test_a_compiled_sweeps_shapes_warm_compiled_and_an_eager_shape_keeps_its_fingerprint():
-    from dataclasses import replace
+    import attrs
 
     from k3lab.registry.model_variants import short_hash
 
     shape = kernel_shapes(load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu"))[0]
     assert shape.compile  # the gpu profile compiles its blocks: the warm-up compiles them too
-    eager = replace(shape, compile=False)
+    eager = attrs.evolve(shape, compile=False)
     before = short_hash([shape.config.to_dict(), shape.batch_size, shape.seq_len, shape.autocast, "G", "T"])
     assert kernel_cache.shape_fingerprint(eager, "G", "T") == before  # records of eager shapes stay valid
     assert kernel_cache.shape_fingerprint(shape, "G", "T") != before
@@ -547,7 +547,7 @@ def test_an_edit_of_the_model_codes_prose_keeps_the_warm_records_key_and_an_edit
 
 
 @pytest.mark.parametrize("path", ["model/model.py", "ops/attn_res/kernel.py", "ops/kda/fused.py", "optim/muon.py",
-                                  "compiling.py"])
+                                  "model/compiling.py"])
 def test_the_warm_records_key_covers_the_model_its_ops_and_the_optimizer(path, tmp_path, monkeypatch):
     model_code_copy(tmp_path, monkeypatch)
     before = kernel_cache.toolchain_fingerprint()

@@ -217,15 +217,14 @@ def test_parameter_counts_add_up(model):
 def test_attn_res_mixing_is_counted_with_the_candidates_each_site_of_a_forward_mixes(block_size):
     """The FLOPs count charges 12 K M per mixing site; K per site is what a forward mixes (each
     block's logged mixture weights have one entry per candidate), and without AttnRes nothing."""
-    import dataclasses
-
-    config = dataclasses.replace(tiny_config(), attn_res_block_size=block_size)
+    
+    config = tiny_config().replace(attn_res_block_size=block_size)
     built = KimiK3(config)
     built(tokens())
     mixed = [len(block.attn_res_weights[site]) for block in built.layers for site in ("attn", "ffn")
              if site in block.attn_res_weights]
     assert attn_res_candidates(config) == mixed and len(mixed) == 2 * config.num_layers - 1
-    off = dataclasses.replace(config, use_attn_res=False)
+    off = config.replace(use_attn_res=False)
     with_mixing, without = count_config(config), count_config(off)
     assert with_mixing["flops_per_token"] - 6 * with_mixing["active_matmul"] - (
         without["flops_per_token"] - 6 * without["active_matmul"]) == 12 * config.hidden_size * sum(mixed)

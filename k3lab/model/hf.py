@@ -25,10 +25,10 @@ What Kimi Linear cannot express is refused by `check_exportable`, naming the fie
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+import attrs
 import torch
 
 from k3lab.errors import UserError
@@ -131,7 +131,7 @@ def _whole(tensor: torch.Tensor) -> list[torch.Tensor]:
     return [tensor]
 
 
-@dataclass(frozen=True)
+@attrs.frozen
 class Rule:
     """k3lab weights `ours` <-> the Kimi Linear weight `theirs`: `join` makes theirs from ours,
     `split` ours from theirs (by default one weight, renamed)."""
@@ -142,7 +142,7 @@ class Rule:
     split: Callable[[torch.Tensor], list[torch.Tensor]] = _whole
 
     def under(self, ours_prefix: str, theirs_prefix: str) -> "Rule":
-        return replace(self, ours=tuple(ours_prefix + name for name in self.ours), theirs=theirs_prefix + self.theirs)
+        return attrs.evolve(self, ours=tuple(ours_prefix + name for name in self.ours), theirs=theirs_prefix + self.theirs)
 
 
 def renamed(ours: str, theirs: str | None = None) -> Rule:

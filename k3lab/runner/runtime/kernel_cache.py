@@ -34,11 +34,12 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Callable
+
+import attrs
 
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
@@ -111,7 +112,7 @@ def shipped_line(shipped: dict) -> str:
 
 # -- what a sweep will run ------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@attrs.frozen
 class KernelShape:
     """One distinct thing to compile and tune: a model config on a (batch, seq_len) input."""
 
@@ -224,7 +225,7 @@ def shape_fingerprint(shape: KernelShape, device: str, toolchain: str) -> str:
 
 def toolchain_fingerprint() -> str:
     """The versions of the libraries that tune and compile, and what the code that calls them
-    does: k3lab/model/*.py, k3lab/ops/**/*.py, k3lab/optim/*.py and k3lab/model/compiling.py
+    does: k3lab/model/*.py (the compile settings in model/compiling.py too), k3lab/ops/**/*.py, k3lab/optim/*.py
     (`model_code.MODEL_CODE_FILES`; a change there may call other kernels or shapes, an edit of
     its comments or docstrings does not: `model_code.code_text`)."""
     versions = {name: package_version(name) for name in ("torch", "triton", "fla-core", "flash-linear-attention")}

@@ -23,7 +23,6 @@ import json
 import math
 import os
 import subprocess
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from k3lab.runner.runtime.tunings import read_json, write_json
 HEADROOM = 0.10  # of the card's memory kept free: allocator fragmentation, an evaluation's extra tensors
 NON_TORCH_BYTES = 1 << 30  # outside PyTorch's allocator (CUDA context, kernel images) where NVML cannot say
 RECORD_NAME = "k3lab-memory.json"
-SHIPPED_RECORD = Path(__file__).resolve().parents[1] / "tunings" / "gpu-memory.json"
+SHIPPED_RECORD = Path(__file__).resolve().parents[2] / "tunings" / "gpu-memory.json"
 FAKE_GPU_VAR = "K3LAB_FAKE_GPU"  # for tests: "NAME=GIB", a GPU model this host says it has (no CUDA is touched)
 GIB = 1 << 30
 
@@ -116,7 +115,7 @@ def locked(path: Path):
 
 # -- the packing -----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@attrs.frozen
 class GPUModel:
     """A kind of GPU: its name (as nvidia-smi and torch give it) and its memory."""
 

@@ -193,7 +193,7 @@ class Watchdog:
 
         record.parent.mkdir(parents=True, exist_ok=True)
         _remove(record)
-        package_root = str(Path(__file__).resolve().parents[2])  # this k3lab, wherever it is imported from
+        package_root = str(Path(__file__).resolve().parents[3])  # this k3lab, wherever it is imported from
         env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         command = [sys.executable, "-m", "k3lab.runner.runtime.reaper", str(os.getpid()), str(start_time(os.getpid())),
                    str(record), str(Path(ray.__file__).resolve().parent)] + ([str(log_file)] if log_file else [])

@@ -25,7 +25,7 @@ from k3lab.runner.runtime.memory import read_record, variant_keys
 from k3lab.runner.runtime.tunings import write_json
 
 RECORD_NAME = "k3lab-throughput.json"
-SHIPPED_RECORD = Path(__file__).resolve().parents[1] / "tunings" / "sweep-throughput.json"
+SHIPPED_RECORD = Path(__file__).resolve().parents[2] / "tunings" / "sweep-throughput.json"
 
 
 def trials_key(sweep) -> str:

@@ -47,7 +47,7 @@ from pathlib import Path
 from k3lab.errors import UserError
 
 MANIFEST = "k3lab-tunings.json"
-SHIPPED_DIR = Path(__file__).resolve().parents[1] / "tunings"
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "tunings"  # k3lab/tunings
 SHIPPED_RECORD = Path("triton") / "k3lab-shipped.json"  # digests of the shipped archives' manifests imported
 WARM_RECORD_NAME = "k3lab-warm.json"
 AUTOTUNE_MEMBER = re.compile(r"^triton/[0-9A-Za-z_-]+/[0-9A-Za-z_.-]+\.autotune\.json$")

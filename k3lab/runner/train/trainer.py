@@ -16,9 +16,9 @@ import math
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import attrs
 import torch
 import torch.distributed as dist
 
@@ -44,7 +44,7 @@ EAGER_STEPS_BEFORE_CAPTURE = 2  # kernels compiled and autotuned, allocator warm
 CHECKPOINT_FORMAT = 2
 
 
-@dataclass
+@attrs.define
 class TrainResult:
     status: str  # "finished" or "diverged"
     step: int  # optimizer steps done
@@ -56,7 +56,7 @@ class TrainResult:
     mfu: float | None = None
     error: str | None = None
     startup_s: float | None = None
-    counts: dict = field(default_factory=dict)
+    counts: dict = attrs.Factory(dict)
     trained_tokens: int = 0  # tokens trained in this call (a resumed run counts from its checkpoint)
     train_seconds: float = 0.0  # time in training steps, evaluations excluded
     slot_wait_s: float = 0.0  # time waiting for a training slot (`fit`'s wait_to_train)
