@@ -1,0 +1,87 @@
+"""The group-sequential looks design: spending, alpha passed on, the shape check."""
+
+import numpy as np
+import pytest
+
+from k3lab.report.looks import (EQUIVALENT, HIGHER, LOWER, OPEN, LookDesign, decide, null_p_values,
+                                pooled_skewness, shape_draws, spending, spent_levels)
+
+PATHS = 40_000
+
+
+@pytest.fixture(scope="module")
+def design():
+    return LookDesign(2, margin=0.01).calibrated(PATHS)
+
+
+def test_spent_levels_spend_the_spending_function_look_by_look():
+    looks = (6, 8, 12, 16)
+    levels = spent_levels(null_p_values(looks, "normal", 0.0, PATHS), looks, 0.05, 1.0)
+    z = shape_draws(np.random.default_rng(3), (PATHS, 16), "normal", 0.0)  # fresh null paths
+    d = z[:, None, :]
+    crossed = np.zeros(PATHS, bool)
+    for j, look in enumerate(looks):
+        result = decide(d, np.full((PATHS, 1), look), LookDesign(1, looks[:j + 1], levels=(levels[:j + 1],),
+                                                                  conservative_levels=(levels[:j + 1],), check=99))
+        crossed = np.isin(result.code[:, 0], (LOWER, HIGHER))
+        assert abs(crossed.mean() - 0.05 * spending(look / 16, 1.0)) < 4 * np.sqrt(0.05 / PATHS)
+    assert max(levels) < 0.05  # every look stricter than a single look would be
+
+
+def test_a_decided_comparison_passes_its_alpha_to_the_open_one(design):
+    base = np.array([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0])
+    strong = 5.0 + 0.1 * base
+    weak = 1.0 + base * np.sqrt(6) / (4.3 * np.std(base, ddof=1))  # t = 4.3 at 6 pairs: p about 0.009
+    d = np.array([[strong, weak]])
+    alone = decide(d[:, 1:], np.full((1, 1), 6), attrs_one(design))
+    both = decide(d, np.full((1, 2), 6), design)
+    p_weak = 2 * _t_sf(np.mean(weak) / (np.std(weak, ddof=1) / np.sqrt(6)), 5)
+    assert design.levels[1][0] < p_weak <= design.levels[0][0]  # the weak one needs all the alpha
+    assert both.code[0, 0] == HIGHER and both.code[0, 1] == HIGHER  # it gets it once the strong one fell
+    assert alone.code[0, 0] == OPEN
+
+
+def attrs_one(design: LookDesign) -> LookDesign:
+    """The same design with only the half-alpha row (two comparisons open, none ever decided)."""
+    import attrs
+
+    return attrs.evolve(design, comparisons=1, levels=(design.levels[1],), conservative_levels=(design.levels[1],))
+
+
+def _t_sf(t, df):
+    from k3lab.report.stats import t_two_sided_probability
+
+    return (1 - t_two_sided_probability(abs(t), df)) / 2
+
+
+def test_the_shape_check_flags_a_second_mode_and_uses_the_conservative_levels(design):
+    rng = np.random.default_rng(0)
+    main = 0.05 * rng.standard_normal((1, 2, 16))
+    main[0, :, [2, 9, 13]] += 1.0  # one run in five trains badly: a second mode
+    assert abs(pooled_skewness(main, 6)[0]) > design.check
+    result = decide(main - 0.2, np.full((1, 2), 16), design)
+    assert result.flagged_at[0] == 0
+    look = result.look[0, 0]
+    assert result.level[0, 0] in {row[look] for row in design.conservative_levels}
+    assert result.level[0, 0] not in {row[look] for row in design.levels}
+
+
+def test_gaussian_pairs_are_not_flagged_by_the_shape_check(design):
+    d = np.random.default_rng(1).standard_normal((2000, 2, 16))
+    rate = (np.abs(pooled_skewness(d, 6)) > design.check).mean()
+    assert 0.05 < rate < 0.4  # a false flag costs power, not error
+
+
+def test_equivalence_stops_a_comparison_without_passing_its_alpha(design):
+    rng = np.random.default_rng(2)
+    d = np.stack([0.0005 * rng.standard_normal(16), 0.3 + 0.2 * rng.standard_normal(16)])[None]
+    result = decide(d, np.full((1, 2), 16), design, reference=np.full((1, 2), 1.0))
+    assert result.code[0, 0] == EQUIVALENT
+    assert result.level[0, 1] <= design.levels[1][result.look[0, 1]]  # still tested at alpha / 2
+
+
+def test_looks_must_rise_from_three_pairs():
+    with pytest.raises(ValueError, match="looks must rise"):
+        LookDesign(2, (2, 6))
+    with pytest.raises(ValueError, match="looks must rise"):
+        LookDesign(2, (8, 6))
