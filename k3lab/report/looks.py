@@ -124,9 +124,10 @@ def pooled_skewness(d: np.ndarray, look: int) -> np.ndarray:
     r = (d[..., :look] - mean[..., None]) / np.where(sd > 0, sd, np.inf)[..., None]
     r = np.where((n >= 3)[..., None] & np.isfinite(r), r, np.nan).reshape(len(d), -1)
     count = np.isfinite(r).sum(1)
-    centred = r - np.nanmean(np.where(count[:, None] > 0, r, 0.0), 1, keepdims=True)
+    r = np.where(count[:, None] >= 6, r, 0.0)  # too few residuals: no evidence of a shape (skewness 0)
+    centred = r - np.nanmean(r, 1, keepdims=True)
     second, third = np.nanmean(centred ** 2, 1), np.nanmean(centred ** 3, 1)
-    return np.where(count >= 6, third / np.maximum(second, 1e-300) ** 1.5, 0.0)
+    return np.where(second > 0, third / np.maximum(second, 1e-300) ** 1.5, 0.0)
 
 
 @attrs.frozen
