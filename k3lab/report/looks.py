@@ -127,7 +127,7 @@ def pooled_skewness(d: np.ndarray, look: int) -> np.ndarray:
     r = np.where(count[:, None] >= 6, r, 0.0)  # too few residuals: no evidence of a shape (skewness 0)
     centred = r - np.nanmean(r, 1, keepdims=True)
     second, third = np.nanmean(centred ** 2, 1), np.nanmean(centred ** 3, 1)
-    return np.where(second > 0, third / np.maximum(second, 1e-300) ** 1.5, 0.0)
+    return np.divide(third, second ** 1.5, out=np.zeros_like(third), where=second > 0)
 
 
 @attrs.frozen
@@ -197,7 +197,7 @@ def decide(d: np.ndarray, seeds_run: np.ndarray, design: LookDesign, reference: 
         reached = (out["code"] == OPEN) & (seeds_run >= look)
         if not reached.any():
             break
-        newly = (flagged_at < 0) & (np.abs(pooled_skewness(d, look)) > design.check)
+        newly = (flagged_at < 0) & (np.abs(pooled_skewness(d, look)) > design.check)  # once flagged, it stays
         flagged_at[newly] = j
         n, mean, sd = look_statistics(d, look)
         p = p_values(n, mean, sd)
