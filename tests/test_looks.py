@@ -85,3 +85,42 @@ def test_looks_must_rise_from_three_pairs():
         LookDesign(2, (2, 6))
     with pytest.raises(ValueError, match="looks must rise"):
         LookDesign(2, (8, 6))
+
+
+def test_a_seeds_policy_names_looks_that_do_not_run_from_start_to_max():
+    from k3lab.errors import FieldError
+    from k3lab.registry.sections import SeedsSpec
+
+    assert SeedsSpec(start=6, max=16, looks=[6, 8, 12, 16]).looks == (6, 8, 12, 16)
+    for looks in ([4, 8, 12, 16], [6, 8, 12], [6, 12, 8, 16]):
+        with pytest.raises(FieldError, match="looks must rise from start=6 to max=16"):
+            SeedsSpec(start=6, max=16, looks=looks)
+
+
+def test_the_gpu_plan_prints_the_looks_and_the_spread_its_margin_needs():
+    from pathlib import Path
+
+    from k3lab.registry.plan import policy_lines
+    from k3lab.registry.sweep_file import load_sweep
+
+    sweep = load_sweep(Path(__file__).resolve().parent.parent / "experiments" / "attnres_block.yaml", "gpu")
+    [line] = policy_lines(sweep)[:1]
+    assert "then looks at 8, 12, 16 seeds" in line and "Holm's alpha passed on" in line
+    assert "a pair spread (sd) under" in line and "of 0 and 16 pairs" in line
+
+
+def test_a_planner_with_looks_starts_the_first_look_and_stops_decided_comparisons_there():
+    from k3lab.report.sequential import Design
+    from k3lab.tune.planner import FINISHED, SeedPlanner
+
+    design = Design(2, 16, 6, looks=(6, 8, 12, 16)).calibrated()
+    plan = SeedPlanner(["base", "a", "b"], {"a": "base", "b": "base"}, list(range(16)), 6, design)
+    value = {"base": 1.0, "a": 0.9, "b": 1.0}  # a: far better; b: no difference
+    noise = np.random.default_rng(4).standard_normal((3, 16)) * 0.01
+    started = []
+    while (chosen := plan.next_trial()) not in (None, FINISHED):
+        started.append(chosen)
+        plan.complete(*chosen, value[chosen[0]] + noise[["base", "a", "b"].index(chosen[0]), chosen[1]])
+    assert started[:18] == [(v, s) for s in range(6) for v in ("base", "a", "b")]  # pairs complete seed by seed
+    assert plan.seeds_run("a") == 6  # decided at the first look
+    assert plan.seeds_run("b") == 16 and plan.seeds_run("base") == 16  # never decided: every look to max
