@@ -199,10 +199,11 @@ def main() -> None:
     from bench.report import simulation_main
 
     if "--looks" in sys.argv:  # the looks design (k3lab.report.looks), vectorised: bench/looks_sweeps.py
+        command = "python " + " ".join(sys.argv)
         sys.argv.remove("--looks")
         from bench.looks_sweeps import SECTION as LOOKS_SECTION, table as looks_table
 
-        simulation_main(__doc__, looks_table, LOOKS_SECTION, 4_000, DOC)
+        simulation_main(__doc__, looks_table, LOOKS_SECTION, 4_000, DOC, command)
         return
     simulation_main(__doc__, table, SECTION, 10_000, DOC)
 

@@ -163,4 +163,4 @@ def table(sweeps: int, seed: int) -> str:
 if __name__ == "__main__":
     from bench.report import simulation_main
 
-    simulation_main(__doc__, table, SECTION, 4_000, Path(__file__).resolve().parent.parent / "docs" / "statistics.md")
+    simulation_main(__doc__, table, SECTION, 4_000, Path(__file__).resolve().parents[1] / "docs" / "statistics.md")

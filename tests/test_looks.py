@@ -31,7 +31,10 @@ def test_spent_levels_spend_the_spending_function_look_by_look():
 def test_a_decided_comparison_passes_its_alpha_to_the_open_one(design):
     base = np.array([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0])
     strong = 5.0 + 0.1 * base
-    weak = 1.0 + base * np.sqrt(6) / (4.3 * np.std(base, ddof=1))  # t = 4.3 at 6 pairs: p about 0.009
+    from k3lab.report.stats import t_quantile
+
+    target = np.sqrt(design.levels[0][0] * design.levels[1][0])  # a p-value between alpha / 2's level and alpha's
+    weak = 1.0 + base * np.sqrt(6) / (t_quantile(1 - target / 2, 5) * np.std(base, ddof=1))
     d = np.array([[strong, weak]])
     alone = decide(d[:, 1:], np.full((1, 1), 6), attrs_one(design))
     both = decide(d, np.full((1, 2), 6), design)
@@ -124,3 +127,19 @@ def test_a_planner_with_looks_starts_the_first_look_and_stops_decided_comparison
     assert started[:18] == [(v, s) for s in range(6) for v in ("base", "a", "b")]  # pairs complete seed by seed
     assert plan.seeds_run("a") == 6  # decided at the first look
     assert plan.seeds_run("b") == 16 and plan.seeds_run("base") == 16  # never decided: every look to max
+
+
+def test_the_report_judges_a_looks_family_at_each_comparisons_last_look():
+    from k3lab.report.sequential import BETTER, NOT_RESOLVED, Design, compare_family
+
+    design = Design(2, 16, 6, looks=(6, 8, 12, 16), margin=0.005).calibrated()
+    rng = np.random.default_rng(7)
+    base = {s: 1.14 + 0.02 * rng.standard_normal() for s in range(7)}
+    values = {"off": base, "full": {s: base[s] - 0.05 + 0.005 * rng.standard_normal() for s in range(6)},
+              "bs4": {s: base[s] + 0.001 + 0.01 * rng.standard_normal() for s in range(7)}}
+    values["bs4"][3] = None  # a failed trial: its pair is left out
+    full, bs4 = compare_family(values, {"full": "off", "bs4": "off"}, "min", design)
+    assert (full.verdict, full.pairs, full.stopping) == (BETTER, 6, "decided")
+    assert full.half_width < abs(full.mean_diff)
+    assert bs4.verdict == NOT_RESOLVED and bs4.pairs == 5  # 7 seeds run: its last look is at 6, one pair failed
+    assert bs4.pairs_needed in (None, 8, 12, 16)  # the next look that would decide at this spread, if any

@@ -109,7 +109,8 @@ class SeedsSpec:
         if not looks or looks != sorted(set(looks)) or looks[0] != self.start or looks[-1] != self.max:
             raise FieldError("looks", f"must rise from start={self.start} to max={self.max}, got {looks}")
         if looks[0] < 3:
-            raise FieldError("looks", f"must start at 3 seeds or more (a t-test needs 2 degrees of freedom), got {looks}")
+            raise FieldError("looks", f"must start at 3 seeds or more (a t-test needs 2 degrees of freedom), "
+                                      f"got {looks}")
         if self.until.rule != DECIDED:
             raise FieldError("looks", "go with until: decided only")
 

@@ -26,8 +26,8 @@ from rich.table import Table
 from rich.text import Text
 
 from k3lab.report.sequential import (BUDGET, FIXED, MAX, RUNNING, SEQUENTIAL_COLUMNS, STOPPED, Design,
-                                     comparison_cells, compare_family, compare_sequential, fixed_design, sequential_headers,
-                                     sequential_note)
+                                     comparison_cells, compare_family, compare_sequential, fixed_design,
+                                     sequential_headers, sequential_note)
 from k3lab.markdown import table_lines
 from k3lab.report import stats
 from k3lab.report.figures import pyplot, save_figure

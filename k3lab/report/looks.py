@@ -35,7 +35,7 @@ import numpy as np
 from k3lab.report.stats import t_quantile, t_two_sided_probability
 
 LOOKS = (6, 8, 12, 16)
-SPENDING = 1.0  # Hwang-Shih-DeCani g: spends more early than O'Brien-Fleming-like g = -4
+SPENDING = 2.0  # Hwang-Shih-DeCani g: front-loaded (O'Brien-Fleming-like is g = -4, Pocock-like g = 1)
 BASE_SHAPE = ("gamma", 1.0)  # skewness either sign up to 1: the levels used while the check passes
 CONSERVATIVE = (("gamma", 1.5), ("two-mode", 1.2))  # after a flag: gamma 1.5 and one run in five apart
 CHECK = 0.5  # |skewness| of the pooled standardised residuals above which the sweep is flagged

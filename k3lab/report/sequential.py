@@ -271,6 +271,10 @@ def pairs_needed(sd: float, reference: float, design: Design, have: int, mean: f
     equivalent); None above NEEDED_CAP. A planning figure for the next sweep, never a verdict."""
     if design.rule not in (HALFWIDTH, DECIDED) or not math.isfinite(sd):
         return None
+    if design.looks is not None:  # the first later look whose level (all K open, unflagged) would decide
+        levels = design.calibrated().levels[design.comparisons - 1]
+        return next((n for n, level in zip(design.looks, levels) if n > have and design.verdict(
+            mean, t_quantile(1 - level / 2, n - 1) * sd / math.sqrt(n), reference, "min") != NOT_RESOLVED), None)
 
     def enough(n: int) -> bool:
         half = t_quantile(1 - planning_level(design, n) / 2, n - 1) * sd / math.sqrt(n)
@@ -396,6 +400,10 @@ def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode
         half, base = float(found.half[0, i]), float(reference[0, i])
         stopping = DECIDED if verdict != NOT_RESOLVED else (MAX_SEEDS if design.looks[look] >= design.looks[-1]
                                                             else unfinished)
+        if verdict == NOT_RESOLVED and pairs >= 2:
+            diffs = d[0, i, :design.looks[look]]
+            common["pairs_needed"] = pairs_needed(float(np.nanstd(diffs, ddof=1)), float(reference[0, i]), design,
+                                                  design.looks[look], float(found.mean[0, i]))
         rows.append(SequentialComparison(
             variant, baseline, pairs, every_seed, float(found.mean[0, i]), half if math.isfinite(half) else None,
             base, verdict, "interval covers 0" if verdict == NOT_RESOLVED else "", **common,
