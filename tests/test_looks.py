@@ -143,3 +143,15 @@ def test_the_report_judges_a_looks_family_at_each_comparisons_last_look():
     assert full.half_width < abs(full.mean_diff)
     assert bs4.verdict == NOT_RESOLVED and bs4.pairs == 5  # 7 seeds run: its last look is at 6, one pair failed
     assert bs4.pairs_needed in (None, 8, 12, 16)  # the next look that would decide at this spread, if any
+
+
+def test_the_report_says_when_the_pairs_shape_switched_the_family_to_conservative_levels():
+    from k3lab.report.sequential import Design, compare_family
+
+    design = Design(2, 16, 6, looks=(6, 8, 12, 16)).calibrated()
+    base = {s: 1.0 for s in range(6)}
+    bad = {0: 0.0, 1: 0.0, 2: 1.0, 3: 0.0, 4: 0.0, 5: 0.0}  # one run in six far off: a second mode
+    values = {"off": base, "a": {s: 1.0 + 0.01 * bad[s] + 0.0001 * s for s in range(6)},
+              "b": {s: 1.0 + 0.01 * bad[(s + 3) % 6] - 0.0001 * s for s in range(6)}}
+    rows = compare_family(values, {"a": "off", "b": "off"}, "min", design)
+    assert all("pooled skewness passed 0.5 at 6 seeds: conservative levels" in row.reason for row in rows)

@@ -398,6 +398,9 @@ def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode
         verdict = {LOWER: BETTER if mode == "min" else WORSE, HIGHER: WORSE if mode == "min" else BETTER,
                    LOOKS_EQUIVALENT: EQUIVALENT}.get(code, NOT_RESOLVED)
         half, base = float(found.half[0, i]), float(reference[0, i])
+        flag = int(found.flagged_at[0])
+        shape = (f"the pairs' pooled skewness passed {CHECK:g} at {design.looks[flag]} seeds: conservative levels"
+                 if 0 <= flag <= look else "")
         stopping = DECIDED if verdict != NOT_RESOLVED else (MAX_SEEDS if design.looks[look] >= design.looks[-1]
                                                             else unfinished)
         if verdict == NOT_RESOLVED and pairs >= 2:
@@ -406,7 +409,8 @@ def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode
                                                   design.looks[look], float(found.mean[0, i]))
         rows.append(SequentialComparison(
             variant, baseline, pairs, every_seed, float(found.mean[0, i]), half if math.isfinite(half) else None,
-            base, verdict, "interval covers 0" if verdict == NOT_RESOLVED else "", **common,
+            base, verdict, "; ".join(filter(None, ("interval covers 0" if verdict == NOT_RESOLVED else "", shape))),
+            **common,
             relative_half_width=half / abs(base) if base and math.isfinite(half) else None, stopping=stopping))
     return rows
 
