@@ -26,6 +26,10 @@ resolved. What this gives up: the guarantee is for looks up to `max`; a sweep ex
 4-16 pairs a sweep has). docs/statistics.md says why this design, and what the simulation
 measures.
 
+With `looks` (`seeds: {looks: [6, 8, 12, 16]}`) the design is `k3lab.report.looks` instead: looks
+only at those seed counts, alpha spent over them, passed on as comparisons are decided (Holm), a
+shape check on the pooled residuals; `compare_family` decides such a family together.
+
 A fixed list of seeds is one look: each comparison gets a Bonferroni t-interval at alpha / K.
 `until: {halfwidth: h}` stops a comparison once its interval is at most h x |the baseline's mean|
 instead; `until: max` runs every comparison to `max` seeds.

@@ -20,7 +20,10 @@ searcher (Tune saves it with the experiment state, `save`/`restore`) and the tri
 restores end in the same decisions; the only thing that depends on timing is the wall budget,
 which a sweep run in parts spends as the sum of its parts (`SeedSearcher.save`/`restore`).
 Looking after every seed pair is what the design's repeated intervals allow (a plain t-interval
-would not).
+would not). With `seeds: {looks: [...]}` (`k3lab.report.looks`) a comparison is looked at only
+after the seed counts listed: between looks it runs on, and at a look the family is decided
+together once every comparison that reached it has its seeds (`_open_after_look`), so that a
+decided comparison's alpha passes to the open ones.
 The order of the trials decided so far does depend on timing: a process whose trial just ended
 gets its variant's next seed, where one is wanted in the same stage, so that it restarts that
 variant's trainer instead of building one (`k3lab.tune.trial.KeptTrainer`).
