@@ -155,3 +155,30 @@ def test_the_report_says_when_the_pairs_shape_switched_the_family_to_conservativ
               "b": {s: 1.0 + 0.01 * bad[(s + 3) % 6] - 0.0001 * s for s in range(6)}}
     rows = compare_family(values, {"a": "off", "b": "off"}, "min", design)
     assert all("pooled skewness passed 0.5 at 6 seeds: conservative levels" in row.reason for row in rows)
+
+
+def test_the_planner_runs_the_trials_the_vectorised_simulation_counts():
+    """bench/looks_sweeps.py counts trials from `decide` on whole sweeps; the policy that runs them
+    (SeedPlanner, one trial at a time) must start exactly those trials, failed ones included."""
+    from k3lab.report.sequential import Design
+    from k3lab.tune.planner import FINISHED, SeedPlanner
+
+    design = Design(3, 16, 6, looks=(6, 8, 12, 16), margin=0.005).calibrated()
+    names, rng = ["base", "a", "b", "c"], np.random.default_rng(12)
+    for _ in range(12):
+        d = np.array([-0.03, -0.01, 0.0])[:, None] + np.array([0.012, 0.006, 0.004])[:, None] * rng.standard_normal(
+            (3, 16))
+        base = np.full(16, 1.14)  # the baseline's mean is the margin's reference in both
+        value = {("base", s): base[s] for s in range(16)} | {
+            (v, s): base[s] + d[i, s] for i, v in enumerate(names[1:]) for s in range(16)}
+        value[("b", 2)] = None  # a failed trial
+        plan = SeedPlanner(names, {v: "base" for v in names[1:]}, list(range(16)), 6, design)
+        started = []
+        while (chosen := plan.next_trial()) not in (None, FINISHED):
+            started.append(chosen)
+            plan.complete(*chosen, value[chosen])
+        d[1, 2] = np.nan
+        found = decide(d[None], np.full((1, 3), 16), design.look_design, np.full((1, 3), 1.14))
+        seeds = np.asarray(design.looks)[found.look[0]]
+        assert len(started) == seeds.sum() + seeds.max()
+        assert [plan.seeds_run(v) for v in names[1:]] == list(seeds)
