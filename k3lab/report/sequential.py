@@ -384,6 +384,21 @@ def looks_matrix(values: dict[str, SeedValues], baselines: dict[str, str]) -> tu
     return d, run, reference
 
 
+def before_first_look(variant: str, baseline: str, diffs: np.ndarray, reference: float, run: int, every_seed: int,
+                      design: Design, common: dict, unfinished: str) -> SequentialComparison:
+    """A comparison of a looks design that has not reached its first look: its mean so far, no
+    interval, and the first look that would decide at its spread so far."""
+    diffs = diffs[np.isfinite(diffs)]
+    mean = float(diffs.mean()) if diffs.size else None
+    if diffs.size >= 2:
+        common = common | {"pairs_needed": pairs_needed(float(diffs.std(ddof=1)), reference, design, int(diffs.size),
+                                                        mean)}
+    return SequentialComparison(variant, baseline, int(diffs.size), every_seed, mean, None,
+                                reference if diffs.size else None, NOT_RESOLVED,
+                                f"{run} seeds: the design looks from {design.first_look}", **common,
+                                stopping=unfinished)
+
+
 def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode: str, design: Design,
                   unfinished: str = BUDGET) -> list[SequentialComparison]:
     """The family under a looks design (`k3lab.report.looks.decide`): each comparison at its last look."""
@@ -395,9 +410,8 @@ def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode
         every_seed = len(values.get(variant, {}).keys() | values.get(baseline, {}).keys())
         common = dict(method=design.rule, confidence=design.confidence, family=design.comparisons)
         if look < 0:
-            reason = f"{int(run[0, i])} seeds: the design looks from {design.first_look}"
-            rows.append(SequentialComparison(variant, baseline, int(np.isfinite(d[0, i]).sum()), every_seed, None,
-                                             None, None, NOT_RESOLVED, reason, **common, stopping=unfinished))
+            rows.append(before_first_look(variant, baseline, d[0, i], float(reference[0, i]), int(run[0, i]),
+                                          every_seed, design, common, unfinished))
             continue
         verdict = {LOWER: BETTER if mode == "min" else WORSE, HIGHER: WORSE if mode == "min" else BETTER,
                    LOOKS_EQUIVALENT: EQUIVALENT}.get(code, NOT_RESOLVED)
