@@ -108,6 +108,7 @@ def differences(rng: np.random.Generator, scenario: Scenario, sweeps: int) -> np
 @attrs.frozen
 class Outcome:
     error: float  # share of sweeps with a comparison of truth 0 called lower or higher
+    first_look: float  # the same, called at the first look
     wrong_sign: float  # share of sweeps with a comparison of truth != 0 called the wrong way
     decided: np.ndarray  # per comparison, share of sweeps decided
     all_decided: float
@@ -126,7 +127,9 @@ def simulate(scenario: Scenario, sweeps: int, seed: int) -> Outcome:
     wrong = called & (np.sign(truth)[None, :] != 0) & (np.where(result.code == LOWER, -1, 1) != np.sign(truth))
     seeds = np.asarray(scenario.looks)[result.look]
     decided = called | (result.code == EQUIVALENT)
-    return Outcome(error=float(called[:, scenario.null].any(1).mean()), wrong_sign=float(wrong.any(1).mean()),
+    early = (called & (result.look == 0))[:, scenario.null]
+    return Outcome(error=float(called[:, scenario.null].any(1).mean()), first_look=float(early.any(1).mean()),
+                   wrong_sign=float(wrong.any(1).mean()),
                    decided=decided.mean(0), all_decided=float(decided.all(1).mean()),
                    trials=float((seeds.sum(1) + seeds.max(1)).mean()), seeds=seeds.mean(0),
                    flagged=float((result.flagged_at >= 0).mean()))
@@ -138,7 +141,8 @@ def monte_carlo_se(rate: float, sweeps: int) -> float:
 
 def row(scenario: Scenario, outcome: Outcome, sweeps: int) -> str:
     truths = ", ".join(f"{t:+g}/{s:g}" for t, s in zip(scenario.truth, scenario.spreads))
-    error = f"{outcome.error:.4f} ± {monte_carlo_se(outcome.error, sweeps):.4f}" if scenario.null.any() else "-"
+    error = (f"{outcome.error:.4f} ± {monte_carlo_se(outcome.error, sweeps):.4f} | {outcome.first_look:.4f}"
+             if scenario.null.any() else "- | -")
     return (f"| {scenario.name} | {truths} | {', '.join(map(str, scenario.looks))} | {error} | "
             f"{outcome.wrong_sign:.4f} | {', '.join(f'{x:.3f}' for x in outcome.decided)} | {outcome.all_decided:.3f} | "
             f"{', '.join(f'{x:.1f}' for x in outcome.seeds)} | {outcome.trials:.1f} | {outcome.flagged:.3f} |")
@@ -153,8 +157,9 @@ def table(sweeps: int, seed: int) -> str:
              "sweeps where a comparison of truth 0 was called better or worse ± its Monte Carlo standard error; wrong "
              f"sign: a real difference called the other way; margin (GPU rows): {100 * MARGIN:g}% of a loss of "
              f"{LOSS:g}; trials: the variants' seeds + the baseline's, per sweep.", "",
-             "| scenario | truth/sd per comparison | looks | family-wise error | wrong sign | decided | all decided | "
-             "seeds per comparison | trials per sweep | flagged |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| scenario | truth/sd per comparison | looks | family-wise error | of it, at the first look | wrong sign | "
+             "decided | all decided | seeds per comparison | trials per sweep | flagged |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for number, scenario in enumerate(SCENARIOS):
         lines.append(row(scenario, simulate(scenario, sweeps, seed + number), sweeps))
     return "\n".join(lines)
