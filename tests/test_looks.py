@@ -126,6 +126,7 @@ def test_a_planner_with_looks_starts_the_first_look_and_stops_decided_comparison
         plan.complete(*chosen, value[chosen[0]] + noise[["base", "a", "b"].index(chosen[0]), chosen[1]])
     assert started[:18] == [(v, s) for s in range(6) for v in ("base", "a", "b")]  # pairs complete seed by seed
     assert plan.seeds_run("a") == 6  # decided at the first look
+    assert plan.summary()["a"]["stopping"] == "decided"
     assert plan.seeds_run("b") == 16 and plan.seeds_run("base") == 16  # never decided: every look to max
 
 

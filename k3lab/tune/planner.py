@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import attrs
 
-from k3lab.report.sequential import BUDGET, NOT_RESOLVED, RUNNING, Design, compare_family, stopping_reason
+from k3lab.report.sequential import BUDGET, DECIDED, NOT_RESOLVED, RUNNING, Design, compare_family, stopping_reason
 from k3lab.report.stats import usable
 
 FINISHED = "FINISHED"  # = ray.tune.search.Searcher.FINISHED
@@ -290,6 +290,8 @@ class SeedPlanner:
         for variant in self.baselines:
             k = self.seeds_run(variant)
             why = stopping_reason(self.design, *self.pairs(variant, k), BUDGET if self.budget_hit else RUNNING)
+            if self.design.looks is not None and k < len(self.seeds) and self.decision(variant, k) is False:
+                why = DECIDED  # a looks design decides the family together: its look said so
             rows[variant] = {"seeds": k, "relative_half_width": self.relative_half_width(variant, k), "stopping": why}
         return rows
 
