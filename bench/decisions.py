@@ -1,6 +1,7 @@
 """The decisions rule on simulated sweeps: error rates, coverage and pairs spent, through the policy.
 
-    python bench/decisions.py --sweeps 10000 --write
+    python bench/decisions.py --sweeps 10000 --write          # the every-pair Pocock design, through SeedPlanner
+    python bench/decisions.py --looks --sweeps 4000 --write  # the looks design, vectorised (bench/looks_sweeps.py)
 
 K = 4 comparisons share one baseline; every variant starts with 4 seeds and may reach 16; trial
 results are drawn from a distribution (no model): loss + the seed's shared part + the true
@@ -197,6 +198,13 @@ def table(sweeps: int, seed: int) -> str:
 def main() -> None:
     from bench.report import simulation_main
 
+    if "--looks" in sys.argv:  # the looks design (k3lab.report.looks), vectorised: bench/looks_sweeps.py
+        command = "python " + " ".join(sys.argv)
+        sys.argv.remove("--looks")
+        from bench.looks_sweeps import SECTION as LOOKS_SECTION, table as looks_table
+
+        simulation_main(__doc__, looks_table, LOOKS_SECTION, 4_000, DOC, command)
+        return
     simulation_main(__doc__, table, SECTION, 10_000, DOC)
 
 

@@ -53,7 +53,7 @@ def check_stores(parser, stores: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def simulation_main(doc: str, table, section: str, sweeps: int, doc_path: Path) -> None:
+def simulation_main(doc: str, table, section: str, sweeps: int, doc_path: Path, command: str | None = None) -> None:
     """The command line of a simulation benchmark: --sweeps, --seed, and --write to put
     `table(sweeps, seed)` into `doc_path`'s `section`; `doc` is the script's docstring."""
     import argparse
@@ -67,5 +67,5 @@ def simulation_main(doc: str, table, section: str, sweeps: int, doc_path: Path) 
     body = table(args.sweeps, args.seed)
     print(body)
     if args.write:
-        write_section(section, body, doc=doc_path)
+        write_section(section, body, command, doc=doc_path)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from k3lab.registry.presets import load_preset
-from k3lab.runner.train.spec import TrainSpec
+from k3lab.registry.train_spec import TrainSpec
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
 

@@ -639,3 +639,29 @@ def test_the_efficiency_line_says_where_the_trials_time_went_where_it_is_known()
     assert efficiency_line(e | shares).endswith("; 4 trials at once spent 55% training, 13% evaluating, "
                                                 "18% starting up")
     assert "trials at once" not in efficiency_line(e)
+
+
+def test_report_file_design_judges_under_the_files_looks_design_and_the_store_keeps_its_own(tmp_path, capsys):
+    from k3lab.cli import main
+
+    noise = [0.004, -0.003, 0.002, -0.004, 0.001, 0.003, -0.002]
+    values = {("attnres_off", s): 2.0 + 0.01 * s for s in range(7)} | {
+        ("attnres_bs4", s): 2.0 + 0.01 * s - 0.05 + noise[s] for s in range(7)}
+    uri, parent, _ = make_store(tmp_path, values)
+    sweep = tmp_path / "attnres_block.yaml"
+    sweep.write_text("name: attnres_block\nbase: tiny\naxes:\n  attn_res_block_size: [off, 4]\n"
+                     "baseline: attnres_off\nprofiles:\n  gpu: {seeds: [0, 1]}\n")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "attnres_block-gpu.k3lab.json").write_text(json.dumps({"parent_run_id": parent}))
+    common = [str(sweep), "--profile", "gpu", "--storage", str(tmp_path / "runs"), "--tracking-uri", uri]
+    assert main(["report", *common, "--out", str(tmp_path / "r1")]) == 0  # stores the file's fixed design
+    sweep.write_text(sweep.read_text().replace("gpu: {seeds: [0, 1]}",
+                                               "gpu: {seeds: {start: 6, max: 16, looks: [6, 8, 12, 16]}}"))
+    markdown = tmp_path / "results.md"
+    assert main(["report", *common, "--out", str(tmp_path / "r2"), "--file-design", "--markdown", str(markdown)]) == 0
+    text = markdown.read_text()
+    assert "the sweep file's present design, applied by `k3lab report --file-design`" in text
+    assert "looks after 6, 8, 12, 16 seeds" in text and "| better |" in text
+    capsys.readouterr()
+    assert main(["report", *common, "--out", str(tmp_path / "r3")]) == 0  # again without it: the stored design
+    assert "looks after" not in capsys.readouterr().out

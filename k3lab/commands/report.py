@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="another store with a sweep of this file (mlflow.db, its folder, a *.db.xz, or a "
                              "tracking URI; repeatable): each comparison per sweep, side by side, and pooled over "
                              "the distinct seeds")
+    report.add_argument("--file-design", action="store_true",
+                        help="judge under the sweep file's present design instead of the one the run stored (this "
+                             "report only: the store keeps its own)")
     report.add_argument("--close", action="store_true",
                         help="end a sweep whose driver died: its parent run and the trials left RUNNING end KILLED "
                              "(--resume continues it instead)")
@@ -51,12 +54,12 @@ def run_report(args) -> int:
     check_report_flags(args, run, out)
     check_tracking_server(run.tracking_uri)
     parent_run_id = find_parent_run(run)
-    options = report_design(run, parent_run_id, args.baseline, args.metric)
+    options = report_design(run, parent_run_id, args.baseline, args.metric, args.file_design)
     also = other_sweeps(args.also, run)  # before anything is written
     console = wide_console()
     state = check_interrupted(console.print, run, parent_run_id, close=args.close)
     summary = build_report(run.tracking_uri, parent_run_id, out_dir=out, baseline=args.baseline or run.sweep.baseline,
-                           record=not (args.baseline or args.metric), **options)  # the store keeps the sweep's own
+                           record=not (args.baseline or args.metric or args.file_design), **options)  # the store keeps the sweep's own
     if also:
         summary["across"] = report_across(run.tracking_uri, summary, also, out)
     written = write_results_markdown(args, run, parent_run_id, summary) if args.markdown else None
@@ -145,7 +148,8 @@ def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> str:
     plots = copy_plots(summary["files"], folder, markdown.parent)
     title = f"{section}: {run.sweep.description}" if run.sweep.description else section
     body = results_markdown(summary, load_parent(run.tracking_uri, parent_run_id), title,
-                            report_command=args.command_line, gpu_log=args.gpu_log, plots=plots)
+                            report_command=args.command_line, gpu_log=args.gpu_log, plots=plots,
+                            file_design=args.file_design)
     replaced = replace_section(markdown, section, body, header="# Results\n")
     names = ", ".join(Path(p).name for p in plots)
     return (f"wrote {markdown}: section {section} ({'replaced' if replaced else 'added'})"

@@ -8,6 +8,8 @@ all print first, so a preview and the run it previews read the same.
 
 from __future__ import annotations
 
+import math
+
 from k3lab.hints import command
 from k3lab.registry.sweep_file import Sweep, profile_option
 from k3lab.registry.model_variants import DUPLICATE
@@ -110,6 +112,26 @@ def variants_command(sweep: Sweep) -> str:
     return command("variants", sweep.path, profile=profile_option(sweep))
 
 
+def looks_rule(policy, comparisons: int, metric: str, margin: float | None) -> str:
+    """A looks design in words, with the pair spread its margin needs at `max` (item: equivalence
+    a researcher can reach)."""
+    from k3lab.report.sequential import Design
+    from k3lab.report.stats import t_quantile
+
+    design = Design(comparisons, policy.max, policy.start, policy.confidence, margin=margin,
+                    looks=policy.looks).calibrated()
+    rule = (f"then looks at {', '.join(map(str, policy.looks[1:]))} seeds; at each look the family is decided "
+            f"together ({design.label}); a comparison not decided runs on to the next look, up to {policy.max}")
+    if margin is None:
+        return rule
+    n = policy.max
+    needs = [100 * margin * math.sqrt(n) / t_quantile(1 - design.levels[m - 1][-1] / 2, n - 1)
+             for m in (comparisons, 1)]
+    return (f"{rule}; equivalent within +/-{100 * margin:g}% of the baseline's {metric} needs, at a true difference "
+            f"of 0 and {n} pairs, a pair spread (sd) under {needs[0]:.3g}% of the baseline's {metric} "
+            f"({needs[1]:.3g}% once it is the last comparison open)")
+
+
 def policy_lines(sweep: Sweep, measured: dict[str, float] | None = None) -> list[str]:
     """The seeds policy, the budget, and the worst-case trial count, tokens and time; measured:
     {GPU model: the sweep's aggregate tokens/s measured there} (`k3lab.runner.runtime.throughput`), which
@@ -127,6 +149,8 @@ def policy_lines(sweep: Sweep, measured: dict[str, float] | None = None) -> list
     if until.rule == HALFWIDTH:
         rule = (f"then a seed pair at a time for each comparison whose {family} is wider than "
                 f"{100 * until.halfwidth:g}% of the baseline's {metric}, the widest first, up to {policy.max}")
+    elif policy.looks is not None:
+        rule = looks_rule(policy, comparisons, metric, margin)
     elif until.rule == DECIDED:
         equivalent = (f", equivalent where it lies inside +/-{100 * margin:g}% of the baseline's {metric}"
                       if margin is not None else "")

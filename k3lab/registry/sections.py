@@ -86,6 +86,7 @@ class SeedsSpec:
     until: UntilSpec = attrs.field(factory=UntilSpec)
     first: int = attrs.field(default=0, validator=non_negative)
     confidence: float = attrs.field(default=0.95, validator=open_unit_interval())
+    looks: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
 
     @start.validator
     def _check_start(self, attribute, value) -> None:
@@ -97,9 +98,22 @@ class SeedsSpec:
             raise FieldError("max", f"must be at least start={self.start}, got {self.max}")
         if self.max > SEEDS_POLICY_MAX:
             raise FieldError("max", f"must be at most {SEEDS_POLICY_MAX} seeds, got {self.max}")
+        if self.looks is not None:
+            self._check_looks()
         if self.first + self.max - 1 > SEED_MAX:
             raise FieldError("first", f"its seeds {self.first} .. {self.first + self.max - 1} must stay at most "
                                       f"{SEED_MAX}")
+
+    def _check_looks(self) -> None:
+        """`looks: [6, 8, 12, 16]`: rising seed counts from `start` to `max`, 3 or more each, with `until: decided`."""
+        looks = list(self.looks)
+        if not looks or looks != sorted(set(looks)) or looks[0] != self.start or looks[-1] != self.max:
+            raise FieldError("looks", f"must rise from start={self.start} to max={self.max}, got {looks}")
+        if looks[0] < 3:
+            raise FieldError("looks", f"must start at 3 seeds or more (a t-test needs 2 degrees of freedom), "
+                                      f"got {looks}")
+        if self.until.rule != DECIDED:
+            raise FieldError("looks", "go with until: decided only")
 
     @property
     def seeds(self) -> tuple[int, ...]:

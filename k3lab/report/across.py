@@ -1,7 +1,7 @@
 """One sweep file's comparisons across several sweeps of it (stores from other machines, a re-run
 after a change): each comparison per sweep, side by side, and pooled.
 
-Per sweep, a comparison is the sweep's own (`family.comparisons_for`, the design the report uses).
+Per sweep, a comparison is the sweep's own (`paired.comparisons_for`, the design the report uses).
 Pooled, the unit is a distinct seed: a seed run in several sweeps trained the same initial model on
 the same data order, so its paired differences there are not independent; they are averaged into
 one difference for that seed (and the baseline's values likewise), and the pooled comparison is a

@@ -26,8 +26,8 @@ from rich.table import Table
 from rich.text import Text
 
 from k3lab.report.sequential import (BUDGET, FIXED, MAX, RUNNING, SEQUENTIAL_COLUMNS, STOPPED, Design,
-                                     comparison_cells, compare_sequential, fixed_design, sequential_headers,
-                                     sequential_note)
+                                     comparison_cells, compare_family, compare_sequential, fixed_design,
+                                     sequential_headers, sequential_note)
 from k3lab.report.markdown import table_lines
 from k3lab.report import stats
 from k3lab.report.figures import pyplot, save_figure
@@ -102,6 +102,8 @@ def comparisons_for(records: list[TrialRecord], baselines: dict[str, str], metri
     values = values_by_seed(records, metric, last, mode, rise)
     if design is None:
         design = fixed_design(len(baselines), max((len(v) for v in values.values()), default=1))
+    if design.looks is not None:  # the family decides together: alpha passes on as comparisons are decided
+        return compare_family(values, baselines, mode, design, unfinished)
     return [compare_sequential(variant, values.get(variant, {}), baseline, values.get(baseline, {}), mode, design,
                                unfinished)
             for variant, baseline in baselines.items()]

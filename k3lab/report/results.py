@@ -119,11 +119,12 @@ def copy_plots(files: list[Path], folder: Path, relative_to: Path) -> list[str]:
 
 
 def results_markdown(summary: dict, parent: ParentRecord, title: str, report_command: str = "",
-                     gpu_log: str | Path | None = None, plots: list[str] = ()) -> str:
+                     gpu_log: str | Path | None = None, plots: list[str] = (), file_design: bool = False) -> str:
     """A sweep's markdown section, from a `build_report` summary and its parent run: how it was run
     (commands, date, machine, tokens), the per-variant table, the paired table, timing, the plots."""
     records, metric = summary["records"], summary["metric"]
-    lines = [f"### {title}", "", *run_lines(parent, records, report_command), "",
+    applied = summary["design"] if file_design else None
+    lines = [f"### {title}", "", *run_lines(parent, records, report_command, applied), "",
              *variant_table_lines(summary["rows"], metric), ""]
     if summary.get("comparisons"):
         from k3lab.report.compute_multipliers import multiplier_column
@@ -171,14 +172,17 @@ def resume_lines(commands: list[str]) -> list[str]:
     return [f"- Resumed with{f' ({n} times)' if n > 1 else ''}: `{command}`" for command, n in counts.items()]
 
 
-def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: str) -> list[str]:
-    """Commands, date, machine, tokens per trial and the sweep's totals, as a bullet list."""
+def run_lines(parent: ParentRecord, records: list[TrialRecord], report_command: str, applied=None) -> list[str]:
+    """Commands, date, machine, tokens per trial and the sweep's totals, as a bullet list; applied:
+    the sweep file's present design where `k3lab report --file-design` judged under it."""
     command = parent.tags.get(runs.COMMAND) or "n/a (not recorded)"
     lines = [f"- Command: `{command}`"]
     lines += resume_lines(parent.tags.get(runs.RESUMED_WITH, "").splitlines())
     if report_command:
         lines.append(f"- Report: `{report_command}`")
-    lines += design_lines(parent)
+    lines += design_lines(parent) if applied is None else [
+        f"- Comparisons: {applied.rule_text}; {applied.interval_name}; the sweep file's present design, applied by "
+        "`k3lab report --file-design` (the store keeps the design it stored)"]
     gpus = parent.metrics.get("sweep_gpus")
     sharing = parent.tags.get(runs.GPU_SHARING)
     lines += [f"- Date: {date_range(parent.start_ms, parent.end_ms, parent.state)}",

@@ -26,6 +26,10 @@ resolved. What this gives up: the guarantee is for looks up to `max`; a sweep ex
 4-16 pairs a sweep has). docs/statistics.md says why this design, and what the simulation
 measures.
 
+With `looks` (`seeds: {looks: [6, 8, 12, 16]}`) the design is `k3lab.report.looks` instead: looks
+only at those seed counts, alpha spent over them, passed on as comparisons are decided (Holm), a
+shape check on the pooled residuals; `compare_family` decides such a family together.
+
 A fixed list of seeds is one look: each comparison gets a Bonferroni t-interval at alpha / K.
 `until: {halfwidth: h}` stops a comparison once its interval is at most h x |the baseline's mean|
 instead; `until: max` runs every comparison to `max` seeds.
@@ -39,8 +43,11 @@ import math
 import statistics
 
 import attrs
+import numpy as np
 
 from k3lab.report.calibration import SKEW_COVERED, nominal_level, smallest_p_values
+from k3lab.report.looks import CHECK, HIGHER, LOWER, LookDesign, decide
+from k3lab.report.looks import EQUIVALENT as LOOKS_EQUIVALENT
 from k3lab.report.stats import BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, t_quantile
 
 EQUIVALENT = "equivalent"
@@ -57,6 +64,11 @@ __all__ = ["BETTER", "WORSE", "EQUIVALENT", "NOT_RESOLVED", "Design", "Sequentia
 
 
 # -- the design -----------------------------------------------------------------------------------
+
+
+def _nested_tuple(value):
+    """Level tables as tuples of tuples (a stored design comes back with lists)."""
+    return None if value is None else tuple(tuple(row) for row in value)
 
 
 @attrs.frozen
@@ -79,6 +91,9 @@ class Design:
     margin: float | None = None
     level: float | None = None
     skew: float = SKEW_COVERED
+    looks: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
+    levels: tuple | None = attrs.field(default=None, eq=False, converter=_nested_tuple)
+    conservative_levels: tuple | None = attrs.field(default=None, eq=False, converter=_nested_tuple)
 
     @rule.default
     def _rule(self) -> str:
@@ -90,8 +105,19 @@ class Design:
         return round((1 - self.confidence) / max(1, self.comparisons), 12)  # one cache key per design
 
     @property
+    def look_design(self) -> LookDesign | None:
+        """The looks design (`k3lab.report.looks`) this design is, or None: a look at every pair."""
+        if self.looks is None:
+            return None
+        return LookDesign(self.comparisons, self.looks, self.confidence, margin=self.margin,
+                          levels=self.levels, conservative_levels=self.conservative_levels)
+
+    @property
     def nominal(self) -> float:
-        """The two-sided level of each look's t-interval."""
+        """The two-sided level of each look's t-interval (a looks design: its last look's, with
+        every comparison open, before the shape check flags)."""
+        if self.looks is not None:
+            return self.looks_level(self.max_pairs)
         if self.level is not None:
             return self.level
         if self.rule == FIXED:
@@ -99,13 +125,27 @@ class Design:
         return nominal_level(self.start, self.max_pairs, self.alpha, skew=self.skew)
 
     def calibrated(self) -> "Design":
-        """This design with its nominal level computed, as a sweep stores it."""
+        """This design with its nominal level (a looks design: its level tables) computed, as a
+        sweep stores it."""
+        if self.looks is not None:
+            if self.levels is not None:
+                return self
+            looks = LookDesign(self.comparisons, self.looks, self.confidence, margin=self.margin).calibrated()
+            return attrs.evolve(self, levels=looks.levels, conservative_levels=looks.conservative_levels)
         return attrs.evolve(self, level=self.nominal)
+
+    def looks_level(self, pairs: int) -> float:
+        """A looks design's threshold at its last look up to `pairs`, all K open, unflagged (0 before
+        its first look): the level of the pointwise intervals drawn along the curve."""
+        made = [j for j, look in enumerate(self.looks) if look <= pairs]
+        return self.calibrated().levels[self.comparisons - 1][made[-1]] if made else 0.0
 
     @property
     def first_look(self) -> int:
         """The fewest pairs the design looks at: `start` (its level covers looks start .. max), or
         two for one look (a fixed list of seeds, some of whose trials may have failed)."""
+        if self.looks is not None:
+            return self.looks[0]
         return 2 if self.rule == FIXED else max(2, self.start)
 
     def half_width(self, diffs: list[float]) -> float:
@@ -121,7 +161,8 @@ class Design:
         """The half-width after `pairs` differences of standard deviation `sd` (inf under `first_look`)."""
         if pairs < self.first_look:
             return math.inf
-        return t_quantile(1 - self.nominal / 2, pairs - 1) * sd / math.sqrt(pairs)
+        level = self.looks_level(pairs) if self.looks is not None else self.nominal
+        return t_quantile(1 - level / 2, pairs - 1) * sd / math.sqrt(pairs)
 
     def verdict(self, mean: float, half: float, reference: float, mode: str) -> str:
         """better / worse (the interval excludes 0), equivalent (inside the margin), not resolved."""
@@ -145,6 +186,8 @@ class Design:
     @property
     def interval_name(self) -> str:
         """What the plots and tables call the interval drawn."""
+        if self.looks is not None:
+            return f"{100 * self.confidence:g}% t-interval at the level of its last look (looks {self.looks_text})"
         if self.rule == FIXED:
             return f"family-wise {100 * self.confidence:g}% t-interval (Bonferroni over {self.comparisons})"
         return f"family-wise {100 * self.confidence:g}% repeated t-interval ({self.start}-{self.max_pairs} pairs)"
@@ -153,6 +196,8 @@ class Design:
     def label(self) -> str:
         """What the tables say about the intervals."""
         s = "s" if self.comparisons != 1 else ""
+        if self.looks is not None:
+            return looks_label(self)
         if self.rule == FIXED:
             return (f"family-wise {100 * self.confidence:g}% Student t-intervals (Bonferroni over {self.comparisons} "
                     f"comparison{s}: each at {100 * self.alpha:.3g}%)")
@@ -181,13 +226,27 @@ class Design:
         return (f"until each comparison is decided: better, worse or equivalent (within +/-{100 * self.margin:g}% "
                 "of the baseline's metric)")
 
+    @property
+    def looks_text(self) -> str:
+        return ", ".join(map(str, self.looks or ()))
+
     def to_json(self) -> dict:
-        return attrs.asdict(self) | {"level": self.nominal, "alpha": self.alpha}
+        design = self.calibrated() if self.looks is not None else self
+        return attrs.asdict(design) | {"level": self.nominal, "alpha": self.alpha}
 
     @classmethod
     def from_json(cls, data: dict) -> "Design":
         names = {field.name for field in attrs.fields(cls)}
         return cls(**{"skew": 0.0} | {key: value for key, value in data.items() if key in names})  # no skew: Gaussian
+
+
+def looks_label(design: Design) -> str:
+    """What the tables say about a looks design's intervals."""
+    return (f"{100 * design.confidence:g}% family-wise decisions of a group-sequential design: looks after "
+            f"{design.looks_text} seeds, Hwang-Shih-DeCani spending, Holm's alpha passed on as comparisons are "
+            f"decided (Maurer-Bretz), levels for paired differences skewed up to 1 either way, conservative ones "
+            f"(gamma skew 1.5, a second mode) once the pooled residuals' skewness passes {CHECK:g}; each interval is "
+            "the t-interval at the level its comparison was last tested at, at its last look")
 
 
 def fixed_design(comparisons: int, seeds: int, confidence: float = CONFIDENCE, margin: float | None = None) -> Design:
@@ -216,6 +275,10 @@ def pairs_needed(sd: float, reference: float, design: Design, have: int, mean: f
     equivalent); None above NEEDED_CAP. A planning figure for the next sweep, never a verdict."""
     if design.rule not in (HALFWIDTH, DECIDED) or not math.isfinite(sd):
         return None
+    if design.looks is not None:  # the first later look whose level (all K open, unflagged) would decide
+        levels = design.calibrated().levels[design.comparisons - 1]
+        return next((n for n, level in zip(design.looks, levels) if n > have and design.verdict(
+            mean, t_quantile(1 - level / 2, n - 1) * sd / math.sqrt(n), reference, "min") != NOT_RESOLVED), None)
 
     def enough(n: int) -> bool:
         half = t_quantile(1 - planning_level(design, n) / 2, n - 1) * sd / math.sqrt(n)
@@ -296,9 +359,78 @@ def compare_family(values: dict[str, SeedValues], baselines: dict[str, str], mod
                    unfinished: str = BUDGET) -> list[SequentialComparison]:
     """Every variant that has a baseline (`baselines`: variant -> its group's baseline), in the
     order of `baselines`; `design.comparisons` should be len(baselines)."""
+    if design.looks is not None:
+        return compare_looks(values, baselines, mode, design.calibrated(), unfinished)
     return [compare_sequential(variant, values.get(variant, {}), baseline, values.get(baseline, {}), mode, design,
                                unfinished)
             for variant, baseline in baselines.items()]
+
+
+def looks_matrix(values: dict[str, SeedValues], baselines: dict[str, str]) -> tuple[np.ndarray, np.ndarray,
+                                                                                      np.ndarray]:
+    """(d[1, comparison, seed] with NaN where no pair, seeds run [1, comparison], the baselines'
+    means [1, comparison]) over the seeds any trial ran, in order."""
+    seeds = sorted({seed for by_seed in values.values() for seed in by_seed})
+    d = np.full((1, len(baselines), max(1, len(seeds))), np.nan)
+    run, reference = np.zeros((1, len(baselines)), int), np.zeros((1, len(baselines)))
+    for i, (variant, baseline) in enumerate(baselines.items()):
+        mine, theirs = values.get(variant, {}), values.get(baseline, {})
+        run[0, i] = len(mine.keys() & theirs.keys())
+        paired = paired_seeds(mine, theirs)
+        reference[0, i] = math.fsum(theirs[s] for s in paired) / len(paired) if paired else 0.0
+        for j, seed in enumerate(seeds):
+            if seed in paired:
+                d[0, i, j] = mine[seed] - theirs[seed]
+    return d, run, reference
+
+
+def before_first_look(variant: str, baseline: str, diffs: np.ndarray, reference: float, run: int, every_seed: int,
+                      design: Design, common: dict, unfinished: str) -> SequentialComparison:
+    """A comparison of a looks design that has not reached its first look: its mean so far, no
+    interval, and the first look that would decide at its spread so far."""
+    diffs = diffs[np.isfinite(diffs)]
+    mean = float(diffs.mean()) if diffs.size else None
+    if diffs.size >= 2:
+        common = common | {"pairs_needed": pairs_needed(float(diffs.std(ddof=1)), reference, design, int(diffs.size),
+                                                        mean)}
+    return SequentialComparison(variant, baseline, int(diffs.size), every_seed, mean, None,
+                                reference if diffs.size else None, NOT_RESOLVED,
+                                f"{run} seeds: the design looks from {design.first_look}", **common,
+                                stopping=unfinished)
+
+
+def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode: str, design: Design,
+                  unfinished: str = BUDGET) -> list[SequentialComparison]:
+    """The family under a looks design (`k3lab.report.looks.decide`): each comparison at its last look."""
+    d, run, reference = looks_matrix(values, baselines)
+    found = decide(d, run, design.look_design, reference if design.margin is not None else None)
+    rows = []
+    for i, (variant, baseline) in enumerate(baselines.items()):
+        code, look, pairs = int(found.code[0, i]), int(found.look[0, i]), int(found.pairs[0, i])
+        every_seed = len(values.get(variant, {}).keys() | values.get(baseline, {}).keys())
+        common = dict(method=design.rule, confidence=design.confidence, family=design.comparisons)
+        if look < 0:
+            rows.append(before_first_look(variant, baseline, d[0, i], float(reference[0, i]), int(run[0, i]),
+                                          every_seed, design, common, unfinished))
+            continue
+        verdict = {LOWER: BETTER if mode == "min" else WORSE, HIGHER: WORSE if mode == "min" else BETTER,
+                   LOOKS_EQUIVALENT: EQUIVALENT}.get(code, NOT_RESOLVED)
+        half, base = float(found.half[0, i]), float(reference[0, i])
+        flag = int(found.flagged_at[0])
+        shape = (f"the pairs' pooled skewness passed {CHECK:g} at {design.looks[flag]} seeds: conservative levels"
+                 if 0 <= flag <= look else "")
+        stopping = DECIDED if verdict != NOT_RESOLVED else (MAX_SEEDS if design.looks[look] >= design.looks[-1]
+                                                            else unfinished)
+        if verdict == NOT_RESOLVED and pairs >= 2:
+            diffs = d[0, i, :design.looks[look]]
+            common["pairs_needed"] = pairs_needed(float(np.nanstd(diffs, ddof=1)), float(reference[0, i]), design,
+                                                  design.looks[look], float(found.mean[0, i]))
+        rows.append(SequentialComparison(
+            variant, baseline, pairs, every_seed, float(found.mean[0, i]), half if math.isfinite(half) else None,
+            base, verdict, "; ".join(filter(None, ("interval covers 0" if verdict == NOT_RESOLVED else "", shape))),
+            **common,
+            relative_half_width=half / abs(base) if base and math.isfinite(half) else None, stopping=stopping))
+    return rows
 
 
 # -- presentation --------------------------------------------------------------------------------

@@ -20,7 +20,10 @@ searcher (Tune saves it with the experiment state, `save`/`restore`) and the tri
 restores end in the same decisions; the only thing that depends on timing is the wall budget,
 which a sweep run in parts spends as the sum of its parts (`SeedSearcher.save`/`restore`).
 Looking after every seed pair is what the design's repeated intervals allow (a plain t-interval
-would not).
+would not). With `seeds: {looks: [...]}` (`k3lab.report.looks`) a comparison is looked at only
+after the seed counts listed: between looks it runs on, and at a look the family is decided
+together once every comparison that reached it has its seeds (`_open_after_look`), so that a
+decided comparison's alpha passes to the open ones.
 The order of the trials decided so far does depend on timing: a process whose trial just ended
 gets its variant's next seed, where one is wanted in the same stage, so that it restarts that
 variant's trainer instead of building one (`k3lab.runner.tune.trial.KeptTrainer`).
@@ -39,7 +42,7 @@ from typing import Any, Callable
 
 import attrs
 
-from k3lab.report.sequential import BUDGET, RUNNING, Design, stopping_reason
+from k3lab.report.sequential import BUDGET, DECIDED, NOT_RESOLVED, RUNNING, Design, compare_family, stopping_reason
 from k3lab.report.stats import usable
 
 FINISHED = "FINISHED"  # = ray.tune.search.Searcher.FINISHED
@@ -76,6 +79,7 @@ class SeedPlanner:
     _decided: dict = attrs.field(factory=dict, eq=False, repr=False)  # (variant, k) -> final decision
     _widths: dict = attrs.field(factory=dict, eq=False, repr=False)  # (variant, k) -> final width
     _prefixes: dict = attrs.field(factory=dict, eq=False, repr=False)  # variant -> seeds ended in a row
+    _looked: dict = attrs.field(factory=dict, eq=False, repr=False)  # looks design: k -> variants open after it
 
     # -- the decisions ------------------------------------------------------------------
 
@@ -138,10 +142,32 @@ class SeedPlanner:
         earlier = self.decision(variant, k - 1)
         if not earlier:  # stopped before (False), or not known yet (None)
             return earlier
+        if self.design.looks is not None:  # a looks design: between looks a comparison runs on
+            if k not in self.design.looks:
+                return True
+            still_open = self._open_after_look(k)
+            return None if still_open is None else variant in still_open
         baseline = self.baselines[variant]
         if min(self._prefix(variant), self._prefix(baseline)) < k:
             return None
         return not self.design.settled(*self.pairs(variant, k))
+
+    def _open_after_look(self, k: int) -> set[str] | None:
+        """The compared variants still open after the family's look at k seeds (None until every
+        comparison that reached it has its first k seeds and its baseline's ended): the looks
+        design decides the family together, alpha passing on as comparisons are decided."""
+        if k in self._looked:
+            return self._looked[k]
+        reached = {v: self.decision(v, k - 1) for v in self.baselines}
+        if any(r is None for r in reached.values()):
+            return None
+        if any(min(self._prefix(v), self._prefix(self.baselines[v])) < k for v, r in reached.items() if r):
+            return None
+        values = {v: {s: x for s, x in self.values.get(v, {}).items() if s in self.seeds[:k]}
+                  for v in {*self.baselines, *self.baselines.values()}}
+        rows = compare_family(values, self.baselines, "min", self.design, RUNNING)
+        self._looked[k] = {c.variant for c in rows if c.verdict == NOT_RESOLVED}
+        return self._looked[k]
 
     def seeds_run(self, variant: str) -> int:
         """How many seeds `variant` runs as far as decided now."""
@@ -256,7 +282,7 @@ class SeedPlanner:
         self.spent_s = float(state.get("spent_s", 0.0))
         self.budget_hit = bool(state.get("budget_hit", False))
         self._last_tick = None
-        self._decided, self._widths, self._prefixes = {}, {}, {}
+        self._decided, self._widths, self._prefixes, self._looked = {}, {}, {}, {}
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per compared variant: seeds decided, the relative half-width, and why it stopped."""
@@ -264,6 +290,8 @@ class SeedPlanner:
         for variant in self.baselines:
             k = self.seeds_run(variant)
             why = stopping_reason(self.design, *self.pairs(variant, k), BUDGET if self.budget_hit else RUNNING)
+            if self.design.looks is not None and k < len(self.seeds) and self.decision(variant, k) is False:
+                why = DECIDED  # a looks design decides the family together: its look said so
             rows[variant] = {"seeds": k, "relative_half_width": self.relative_half_width(variant, k), "stopping": why}
         return rows
 

@@ -136,7 +136,7 @@ def design_of(sweep) -> Design | None:
     policy = sweep.seed_policy
     return Design(comparisons=len(sweep.baselines), max_pairs=policy.max, start=policy.start,
                   confidence=policy.confidence, halfwidth=policy.until.halfwidth, rule=policy.until.rule,
-                  margin=margin).calibrated()
+                  margin=margin, looks=policy.looks).calibrated()
 
 
 def build_searcher(sweep, tracking_uri: str) -> SeedSearcher:

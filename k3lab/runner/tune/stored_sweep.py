@@ -12,18 +12,19 @@ from k3lab.runner.tune.run import SweepRun
 from k3lab.runner.tune.seeds import report_options
 
 
-def report_design(run: SweepRun, parent_run_id: str, baseline: str | None = None, metric: str | None = None) -> dict:
+def report_design(run: SweepRun, parent_run_id: str, baseline: str | None = None, metric: str | None = None,
+                  file_design: bool = False) -> dict:
     """How the report compares the variants: as the sweep stored it with its parent run, so that
     every view of one store gives the same verdicts; a store from before designs were stored gets
-    the file's (and keeps it). --baseline (every variant against one) and --metric change it for
-    this report only."""
+    the file's (and keeps it). --baseline (every variant against one), --metric and file_design
+    (the sweep file's present design) change it for this report only."""
     import attrs
 
     from k3lab.report.paired import design_record
     from k3lab.report.summary import stored_options
     from k3lab.store.runs import write_design
 
-    options = stored_options(run.tracking_uri, parent_run_id)
+    options = report_options(run.sweep) if file_design else stored_options(run.tracking_uri, parent_run_id)
     if options is None:
         options = report_options(run.sweep)
         with contextlib.suppress(Exception):  # a read-only store still gets its report

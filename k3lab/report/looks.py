@@ -1,0 +1,235 @@
+"""A group-sequential design over a few looks, with alpha passed on and a shape check.
+
+K comparisons (variant - baseline, paired by seed) are looked at only after `looks[j]` seeds
+(e.g. 6, 8, 12, 16), not after every pair: a look at 4 pairs has 3 degrees of freedom and
+cannot decide at the effects GPU sweeps show, yet it costs the others alpha.
+
+- **Spending.** Each comparison's test at level a spends a * f(n_j / n_max) by look j, with
+  the Hwang-Shih-DeCani function f(t) = (1 - e^(-g t)) / (1 - e^(-g)) (g = 0: f(t) = t).
+  The nominal two-sided p-value threshold of each look is found by simulating the t-tests'
+  null paths (`spent_levels`): the share of paths first crossing at look j is what f spends
+  there.
+- **Alpha passed on** (Holm's procedure as a graph, Maurer & Bretz 2013, valid for
+  group-sequential tests of each hypothesis): with m comparisons still open, each is tested
+  at alpha / m; when one is decided better or worse, the others are tested again at the same
+  look at alpha / (m - 1), and so on. An "equivalent" decision stops the comparison but keeps
+  its alpha (its null of no difference was not rejected).
+- **Shape.** The t-statistic's null law depends on the differences' shape. The base levels
+  hold for shapes up to `base_shape`; at each look the pooled standardised residuals of every
+  comparison (each comparison's differences less their mean, over their sd) are checked, and
+  where their skewness exceeds `check` the sweep uses the conservative levels (`conservative`
+  shapes) from that look on. The check's own misses count in the simulated error
+  (bench/decisions.py, docs/statistics.md).
+
+Arrays: differences d[sweep, comparison, seed] (NaN: no pair at that seed).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import attrs
+import numpy as np
+
+from k3lab.report.stats import t_quantile, t_two_sided_probability
+
+LOOKS = (6, 8, 12, 16)
+SPENDING = 2.0  # Hwang-Shih-DeCani g: front-loaded (O'Brien-Fleming-like is g = -4, Pocock-like g = 1)
+BASE_SHAPE = ("gamma", 1.0)  # skewness either sign up to 1: the levels used while the check passes
+CONSERVATIVE = (("gamma", 1.5), ("two-mode", 1.2))  # after a flag: gamma 1.5 and one run in five apart
+CHECK = 0.5  # |skewness| of the pooled standardised residuals above which the sweep is flagged
+TWO_MODE_RATE = 0.2  # the two-mode shape: one run in five in a second mode
+LEVEL_PATHS = 400_000
+LEVEL_SEED = 20261207
+LOWER, HIGHER, EQUIVALENT, OPEN = -1, 1, 2, 0  # decision codes (LOWER: the variant's metric is lower)
+_FELL = 9  # rejected at this look, sign not set yet
+
+
+def spending(t: float, gamma: float) -> float:
+    """Hwang-Shih-DeCani: the share of alpha spent by information fraction t."""
+    return t if gamma == 0 else (1 - math.exp(-gamma * t)) / (1 - math.exp(-gamma))
+
+
+def shape_draws(rng: np.random.Generator, size, kind: str, skew: float) -> np.ndarray:
+    """Mean 0, sd 1 draws: `normal`, `gamma` of skewness `skew`, or `two-mode` (a share
+    TWO_MODE_RATE of draws in a second Gaussian mode; skew sets how far apart, up to 1.5)."""
+    if kind == "normal" or skew == 0:
+        return rng.standard_normal(size)
+    sign = math.copysign(1.0, skew)
+    if kind == "gamma":
+        k = (2.0 / abs(skew)) ** 2
+        return sign * (rng.gamma(k, 1.0, size) - k) / math.sqrt(k)
+    if kind == "two-mode":
+        p = TWO_MODE_RATE
+        within = math.sqrt((p * (1 - p) * (1 - 2 * p) / abs(skew)) ** (2 / 3) - p * (1 - p))
+        x = (rng.random(size) < p) + within * rng.standard_normal(size)
+        return sign * (x - p) / math.sqrt(within ** 2 + p * (1 - p))
+    raise ValueError(f"unknown shape {kind!r}")
+
+
+def look_statistics(d: np.ndarray, look: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pairs, mean, sd) over the first `look` seeds of d[..., seed], NaN seeds left out."""
+    x = d[..., :look]
+    n = np.isfinite(x).sum(-1)
+    mean = np.nansum(x, -1) / np.maximum(n, 1)
+    squares = np.nansum((x - mean[..., None]) ** 2, -1)
+    return n, mean, np.sqrt(squares / np.maximum(n - 1, 1))
+
+
+def p_values(n: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """Two-sided t-test p-values of mean = 0 (1 where fewer than 3 pairs)."""
+    p = np.ones(mean.shape)
+    for df in np.unique(n[n >= 3]) - 1:
+        at = n == df + 1
+        t = mean[at] / np.maximum(sd[at], 1e-300) * math.sqrt(df + 1)
+        p[at] = 1.0 - t_two_sided_probability(t, int(df))
+    return p
+
+
+@functools.lru_cache(maxsize=16)
+def null_p_values(looks: tuple[int, ...], kind: str, skew: float, paths: int = LEVEL_PATHS) -> np.ndarray:
+    """p[path, look] of null paths of this shape, both signs (half the paths each)."""
+    z = shape_draws(np.random.default_rng(LEVEL_SEED), (paths // 2, looks[-1]), kind, skew)
+    z = np.concatenate([z, -z])
+    return np.stack([p_values(*look_statistics(z, look)) for look in looks], -1)
+
+
+def spent_levels(p: np.ndarray, looks: tuple[int, ...], alpha: float, gamma: float) -> tuple[float, ...]:
+    """Per look, the p-value threshold at which the paths p[path, look] first cross at look j
+    with probability alpha * (f(t_j) - f(t_{j-1})), f the spending function."""
+    crossed, levels = np.zeros(len(p), bool), []
+    for j, look in enumerate(looks):
+        wanted = math.floor(alpha * spending(look / looks[-1], gamma) * len(p)) - int(crossed.sum())
+        free = np.sort(p[~crossed, j])
+        level = float(free[wanted - 1]) if wanted >= 1 else 0.0
+        crossed |= p[:, j] <= level
+        levels.append(level)
+    return tuple(levels)
+
+
+def level_table(looks: tuple[int, ...], comparisons: int, alpha: float, gamma: float,
+                shapes: tuple[tuple[str, float], ...], paths: int = LEVEL_PATHS) -> tuple[tuple[float, ...], ...]:
+    """levels[m - 1][j]: the threshold at look j with m comparisons open (alpha / m each), the
+    smallest over the shapes."""
+    tables = [[spent_levels(null_p_values(looks, kind, skew, paths), looks, alpha / m, gamma)
+               for m in range(1, comparisons + 1)] for kind, skew in shapes]
+    return tuple(tuple(min(t[m][j] for t in tables) for j in range(len(looks))) for m in range(comparisons))
+
+
+def pooled_skewness(d: np.ndarray, look: int) -> np.ndarray:
+    """Per sweep, the skewness of the standardised residuals of d[sweep, comparison, seed] over
+    the first `look` seeds, pooled over the comparisons with 3 pairs or more."""
+    n, mean, sd = look_statistics(d, look)
+    r = (d[..., :look] - mean[..., None]) / np.where(sd > 0, sd, np.inf)[..., None]
+    r = np.where((n >= 3)[..., None] & np.isfinite(r), r, np.nan).reshape(len(d), -1)
+    count = np.isfinite(r).sum(1)
+    r = np.where(count[:, None] >= 6, r, 0.0)  # too few residuals: no evidence of a shape (skewness 0)
+    centred = r - np.nanmean(r, 1, keepdims=True)
+    second, third = np.nanmean(centred ** 2, 1), np.nanmean(centred ** 3, 1)
+    return np.divide(third, second ** 1.5, out=np.zeros_like(third), where=second > 0)
+
+
+@attrs.frozen
+class LookDesign:
+    """The looks, spending, shape check and levels of one sweep's K comparisons.
+
+    levels[m - 1][j] / conservative_levels[m - 1][j]: the p-value threshold at look j with m
+    comparisons open, before / after the shape check flags the sweep (`calibrated` fills them;
+    a sweep stores them with its design). margin: |difference| under margin x |the baseline's
+    mean| does not matter (None: no equivalence decision)."""
+
+    comparisons: int
+    looks: tuple[int, ...] = attrs.field(default=LOOKS, converter=tuple)
+    confidence: float = 0.95
+    spending: float = SPENDING
+    margin: float | None = None
+    check: float = CHECK
+    levels: tuple | None = attrs.field(default=None, eq=False)
+    conservative_levels: tuple | None = attrs.field(default=None, eq=False)
+
+    @looks.validator
+    def _looks(self, _attribute, looks) -> None:
+        if not looks or looks[0] < 3 or list(looks) != sorted(set(looks)):
+            raise ValueError(f"looks must rise from 3 pairs or more, got {list(looks)}")
+
+    @property
+    def alpha(self) -> float:
+        return 1 - self.confidence
+
+    def calibrated(self, paths: int = LEVEL_PATHS) -> "LookDesign":
+        """This design with both level tables simulated (seeded: the same everywhere)."""
+        table = functools.partial(level_table, self.looks, self.comparisons, self.alpha, self.spending, paths=paths)
+        return attrs.evolve(self, levels=table((BASE_SHAPE,)), conservative_levels=table(CONSERVATIVE))
+
+    def level(self, look: int, open_count: np.ndarray, flagged: np.ndarray) -> np.ndarray:
+        """Per sweep, the threshold at look index `look` with `open_count` open, flagged or not."""
+        index = np.clip(open_count, 1, self.comparisons) - 1
+        base = np.asarray(self.levels)[:, look][index]
+        return np.where(flagged, np.asarray(self.conservative_levels)[:, look][index], base)
+
+
+@attrs.frozen
+class Decisions:
+    """What `decide` found, per sweep and comparison: code (LOWER, HIGHER, EQUIVALENT, OPEN),
+    look (index into looks of the decision, or of the last look made; -1: none), level (of that
+    test), pairs, mean and half-width there; per sweep, the look index the check flagged it at
+    (-1: never)."""
+
+    code: np.ndarray
+    look: np.ndarray
+    level: np.ndarray
+    pairs: np.ndarray
+    mean: np.ndarray
+    half: np.ndarray
+    flagged_at: np.ndarray
+
+
+def decide(d: np.ndarray, seeds_run: np.ndarray, design: LookDesign, reference: np.ndarray | None = None) -> Decisions:
+    """Run the design on d[sweep, comparison, seed] (NaN: no pair), where comparison k of sweep
+    s ran seeds_run[s, k] seeds; reference[s, k]: the baseline's mean (for the margin)."""
+    shape = d.shape[:2]
+    out = {name: np.zeros(shape, dtype) for name, dtype in
+           (("code", int), ("level", float), ("pairs", int), ("mean", float), ("half", float))}
+    out["look"], out["half"][:] = np.full(shape, -1), np.inf
+    flagged_at = np.full(shape[0], -1)
+    for j, look in enumerate(design.looks):
+        reached = (out["code"] == OPEN) & (seeds_run >= look)
+        if not reached.any():
+            break
+        newly = (flagged_at < 0) & (np.abs(pooled_skewness(d, look)) > design.check)  # once flagged, it stays
+        flagged_at[newly] = j
+        n, mean, sd = look_statistics(d, look)
+        p = p_values(n, mean, sd)
+        _holm_at_look(design, j, reached, p, flagged_at >= 0, out)
+        _record(out, reached, j, n, mean, sd)
+        if design.margin is not None and reference is not None:
+            half = out["half"]
+            equivalent = reached & (out["code"] == OPEN) & (np.abs(mean) + half < design.margin * np.abs(reference))
+            out["code"][equivalent] = EQUIVALENT
+    return Decisions(**out, flagged_at=flagged_at)
+
+
+def _holm_at_look(design: LookDesign, j: int, reached: np.ndarray, p: np.ndarray, flagged: np.ndarray,
+                  out: dict) -> None:
+    """Holm at one look: test the open comparisons at alpha / (open count); repeat while one falls."""
+    while True:
+        open_count = (out["code"] == OPEN).sum(1)
+        level = design.level(j, open_count, flagged)
+        still = reached & (out["code"] == OPEN)
+        out["level"][still] = np.broadcast_to(level[:, None], reached.shape)[still]
+        falls = reached & (out["code"] == OPEN) & (p <= level[:, None])
+        if not falls.any():
+            return
+        out["code"][falls] = _FELL
+
+
+def _record(out: dict, reached: np.ndarray, j: int, n: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> None:
+    """Keep the look's pairs, mean and half-width (at the level tested) of the comparisons looked at."""
+    out["look"][reached], out["pairs"][reached], out["mean"][reached] = j, n[reached], mean[reached]
+    for df in np.unique(n[reached & (n >= 3)]) - 1:
+        at = reached & (n == df + 1)
+        quantiles = np.array([t_quantile(1 - lv / 2, int(df)) if lv > 0 else math.inf for lv in out["level"][at]])
+        out["half"][at] = quantiles * sd[at] / math.sqrt(df + 1)
+    fell = reached & (out["code"] == _FELL)
+    out["code"][fell] = np.where(mean[fell] < 0, LOWER, HIGHER)
