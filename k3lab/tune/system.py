@@ -27,18 +27,25 @@ class SampledTracker:
     def __init__(self, tracker, sampler: SystemSampler):
         self.tracker, self.sampler = tracker, sampler
         self.step = 0  # the last step logged
+        self.at_step: set[str] = set()  # the system metrics logged at it
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.step = max(self.step, step)
-        self.tracker.log_metrics(metrics | self.sampler.take(), step)
+        sample = self.sampler.take()
+        if step > self.step:
+            self.step, self.at_step = step, set()
+        self.at_step |= set(sample) if step == self.step else set()
+        self.tracker.log_metrics(metrics | sample, step)
 
     def finish(self, status: str) -> None:
         """Stop sampling and, for a finished trial, log a last sample (one shorter than the interval
-        has one too; a failed one's unsent steps were dropped for its restart to log), then finish."""
+        has one too; a failed one's unsent steps were dropped for its restart to log) of the metrics
+        not logged at its last step yet (each once per step), then finish."""
         self.sampler.stop()
         if status == "FINISHED":
             self.sampler.sample()
-            self.tracker.log_metrics(self.sampler.take(), self.step)
+            last = {key: value for key, value in self.sampler.take().items() if key not in self.at_step}
+            if last:
+                self.tracker.log_metrics(last, self.step)
         self.tracker.finish(status)
 
     def __getattr__(self, name):  # everything else is the tracker's
