@@ -12,6 +12,7 @@
                 verdict_pct, verdict_low_pct,  (step: the pairs) the verdict's mean difference and
                 verdict_high_pct               interval, as on the parent
                 k3lab.verdict, k3lab.counted   its verdict; true
+                k3lab.compared_with            its baseline (a sweep may have one per group)
     parent run  vs_baseline_pct/<variant>      (step: the pairs it rests on) the mean paired
                 vs_baseline_low/<variant>      difference in % of the baseline's mean, and its
                 vs_baseline_high/<variant>     interval's bounds
@@ -20,7 +21,7 @@
                 compute_multiplier_low/...     the variant's compute multiplier (`k3lab.report.compute_multipliers`)
                 compute_multiplier_high/...    and its interval's bounds
 
-A variant run is one run per compared variant (`k3lab.kind` = variant, `k3lab.sweep_run` = the
+A variant run is one run per compared variant of the plan, with pairs or not (`k3lab.kind` = variant, `k3lab.sweep_run` = the
 parent's id, its variant's name and colour; not nested, so the sweep's trials stay the parent's
 only children): the MLflow UI draws its three curves in its variant's colour, and its verdict
 numbers are its group's values in the runs table.
@@ -45,6 +46,7 @@ COUNTED = "k3lab.counted"  # "true" on the runs the saved view shows
 CURVE = ("mean_pct", "low_pct", "high_pct")  # a variant run's curves, at each evaluation
 VERDICT_NUMBERS = ("verdict_pct", "verdict_low_pct", "verdict_high_pct")  # its verdict's, at step = pairs
 VARIANT_KIND, SWEEP_RUN = "variant", "k3lab.sweep_run"
+COMPARED_WITH = "k3lab.compared_with"  # on a variant run: the baseline its differences are from
 FINISHED, KILLED, FAILED, DIVERGED, RUNNING = "finished", "killed", "failed", "diverged", "running"
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 
@@ -139,27 +141,35 @@ def variant_runs(tracking_uri: str, parent_run_id: str) -> dict[str, object]:
 
 
 def variant_run_name(row: dict) -> str:
-    """The variant run's name, what the chart's legend and the runs table show: its verdict and numbers."""
+    """The variant run's name, what the chart's legend, the runs table and the parent's description
+    show: the variant, the baseline it is compared with, its verdict and numbers, or without pairs
+    the state of its trials ("attnres_bs8 vs attnres_off: not resolved, no pairs (1 killed trial)")."""
+    compared = f"{row['variant']} vs {row['baseline']}" if row.get("baseline") else row["variant"]
+    if row["mean"] is None:
+        return f"{compared}: {row['verdict']}, no pairs ({row.get('state') or 'no trial yet'})"
     interval = f" ({row['low']:+.2f} to {row['high']:+.2f})" if row["low"] is not None else ""
-    return f"{row['variant']}: {row['verdict']}, {row['mean']:+.2f}%{interval}"
+    return f"{compared}: {row['verdict']}, {row['mean']:+.2f}%{interval}"
 
 
 def log_variant_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -> None:
-    """Per compared variant, {variant, colour, verdict, pairs, mean, low, high, curve: [(step, mean,
-    low, high)]} (in %; None: no value) on its variant run, made where it has none; a point logged
-    once is not logged again, a changed verdict number is logged anew."""
+    """Per compared variant of the plan, {variant, baseline, state, colour, verdict, pairs, mean, low,
+    high, curve: [(step, mean, low, high)]} (in %; None: no value, as for a variant without pairs)
+    on its variant run, made where it has none (starting with the sweep, so its duration is the
+    sweep's); a point logged once is not logged again, a changed verdict number is logged anew."""
     from mlflow.entities import Metric
 
     client = runs.client(tracking_uri)
-    experiment = client.get_run(parent_run_id).info.experiment_id
+    parent = client.get_run(parent_run_id)
     existing = variant_runs(tracking_uri, parent_run_id)
     now = int(time.time() * 1000)
     for row in rows:
         tags = {runs.KIND: VARIANT_KIND, SWEEP_RUN: parent_run_id, runs.VARIANT_NAME: row["variant"],
                 VERDICT: row["verdict"], COUNTED: "true"} | ({runs.RUN_COLOR: row["colour"]} if row["colour"] else {})
+        tags |= {COMPARED_WITH: row["baseline"]} if row.get("baseline") else {}
         run, name = existing.get(row["variant"]), variant_run_name(row)
         if run is None:
-            run = client.create_run(experiment, tags=tags, run_name=name)
+            run = client.create_run(parent.info.experiment_id, start_time=parent.info.start_time, tags=tags,
+                                    run_name=name)
             client.set_terminated(run.info.run_id, "FINISHED")
         run_id, have = run.info.run_id, run.data.tags
         if run.info.run_name != name:

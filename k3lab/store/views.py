@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 import urllib.parse
 import zlib
@@ -39,6 +40,8 @@ LOSS_VIEW, LOSS_VIEW_NAME = "k3lab-loss-curves", "Loss curves by variant"
 FIRST_CHARTS = ("train_loss", "val_loss", "tokens_per_s")  # the loss section, in this order
 LOSS_SECTION = "Loss and throughput"
 DIFFERENCE_SECTION = "Difference from the baseline, % (mean and family-wise interval)"
+DEFAULT_NEXT_STEPS = ("k3lab sweep FILE --resume", "k3lab report FILE --close")  # where none was kept
+NOTED_STEPS = re.compile(r"`([^`]+)` continues it(?:, `([^`]+)` ends it)?")  # as `parent_note` writes them
 REPORT_PLOT = "report/loss_curves.png"  # the parent run's artifact the links open (the report's folder beside it)
 
 
@@ -182,9 +185,18 @@ def verdict_lines(parent_data, variant_order: Sequence[str] = ()) -> list[str]:
     return lines
 
 
+def variant_lines(tracking_uri: str, parent_run_id: str, variant_order: Sequence[str] = ()) -> list[str]:
+    """One line per variant run of the sweep (every compared variant of the plan, with its baseline,
+    verdict and numbers, or the state of its trials where it has no pairs), in `variant_order`."""
+    found = verdicts.variant_runs(tracking_uri, parent_run_id)
+    order = {name: i for i, name in enumerate(variant_order)}
+    names = sorted(found, key=lambda name: (order.get(name, len(order)), name))
+    return [f"**{name}**{found[name].info.run_name.removeprefix(name)}" for name in names]
+
+
 def parent_note(experiment_id: str, parent_run_id: str, description: str, metric: str,
                 trial_run_ids: Sequence[str] = (), state: str | None = None, verdicts_: Sequence[str] = (),
-                next_steps: tuple[str, str] = ("k3lab sweep FILE --resume", "k3lab report FILE --close")) -> str:
+                next_steps: tuple[str, str] = DEFAULT_NEXT_STEPS) -> str:
     """The parent run's description: where to look (the links first, clear of the UI's fold),
     the verdicts, what the sweep is, how to compare; interrupted, `next_steps`: the commands that
     continue it and that end it (`k3lab.hints`)."""
@@ -221,8 +233,9 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axis_params: Sequenc
     made before these existed."""
     client = runs.client(tracking_uri)
     parent = client.get_run(parent_run_id)
-    if state in (None, "KILLED") and parent.data.tags.get(runs.STATUS) == runs.STOPPED:
+    if state in (None, "KILLED", "FINISHED") and parent.data.tags.get(runs.STATUS) == runs.STOPPED:
         state = runs.STOPPED
+    next_steps = keep_next_steps(client, parent, next_steps)
     experiment_id = parent.info.experiment_id
     experiment = client.get_experiment(experiment_id)
     created = None
@@ -246,11 +259,27 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axis_params: Sequenc
         description = parent.data.tags.get(runs.DESCRIPTION, "" if LOSS_VIEW_NAME in note else note)
     ordered = sorted(trials, key=lambda t: (variant_order.index(runs.variant_of(t)) if runs.variant_of(t) in
                                             variant_order else len(variant_order), runs.seed_of(t)))
+    lines = variant_lines(tracking_uri, parent_run_id, variant_order) or verdict_lines(parent.data, variant_order)
     note = parent_note(experiment_id, parent_run_id, description, metric,
-                       [t.info.run_id for t in ordered], state, verdict_lines(parent.data, variant_order),
-                       **({"next_steps": next_steps} if next_steps else {}))
+                       [t.info.run_id for t in ordered], state, lines, next_steps)
     if parent.data.tags.get(runs.NOTE) != note:
         client.set_tag(parent_run_id, runs.NOTE, note)
+
+
+def keep_next_steps(client, parent, next_steps: tuple[str, str] | None) -> tuple[str, str]:
+    """The commands that continue and end the sweep as its driver printed them: given (the driver),
+    they are kept in the parent's tags; else read back from those tags, or from a description an
+    earlier k3lab wrote (so a viewer never shortens them to `DEFAULT_NEXT_STEPS`)."""
+    tags = parent.data.tags
+    if next_steps:
+        for key, value in zip((runs.RESUME_COMMAND, runs.CLOSE_COMMAND), next_steps):
+            if tags.get(key) != value:
+                client.set_tag(parent.info.run_id, key, value)
+        return next_steps
+    noted = NOTED_STEPS.search(tags.get(runs.NOTE, ""))
+    resume = tags.get(runs.RESUME_COMMAND) or (noted.group(1) if noted else DEFAULT_NEXT_STEPS[0])
+    close = tags.get(runs.CLOSE_COMMAND) or (noted and noted.group(2)) or DEFAULT_NEXT_STEPS[1]
+    return resume, close
 
 
 def view_is_current(experiment_tags: dict) -> bool:
