@@ -126,3 +126,19 @@ def test_the_sweeps_gpu_busy_share_goes_to_its_parent_run_with_the_mean_at_the_e
     history = parent.client.get_metric_history(parent.run_id, "system/gpu_3_utilization_percentage")
     assert sorted((m.step, m.value) for m in history) == [(0, 10.0), (10, 20.0)]
     assert SweepSystemMetrics(uri, parent.run_id, lambda: 0, every=0).stop() == {}
+
+
+def test_the_sweeps_samples_within_one_second_go_to_that_seconds_step_once(tmp_path, monkeypatch):
+    """Sampled faster than once a second, the parent's `system/*` points repeated at a step (12 at each)."""
+    import k3lab.tune.system as system
+
+    monkeypatch.setattr(system, "sweep_monitors", lambda: [Counting()])
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = MLflowTracker.start(uri, "sweep", "sweep")
+    seconds = iter([0.1, 0.6, 1.2])
+    logger = SweepSystemMetrics(uri, parent.run_id, lambda: next(seconds), every=3600)
+    for _ in range(3):
+        logger.log_sample()
+    logger.stop()
+    history = parent.client.get_metric_history(parent.run_id, "system/gpu_3_utilization_percentage")
+    assert sorted((m.step, m.value) for m in history) == [(0, 10.0), (1, 25.0)]  # step 1: samples 2 and 3

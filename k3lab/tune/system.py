@@ -30,10 +30,12 @@ class SampledTracker:
         self.at_step: set[str] = set()  # the system metrics logged at it
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        sample = self.sampler.take()
+        """`metrics` at `step`, with the samples since the last call where this step has none yet
+        (a second call at one step, as an evaluation's, leaves them for the next step)."""
         if step > self.step:
             self.step, self.at_step = step, set()
-        self.at_step |= set(sample) if step == self.step else set()
+        sample = self.sampler.take() if step == self.step and not self.at_step else {}
+        self.at_step |= set(sample)
         self.tracker.log_metrics(metrics | sample, step)
 
     def finish(self, status: str) -> None:
@@ -68,6 +70,7 @@ class SweepSystemMetrics:
         self.every = interval_s() if every is None else every
         self.run_id, self.seconds_so_far = run_id, seconds_so_far
         self.busy: list[float] = []
+        self.step = -1  # the last step logged
         self.stopped = threading.Event()
         self.thread = None
         if self.every:
@@ -84,9 +87,11 @@ class SweepSystemMetrics:
         from mlflow.entities import Metric
 
         self.sampler.sample()
-        sample = self.sampler.take()
-        self.busy += [v for k, v in sample.items() if k.startswith("system/gpu_") and k.endswith("_utilization_percentage")]
         now, step = int(time.time() * 1000), int(self.seconds_so_far())
+        if step <= self.step:  # this second has its sample: the next one takes these too (once per step)
+            return
+        self.step, sample = step, self.sampler.take()
+        self.busy += [v for k, v in sample.items() if k.startswith("system/gpu_") and k.endswith("_utilization_percentage")]
         with contextlib.suppress(Exception):  # the store busy: the next sample counts
             self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in sample.items()])
 
