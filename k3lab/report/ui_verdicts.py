@@ -119,6 +119,20 @@ def curve_point(row: dict) -> tuple[int, float, float | None, float | None]:
     return (row["step"], mean, *((None, None) if half is None else (mean - half, mean + half)))
 
 
+def effect_rows(effects: list) -> list[dict]:
+    """Per factorial effect (`k3lab.report.factorial.Effect`), what its effect run shows: its short
+    name (the levels it sets, "ffn=moe x top_k=2"), full label, kind, pairs, verdict, and its mean
+    and interval in % of its reference cell's mean (None: none)."""
+    rows = []
+    for e in effects:
+        half = e.relative_half_width
+        rows.append({"name": " x ".join(f"{axis}={level}" for axis, level in zip(e.axes, e.levels)),
+                     "label": e.label, "kind": e.kind, "pairs": e.pairs, "verdict": e.verdict, "mean": e.relative,
+                     "low": None if half is None or e.relative is None else e.relative - half,
+                     "high": None if half is None or e.relative is None else e.relative + half})
+    return rows
+
+
 def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> None:
     """A `build_report` summary's differences, effects, verdicts and outcomes into the store."""
     records, metric, mode, rise = summary["records"], summary["metric"], summary["mode"], summary["rise"]
@@ -128,6 +142,7 @@ def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> Non
                          {r.run_id: r.tags for r in records})
     store.log_variant_runs(tracking_uri, parent_run_id,
                            variant_rows(records, summary["comparisons"], summary.get("curves", [])))
+    store.log_effect_runs(tracking_uri, parent_run_id, effect_rows(summary.get("factorial") or []))
     store.log_multipliers(tracking_uri, parent_run_id, [
         {"variant": m.variant, "pairs": m.pairs, "mean": m.estimate, "low": m.low, "high": m.high}
         for m in [*summary.get("multipliers", []), *summary.get("size_multipliers", [])]])
