@@ -202,7 +202,7 @@ def present(run: SweepRun, parent_run_id: str, state: str | None = None) -> None
     present_sweep(run.tracking_uri, parent_run_id, axis_params=axis_params,
                   metric=sweep.metric.name, variant_order=[v.name for v in sweep.valid_variants],
                   description=sweep.description, title=sweep_title(run), state=state,
-                  next_steps=(run.hint("sweep", resume=True), run.hint("report", close=True)))
+                  next_steps=(run.resume_command or run.hint("sweep", resume=True), run.hint("report", close=True)))
 
 
 def sweep_title(run: SweepRun) -> str:
