@@ -72,6 +72,7 @@ def test_the_verdict_view_asks_the_question_in_percent_and_charts_only_variant_r
     first = state["compareRunCharts"][0]
     assert first["displayName"].startswith("Is val_loss lower than the baseline's?") and "%" in first["displayName"]
     assert first["metricKey"] == "verdict_pct" and state["compareRunSections"][0]["columns"] == 1
+    assert state["compareRunSections"][0]["name"].startswith("Is val_loss lower than the baseline's?")
 
 
 def test_in_a_sweep_with_a_baseline_per_group_each_variant_run_names_its_own(factorial):

@@ -53,8 +53,8 @@ def verdict_view_state(metric: str = "val_loss", mode: str = "min") -> dict:
                         "(below 0: lower)"), lines]
     columns = [f"tags.`{verdicts.VERDICT}`", *(f"metrics.`{name}`" for name in verdicts.VERDICT_NUMBERS),
                f"tags.`{verdicts.COMPARED_WITH}`"]
-    return result_view_state(verdicts.VARIANT_KIND, charts, f"{metric} against each variant's own baseline, "
-                                                            "% (the verdicts' numbers are in the table)", columns)
+    return result_view_state(verdicts.VARIANT_KIND, charts, f"{question(metric, mode)} Each variant against its "
+                                                            "own baseline, % (bars: the verdicts')", columns)
 
 
 def effect_view_state(metric: str = "val_loss") -> dict:
@@ -64,8 +64,8 @@ def effect_view_state(metric: str = "val_loss") -> dict:
                         f"Main effects and interactions on {metric}, % of the reference cell's mean (below 0: lower)")]
     columns = [f"tags.`{verdicts.VERDICT}`", *(f"metrics.`{name}`" for name in verdicts.EFFECT_NUMBERS),
                f"tags.`{verdicts.EFFECT}`"]
-    return result_view_state(verdicts.EFFECT_KIND, charts, f"Factorial effects on {metric}, % (each row: its "
-                                                           "interval and verdict in the table)", columns)
+    return result_view_state(verdicts.EFFECT_KIND, charts, f"Factorial effects on {metric}, % of the reference "
+                                                           "cell's mean (intervals and verdicts: the table)", columns)
 
 
 def result_views(tracking_uri: str, parent_run_id: str, metric: str, mode: str = "min") -> dict[str, tuple[str, dict]]:
