@@ -19,7 +19,9 @@ family-wise interval's bounds (three lines in its colour: `k3lab.store.verdicts`
 its numbers, so a group's values there are the report's. The experiment's description (shown
 above its runs) links to it and to the sweep's report plots; the parent run's description leads
 with its links (the UI's fold covers the lower lines of a long description), then each variant's
-verdict, and says how to compare.
+verdict, and says how to compare. The views that answer the question come first in the
+experiment's description (`k3lab.store.result_views`: the variant runs' verdicts, a factorial
+sweep's effects); the loss view's loss charts open on the second half of training (`zoomed_ranges`).
 """
 
 from __future__ import annotations
