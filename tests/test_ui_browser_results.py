@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import mini_sweep, sweep_args
+from conftest import stopped_long_sweep
 from test_ui_browser import TIMEOUT_MS, browser_or_skip, click_centre, free_port, screenshot_folder, served_ui
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -140,12 +140,7 @@ def stopped(tmp_path_factory, data_dir):
     """A CPU sweep stopped by --stop-after mid-trial (its store never opened by k3lab since), and the
     resume command it printed."""
     folder = tmp_path_factory.mktemp("stopped")
-    path = folder / "long.yaml"
-    path.write_text(mini_sweep("long", "too long to finish", steps=20000, eval_interval=500, log_interval=50))
-    env = {k: v for k, v in os.environ.items() if k != "K3LAB_FAIL_AT_STEP"} | {
-        "PYTHONPATH": str(REPO), "K3LAB_DATA_DIR": str(data_dir)}
-    done = subprocess.run([sys.executable, "-m", "k3lab.cli", *sweep_args(folder, path, "--stop-after", "45s")],
-                          cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    done = stopped_long_sweep(folder, data_dir)
     assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
     return folder, re.search(r"continue it with `([^`]+)`", done.stderr).group(1)
 
