@@ -95,3 +95,18 @@ def test_the_loss_charts_are_zoomed_on_the_second_half_of_training(factorial):
               if t.data.tags.get(verdicts.COUNTED) == "true"]
     assert zoom["yMin"] <= min(finals) and zoom["yMax"] - zoom["yMin"] < 0.5 * max(finals)
     assert zoom["xMin"] > 0 and "zoomed" in charts["val_loss"]["displayName"]
+
+
+def test_k3lab_ui_shows_a_stopped_sweep_of_an_older_store_finished_not_killed(tmp_path):
+    """An older k3lab ended a resumable stop KILLED: a red cross in the UI, its description saying
+    "Stopped, resumable"."""
+    from k3lab.store.tracking import MLflowTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = MLflowTracker.start(uri, "old", "old", tags=runs.sweep_tags("old", None, "0", "abc", "", "", None))
+    parent.set_tags({runs.STATUS: runs.STOPPED})
+    parent.finish("KILLED")
+    views.present_earlier_sweeps(uri)
+    run = MlflowClient(uri).get_run(parent.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags[runs.STATUS] == runs.STOPPED
+    assert runs.sweep_state(run, []) == runs.STOPPED

@@ -369,6 +369,8 @@ def present_earlier_sweeps(tracking_uri: str, refresh: Collection[str] = (), ski
         state = runs.sweep_state(parent, trials)
         if state == runs.INTERRUPTED and parent.info.status == "RUNNING":
             runs.mark_interrupted(tracking_uri, parent.info.run_id)
+        if state == runs.STOPPED and parent.info.status == "KILLED":  # as an older k3lab ended a stopped sweep
+            client.update_run(parent.info.run_id, status="FINISHED")
         present_sweep(tracking_uri, parent.info.run_id, axis_params=runs.axis_params(trials, runs.swept_axes(trials)),
                       metric=metric, variant_order=runs.variant_order(tracking_uri, parent, trials), state=state)
         count += 1
