@@ -111,6 +111,19 @@ def sweep_args(tmp_path, sweep_file, *extra, storage=None) -> list[str]:
             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra]
 
 
+def stopped_long_sweep(folder: Path, data_dir: Path, description: str = "too long to finish in 45 s"):
+    """`k3lab sweep` of a mini sweep of 20000 steps in `folder`, stopped by --stop-after 45s mid-trial
+    (in a process of its own, as a job runs it); its CompletedProcess (exit 3 expected)."""
+    import subprocess
+
+    path = folder / "long.yaml"
+    path.write_text(mini_sweep("long", description, steps=20000, eval_interval=500, log_interval=50))
+    env = {k: v for k, v in os.environ.items() if k != "K3LAB_FAIL_AT_STEP"} | {
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "K3LAB_DATA_DIR": str(data_dir)}
+    return subprocess.run([sys.executable, "-m", "k3lab.cli", *sweep_args(folder, path, "--stop-after", "45s")],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+
+
 def mlflow_api(base: str, path: str, body: dict | None = None) -> dict:
     """One call of an MLflow server's REST API (GET, or POST with a JSON body): its JSON answer."""
     data = json.dumps(body).encode() if body is not None else None

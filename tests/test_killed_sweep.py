@@ -17,7 +17,7 @@ from k3lab.cli import main
 from k3lab.store.state import write_state
 from k3lab.store.tracking import BUILD_PARTS, MLflowTracker
 from k3lab.runner.tune import parent as parent_module
-from k3lab.runner.tune.parent import PART_WALL, ParentRun, PartClock
+from k3lab.runner.tune.parent import PART_BEAT, PART_WALL, ParentRun, PartClock
 from k3lab.runner.tune.run import SweepRun
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,20 +62,27 @@ def test_a_parts_time_counts_from_its_commands_start_not_from_its_parent_run(tmp
     run.started = time.time() - 40.0  # the command started 40 s before its parent run opens
     with ParentRun(run):
         pass
-    beats = MlflowClient(run.tracking_uri).get_metric_history(run_id, PART_WALL)
-    assert beats and min(m.value for m in beats) >= 40.0
+    beat = MlflowClient(run.tracking_uri).get_run(run_id).data.tags[f"{PART_BEAT}.0"]  # its first part
+    assert float(beat) >= 40.0
     assert MlflowClient(run.tracking_uri).get_run(run_id).data.metrics["resume_wall_s"] >= 40.0
 
 
-def test_a_running_part_logs_its_wall_time_as_it_goes(tmp_path):
+def test_a_running_part_keeps_its_wall_time_in_one_tag_not_a_metric_point_per_beat(tmp_path):
+    """Each beat logged a `sweep_part_wall_s` point at the part's step: 115 points at step 1."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent = MLflowTracker.start(uri, "mini", "mini")
     parent.flush()
     clock = PartClock(uri, parent.run_id, part=2, started=time.time() - 100, every=0.2)
     time.sleep(1.0)
+    first = float(MlflowClient(uri).get_run(parent.run_id).data.tags[f"{PART_BEAT}.2"])
+    time.sleep(0.5)
     clock.stop()
-    beats = MlflowClient(uri).get_metric_history(parent.run_id, PART_WALL)
-    assert len(beats) >= 3 and {m.step for m in beats} == {2} and min(m.value for m in beats) >= 100
+    client = MlflowClient(uri)
+    assert float(client.get_run(parent.run_id).data.tags[f"{PART_BEAT}.2"]) > first >= 100  # rewritten
+    assert client.get_metric_history(parent.run_id, PART_WALL) == []
+    from k3lab.runner.tune.parent import earlier_parts
+
+    assert earlier_parts({}, client.get_run(parent.run_id).data.tags)[2] >= 100
 
 
 @pytest.mark.slow
@@ -165,8 +172,9 @@ def test_a_trial_error_is_shown_without_rays_colour_codes(tmp_path):
     assert error_text(trial) == "ray::ImplicitFunc.train()\nValueError: lost\n"
 
 
-def test_a_sweep_stopped_with_its_state_saved_says_stopped_resumable_not_killed(tmp_path, sweep_file, monkeypatch):
-    """A sweep stopped by --stop-after showed a red "Killed" parent and nothing else."""
+def test_a_sweep_stopped_with_its_state_saved_ends_finished_and_tagged_stopped_not_killed(tmp_path, sweep_file,
+                                                                                          monkeypatch):
+    """A sweep stopped by --stop-after showed a red "Killed" parent (MLflow's red cross) and nothing else."""
     from k3lab.store import runs
     from k3lab.store.views import parent_note
 
@@ -178,9 +186,43 @@ def test_a_sweep_stopped_with_its_state_saved_says_stopped_resumable_not_killed(
         with ParentRun(run):
             raise KeyboardInterrupt
     parent = MlflowClient(run.tracking_uri).get_run(run_id)
-    assert parent.info.status == "KILLED" and parent.data.tags[runs.STATUS] == runs.STOPPED
+    assert parent.info.status == "FINISHED" and parent.data.tags[runs.STATUS] == runs.STOPPED
+    assert runs.sweep_state(parent, []) == runs.STOPPED  # not a sweep that ended: `--resume` goes on
     assert shown[-1] == runs.STOPPED
     note = parent_note("1", run_id, "x", "val_loss", state=runs.STOPPED,
                        next_steps=("k3lab sweep x.yaml --resume", "k3lab report x.yaml --close"))
     assert "**Stopped, resumable**: its state is saved; `k3lab sweep x.yaml --resume` continues it." in \
         note.splitlines()
+
+
+def test_a_stopped_sweep_writes_its_verdicts_variant_runs_and_resume_command_for_a_plain_mlflow_ui(tmp_path,
+                                                                                                   sweep_file):
+    """A sweep stopped by --stop-after left no verdict, no variant run and an empty difference section
+    until `k3lab ui` or `k3lab report` opened its store; `k3lab ui` then shortened its resume command."""
+    from k3lab.report.ui_store import prepare_store
+    from k3lab.store import runs, verdicts
+    from k3lab.runner.tune.parent import record_sweep
+
+    run, run_id = resumable_run(tmp_path, sweep_file)
+    run.tune_dir.mkdir(parents=True)
+    for variant, status in (("attnres_off", "FINISHED"), ("attnres_bs1", "KILLED")):
+        trial = MLflowTracker.start(run.tracking_uri, run.experiment, f"{variant}-s0", parent_run_id=run_id,
+                                    tags=runs.trial_tags(f"id-{variant}", variant, 0))
+        trial.log_metrics({"train_loss": 4.0, "val_loss": 3.0}, 4)
+        trial.finish(status)
+    with pytest.raises(KeyboardInterrupt):
+        with ParentRun(run) as parent:
+            record_sweep(run, parent)
+            raise KeyboardInterrupt
+    found = verdicts.variant_runs(run.tracking_uri, run_id)
+    assert found["attnres_bs1"].info.run_name == ("attnres_bs1 vs attnres_off: not resolved, no pairs "
+                                                 "(1 killed trial)")
+    parent = MlflowClient(run.tracking_uri).get_run(run_id)
+    resume = run.hint("sweep", resume=True)
+    assert "--storage" in resume and "--tracking-uri" in resume
+    assert f"`{resume}` continues it" in parent.data.tags[runs.NOTE]
+    assert "**attnres_bs1** vs attnres_off: not resolved" in parent.data.tags[runs.NOTE]
+    assert parent.data.tags[runs.RAN] == "2 of 2 planned trials: 1 finished, 1 killed; seeds 0"
+    assert parent.data.params["planned.trials"] == "2" and "trials" not in parent.data.params  # not ended yet
+    prepare_store(run.tracking_uri, say=lambda line: None)  # `k3lab ui` after it: the command kept whole
+    assert f"`{resume}` continues it" in MlflowClient(run.tracking_uri).get_run(run_id).data.tags[runs.NOTE]

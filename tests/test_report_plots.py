@@ -118,3 +118,21 @@ def test_a_report_from_stored_baselines_draws_the_loss_plots_differences(figures
                  variant_order=["attnres_off", "attnres_bs1"], record=False)
     val = figures["loss_curves.png"].axes[2]
     assert "minus the baseline attnres_off" in val.get_title()
+
+
+def test_each_row_of_the_paired_differences_names_its_own_baseline(figures, tmp_path):
+    """In a sweep with one baseline per group every row read "minus ffn_moe_top1_shared0", the first
+    group's, though three rows were compared with their own counterparts."""
+    from test_ui_verdicts import curve_sweep
+
+    from k3lab.report.summary import build_report
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    names = ["attnres_off", "attnres_bs1", "attnres_full", "attnres_bs2"]
+    parent, _ = curve_sweep(uri, variants=names, seeds=(0, 1))
+    build_report(uri, parent, out_dir=tmp_path / "out", variant_order=names, record=False,
+                 baselines={"attnres_bs1": "attnres_off", "attnres_bs2": "attnres_full"})
+    ax = figures["val_loss_vs_baseline.png"].axes[0]
+    labels = [tick.get_text() for tick in ax.get_yticklabels()]
+    assert [label.split(":")[0] for label in labels] == ["attnres_bs1 − attnres_off", "attnres_bs2 − attnres_full"]
+    assert "each row's own baseline" in ax.get_xlabel() and "attnres_off" not in ax.get_title()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import mini_sweep, sweep_args, sweep_that_gets_sigterm
+from conftest import mini_sweep, stopped_long_sweep, sweep_args, sweep_that_gets_sigterm
 from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
@@ -667,21 +668,23 @@ def test_stop_after_ends_a_sweep_on_time_resumable_with_its_own_exit_code(tmp_pa
     """--stop-after is a job scheduler's time limit kept by the sweep itself: it stops as Ctrl-C
     does (state saved, running trials KILLED), says how to go on, and
     exits 3, which a job script tells apart from failure (1) and bad input (2)."""
-    path = tmp_path / "long.yaml"
-    path.write_text(mini_sweep("long", "too long to finish in 45 s", steps=20000, eval_interval=500, log_interval=50))
-    env = {k: v for k, v in os.environ.items() if k != "K3LAB_FAIL_AT_STEP"} | {
-        "PYTHONPATH": str(REPO), "K3LAB_DATA_DIR": str(data_dir)}
-    done = subprocess.run([sys.executable, "-m", "k3lab.cli", *sweep_args(tmp_path, path, "--stop-after", "45s")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = stopped_long_sweep(tmp_path, data_dir)
     assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
     assert "sweep stopped after 45s (--stop-after), its state saved: continue it with `k3lab sweep" in done.stderr
     assert "--stop-after 45s --resume`" in done.stderr  # each part of a run in parts keeps the same limit
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
     parent_id = json.loads((tmp_path / "runs" / "long.k3lab.json").read_text())["parent_run_id"]
-    assert client.get_run(parent_id).info.status == "KILLED"
-    trials = client.search_runs([client.get_run(parent_id).info.experiment_id],
-                                f"tags.mlflow.parentRunId = '{parent_id}'")
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["k3lab.status"] == "stopped"  # no red cross
+    trials = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
     assert trials and {t.info.status for t in trials} == {"KILLED"}  # stopped mid-run, not failed
+    printed = re.search(r"continue it with `([^`]+)`", done.stderr).group(1)
+    assert f"`{printed}` continues it" in parent.data.tags["mlflow.note.content"]  # as printed, whole
+    from k3lab.store import verdicts  # what a plain `mlflow ui` shows, written by the sweep at its stop
+
+    assert verdicts.variant_runs(uri, parent_id)["attnres_bs1"].info.run_name.startswith(
+        "attnres_bs1 vs attnres_off: not resolved, no pairs (")
 
 
 def test_a_stop_after_that_is_not_a_duration_is_one_line_and_nothing_starts(tmp_path, sweep_file, capsys):

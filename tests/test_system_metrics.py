@@ -58,14 +58,27 @@ def test_samples_ride_along_with_the_trials_metrics_at_their_step_and_a_last_one
     memory = MemoryTracker("r")
     sampler = SystemSampler([Counting()], interval=3600)
     tracker = SampledTracker(memory, sampler)
-    tracker.log_metrics({"train_loss": 5.0}, step=1)  # nothing sampled yet: the loss alone
+    tracker.log_metrics({"train_loss": 5.0}, step=1)
     sampler.sample()
     sampler.sample()
-    tracker.log_metrics({"train_loss": 4.0}, step=2)
-    tracker.finish("FINISHED")
-    assert memory.metrics["system/cpu_utilization_percentage"] == [(2, 1.5), (2, 3.0)]
+    tracker.log_metrics({"train_loss": 4.0}, step=2)  # the samples so far, at step 2
+    tracker.log_metrics({"val_loss": 4.5}, step=2)  # nothing sampled since: the loss alone
+    tracker.finish("FINISHED")  # a last sample, but step 2 has its system metrics: none twice
+    assert memory.metrics["system/cpu_utilization_percentage"] == [(2, 1.5)]
     assert memory.metrics["train_loss"] == [(1, 5.0), (2, 4.0)] and memory.status == "FINISHED"
     assert tracker.run_id == "r"  # everything else is the tracker's
+
+
+def test_a_trial_whose_last_step_has_no_sample_gets_one_at_finish_once():
+    """Five `system/*` keys were logged twice at a trial's last step, 0.3 s apart."""
+    memory = MemoryTracker("r")
+    sampler = SystemSampler([Counting()], interval=3600)
+    tracker = SampledTracker(memory, sampler)
+    sampler.sample()
+    tracker.log_metrics({"train_loss": 5.0}, step=1)
+    tracker.log_metrics({"train_loss": 4.0}, step=2)  # nothing sampled since step 1
+    tracker.finish("FINISHED")
+    assert memory.metrics["system/cpu_utilization_percentage"] == [(1, 1.0), (2, 2.0)]
 
 
 def test_sampling_off_leaves_the_tracker_as_it_is(monkeypatch):
@@ -113,3 +126,19 @@ def test_the_sweeps_gpu_busy_share_goes_to_its_parent_run_with_the_mean_at_the_e
     history = parent.client.get_metric_history(parent.run_id, "system/gpu_3_utilization_percentage")
     assert sorted((m.step, m.value) for m in history) == [(0, 10.0), (10, 20.0)]
     assert SweepSystemMetrics(uri, parent.run_id, lambda: 0, every=0).stop() == {}
+
+
+def test_the_sweeps_samples_within_one_second_go_to_that_seconds_step_once(tmp_path, monkeypatch):
+    """Sampled faster than once a second, the parent's `system/*` points repeated at a step (12 at each)."""
+    import k3lab.runner.tune.system as system
+
+    monkeypatch.setattr(system, "sweep_monitors", lambda: [Counting()])
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = MLflowTracker.start(uri, "sweep", "sweep")
+    seconds = iter([0.1, 0.6, 1.2])
+    logger = SweepSystemMetrics(uri, parent.run_id, lambda: next(seconds), every=3600)
+    for _ in range(3):
+        logger.log_sample()
+    logger.stop()
+    history = parent.client.get_metric_history(parent.run_id, "system/gpu_3_utilization_percentage")
+    assert sorted((m.step, m.value) for m in history) == [(0, 10.0), (1, 25.0)]  # step 1: samples 2 and 3

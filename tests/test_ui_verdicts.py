@@ -193,7 +193,9 @@ def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_eval
         assert run.data.metrics[name] == pytest.approx(parent_metrics[f"{prefix}/attnres_bs1"])
         assert len(client.get_metric_history(run.info.run_id, name)) == 1
     assert run.data.tags[verdicts.VERDICT] == summary["comparisons"][0].verdict
-    assert run.info.run_name.startswith(f"attnres_bs1: {summary['comparisons'][0].verdict}, -1.00% (-1.")
+    assert run.info.run_name.startswith(f"attnres_bs1 vs attnres_off: {summary['comparisons'][0].verdict}, -1.00% (-1.")
+    assert run.data.tags[verdicts.COMPARED_WITH] == "attnres_off"
+    assert run.info.start_time == client.get_run(parent).info.start_time  # its duration is the sweep's
 
 
 def test_group_labels_name_variants_not_axis_values(tmp_path):
@@ -264,7 +266,7 @@ def test_the_parent_description_leads_with_its_links_and_names_each_variants_ver
     note = MlflowClient(uri).get_run(parent).data.tags[runs.NOTE].splitlines()
     assert note[0].startswith(f"[{views.LOSS_VIEW_NAME}]")  # above the UI's fold
     assert note[2].startswith("val_loss against the baseline, %")  # right under the links
-    assert f"**attnres_bs1**: {summary['comparisons'][0].verdict}, -1.00% (-1." in note[2]
+    assert f"**attnres_bs1** vs attnres_off: {summary['comparisons'][0].verdict}, -1.00% (-1." in note[2]
 
 
 def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refreshes_its_view(tmp_path):
@@ -285,7 +287,7 @@ def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refres
     assert any("verdicts" in line for line in said), said
     assert client.get_metric_history(trials[("attnres_bs1", 0)], verdicts.VS_BASELINE)
     assert view_of(uri)["compareRunCharts"][0]["selectedMetricKeys"] == list(verdicts.CURVE)
-    assert "**attnres_bs1**: " in client.get_run(parent).data.tags[runs.NOTE]
+    assert "**attnres_bs1** vs attnres_off: " in client.get_run(parent).data.tags[runs.NOTE]
     assert "attnres_bs1" in verdicts.variant_runs(uri, parent)
     said.clear()
     prepare_store(uri, say=said.append)
@@ -324,3 +326,25 @@ def test_a_report_with_another_baseline_or_metric_leaves_the_stores_verdicts_alo
     assert verdicts.OUTCOME not in client.get_run(trials[("attnres_bs1", 0)]).data.tags
     assert main(command) == 0  # the sweep's own comparison
     assert len(client.get_metric_history(trials[("attnres_bs1", 0)], verdicts.VS_BASELINE)) == len(EVALS)
+
+
+def test_each_variant_of_the_plan_gets_a_variant_run_naming_its_own_baseline_even_without_pairs(tmp_path):
+    """In a sweep with one baseline per group every row was labelled with the first group's baseline,
+    and a variant whose one trial was killed (no pairs) had no variant run and no line in the parent's
+    description."""
+    from k3lab.store import views
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    names = ("attnres_off", "attnres_bs1", "attnres_full", "attnres_bs2")
+    parent, _ = curve_sweep(uri, variants=names, seeds=(0,), status={("attnres_bs2", 0): "KILLED"})
+    client = MlflowClient(uri)
+    build_report(uri, parent, variant_order=list(names),
+                 baselines={"attnres_bs1": "attnres_off", "attnres_bs2": "attnres_full"})
+    found = verdicts.variant_runs(uri, parent)
+    assert set(found) == {"attnres_bs1", "attnres_bs2"}
+    assert found["attnres_bs1"].info.run_name.startswith("attnres_bs1 vs attnres_off: ")
+    assert found["attnres_bs2"].info.run_name == "attnres_bs2 vs attnres_full: not resolved, no pairs (1 killed trial)"
+    assert found["attnres_bs2"].data.tags[verdicts.COUNTED] == "true"  # a group in the saved view
+    views.present_sweep(uri, parent, variant_order=list(names))
+    note = client.get_run(parent).data.tags[runs.NOTE]
+    assert "**attnres_bs2** vs attnres_full: not resolved, no pairs (1 killed trial)" in note

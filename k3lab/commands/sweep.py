@@ -71,6 +71,7 @@ def run_sweep_command(args) -> int:
     run = sweep_run_from_args(args, address=args.address, resume=args.resume, overwrite=args.overwrite,
                               max_failures=args.max_failures, max_concurrent=args.max_concurrent,
                               kernel_cache_dir=args.kernel_cache, command=args.command_line, verbose=args.verbose)
+    run.resume_command = resume_command(args, run)  # the parent run keeps the one printed when stopped
     sweep = run.sweep
     console = wide_console()
     print_plan(console, sweep, measured_rates(sweep, args.kernel_cache))

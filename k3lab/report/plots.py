@@ -317,14 +317,21 @@ def plot_paired_differences(comparisons, path: Path, metric: str, mode: str, col
         ax.errorbar([c.mean_diff], [y], xerr=error, fmt="o", capsize=4, color=colour,
                     markerfacecolor=colour if c.half_width is not None else "none")
     ax.axvline(0.0, **BASELINE_STYLE)
-    labels = [f"{c.variant}: {c.verdict} ({c.pairs}/{c.seeds} pairs)" for c in comparisons]
+    labels = [f"{c.variant} − {c.baseline}: {c.verdict} ({c.pairs}/{c.seeds} pairs)" for c in comparisons]
     ax.set_yticks(rows, labels, fontsize=8)
     ax.set_ylim(-0.6, len(comparisons) - 0.4)
-    baseline = comparisons[0].baseline if comparisons else "baseline"
+    baseline = baseline_words(comparisons)
     ax.set_xlabel(f"{metric} − {baseline} ({'lower' if mode == 'min' else 'higher'} is better)")
     ax.ticklabel_format(axis="x", useOffset=False)
-    ax.set_title(f"final {metric} minus the baseline {baseline}'s (dashed), paired by seed, with its {interval}"
+    ax.set_title(f"final {metric} minus {baseline} (dashed: 0), paired by seed, with its {interval}"
                  "\nhollow: one pair, no interval; ×: no pair", fontsize=10)
     ax.grid(alpha=0.3)
     fig.suptitle(title or f"final {metric} against {baseline}")
     return save_figure(plt, fig, path)
+
+
+def baseline_words(comparisons) -> str:
+    """What the differences are from: "the baseline NAME's" where every row has that one, else "each
+    row's own baseline" (each row's label names it)."""
+    names = list(dict.fromkeys(c.baseline for c in comparisons))
+    return f"the baseline {names[0]}'s" if len(names) == 1 else "each row's own baseline (named in its label)"

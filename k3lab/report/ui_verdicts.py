@@ -83,23 +83,54 @@ def trial_tags(records: list[TrialRecord], comparisons: list[stats.Comparison], 
 
 
 def variant_rows(records: list[TrialRecord], comparisons: list[stats.Comparison], curves: list[dict]) -> list[dict]:
-    """Per compared variant with pairs, what its variant run shows (`store.log_variant_runs`):
-    `variant_effects`' numbers, its colour (its trials' `mlflow.runColor`, else its place among the
-    records, which come in the sweep file's order), and its mean difference and interval at every
-    evaluation (`k3lab.report.paired.curve_differences`, in %)."""
-    colour = variant_colours(list(dict.fromkeys(r.variant for r in records)))
+    """Per compared variant of the plan, what its variant run shows (`store.log_variant_runs`): its
+    baseline, `variant_effects`' numbers (None without pairs), the state of its trials ("1 killed
+    trial"), its colour (its trials' `mlflow.runColor`, else its place among the records, which
+    come in the sweep file's order), and its mean difference and interval at every evaluation
+    (`k3lab.report.paired.curve_differences`, in %)."""
+    colour = variant_colours(list(dict.fromkeys([*(r.variant for r in records), *(c.variant for c in comparisons)])))
     colour |= {r.variant: r.tags[runs.RUN_COLOR] for r in records if r.tags.get(runs.RUN_COLOR)}
+    effects = {effect["variant"]: effect for effect in variant_effects(comparisons)}
     rows = []
-    for effect in variant_effects(comparisons):
-        points = [row for row in curves if row["variant"] == effect["variant"] and row["relative"] is not None]
-        rows.append(effect | {"colour": colour.get(effect["variant"]), "curve": [curve_point(row) for row in points]})
+    for c in comparisons:
+        effect = effects.get(c.variant, {"variant": c.variant, "pairs": c.pairs, "verdict": c.verdict,
+                                         "mean": None, "low": None, "high": None})
+        points = [row for row in curves if row["variant"] == c.variant and row["relative"] is not None]
+        rows.append(effect | {"baseline": c.baseline, "colour": colour.get(c.variant),
+                              "state": trial_states([r for r in records if r.variant == c.variant]),
+                              "curve": [curve_point(row) for row in points]})
     return rows
+
+
+def trial_states(records: list[TrialRecord]) -> str:
+    """What a variant's trials are, in words: "no trial yet", "1 killed trial", "3 finished, 1 killed trials"."""
+    if not records:
+        return "no trial yet"
+    counts: dict[str, int] = {}
+    for record in records:
+        outcome = OUTCOMES.get(record.status, record.status.lower())
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) + (" trial" if len(records) == 1 else " trials")
 
 
 def curve_point(row: dict) -> tuple[int, float, float | None, float | None]:
     """(step, mean, low, high) in % of a `curve_differences` row; low and high None without an interval."""
     mean, half = row["relative"], row["relative_half_width"]
     return (row["step"], mean, *((None, None) if half is None else (mean - half, mean + half)))
+
+
+def effect_rows(effects: list) -> list[dict]:
+    """Per factorial effect (`k3lab.report.factorial.Effect`), what its effect run shows: its short
+    name (the levels it sets, "ffn=moe x top_k=2"), full label, kind, pairs, verdict, and its mean
+    and interval in % of its reference cell's mean (None: none)."""
+    rows = []
+    for e in effects:
+        half = e.relative_half_width
+        rows.append({"name": " x ".join(f"{axis}={level}" for axis, level in zip(e.axes, e.levels)),
+                     "label": e.label, "kind": e.kind, "pairs": e.pairs, "verdict": e.verdict, "mean": e.relative,
+                     "low": None if half is None or e.relative is None else e.relative - half,
+                     "high": None if half is None or e.relative is None else e.relative + half})
+    return rows
 
 
 def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> None:
@@ -111,6 +142,7 @@ def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> Non
                          {r.run_id: r.tags for r in records})
     store.log_variant_runs(tracking_uri, parent_run_id,
                            variant_rows(records, summary["comparisons"], summary.get("curves", [])))
+    store.log_effect_runs(tracking_uri, parent_run_id, effect_rows(summary.get("factorial") or []))
     store.log_multipliers(tracking_uri, parent_run_id, [
         {"variant": m.variant, "pairs": m.pairs, "mean": m.estimate, "low": m.low, "high": m.high}
         for m in [*summary.get("multipliers", []), *summary.get("size_multipliers", [])]])

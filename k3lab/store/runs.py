@@ -50,7 +50,9 @@ DRIVER = "k3lab.driver"  # on the parent run: host:pid of the process running th
 GPU_SHARING = "k3lab.gpu_sharing"
 STATUS = "k3lab.status"  # on the parent: running, finished, failed, killed, stopped (resumable), interrupted
 INTERRUPTED = "interrupted"
-STOPPED = "stopped"  # Ctrl-C, SIGTERM or --stop-after: its state saved, `--resume` continues it
+STOPPED = "stopped"  # Ctrl-C, SIGTERM or --stop-after: its state saved, `--resume` continues it (FINISHED in MLflow)
+RAN = "k3lab.ran"  # on the parent: what ran of the plan, one line (`ran_line`)
+RESUME_COMMAND, CLOSE_COMMAND = "k3lab.resume_command", "k3lab.close_command"  # as the sweep printed them
 MAX_TAG = 5000  # characters kept of an error message
 # on the parent run: how its variants are compared (metric, baselines, statistical design), as JSON;
 # where it exceeds MLflow's tag limit, the artifact DESIGN_FILE holds it and the tag says so
@@ -299,7 +301,7 @@ def sweep_state(parent, trials: list, now_ms: int | None = None) -> str:
     gone (same host), or (another host, or a store from before `k3lab.driver`) no trial is running
     and the last one ended more than STALE_MS ago."""
     if parent.info.status != "RUNNING":  # a closed interrupted sweep (report --close) stays one
-        return INTERRUPTED if parent.data.tags.get(STATUS) == INTERRUPTED else parent.info.status
+        return parent.data.tags[STATUS] if parent.data.tags.get(STATUS) in (INTERRUPTED, STOPPED) else parent.info.status
     alive = driver_alive(parent.data.tags.get(DRIVER))
     if alive is not None:
         return "RUNNING" if alive else INTERRUPTED
@@ -327,6 +329,23 @@ def close_interrupted(tracking_uri: str, parent_run_id: str) -> int:
     mlflow.set_tag(parent_run_id, STATUS, INTERRUPTED)
     mlflow.set_terminated(parent_run_id, "KILLED", end_time=max(ends) if ends and not running else None)
     return len(running)
+
+
+def ran_line(trials: list, planned: int) -> str:
+    """What ran of a sweep's plan: "13 of 80 planned trials: 12 finished, 1 killed; seeds 0, 1, 2"."""
+    counts: dict[str, int] = {}
+    for trial in trials:
+        counts[trial.info.status.lower()] = counts.get(trial.info.status.lower(), 0) + 1
+    seeds = sorted({seed_of(t) for t in trials})
+    states = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return f"{len(trials)} of {planned} planned trials" + (f": {states}; seeds {', '.join(map(str, seeds))}"
+                                                          if trials else "")
+
+
+def ran_params(trials: list) -> dict[str, str]:
+    """The parent's params of what ran (the plan's are `planned.*`): trials, seeds, variants."""
+    seeds = sorted({seed_of(t) for t in trials})
+    return {"trials": str(len(trials)), "seeds": str(seeds), "variants": str(len({variant_of(t) for t in trials}))}
 
 
 def reopen_tags() -> dict[str, str]:

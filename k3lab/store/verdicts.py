@@ -12,6 +12,7 @@
                 verdict_pct, verdict_low_pct,  (step: the pairs) the verdict's mean difference and
                 verdict_high_pct               interval, as on the parent
                 k3lab.verdict, k3lab.counted   its verdict; true
+                k3lab.compared_with            its baseline (a sweep may have one per group)
     parent run  vs_baseline_pct/<variant>      (step: the pairs it rests on) the mean paired
                 vs_baseline_low/<variant>      difference in % of the baseline's mean, and its
                 vs_baseline_high/<variant>     interval's bounds
@@ -20,7 +21,12 @@
                 compute_multiplier_low/...     the variant's compute multiplier (`k3lab.report.compute_multipliers`)
                 compute_multiplier_high/...    and its interval's bounds
 
-A variant run is one run per compared variant (`k3lab.kind` = variant, `k3lab.sweep_run` = the
+    effect run  effect_pct, effect_low_pct,    (step: the pairs) a factorial effect of a multi-axis
+                effect_high_pct                grid (main or interaction) in % of its reference
+                                               cell's mean, and its family-wise interval's bounds
+                k3lab.effect, k3lab.verdict    its full label; nonzero or not resolved
+
+A variant run is one run per compared variant of the plan, with pairs or not (`k3lab.kind` = variant, `k3lab.sweep_run` = the
 parent's id, its variant's name and colour; not nested, so the sweep's trials stay the parent's
 only children): the MLflow UI draws its three curves in its variant's colour, and its verdict
 numbers are its group's values in the runs table.
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from k3lab.store import runs
 
@@ -45,6 +51,9 @@ COUNTED = "k3lab.counted"  # "true" on the runs the saved view shows
 CURVE = ("mean_pct", "low_pct", "high_pct")  # a variant run's curves, at each evaluation
 VERDICT_NUMBERS = ("verdict_pct", "verdict_low_pct", "verdict_high_pct")  # its verdict's, at step = pairs
 VARIANT_KIND, SWEEP_RUN = "variant", "k3lab.sweep_run"
+COMPARED_WITH = "k3lab.compared_with"  # on a variant run: the baseline its differences are from
+EFFECT_KIND, EFFECT = "effect", "k3lab.effect"  # an effect run; its effect's full label (levels and references)
+EFFECT_NUMBERS = ("effect_pct", "effect_low_pct", "effect_high_pct")  # at step = its pairs
 FINISHED, KILLED, FAILED, DIVERGED, RUNNING = "finished", "killed", "failed", "diverged", "running"
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 
@@ -129,48 +138,89 @@ def set_trial_tags(tracking_uri: str, tags: dict[str, dict[str, str]], current: 
                 client.set_tag(run_id, key, value)
 
 
-def variant_runs(tracking_uri: str, parent_run_id: str) -> dict[str, object]:
-    """{variant name: its variant run} of a sweep."""
+def variant_runs(tracking_uri: str, parent_run_id: str, kind: str = VARIANT_KIND) -> dict[str, object]:
+    """{variant name (an effect run: its effect's label): its run} of a sweep's variant (or `kind`) runs."""
     client = runs.client(tracking_uri)
     experiment = client.get_run(parent_run_id).info.experiment_id
-    found = client.search_runs([experiment], f"tags.`{runs.KIND}` = '{VARIANT_KIND}' and "
+    found = client.search_runs([experiment], f"tags.`{runs.KIND}` = '{kind}' and "
                                              f"tags.`{SWEEP_RUN}` = '{parent_run_id}'", max_results=runs.MAX_RUNS)
-    return {runs.variant_of(run): run for run in found}
+    return {run.data.tags.get(EFFECT) or runs.variant_of(run): run for run in found}
+
+
+def summary_run(client, parent, run, name: str, tags: dict[str, str]):
+    """A run that carries a sweep's result (a variant's or an effect's), made where `run` is None
+    (starting with the sweep, so its duration is the sweep's), renamed and retagged where it differs."""
+    if run is None:
+        run = client.create_run(parent.info.experiment_id, start_time=parent.info.start_time, tags=tags,
+                                run_name=name)
+        client.set_terminated(run.info.run_id, "FINISHED")
+    if run.info.run_name != name:
+        client.update_run(run.info.run_id, name=name)
+    for key, value in tags.items():
+        if run.data.tags.get(key) != value:
+            client.set_tag(run.info.run_id, key, value)
+    return run
+
+
+def number_metrics(run, row: dict, keys: Sequence[str], now: int) -> list:
+    """`keys` of row's mean, low and high (step: its pairs) where the run's latest value differs."""
+    from mlflow.entities import Metric
+
+    return [Metric(key, float(row[name]), now, int(row["pairs"])) for key, name in zip(keys, ("mean", "low", "high"))
+            if row[name] is not None and run.data.metrics.get(key) != row[name]]
+
+
+def effect_run_name(row: dict) -> str:
+    """An effect run's name: its short label (the levels, "ffn=moe x top_k=2"), verdict and numbers."""
+    if row["mean"] is None:
+        return f"{row['name']}: {row['verdict']}, no pairs"
+    interval = f" ({row['low']:+.2f} to {row['high']:+.2f})" if row["low"] is not None else ""
+    return f"{row['name']}: {row['verdict']}, {row['mean']:+.2f}%{interval}"
+
+
+def log_effect_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -> None:
+    """Per factorial effect, {name (short label), label, kind, pairs, mean, low, high (in %; None:
+    none), verdict} on its effect run, made where it has none: EFFECT_NUMBERS, its verdict and label,
+    what the "Factorial effects" view charts and tabulates (`k3lab.store.views`)."""
+    client = runs.client(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    existing = variant_runs(tracking_uri, parent_run_id, EFFECT_KIND)
+    now = int(time.time() * 1000)
+    for row in rows:
+        tags = {runs.KIND: EFFECT_KIND, SWEEP_RUN: parent_run_id, EFFECT: row["label"], VERDICT: row["verdict"],
+                "k3lab.effect_kind": row["kind"]}
+        run = summary_run(client, parent, existing.get(row["label"]), effect_run_name(row), tags)
+        log_batches(client, run.info.run_id, number_metrics(run, row, EFFECT_NUMBERS, now))
 
 
 def variant_run_name(row: dict) -> str:
-    """The variant run's name, what the chart's legend and the runs table show: its verdict and numbers."""
+    """The variant run's name, what the chart's legend, the runs table and the parent's description
+    show: the variant, the baseline it is compared with, its verdict and numbers, or without pairs
+    the state of its trials ("attnres_bs8 vs attnres_off: not resolved, no pairs (1 killed trial)")."""
+    compared = f"{row['variant']} vs {row['baseline']}" if row.get("baseline") else row["variant"]
+    if row["mean"] is None:
+        return f"{compared}: {row['verdict']}, no pairs ({row.get('state') or 'no trial yet'})"
     interval = f" ({row['low']:+.2f} to {row['high']:+.2f})" if row["low"] is not None else ""
-    return f"{row['variant']}: {row['verdict']}, {row['mean']:+.2f}%{interval}"
+    return f"{compared}: {row['verdict']}, {row['mean']:+.2f}%{interval}"
 
 
 def log_variant_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -> None:
-    """Per compared variant, {variant, colour, verdict, pairs, mean, low, high, curve: [(step, mean,
-    low, high)]} (in %; None: no value) on its variant run, made where it has none; a point logged
-    once is not logged again, a changed verdict number is logged anew."""
+    """Per compared variant of the plan, {variant, baseline, state, colour, verdict, pairs, mean, low,
+    high, curve: [(step, mean, low, high)]} (in %; None: no value, as for a variant without pairs)
+    on its variant run, made where it has none (starting with the sweep, so its duration is the
+    sweep's); a point logged once is not logged again, a changed verdict number is logged anew."""
     from mlflow.entities import Metric
 
     client = runs.client(tracking_uri)
-    experiment = client.get_run(parent_run_id).info.experiment_id
+    parent = client.get_run(parent_run_id)
     existing = variant_runs(tracking_uri, parent_run_id)
     now = int(time.time() * 1000)
     for row in rows:
         tags = {runs.KIND: VARIANT_KIND, SWEEP_RUN: parent_run_id, runs.VARIANT_NAME: row["variant"],
                 VERDICT: row["verdict"], COUNTED: "true"} | ({runs.RUN_COLOR: row["colour"]} if row["colour"] else {})
-        run, name = existing.get(row["variant"]), variant_run_name(row)
-        if run is None:
-            run = client.create_run(experiment, tags=tags, run_name=name)
-            client.set_terminated(run.info.run_id, "FINISHED")
-        run_id, have = run.info.run_id, run.data.tags
-        if run.info.run_name != name:
-            client.update_run(run_id, name=name)
-        for key, value in tags.items():
-            if have.get(key) != value:
-                client.set_tag(run_id, key, value)
-        logged = {m.step for m in client.get_metric_history(run_id, CURVE[0])}
+        tags |= {COMPARED_WITH: row["baseline"]} if row.get("baseline") else {}
+        run = summary_run(client, parent, existing.get(row["variant"]), variant_run_name(row), tags)
+        logged = {m.step for m in client.get_metric_history(run.info.run_id, CURVE[0])}
         metrics = [Metric(key, float(value), now, int(step)) for step, *values in row["curve"] if step not in logged
                    for key, value in zip(CURVE, values) if value is not None]
-        metrics += [Metric(key, float(row[name]), now, int(row["pairs"]))
-                    for key, name in zip(VERDICT_NUMBERS, ("mean", "low", "high"))
-                    if row[name] is not None and run.data.metrics.get(key) != row[name]]
-        log_batches(client, run_id, metrics)
+        log_batches(client, run.info.run_id, metrics + number_metrics(run, row, VERDICT_NUMBERS, now))

@@ -19,13 +19,16 @@ family-wise interval's bounds (three lines in its colour: `k3lab.store.verdicts`
 its numbers, so a group's values there are the report's. The experiment's description (shown
 above its runs) links to it and to the sweep's report plots; the parent run's description leads
 with its links (the UI's fold covers the lower lines of a long description), then each variant's
-verdict, and says how to compare.
+verdict, and says how to compare. The views that answer the question come first in the
+experiment's description (`k3lab.store.result_views`: the variant runs' verdicts, a factorial
+sweep's effects); the loss view's loss charts open on the second half of training (`zoomed_ranges`).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 import urllib.parse
 import zlib
@@ -39,6 +42,8 @@ LOSS_VIEW, LOSS_VIEW_NAME = "k3lab-loss-curves", "Loss curves by variant"
 FIRST_CHARTS = ("train_loss", "val_loss", "tokens_per_s")  # the loss section, in this order
 LOSS_SECTION = "Loss and throughput"
 DIFFERENCE_SECTION = "Difference from the baseline, % (mean and family-wise interval)"
+DEFAULT_NEXT_STEPS = ("k3lab sweep FILE --resume", "k3lab report FILE --close")  # where none was kept
+NOTED_STEPS = re.compile(r"`([^`]+)` continues it(?:, `([^`]+)` ends it)?")  # as `parent_note` writes them
 REPORT_PLOT = "report/loss_curves.png"  # the parent run's artifact the links open (the report's folder beside it)
 
 
@@ -80,8 +85,9 @@ def group_keys() -> list[dict]:
 
 
 def loss_view_state(axis_params: Sequence[str], metric: str = "val_loss",
-                    verdicts_: Sequence[tuple[str, str]] = ()) -> dict:
-    """The experiment page's state for LOSS_VIEW (the keys of MLflow 3.17's saved views)."""
+                    verdicts_: Sequence[tuple[str, str]] = (), ranges: dict[str, dict] | None = None) -> dict:
+    """The experiment page's state for LOSS_VIEW (the keys of MLflow 3.17's saved views); `ranges`:
+    {metric: its chart's range} (`zoomed_ranges`: the second half of training)."""
     section, first = "k3lab-loss", "k3lab-difference"
     charts = list(dict.fromkeys([*FIRST_CHARTS[:2], metric, *FIRST_CHARTS[2:]]))
     columns = [f"tags.`{verdicts.VERDICT}`", *(f"metrics.`{name}`" for name in verdicts.VERDICT_NUMBERS)]
@@ -93,7 +99,8 @@ def loss_view_state(axis_params: Sequence[str], metric: str = "val_loss",
         "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
         "selectedColumns": columns, "columnOrder": columns, "columnWidths": {},
         "runsHiddenMode": "SHOW_ALL",  # the UI's default draws the first 10 runs only
-        "compareRunCharts": [difference_chart(first), *(line_chart(name, section) for name in charts)],
+        "compareRunCharts": [difference_chart(first), *(zoomed(line_chart(name, section), (ranges or {}).get(name))
+                                                        for name in charts)],
         "compareRunSections": [chart_section(first, difference_title(verdicts_)),
                                chart_section(section, LOSS_SECTION)],
         "viewMaximized": False, "runListHidden": False, "isAccordionReordered": True,
@@ -102,6 +109,13 @@ def loss_view_state(axis_params: Sequence[str], metric: str = "val_loss",
         "groupBy": {"aggregateFunction": "average", "groupByKeys": group_keys()}, "groupsExpanded": {},
         "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
     }
+
+
+def zoomed(chart: dict, chart_range: dict | None) -> dict:
+    """A line chart on `chart_range`, its title saying so."""
+    if not chart_range:
+        return chart
+    return chart | {"range": chart_range, "displayName": f"{chart['metricKey']} (second half of training, zoomed)"}
 
 
 def chart_section(uuid: str, name: str) -> dict:
@@ -153,10 +167,13 @@ def how_to_compare(metric: str) -> str:
             f"plots; each trial's final {metric} is `final_{metric}`.")
 
 
-def experiment_note(experiment_id: str, parent_run_id: str, title: str) -> str:
-    """The experiment's description: its first line (all the UI shows until expanded) links to
-    the loss view and to the latest sweep's report plots."""
-    return (f"**{title}** · [{LOSS_VIEW_NAME}]({view_link(experiment_id)}) · "
+def experiment_note(experiment_id: str, parent_run_id: str, title: str,
+                    result_links: Sequence[tuple[str, str]] = ()) -> str:
+    """The experiment's description: its first line (all the UI shows until expanded) links to the
+    result views (`result_links`: (name, view id), `k3lab.store.result_views`), the loss view and
+    the latest sweep's report plots."""
+    results = "".join(f"[{name}]({view_link(experiment_id, view_id)}) · " for name, view_id in result_links)
+    return (f"**{title}** · {results}[{LOSS_VIEW_NAME}]({view_link(experiment_id)}) · "
             f"[report plots of the latest sweep]({artifacts_link(experiment_id, parent_run_id, REPORT_PLOT)})\n\n"
             f"One parent run per sweep (the latest: `{parent_run_id}`), one nested run per trial. "
             f"The view above shows the runs the verdicts rest on (finished trials that did not diverge): first "
@@ -182,9 +199,18 @@ def verdict_lines(parent_data, variant_order: Sequence[str] = ()) -> list[str]:
     return lines
 
 
+def variant_lines(tracking_uri: str, parent_run_id: str, variant_order: Sequence[str] = ()) -> list[str]:
+    """One line per variant run of the sweep (every compared variant of the plan, with its baseline,
+    verdict and numbers, or the state of its trials where it has no pairs), in `variant_order`."""
+    found = verdicts.variant_runs(tracking_uri, parent_run_id)
+    order = {name: i for i, name in enumerate(variant_order)}
+    names = sorted(found, key=lambda name: (order.get(name, len(order)), name))
+    return [f"**{name}**{found[name].info.run_name.removeprefix(name)}" for name in names]
+
+
 def parent_note(experiment_id: str, parent_run_id: str, description: str, metric: str,
                 trial_run_ids: Sequence[str] = (), state: str | None = None, verdicts_: Sequence[str] = (),
-                next_steps: tuple[str, str] = ("k3lab sweep FILE --resume", "k3lab report FILE --close")) -> str:
+                next_steps: tuple[str, str] = DEFAULT_NEXT_STEPS) -> str:
     """The parent run's description: where to look (the links first, clear of the UI's fold),
     the verdicts, what the sweep is, how to compare; interrupted, `next_steps`: the commands that
     continue it and that end it (`k3lab.hints`)."""
@@ -221,21 +247,19 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axis_params: Sequenc
     made before these existed."""
     client = runs.client(tracking_uri)
     parent = client.get_run(parent_run_id)
-    if state in (None, "KILLED") and parent.data.tags.get(runs.STATUS) == runs.STOPPED:
+    if state in (None, "KILLED", "FINISHED") and parent.data.tags.get(runs.STATUS) == runs.STOPPED:
         state = runs.STOPPED
+    next_steps = keep_next_steps(client, parent, next_steps)
     experiment_id = parent.info.experiment_id
     experiment = client.get_experiment(experiment_id)
-    created = None
-    if SHARED_VIEW + LOSS_VIEW in experiment.tags:
-        created = json.loads(experiment.tags[SHARED_VIEW + LOSS_VIEW]).get("createdAt")
-    title = title or f"k3lab sweep {experiment.name}"
-    tags = {runs.EXPERIMENT_KIND: runs.MODEL_TRAINING, runs.NOTE: experiment_note(experiment_id, parent_run_id, title)}
-    view = loss_view_state(axis_params, metric, parent_verdicts(parent.data, variant_order))
-    tags |= saved_view_tag(LOSS_VIEW, LOSS_VIEW_NAME, view, created)
+    trials = runs.trial_runs(tracking_uri, parent_run_id)
+    loss_view = loss_view_state(axis_params, metric, parent_verdicts(parent.data, variant_order),
+                                zoomed_ranges(client, trials, metric))
+    tags = experiment_tags(tracking_uri, experiment, parent, title or f"k3lab sweep {experiment.name}", loss_view,
+                           metric)
     for key, value in tags.items():
         if experiment.tags.get(key) != value:
             client.set_experiment_tag(experiment_id, key, value)
-    trials = runs.trial_runs(tracking_uri, parent_run_id)
     names = [runs.variant_of(t) for t in trials]
     colours = variant_colours([*variant_order, *sorted(set(names) - set(variant_order))])
     for trial, name in zip(trials, names):
@@ -246,11 +270,65 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axis_params: Sequenc
         description = parent.data.tags.get(runs.DESCRIPTION, "" if LOSS_VIEW_NAME in note else note)
     ordered = sorted(trials, key=lambda t: (variant_order.index(runs.variant_of(t)) if runs.variant_of(t) in
                                             variant_order else len(variant_order), runs.seed_of(t)))
+    lines = variant_lines(tracking_uri, parent_run_id, variant_order) or verdict_lines(parent.data, variant_order)
     note = parent_note(experiment_id, parent_run_id, description, metric,
-                       [t.info.run_id for t in ordered], state, verdict_lines(parent.data, variant_order),
-                       **({"next_steps": next_steps} if next_steps else {}))
+                       [t.info.run_id for t in ordered], state, lines, next_steps)
     if parent.data.tags.get(runs.NOTE) != note:
         client.set_tag(parent_run_id, runs.NOTE, note)
+
+
+def keep_next_steps(client, parent, next_steps: tuple[str, str] | None) -> tuple[str, str]:
+    """The commands that continue and end the sweep as its driver printed them: given (the driver),
+    they are kept in the parent's tags; else read back from those tags, or from a description an
+    earlier k3lab wrote (so a viewer never shortens them to `DEFAULT_NEXT_STEPS`)."""
+    tags = parent.data.tags
+    if next_steps:
+        for key, value in zip((runs.RESUME_COMMAND, runs.CLOSE_COMMAND), next_steps):
+            if tags.get(key) != value:
+                client.set_tag(parent.info.run_id, key, value)
+        return next_steps
+    noted = NOTED_STEPS.search(tags.get(runs.NOTE, ""))
+    resume = tags.get(runs.RESUME_COMMAND) or (noted.group(1) if noted else DEFAULT_NEXT_STEPS[0])
+    close = tags.get(runs.CLOSE_COMMAND) or (noted and noted.group(2)) or DEFAULT_NEXT_STEPS[1]
+    return resume, close
+
+
+def experiment_tags(tracking_uri: str, experiment, parent, title: str, loss_view: dict,
+                    metric: str) -> dict[str, str]:
+    """The experiment's kind, its saved views (the loss view, and the result views the sweep has
+    runs for: `k3lab.store.result_views`, each keeping its creation time) and its description."""
+    from k3lab.store.result_views import result_views
+
+    mode = parent.data.params.get("metric", "val_loss:min").partition(":")[2] or "min"
+    shown = {LOSS_VIEW: (LOSS_VIEW_NAME, loss_view)}
+    shown |= result_views(tracking_uri, parent.info.run_id, metric, mode)
+    links = [(name, view_id) for view_id, (name, _) in shown.items() if view_id != LOSS_VIEW]
+    tags = {runs.EXPERIMENT_KIND: runs.MODEL_TRAINING,
+            runs.NOTE: experiment_note(experiment.experiment_id, parent.info.run_id, title, links)}
+    for view_id, (name, state) in shown.items():
+        envelope = experiment.tags.get(SHARED_VIEW + view_id)
+        tags |= saved_view_tag(view_id, name, state, json.loads(envelope).get("createdAt") if envelope else None)
+    return tags
+
+
+def zoomed_ranges(client, trials: list, metric: str) -> dict[str, dict]:
+    """{train_loss, metric: the chart range of the second half of training over the counted trials}
+    (x from half the last step, y their values there with a margin): the whole run's axis spans the
+    first steps' loss, and a 1% difference between variants is invisible on it."""
+    import math
+
+    ranges = {}
+    counted = [t for t in trials if t.data.tags.get(verdicts.COUNTED, "true") == "true"]
+    for name in dict.fromkeys(["train_loss", metric]):
+        points = [(m.step, m.value) for t in counted for m in client.get_metric_history(t.info.run_id, name)
+                  if math.isfinite(m.value)]
+        if len({step for step, _ in points}) < 2:
+            continue
+        last = max(step for step, _ in points)
+        values = [value for step, value in points if step >= last / 2]
+        margin = (max(values) - min(values)) * 0.05 or abs(max(values)) * 0.01 or 0.01
+        ranges[name] = {"xMin": last / 2, "xMax": last, "yMin": min(values) - margin, "yMax": max(values) + margin}
+    return ranges
 
 
 def view_is_current(experiment_tags: dict) -> bool:
@@ -263,6 +341,16 @@ def view_is_current(experiment_tags: dict) -> bool:
     return bool(charts) and charts[0].get("selectedMetricKeys") == list(verdicts.CURVE)
 
 
+def views_are_current(tracking_uri: str, parent, client) -> bool:
+    """The parent's experiment has the loss view as this k3lab writes it and a result view for each
+    kind of result run the sweep has (`k3lab.store.result_views`)."""
+    from k3lab.store.result_views import result_views
+
+    tags = client.get_experiment(parent.info.experiment_id).tags
+    return view_is_current(tags) and all(SHARED_VIEW + view_id in tags
+                                         for view_id in result_views(tracking_uri, parent.info.run_id, "val_loss"))
+
+
 def present_earlier_sweeps(tracking_uri: str, refresh: Collection[str] = (), skip: Collection[str] = ()) -> int:
     """`present_sweep` for the sweeps of experiments without the current loss view (stores from an
     older k3lab) and for the parent runs in `refresh` (verdicts just recorded), never for those in
@@ -273,7 +361,7 @@ def present_earlier_sweeps(tracking_uri: str, refresh: Collection[str] = (), ski
     for parent in reversed(runs.sweep_runs(tracking_uri)):  # oldest first: the latest ends in the description
         experiment_id = parent.info.experiment_id
         if parent.info.run_id in skip or (experiment_id not in done and parent.info.run_id not in refresh
-                                          and view_is_current(client.get_experiment(experiment_id).tags)):
+                                          and views_are_current(tracking_uri, parent, client)):
             continue
         done.add(experiment_id)
         trials = runs.trial_runs(tracking_uri, parent.info.run_id)
@@ -281,6 +369,8 @@ def present_earlier_sweeps(tracking_uri: str, refresh: Collection[str] = (), ski
         state = runs.sweep_state(parent, trials)
         if state == runs.INTERRUPTED and parent.info.status == "RUNNING":
             runs.mark_interrupted(tracking_uri, parent.info.run_id)
+        if state == runs.STOPPED and parent.info.status == "KILLED":  # as an older k3lab ended a stopped sweep
+            client.update_run(parent.info.run_id, status="FINISHED")
         present_sweep(tracking_uri, parent.info.run_id, axis_params=runs.axis_params(trials, runs.swept_axes(trials)),
                       metric=metric, variant_order=runs.variant_order(tracking_uri, parent, trials), state=state)
         count += 1

@@ -12,8 +12,8 @@ first run, `resume_wall_s` (step 1, 2, ... per resume) for each `--resume`, so t
 is kept (a first run killed before its end gets it from its last beat when resumed), and
 `sweep_parts_wall_s` / `sweep_parts`: the wall time of every invocation so far, summed,
 and how many there were (a sweep run in parts, as on preemptible nodes, took that long).
-While it runs, each invocation also logs its time so far as `sweep_part_wall_s` (step: the
-part, 0 for the first run) every PART_BEAT_S seconds (`PartClock`), so a part that never
+While it runs, each invocation also keeps its time so far in the tag `k3lab.part_wall_s.<part>`
+(0 for the first run), rewritten every PART_BEAT_S seconds (`PartClock`), so a part that never
 reached its end (`kill -9`, a lost machine) still counts, up to its last beat.
 """
 
@@ -30,7 +30,7 @@ import attrs
 import k3lab
 from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_shares
 from k3lab.report.paired import design_record
-from k3lab.report.sequential import BUDGET
+from k3lab.report.sequential import BUDGET, STOPPED
 from k3lab.store import runs
 from k3lab.store.runs import write_design
 from k3lab.store.state import sweep_spec, write_state
@@ -51,14 +51,16 @@ def git_commit() -> str:
         return "unknown"
 
 
-PART_WALL = "sweep_part_wall_s"  # a part's wall time so far, at step = the part's number
-PART_BEAT_S = 5.0  # how often a running part logs it
+PART_WALL = "sweep_part_wall_s"  # stores from before PART_BEAT: a part's wall time so far, at step = its number
+PART_BEAT = "k3lab.part_wall_s"  # the tag PART_BEAT.<part>: a running part's wall time so far, rewritten
+PART_BEAT_S = 5.0  # how often a running part writes it
 PART_WALLS = ("sweep_wall_s", "resume_wall_s", PART_WALL)  # what earlier parts logged of their time
 
 
 class PartClock:
-    """Logs `PART_WALL` for one part of a sweep, at its start and every `every` seconds, on a
-    thread of its own (with its own client) until `stop`; a failed write is skipped."""
+    """Writes the tag `PART_BEAT`.<part> for one part of a sweep, at its start and every `every`
+    seconds, on a thread of its own (with its own client) until `stop`; a failed write is skipped.
+    A tag, rewritten, not a metric: a metric's history would hold a point per beat at one step."""
 
     def __init__(self, tracking_uri: str, run_id: str, part: int, started: float, every: float = PART_BEAT_S):
         self.client, self.run_id, self.part, self.started = runs.client(tracking_uri), run_id, part, started
@@ -69,7 +71,7 @@ class PartClock:
 
     def beat(self) -> None:
         with contextlib.suppress(Exception):  # the store busy or gone: the next beat, or the part's end, counts
-            self.client.log_metric(self.run_id, PART_WALL, time.time() - self.started, step=self.part)
+            self.client.set_tag(self.run_id, f"{PART_BEAT}.{self.part}", f"{time.time() - self.started:.3f}")
 
     def loop(self, every: float) -> None:
         while not self.stopped.wait(every):
@@ -80,13 +82,18 @@ class PartClock:
         self.thread.join(timeout=5)
 
 
-def earlier_parts(history: dict[str, list]) -> dict[int, float]:
-    """part -> its wall time, from the metric histories of `PART_WALLS`: what a part logged at its
-    end (`sweep_wall_s` for part 0, `resume_wall_s` at step N for part N), else its last beat."""
+def earlier_parts(history: dict[str, list], tags: dict[str, str] | None = None) -> dict[int, float]:
+    """part -> its wall time, from the metric histories of `PART_WALLS` (what a part logged at its
+    end: `sweep_wall_s` for part 0, `resume_wall_s` at step N for part N) and the parent's
+    `PART_BEAT` tags (a part's last beat, for a part that never reached its end)."""
     walls: dict[int, float] = {}
     for metrics in history.values():
         for metric in metrics:
             walls[metric.step] = max(walls.get(metric.step, 0.0), metric.value)
+    for key, value in (tags or {}).items():
+        part = key.removeprefix(PART_BEAT + ".")
+        if part != key and part.isdigit():
+            walls[int(part)] = max(walls.get(int(part), 0.0), float(value))
     return walls
 
 
@@ -119,7 +126,7 @@ class ParentRun:
             self.tracker = MLflowTracker(self.run.tracking_uri, self.run.parent_run_id())
             self.tracker.client.update_run(self.run_id, status="RUNNING")
             history = {name: self.tracker.client.get_metric_history(self.run_id, name) for name in PART_WALLS}
-            self.earlier = earlier_parts(history)
+            self.earlier = earlier_parts(history, self.tracker.client.get_run(self.run_id).data.tags)
             if not history["sweep_wall_s"] and 0 in self.earlier:  # the first run never reached its end
                 self.tracker.log_metrics({"sweep_wall_s": self.earlier[0]}, step=0)
             self.tracker.set_tags(runs.reopen_tags())  # this process drives it now (it may have been interrupted)
@@ -143,7 +150,12 @@ class ParentRun:
         resumable = stopped and self.run.state_file.exists() and self.run.tune_dir.exists()
         with contextlib.suppress(Exception):  # the sweep's own error is the one to show
             self.end_unfinished_trials()
-            self.end("KILLED" if stopped else "FAILED", runs.STOPPED if resumable else None)
+        with contextlib.suppress(Exception):  # the verdicts so far, in the store as at a sweep's end
+            write_report(self.run, self, STOPPED)
+        with contextlib.suppress(Exception):
+            # a resumable stop is no failure: FINISHED (MLflow's UI draws KILLED as a red cross), tagged stopped
+            self.end("FINISHED" if resumable else "KILLED" if stopped else "FAILED",
+                     runs.STOPPED if resumable else None)
         return False
 
     def end_unfinished_trials(self) -> None:
@@ -174,7 +186,8 @@ class ParentRun:
             self.tracker.log_metrics({"resume_wall_s": wall}, step=self.part)
         else:
             self.tracker.log_metrics({"sweep_wall_s": wall}, step=0)
-        with contextlib.suppress(Exception):  # the UI's links to every trial: not worth failing the sweep for
+        with contextlib.suppress(Exception):  # what ran; the UI's links to every trial: not worth failing for
+            record_what_ran(self.run, self.run_id, final=state is None and status == "FINISHED")
             present(self.run, self.run_id, state)
         self.tracker.set_tags(runs.end_tags(state or status))
         self.tracker.finish(status)
@@ -189,7 +202,7 @@ def present(run: SweepRun, parent_run_id: str, state: str | None = None) -> None
     present_sweep(run.tracking_uri, parent_run_id, axis_params=axis_params,
                   metric=sweep.metric.name, variant_order=[v.name for v in sweep.valid_variants],
                   description=sweep.description, title=sweep_title(run), state=state,
-                  next_steps=(run.hint("sweep", resume=True), run.hint("report", close=True)))
+                  next_steps=(run.resume_command or run.hint("sweep", resume=True), run.hint("report", close=True)))
 
 
 def sweep_title(run: SweepRun) -> str:
@@ -213,9 +226,9 @@ def record_resume_command(tracker: MLflowTracker, command: str) -> None:
 def record_sweep(run: SweepRun, parent: ParentRun) -> None:
     """The sweep's params and file on the parent run, and the state file `--resume` reads."""
     sweep = run.sweep
-    params = {"sweep": sweep.name, "profile": sweep.profile, "seeds": list(sweep.seeds),
-              "variants": len(sweep.valid_variants), "trials": len(sweep.trials),
-              "metric": f"{sweep.metric.name}:{sweep.metric.mode}"}
+    params = {"sweep": sweep.name, "profile": sweep.profile, "planned.seeds": list(sweep.seeds),
+              "planned.variants": len(sweep.valid_variants), "planned.trials": len(sweep.trials),
+              "metric": f"{sweep.metric.name}:{sweep.metric.mode}"}  # what ran: `record_what_ran`
     resources = attrs.evolve(sweep.resources,  # --max-concurrent, as the trials ran
                              max_concurrent_trials=run.max_concurrent or sweep.resources.max_concurrent_trials)
     params |= flatten("train", attrs.asdict(sweep.train)) | flatten("resources", attrs.asdict(resources))
@@ -234,17 +247,37 @@ def record_sharing(parent: ParentRun, sharing: str | None) -> None:
         parent.tracker.set_tags({runs.GPU_SHARING: sharing})
 
 
-def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:
-    """The sweep's report (`k3lab.report.summary`), its files logged to the parent run, and the
-    sweep's efficiency (tokens/s, MFU, warm-up and start-up) logged and added to it."""
+def write_report(run: SweepRun, parent: ParentRun, unfinished: str) -> dict:
+    """The sweep's report (`k3lab.report.summary.build_report`) with its verdicts written into the
+    store for the MLflow UI, its files logged to the parent run; at the sweep's end and when it is
+    stopped (`unfinished`: why its comparisons have no more seeds), so that a plain `mlflow ui` on
+    the store shows the verdicts without k3lab in between."""
     from k3lab.report.summary import build_report
 
     sweep = run.sweep
     summary = build_report(run.tracking_uri, parent.run_id, out_dir=run.storage / f"{run.experiment}_report",
-                           baseline=sweep.baseline, **report_options(sweep),
-                           unfinished=BUDGET)  # the trials ran to the sweep's end
+                           baseline=sweep.baseline, **report_options(sweep), unfinished=unfinished)
     for path in summary["files"]:
         parent.log_artifact(path, "report")
+    return summary
+
+
+def record_what_ran(run: SweepRun, parent_run_id: str, final: bool) -> None:
+    """What ran of the plan (the params `planned.*`): the tag `k3lab.ran` at every part's end
+    ("31 of 80 planned trials: ..."), and at the sweep's end the params `trials`, `seeds` and
+    `variants` of the trials that ran (params cannot change, so only once)."""
+    trials = runs.trial_runs(run.tracking_uri, parent_run_id)
+    client = runs.client(run.tracking_uri)
+    client.set_tag(parent_run_id, runs.RAN, runs.ran_line(trials, len(run.sweep.trials)))
+    if final:
+        for key, value in runs.ran_params(trials).items():
+            client.log_param(parent_run_id, key, value)
+
+
+def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:
+    """The sweep's report (`k3lab.report.summary`), its files logged to the parent run, and the
+    sweep's efficiency (tokens/s, MFU, warm-up and start-up) logged and added to it."""
+    summary = write_report(run, parent, BUDGET)  # the trials ran to the sweep's end
     wall_s, parts = parent.parts_wall_s()  # a resumed sweep: over every part, summed
     trials = runs.trial_runs(run.tracking_uri, parent.run_id)
     summary["efficiency"] = sweep_efficiency(figures_of(trials), wall_s, hardware["gpus"], hardware.get("device_name"),

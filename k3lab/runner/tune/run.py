@@ -42,6 +42,7 @@ class SweepRun:
     max_concurrent: int | None = None  # overrides the sweep file's resources.max_concurrent_trials
     kernel_cache_dir: str | None = None  # --kernel-cache; else the sweep file's, $K3LAB_KERNEL_CACHE, ~/.cache
     command: str = ""  # the command line that ran it, recorded on the parent run for reports
+    resume_command: str = ""  # what continues it, as `k3lab sweep` prints it when stopped (default: `hint`'s)
     verbose: bool = False  # Ray's and MLflow's notices on the terminal instead of in `log_file`
     packing: Packing | None = None  # trials at once per GPU from their measured memory (`k3lab.runner.runtime.memory`)
     started: float = field(default_factory=time.time)  # when its command started: its part's time counts from here

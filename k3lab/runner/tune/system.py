@@ -27,18 +27,27 @@ class SampledTracker:
     def __init__(self, tracker, sampler: SystemSampler):
         self.tracker, self.sampler = tracker, sampler
         self.step = 0  # the last step logged
+        self.at_step: set[str] = set()  # the system metrics logged at it
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.step = max(self.step, step)
-        self.tracker.log_metrics(metrics | self.sampler.take(), step)
+        """`metrics` at `step`, with the samples since the last call where this step has none yet
+        (a second call at one step, as an evaluation's, leaves them for the next step)."""
+        if step > self.step:
+            self.step, self.at_step = step, set()
+        sample = self.sampler.take() if step == self.step and not self.at_step else {}
+        self.at_step |= set(sample)
+        self.tracker.log_metrics(metrics | sample, step)
 
     def finish(self, status: str) -> None:
         """Stop sampling and, for a finished trial, log a last sample (one shorter than the interval
-        has one too; a failed one's unsent steps were dropped for its restart to log), then finish."""
+        has one too; a failed one's unsent steps were dropped for its restart to log) of the metrics
+        not logged at its last step yet (each once per step), then finish."""
         self.sampler.stop()
         if status == "FINISHED":
             self.sampler.sample()
-            self.tracker.log_metrics(self.sampler.take(), self.step)
+            last = {key: value for key, value in self.sampler.take().items() if key not in self.at_step}
+            if last:
+                self.tracker.log_metrics(last, self.step)
         self.tracker.finish(status)
 
     def __getattr__(self, name):  # everything else is the tracker's
@@ -61,6 +70,7 @@ class SweepSystemMetrics:
         self.every = interval_s() if every is None else every
         self.run_id, self.seconds_so_far = run_id, seconds_so_far
         self.busy: list[float] = []
+        self.step = -1  # the last step logged
         self.stopped = threading.Event()
         self.thread = None
         if self.every:
@@ -77,9 +87,11 @@ class SweepSystemMetrics:
         from mlflow.entities import Metric
 
         self.sampler.sample()
-        sample = self.sampler.take()
-        self.busy += [v for k, v in sample.items() if k.startswith("system/gpu_") and k.endswith("_utilization_percentage")]
         now, step = int(time.time() * 1000), int(self.seconds_so_far())
+        if step <= self.step:  # this second has its sample: the next one takes these too (once per step)
+            return
+        self.step, sample = step, self.sampler.take()
+        self.busy += [v for k, v in sample.items() if k.startswith("system/gpu_") and k.endswith("_utilization_percentage")]
         with contextlib.suppress(Exception):  # the store busy: the next sample counts
             self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in sample.items()])
 
