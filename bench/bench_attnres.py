@@ -19,10 +19,10 @@ Rows:
                    the output norm's weight gradient by torch.sum over the N rows (which spreads
                    the N axis over the whole GPU), instead of FLA's attnres_bwd_kernel_dqdw,
                    whose grid is D / BD programs (8-32 for D = 512) that each walk all N rows
-    k3lab          what the model runs (`k3lab.ops.attn_res.fused.mix_sources`): k3lab's
+    k3lab          what the model runs (`k3lab.ops.attn_res.fused.AttnResMixture`): k3lab's
                    forward and backward kernels (`k3lab.ops.attn_res.kernel`) and the column sums by
-                   torch.sum; the K-1 stored sources are first written into one endpoint buffer
-                   (`EndpointBuffer.add`, once per endpoint in the model, here once per call)
+                   torch.sum; here every source is a leaf, so each gradient gets its own
+                   buffer, as in the rows above
     naive_compiled `reference_attnres` (plain PyTorch, fp32 math, as fla.ops.attnres.naive_attnres)
                    under torch.compile (eager on CPU)
     dqdw_fla, dqdw_split
@@ -215,9 +215,9 @@ def implementations(names: list[str], device: torch.device) -> dict:
     if device.type == "cuda" and "fla_split" in names:
         found["fla_split"] = split_attnres()
     if "k3lab" in names:  # on CPU: the same function with its plain-PyTorch twins
-        from k3lab.ops.attn_res.fused import mix_sources
+        from k3lab.ops.attn_res.fused import AttnResMixture
 
-        found["k3lab"] = mix_sources
+        found["k3lab"] = lambda q, r, w, ow, eps: AttnResMixture.apply(q, w, ow, eps, *r)[0]
     if "naive_compiled" in names:
         found["naive_compiled"] = torch.compile(reference_attnres) if device.type == "cuda" else reference_attnres
     return found
@@ -317,7 +317,7 @@ def main() -> None:
     args = parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
-        from k3lab.runner.runtime.kernel_cache import open_kernel_cache
+        from k3lab.runtime.kernel_cache import open_kernel_cache
 
         open_kernel_cache()  # before FLA's kernels autotune: k3lab's cache, from its shipped tunings
         if not torch.cuda.is_available():

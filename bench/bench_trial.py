@@ -18,7 +18,7 @@ trials did), graphfb (forward+backward only in the graph, the optimizers eager),
 (activation checkpointing of every decoder layer), bf16res (`residual_in_fp32: false`: the
 residual stream and AttnRes sources in bf16), kdastates (KDA's backward reads the chunk states
 its forward kept instead of recomputing them, as trials with `kda_keep_states` run; recomputed in a
---before checkout without it), naiveattnres (the reference AttnRes path, `naive.StackedEndpoints`,
+--before checkout without it), naiveattnres (the reference AttnRes path, `ops/attn_res/naive.py`,
 instead of the fused kernels), and the AttnRes variant as the sweep files' `attn_res_block_size`
 axis names it: off (the pre-norm baseline), full (block size 1) or bsN (block size N); without one,
 the preset's own. Rows with variants write a second table: each variant's tokens/s against off's

@@ -8,7 +8,6 @@ Debug information (source file names and line numbers) is left out of the compar
 
     PYTHONPATH=/path/to/triton python scripts/kernel_ptx.py OLD_TREE NEW_TREE
     PYTHONPATH=/path/to/triton python scripts/kernel_ptx.py --resources TREE [TREE ...] [--rows R] [--warps W] [--steps S]
-    PYTHONPATH=/path/to/triton python scripts/kernel_ptx.py --buffer --resources TREE   # the endpoint buffer's kernels
 
 With --resources, each case's PTX goes through the ptxas that Triton ships (as Triton itself does
 to make the cubin) and the line gives what ptxas reports: registers a thread, spill bytes, and the
@@ -65,22 +64,16 @@ def code_of(ptx: str) -> str:
     return "\n".join(line for line in body.splitlines() if not line.strip().startswith((".loc", ".file", "//")))
 
 
-def module_of(tree: str, name: str):
-    """The module `name` of the k3lab under `tree` (any k3lab imported before is forgotten)."""
-    sys.path.insert(0, tree)
-    for loaded in [m for m in sys.modules if m == "k3lab" or m.startswith("k3lab.")]:
-        del sys.modules[loaded]
-    module = importlib.import_module(name)
-    sys.path.remove(tree)
-    return module
-
-
 def kernel_codes(tree: str, warps: int | None = None, steps: int | None = None,
                  rows: int | None = None) -> dict[str, str]:
     """{case: PTX} for the forward and backward kernels of the k3lab under `tree`, at `rows` token rows
     a program (default: the model's) on `warps` warps (default: one a row, as the model), the backward
     walking `steps` row blocks a program (default: the model's `row_steps(N, K)`)."""
-    kernels = module_of(tree, "k3lab.ops.attn_res.kernel")
+    sys.path.insert(0, tree)
+    for name in [m for m in sys.modules if m == "k3lab" or m.startswith("k3lab.")]:
+        del sys.modules[name]
+    kernels = importlib.import_module("k3lab.ops.attn_res.kernel")
+    sys.path.remove(tree)
     bf16, fp32 = (lambda: MockTensor(torch.bfloat16)), (lambda: MockTensor(torch.float32))
     codes = {}
     for K in SOURCES:
@@ -99,26 +92,6 @@ def kernel_codes(tree: str, warps: int | None = None, steps: int | None = None,
                 **common)
             for kind, compiled in (("forward", fwd), ("backward", bwd)):
                 codes[f"{kind} K={K} slots={L} output norm={onorm}"] = compiled.asm["ptx"]
-    return codes
-
-
-def buffer_codes(tree: str, steps: int | None = None) -> dict[str, str]:
-    """{case: PTX} for `buffer_kernel`'s forward and backward (with the output norm, bf16 sources) at
-    the model's SLOTS and warps for P stored endpoints; the backward at `steps` rows a program
-    (default: the model's for N)."""
-    kernels = module_of(tree, "k3lab.ops.attn_res.buffer_kernel")
-    bf16, fp32 = (lambda: MockTensor(torch.bfloat16)), (lambda: MockTensor(torch.float32))
-    steps = steps or max(1, triton.next_power_of_2(triton.cdiv(N, kernels.PARTIAL_ROWS)))
-    codes = {}
-    for P in (x - 1 for x in SOURCES):
-        slots, BD = kernels.slots_of(P), triton.next_power_of_2(D)
-        common = dict(SLOTS=slots, D=D, BD=BD, HAS_ONORM=True, num_warps=kernels.warps_of(slots, BD), grid=(1,))
-        fwd = kernels.buffer_fwd_kernel.warmup(fp32(), fp32(), bf16(), bf16(), bf16(), bf16(), fp32(), fp32(), fp32(),
-                                               N, P, 1e-6, **common)
-        bwd = kernels.buffer_bwd_kernel.warmup(fp32(), fp32(), bf16(), bf16(), bf16(), bf16(), bf16(), fp32(), fp32(),
-                                               fp32(), bf16(), fp32(), N, P, 1e-6, STEPS=steps, **common)
-        for kind, compiled in (("buffer forward", fwd), ("buffer backward", bwd)):
-            codes[f"{kind} K={P + 1} slots={slots} warps={common['num_warps']}"] = compiled.asm["ptx"]
     return codes
 
 
@@ -177,11 +150,9 @@ def main() -> int:
                         help="compile the backward at this many row blocks a program instead of the model's (what-if)")
     parser.add_argument("--rows", type=int, default=None,
                         help="compile at this many token rows a program, a warp each unless --warps (what-if)")
-    parser.add_argument("--buffer", action="store_true", help="the endpoint buffer's kernels (buffer_kernel.py)")
     args = parser.parse_args()
     driver.set_active(OfflineDriver())
-    codes = [buffer_codes(tree, args.steps) if args.buffer else kernel_codes(tree, args.warps, args.steps, args.rows)
-             for tree in args.trees]
+    codes = [kernel_codes(tree, args.warps, args.steps, args.rows) for tree in args.trees]
     return show_resources(codes) if args.resources else compare(codes)
 
 

@@ -25,9 +25,7 @@ N = 37
 
 
 def relative(a, b) -> float:
-    """max |a - b| over max |b|; the absolute difference where b is all zeros (dq with one source)."""
-    difference, largest = (a.float() - b.float()).abs().max(), b.float().abs().max()
-    return (difference / largest if largest > 0 else difference).item()
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
 def case_errors(K: int, D: int, dtype_name: str, with_out_norm: bool) -> dict[str, float]:
@@ -58,41 +56,6 @@ def case_errors(K: int, D: int, dtype_name: str, with_out_norm: bool) -> dict[st
                              if acc >> i & 1)
     errors["partial_sums"] = partials.shape[1]
     errors["dqw"] = relative(partials[0].sum(0), want_dqw.sum(0))  # partial sums over blocks of rows
-    errors["dow"] = relative(partials[1].sum(0), want_dow.sum(0)) if ow is not None else partials.shape[0] - 1.0
-    return errors
-
-
-BUFFER_CASES = [(0, 64, "float32", True), (1, 48, "bfloat16", True), (3, 64, "float32", False),
-                (12, 32, "bfloat16", True)]  # (stored endpoints P, D, dtype, output norm)
-
-
-def buffer_case_errors(P: int, D: int, dtype_name: str, with_out_norm: bool) -> dict[str, float]:
-    """In the child: `buffer_kernel`'s outputs against the twins, over P slots of a buffer of
-    P + 2 (slots past P hold values the kernels must not read) and the prefix."""
-    import torch
-
-    from k3lab.ops.attn_res import buffer_kernel, naive
-
-    g = torch.Generator().manual_seed(P)
-    dtype = getattr(torch, dtype_name)
-    values = (torch.randn(P + 2, N, D, generator=g) * (1 + torch.arange(P + 2)[:, None, None] % 3)).to(dtype)
-    prefix = torch.randn(N, D, generator=g).to(dtype)
-    q, w, ow = 0.3 * torch.randn(D, generator=g), *(1 + 0.1 * torch.randn(2, D, generator=g))
-    ow = ow if with_out_norm else None
-    got = buffer_kernel.forward(q, w, ow, values, P, prefix, 1e-6)
-    want = naive.reference_forward(q, w, ow, [*values[:P], prefix], 1e-6)
-    errors = {"o_dtype_matches": float(got[0].dtype == dtype)}
-    errors |= {name: relative(a, b) for name, a, b in zip(["o", "rstd", "logit", "lse"], got, want)}
-    do = torch.randn(N, D, generator=g).to(dtype)
-    held = torch.randn(P + 2, N, D, generator=g).to(dtype)  # an earlier reader's shares, and untouched slots
-    grads, dprefix = held.clone(), torch.empty_like(prefix)
-    partials = buffer_kernel.backward(q, w, ow, values, P, prefix, *got[1:], do, grads, dprefix, 1e-6)
-    dvs, want_dqw, want_dow = naive.dv_twin(q, w, ow, [*values[:P], prefix], do, 1e-6)
-    errors["dv_added"] = max([relative(grads[i], dvs[i] + held[i].float()) for i in range(P)], default=0.0)
-    errors["slots_past_p_untouched"] = float(torch.equal(grads[P:], held[P:]))
-    errors["dprefix"] = relative(dprefix, dvs[-1])
-    errors["partial_sums"] = partials.shape[1]
-    errors["dqw"] = relative(partials[0].sum(0), want_dqw.sum(0))
     errors["dow"] = relative(partials[1].sum(0), want_dow.sum(0)) if ow is not None else partials.shape[0] - 1.0
     return errors
 
@@ -128,27 +91,12 @@ def test_backward_kernel_stores_or_adds_each_sources_gradient_as_the_twin(errors
 def test_backward_programs_walk_several_blocks_of_rows_when_rows_are_many(errors):
     """With at most 3 partial sums allowed, each program walks several blocks of the N = 37 rows
     (the last past N): 3 partial sums, whose total the twin's per-row terms give (test above)."""
-    assert {found["partial_sums"] for case, found in errors.items() if not case.startswith("buffer")} == {3}
-
-
-@pytest.mark.parametrize("case", BUFFER_CASES, ids=str)
-def test_buffer_kernels_read_p_slots_and_the_prefix_as_the_twins_do(errors, case):
-    """`buffer_kernel`: the forward's output and statistics, each slot's gradient added to what it
-    held, the prefix's stored, slots past P neither read nor written, dq/dw/dow partial sums over
-    3 blocks of rows."""
-    found = errors[f"buffer{case}"]
-    bound = 1e-5 if case[2] == "float32" else 1e-2  # bf16: one rounding
-    assert found["o_dtype_matches"] == 1.0 and found["o"] < bound
-    for name in ("rstd", "logit", "lse"):
-        assert found[name] < 1e-5, name
-    assert found["dv_added"] < bound and found["dprefix"] < bound and found["slots_past_p_untouched"] == 1.0
-    assert found["dqw"] < 1e-4 and found["dow"] < 1e-4 and found["partial_sums"] == 3
+    assert {found["partial_sums"] for found in errors.values()} == {3}
 
 
 if __name__ == "__main__":
-    from k3lab.ops.attn_res import buffer_kernel, kernel as attn_res_kernel
+    from k3lab.ops.attn_res import kernel as attn_res_kernel
 
-    attn_res_kernel.PARTIAL_ROWS = buffer_kernel.PARTIAL_ROWS = 3  # so that N = 37 rows take several steps
-    attn_res_kernel.LOOP_SLOTS = 32  # a program, at every K
-    print(json.dumps({str(case): case_errors(*case) for case in CASES}
-                     | {f"buffer{case}": buffer_case_errors(*case) for case in BUFFER_CASES}))
+    attn_res_kernel.PARTIAL_ROWS = 3  # so that N = 37 rows take several steps a program,
+    attn_res_kernel.LOOP_SLOTS = 32  # at every K
+    print(json.dumps({str(case): case_errors(*case) for case in CASES}))

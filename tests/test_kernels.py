@@ -547,7 +547,7 @@ def test_an_edit_of_the_model_codes_prose_keeps_the_warm_records_key_and_an_edit
 
 
 @pytest.mark.parametrize("path", ["model/model.py", "ops/attn_res/kernel.py", "ops/kda/fused.py", "optim/muon.py",
-                                  "model/compiling.py"])
+                                  "compiling.py"])
 def test_the_warm_records_key_covers_the_model_its_ops_and_the_optimizer(path, tmp_path, monkeypatch):
     model_code_copy(tmp_path, monkeypatch)
     before = kernel_cache.toolchain_fingerprint()

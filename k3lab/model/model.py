@@ -7,15 +7,13 @@ mixture over depth candidates -- the stored block endpoints and the live prefix.
 
 State carried between blocks (never between forward calls):
     hidden_states   (B, T, M)      the live prefix of the current AttnRes block
-    endpoints                      the completed block endpoints so far, an object with the
-                                   block's two operations: `add(x)` stores an endpoint,
-                                   `mix(prefix, norm, proj, out_norm)` is a mixture and the
-                                   pre-norm after it
+    endpoints                      the completed block endpoints so far
 
-The forward picks the endpoints' kind once (`new_endpoints`): the reference
-(`k3lab.ops.attn_res.naive.StackedEndpoints`, a (B*T, P, M) tensor), or, with
-kda_implementation="fused" on CUDA, one preallocated buffer read by the fused kernels
-(`k3lab.ops.attn_res.fused.EndpointBuffer`). The candidates and their order are the same on both.
+One block forward runs both AttnRes paths; the op is chosen at the call (`attn_res_ops`): the
+reference (`k3lab.ops.attn_res.naive`, endpoints stacked as one (B*T, P, M) tensor), or, with
+kda_implementation="fused" on CUDA, the fused kernels (`k3lab.ops.attn_res.fused`, endpoints a
+tuple of P (B, T, M) tensors, each mixture and the pre-norm after it one kernel each way). The
+candidates and their order are the same on both.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from k3lab.model.compiling import raise_recompile_limit
+from k3lab.compiling import raise_recompile_limit
 from k3lab.model.config import KimiK3Config
 from k3lab.model.ffn import DenseFFN
 from k3lab.model.kda import KDAChunkwise, KDAFused
@@ -35,12 +33,26 @@ from k3lab.model.loss import linear_cross_entropy
 from k3lab.model.mla import GatedMLA
 from k3lab.model.moe import StableLatentMoE, balance_biases
 from k3lab.model.norm import RMSNorm
-from k3lab.ops.attn_res.naive import StackedEndpoints, apply_attn_res, attn_res_mixture  # noqa: F401
+from k3lab.ops.attn_res import naive
+from k3lab.ops.attn_res.naive import apply_attn_res, attn_res_mixture  # noqa: F401  (importable from here)
 
 
 def build_kda(config: KimiK3Config) -> nn.Module:
     """The KDA layer for this config; FLA (and Triton) are imported only when a fused layer runs on CUDA."""
     return KDAFused(config) if config.uses_fused_kda else KDAChunkwise(config)
+
+
+def attn_res_ops(fused: bool):
+    """The AttnRes op for a forward: `no_endpoints`, `with_endpoint` and `mixture` over its state.
+
+    The fused module is imported here, at call time, so the plain model never imports it: its
+    `torch.compiler.disable` imports torch._dynamo, and with it Triton on CUDA builds of torch.
+    """
+    if fused:
+        from k3lab.ops.attn_res import fused as ops
+
+        return ops
+    return naive
 
 
 class KimiK3DecoderBlock(nn.Module):
@@ -75,22 +87,23 @@ class KimiK3DecoderBlock(nn.Module):
         # mean AttnRes weight per depth candidate from the last forward, for logging
         self.attn_res_weights: dict[str, torch.Tensor] = {}
 
-    def forward(self, hidden_states: torch.Tensor, endpoints):
-        """(B, T, M) live prefix and the endpoints -> both after this layer. Each mixture
-        comes back through the pre-norm after it."""
+    def forward(self, hidden_states: torch.Tensor, endpoints, fused: bool = False):
+        """(B, T, M) live prefix and the endpoints -> both after this layer; `fused`: the mixtures
+        in the fused kernels (`attn_res_ops`). Each mixture comes back through the pre-norm after it."""
         if not self.use_attn_res:
             return self.forward_prenorm(hidden_states), endpoints
+        ops = attn_res_ops(fused)
         prefix_sum = hidden_states
         stream = prefix_sum.dtype  # the residual stream keeps the embedding's dtype (see KimiK3.embed)
 
         # attention input: a mixture over completed endpoints and the incoming prefix
         if self.mixes_attn_input:
-            h, self.attn_res_weights["attn"] = endpoints.mix(
-                prefix_sum, self.attn_res_norm, self.attn_res_proj, self.attn_norm)
+            h, self.attn_res_weights["attn"] = ops.mixture(
+                endpoints, prefix_sum, self.attn_res_norm, self.attn_res_proj, self.attn_norm)
 
         # at a block boundary the incoming prefix (not the mixed input) becomes an endpoint
         if self.starts_block:
-            endpoints = endpoints.add(prefix_sum)
+            endpoints = ops.with_endpoint(endpoints, prefix_sum)
             prefix_sum = None
         if not self.mixes_attn_input:  # after the endpoint: the order autograd sums the embedding's gradient in
             h = self.attn_norm(hidden_states)
@@ -98,8 +111,8 @@ class KimiK3DecoderBlock(nn.Module):
         attn_output = self.attn(h).to(stream)
         prefix_sum = attn_output if prefix_sum is None else prefix_sum + attn_output
 
-        h, self.attn_res_weights["ffn"] = endpoints.mix(
-            prefix_sum, self.mlp_res_norm, self.mlp_res_proj, self.ffn_norm)
+        h, self.attn_res_weights["ffn"] = ops.mixture(
+            endpoints, prefix_sum, self.mlp_res_norm, self.mlp_res_proj, self.ffn_norm)
         prefix_sum = prefix_sum + self.ffn(h).to(stream)
         return prefix_sum, endpoints
 
@@ -173,23 +186,14 @@ class KimiK3(nn.Module):
         if T > self.config.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}")
         hidden_states = self.embed(idx)  # (B, T, M)
-        endpoints = self.new_endpoints(idx, hidden_states)
+        fused = self.uses_fused_attn_res(idx)
+        ops = attn_res_ops(fused)
+        endpoints = ops.no_endpoints(hidden_states)
         for layer in self.layers:
-            hidden_states, endpoints = self.run_layer(layer, hidden_states, endpoints)
+            hidden_states, endpoints = self.run_layer(layer, hidden_states, endpoints, fused)
         if not self.config.use_attn_res:
             return self.norm(hidden_states)
-        return endpoints.mix(hidden_states, self.final_res_norm, self.final_res_proj, self.norm)[0]
-
-    def new_endpoints(self, idx: torch.Tensor, x: torch.Tensor):
-        """The AttnRes state of one forward over x (B, T, M), before any endpoint: the fused
-        path's buffer, with a slot for each block boundary, or the reference's stacked tensor.
-        The fused module is imported here, so the plain model never imports it: its
-        `torch.compiler.disable` imports torch._dynamo, and with it Triton on CUDA builds of torch."""
-        if not self.uses_fused_attn_res(idx):
-            return StackedEndpoints.start(x)
-        from k3lab.ops.attn_res.fused import EndpointBuffer
-
-        return EndpointBuffer.start(x, sum(layer.starts_block for layer in self.layers))
+        return ops.mixture(endpoints, hidden_states, self.final_res_norm, self.final_res_proj, self.norm)[0]
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """(B, T) -> (B, T, M): the start of the residual stream, whose dtype the stream keeps.
@@ -203,13 +207,13 @@ class KimiK3(nn.Module):
             x = x.to(torch.get_autocast_dtype(device))
         return x
 
-    def run_layer(self, layer: KimiK3DecoderBlock, hidden_states: torch.Tensor, endpoints):
+    def run_layer(self, layer: KimiK3DecoderBlock, hidden_states: torch.Tensor, endpoints, fused: bool):
         """One decoder layer; with `checkpoint_layers` in training, its activations are
         recomputed in backward instead of stored. (The MoE load it records is then counted
         twice, which leaves the load fractions that balancing uses unchanged.)"""
         if self.checkpoint_layers and self.training and torch.is_grad_enabled():
-            return checkpoint(layer, hidden_states, endpoints, use_reentrant=False)
-        return layer(hidden_states, endpoints)
+            return checkpoint(layer, hidden_states, endpoints, fused, use_reentrant=False)
+        return layer(hidden_states, endpoints, fused)
 
     def uses_fused_attn_res(self, idx: torch.Tensor) -> bool:
         """The fused AttnRes kernels: where the config says so (`KimiK3Config.uses_fused_attn_res`), on CUDA."""

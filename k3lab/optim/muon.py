@@ -46,7 +46,7 @@ import math
 
 import torch
 
-from k3lab.model.compiling import raise_recompile_limit
+from k3lab.compiling import raise_recompile_limit
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's quintic coefficients
 

@@ -1,25 +1,19 @@
-"""The GPU path of Attention Residuals: the endpoints in one preallocated buffer, and each mixture
-with the pre-norm after it in one kernel each way.
+"""The GPU path of Attention Residuals: the mixture and the pre-norm after it in one kernel each way.
 
-`EndpointBuffer` is the model's AttnRes state on this path (`naive.StackedEndpoints` is the
-reference's): one (S, B*T, M) buffer allocated at the start of a forward for its S block
-endpoints, slot P written in place at the P-th block boundary (`add`), where the reference
-concatenates every endpoint again at each boundary and each mixture. A mixture (`mix`) reads slots
-0..P-1 and the live prefix as K = P+1 sources through k3lab's Triton kernels (`buffer_kernel.py`):
-the candidates' RMSNorm, scorer, softmax, weighted sum and the sub-layer's pre-norm in one forward
-kernel, all their gradients in one backward kernel, each reading every source once.
-
-Gradients: an endpoint is read by every mixture after it (up to 2 x layers of them). Autograd
-would give each reader's gradient its own buffer and add them one eager add at a time; here the
-readers' backwards add slot l's gradient into one (S, B*T, M) gradient buffer (`SlotGrads`, zeros
-until the first), and hand autograd nothing for it. A reader depends on the endpoints through a
-token (`Store`'s output: an empty tensor chained from store to store), so each store's backward
-runs after all its readers' and returns the slot's sum. The scorers' and norms' weight gradients
-come back as (1 or 2, G, D) partial sums, finished by one torch.sum (`column_sums`).
+Both ways k3lab's Triton kernels (`kernel.py`): the forward reads each source once, the
+backward sums every stored endpoint's gradient in one buffer. An endpoint is read by every mixture after it (up to
+2 x layers of them), and autograd would give each reader's gradient its own buffer and add them
+one eager add at a time (45 adds a step in a `small` trial: its three endpoints have 24, 16
+and 8 readers). Here an endpoint is made by `as_endpoint`, whose autograd node
+holds the sum (`Endpoint.summed`); each reader's backward adds its share there and hands
+autograd nothing for it; the endpoint's own backward returns the sum. The scorers' and
+norms' weight gradients are summed over rows in the backward kernel, a block of rows a program,
+and the (2, G, D) partial sums finished by one torch.sum (`column_sums`); FLA's reduction kernel
+walks all N rows on D / BD programs.
 
 On CPU tensors the same autograd functions run the plain-PyTorch twins (`naive.reference_forward`,
-`naive.buffer_dv_reference`), so CPU tests check the bookkeeping; the kernels are held to the twins
-through Triton's interpreter (tests/test_attn_res_kernel_interpreted.py) and on the GPU.
+`naive.dv_reference`), so CPU tests check the bookkeeping; the GPU tests hold the kernels to the twins
+and to FLA's forward (`fla_forward`).
 
 Imported only when the fused path runs (`KimiK3.uses_fused_attn_res`): its
 `torch.compiler.disable` imports torch._dynamo, and with it Triton on CUDA builds of torch.
@@ -37,129 +31,95 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from k3lab.ops.attn_res.naive import buffer_dv_reference, reference_forward
-
-class SlotGrads:
-    """The stored endpoints' gradients, one (S, N, M) buffer in the endpoints' dtype, each slot the
-    sum over its readers' backwards; allocated (zeros) by the first backward, so a forward
-    without one costs nothing."""
-
-    def __init__(self):
-        self.grads: torch.Tensor | None = None
-
-    def buffer(self, values: torch.Tensor) -> torch.Tensor:
-        if self.grads is None:
-            self.grads = torch.zeros_like(values)
-        return self.grads
-
-    def take(self, slot: int) -> torch.Tensor | None:
-        """Slot's summed gradient for its store's backward (None if no reader had a gradient)."""
-        return None if self.grads is None else self.grads[slot]
-
-
-class EndpointBuffer:
-    """One forward's stored endpoints: `values` (S, B*T, M) preallocated, `count` of them written.
-    `add` and `mix` are the block's two operations; `add` returns a new state on the same buffer, so
-    a checkpointed layer recomputed in backward writes its slot again with the same values."""
-
-    def __init__(self, values: torch.Tensor, count: int, token, grads: SlotGrads):
-        self.values, self.count, self.token, self.grads = values, count, token, grads
-
-    @classmethod
-    def start(cls, x: torch.Tensor, capacity: int) -> EndpointBuffer:
-        """Room for `capacity` endpoints of x (B, T, M), in x's dtype (the residual stream's)."""
-        B, T, M = x.shape
-        return cls(x.new_empty(capacity, B * T, M), 0, None, SlotGrads())
-
-    def slots(self) -> list[torch.Tensor]:
-        """The written endpoints, count x (N, M) views of the buffer."""
-        return list(self.values[:self.count].unbind(0))
-
-    @torch.compiler.disable
-    def add(self, x: torch.Tensor) -> EndpointBuffer:
-        """x (B, T, M) written in place into the next slot."""
-        if self.count == len(self.values):
-            raise IndexError(f"an endpoint past the {len(self.values)} this buffer was made for")
-        token = Store.apply(x, self, self.token)
-        return EndpointBuffer(self.values, self.count + 1, token, self.grads)
-
-    @torch.compiler.disable
-    def mix(self, prefix: torch.Tensor, norm: nn.RMSNorm, proj: nn.Linear, out_norm: nn.RMSNorm):
-        """out_norm(the mixture of [endpoints..., prefix]) (B, T, M) in the stream's dtype, and the
-        mean weights (K,), for logging."""
-        prefix = aligned(prefix.to(self.values.dtype))
-        return AttnResMixture.apply(proj.weight.view(-1), norm.weight, out_norm.weight, norm.eps, self,
-                                    self.token, prefix)
-
-
-class Store(torch.autograd.Function):
-    """x (B, T, M) copied into its slot; returns the token readers depend on. Its backward returns
-    the slot's gradient as its readers summed it (`SlotGrads`)."""
-
-    @staticmethod
-    def forward(ctx, x, endpoints: EndpointBuffer, _token):
-        ctx.slot, ctx.grads, ctx.shape = endpoints.count, endpoints.grads, x.shape
-        ctx.set_materialize_grads(False)
-        endpoints.values[endpoints.count].copy_(x.reshape(endpoints.values.shape[1:]))
-        return x.new_empty(0)
-
-    @staticmethod
-    def backward(ctx, _):
-        grad = ctx.grads.take(ctx.slot)
-        return None if grad is None else grad.view(ctx.shape), None, None
-
-
-class AttnResMixture(torch.autograd.Function):
-    """(q (D,), w (D,), ow (D,), eps, endpoints, token, prefix (B, T, D)) -> (h (B, T, D), mean weights (K,))."""
-
-    @staticmethod
-    def forward(ctx, q, w, ow, eps, endpoints: EndpointBuffer, _token, prefix):
-        D = prefix.shape[-1]
-        flat, count = prefix.view(-1, D), endpoints.count
-        if prefix.is_cuda:
-            o, rstd, logit, lse = buffer_forward(q, w, ow, endpoints.values, count, flat, eps)
-        else:
-            o, rstd, logit, lse = reference_forward(q, w, ow, [*endpoints.slots(), flat], eps)
-        ctx.save_for_backward(q, w, ow, rstd, logit, lse, prefix)
-        ctx.eps, ctx.endpoints, ctx.count = eps, endpoints, count
-        weights = (logit - lse).exp().mean(dim=1)  # (K,)
-        ctx.mark_non_differentiable(weights)
-        return o.view(prefix.shape), weights
-
-    @staticmethod
-    def backward(ctx, do, _):
-        q, w, ow, rstd, logit, lse, prefix = ctx.saved_tensors
-        values, D = ctx.endpoints.values, do.shape[-1]
-        grads, dprefix = ctx.endpoints.grads.buffer(values), torch.empty_like(prefix)
-        flat = lambda t: t.contiguous().view(-1, D)  # noqa: E731
-        if do.is_cuda:
-            partials = buffer_backward(q, w, ow, values, ctx.count, flat(prefix), rstd, logit, lse, flat(do), grads,
-                                       flat(dprefix), ctx.eps)
-        else:
-            partials = buffer_dv_reference(q, w, ow, values, ctx.count, flat(prefix), flat(do), grads, flat(dprefix),
-                                           ctx.eps)
-        dq, dw, dow = column_sums(partials, q, w, ow)
-        return dq, dw, dow, None, None, None, dprefix
+from k3lab.ops.attn_res.naive import dv_reference, reference_forward
 
 
 @torch.compiler.disable
 def fused_attn_res(candidates, norm: nn.RMSNorm, proj: nn.Linear, out_norm: nn.RMSNorm):
-    """out_norm(apply_attn_res(...)) over K candidates (B, T, M), the last the live prefix, the
-    others stored first (the model stores them once each, at its block boundaries); returns
-    (h, mean weights (K,)). Candidates are brought to the first one's dtype."""
-    endpoints = EndpointBuffer.start(candidates[0], len(candidates) - 1)
-    for c in candidates[:-1]:
-        endpoints = endpoints.add(c)
-    return endpoints.mix(candidates[-1], norm, proj, out_norm)
+    """out_norm(apply_attn_res(...)); returns (h, mean weights (K,)).
+
+    candidates: K tensors (B, T, M) -- the stored endpoints (from `as_endpoint`) then the live
+    prefix. They are brought to the first candidate's dtype (the residual stream's), as FLA
+    needs one dtype; h (B, T, M) comes back in that dtype, already normalised by out_norm.
+    """
+    dtype = candidates[0].dtype
+    sources = [aligned(c.to(dtype)) for c in candidates]
+    h, weights = AttnResMixture.apply(proj.weight.view(-1), norm.weight, out_norm.weight, norm.eps, *sources)
+    return h, weights
 
 
-def mix_sources(q, sources, w, ow, eps: float):
-    """`fused_attn_res` in the arguments of `naive.reference_attnres` (and FLA's `fused_attnres`):
-    K sources (N, D), the weight vectors -> o (N, D)."""
-    endpoints = EndpointBuffer.start(sources[0][None], len(sources) - 1)
-    for s in sources[:-1]:
-        endpoints = endpoints.add(s[None])
-    return AttnResMixture.apply(q, w, ow, eps, endpoints, endpoints.token, aligned(sources[-1][None]))[0][0]
+@torch.compiler.disable
+def as_endpoint(x: torch.Tensor) -> torch.Tensor:
+    """x as a stored endpoint: the mixtures that read it sum its gradient in one buffer."""
+    return Endpoint.apply(x) if torch.is_grad_enabled() and x.requires_grad else x
+
+
+class Endpoint(torch.autograd.Function):
+    """Identity whose node (`ctx`, which is also the output's grad_fn) keeps `summed`: the sum
+    of the gradients its readers' backwards added in place. Readers give autograd nothing for
+    it, so its backward gets no gradient (None) and returns the sum."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.summed = None
+        ctx.set_materialize_grads(False)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed, ctx.summed = ctx.summed, None
+        if grad is None:
+            return summed
+        return grad if summed is None else grad + summed
+
+
+def endpoint_node(x: torch.Tensor) -> Endpoint | None:
+    """The Endpoint node that made x, if it was made by `as_endpoint` (else None)."""
+    node = x.grad_fn
+    return node if node is not None and hasattr(node, "summed") else None
+
+
+class AttnResMixture(torch.autograd.Function):
+    """(q (D,), w (D,), ow (D,), eps, *sources K x (B, T, D)) -> (h (B, T, D), mean weights (K,))."""
+
+    @staticmethod
+    def forward(ctx, q, w, ow, eps, *sources):
+        shape, D = sources[0].shape, sources[0].shape[-1]
+        flat = [s.view(-1, D) for s in sources]
+        forward = forward_kernel if flat[0].is_cuda else reference_forward
+        o, rstd, logit, lse = forward(q, w, ow, flat, eps)
+        ctx.save_for_backward(q, w, ow, rstd, logit, lse, *sources)
+        ctx.eps = eps
+        # stored endpoints only (the last source is the live prefix), as many as ACC has bits
+        readers = [endpoint_node(s) for s in sources[:-1]] if len(sources) <= MAX_SOURCES else []
+        ctx.nodes = readers + [None] * (len(sources) - len(readers))
+        weights = (logit - lse).exp().mean(dim=1)  # (K,)
+        ctx.mark_non_differentiable(weights)
+        return o.view(shape), weights
+
+    @staticmethod
+    def backward(ctx, do, _):
+        q, w, ow, rstd, logit, lse, *sources = ctx.saved_tensors
+        D = do.shape[-1]
+        targets, acc = [], 0
+        for i, (source, node) in enumerate(zip(sources, ctx.nodes)):
+            if node is not None and node.summed is not None:
+                targets.append(node.summed)
+                acc |= 1 << i
+            else:
+                targets.append(torch.empty_like(source))
+                if node is not None:
+                    node.summed = targets[-1]
+        flat = lambda tensors: [t.view(-1, D) for t in tensors]  # noqa: E731
+        backward = dv_kernel if do.is_cuda else dv_reference
+        partials = backward(q, w, ow, flat(sources), rstd, logit, lse, do.contiguous().view(-1, D),
+                            flat(targets), acc, ctx.eps)
+        dq, dw, dow = column_sums(partials, q, w, ow)
+        grads = [None if node is not None else target for node, target in zip(ctx.nodes, targets)]
+        return (dq, dw, dow, None, *grads)
+
+
+MAX_SOURCES = 31  # kernel.py's ACC bits, kept here so CPU runs never import Triton
 
 
 def fla_forward(q, w, ow, flat, eps):
@@ -170,16 +130,16 @@ def fla_forward(q, w, ow, flat, eps):
     return o, rstd, logit, lse
 
 
-def buffer_forward(*args):
-    from k3lab.ops.attn_res.buffer_kernel import forward
+def forward_kernel(*args):
+    from k3lab.ops.attn_res.kernel import forward
 
     return forward(*args)
 
 
-def buffer_backward(*args):
-    from k3lab.ops.attn_res.buffer_kernel import backward
+def dv_kernel(*args):
+    from k3lab.ops.attn_res.kernel import dv_backward
 
-    return backward(*args)
+    return dv_backward(*args)
 
 
 def column_sums(partials: torch.Tensor, q: torch.Tensor, w: torch.Tensor, ow: torch.Tensor | None):
@@ -196,3 +156,22 @@ def aligned(x: torch.Tensor) -> torch.Tensor:
     """x contiguous with a 16-byte aligned start, as FLA's attnres kernel asserts."""
     x = x.contiguous()
     return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+# -- the model's AttnRes state on this path: the stored endpoints as a tuple of P (B, T, M) tensors ----
+# (`naive.py` has the same three functions over one stacked tensor; the candidates and their order are the same)
+
+def no_endpoints(x: torch.Tensor) -> tuple:
+    """The state before the first layer: no endpoints."""
+    return ()
+
+
+def with_endpoint(endpoints: tuple, x: torch.Tensor) -> tuple:
+    """endpoints with x (B, T, M) stored after them, in the stream's dtype (the first endpoint's):
+    a tuple, so that no mixture re-concatenates them, and made by `as_endpoint`."""
+    return (*endpoints, as_endpoint(x.to(endpoints[0].dtype) if endpoints else x))
+
+
+def mixture(endpoints: tuple, prefix: torch.Tensor, norm, proj, out_norm):
+    """out_norm(the mixture of [endpoints..., prefix]) (B, T, M) and the mean weights (K,), in one kernel."""
+    return fused_attn_res((*endpoints, prefix), norm, proj, out_norm)

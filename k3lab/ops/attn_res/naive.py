@@ -9,12 +9,10 @@ The mixture over depth candidates V = [stored endpoints..., live prefix] (DESIGN
 in two layouts:
 - `attn_res_mixture` / `apply_attn_res`: the model's path on CPU (and with the chunkwise KDA),
   endpoints stacked as (BT, P, M), the norm and scorer the block's modules;
-- `reference_forward` / `dv_twin`: the layout of the fused kernels: K sources of (N, D) and the
-  weight vectors, returning the statistics the kernels keep; `buffer_dv_reference` is
-  `buffer_kernel.backward` (the model's) and `dv_reference` `kernel.dv_backward` (the kernels
-  over a tuple of sources, kept for bench/bench_attnres.py) in plain PyTorch. `fused.AttnResMixture`
-  runs these on CPU tensors, so the CPU tests check its bookkeeping; the interpreted and GPU tests
-  hold the kernels to them.
+- `reference_forward` / `dv_twin`: the layout of the fused kernels (`kernel.py`): K sources of
+  (N, D) and the weight vectors, returning the statistics the kernels keep; `dv_reference` is
+  `kernel.dv_backward` in plain PyTorch. `fused.AttnResMixture` runs these on CPU tensors, so the
+  CPU tests check its bookkeeping, and the GPU tests hold the kernels to them.
 """
 
 from __future__ import annotations
@@ -105,39 +103,23 @@ def dv_reference(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, e
     return torch.stack([dqw] if ow is None else [dqw, dow_partial])
 
 
-def buffer_dv_reference(q, w, ow, values, count: int, prefix, do, grads, dprefix, eps: float):
-    """`buffer_kernel.backward` in plain PyTorch: slot l's gradient added into grads[l] for l < count,
-    the prefix's stored in dprefix; returns the per-row terms (1 or 2, N, D) for `fused.column_sums`."""
-    dvs, dqw, dow_partial = dv_twin(q, w, ow, [*values[:count].unbind(0), prefix], do, eps)
-    for grad, dv in zip(grads[:count].unbind(0), dvs):
-        grad.copy_(grad.float() + dv)
-    dprefix.copy_(dvs[-1])
-    return torch.stack([dqw] if ow is None else [dqw, dow_partial])
-
-
 # -- the model's AttnRes state on this path: the stored endpoints as one (BT, P, M) tensor ------
+# (`fused.py` has the same three functions over a tuple of (B, T, M) tensors)
 
-class StackedEndpoints:
-    """The reference path's endpoints: a (BT, P, M) tensor, re-concatenated at each boundary and
-    each mixture (`fused.EndpointBuffer` is the same state in one preallocated buffer). Immutable:
-    `add` returns a new state, so a checkpointed layer recomputes from the state it was given."""
+def no_endpoints(x: torch.Tensor) -> torch.Tensor:
+    """The state before the first layer: no endpoints, (B*T, 0, M) for x (B, T, M)."""
+    B, T, M = x.shape
+    return x.new_zeros(B * T, 0, M)
 
-    def __init__(self, stacked: torch.Tensor):
-        self.stacked = stacked  # (BT, P, M)
 
-    @classmethod
-    def start(cls, x: torch.Tensor) -> StackedEndpoints:
-        """The state before the first layer: no endpoints, (B*T, 0, M) for x (B, T, M)."""
-        B, T, M = x.shape
-        return cls(x.new_zeros(B * T, 0, M))
+def with_endpoint(endpoints: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """endpoints (BT, P, M) with x (B, T, M) stored after them: (BT, P+1, M)."""
+    B, T, M = x.shape
+    return torch.cat([endpoints, x.reshape(B * T, 1, M)], dim=1)
 
-    def add(self, x: torch.Tensor) -> StackedEndpoints:
-        """x (B, T, M) stored after the endpoints: (BT, P+1, M)."""
-        B, T, M = x.shape
-        return StackedEndpoints(torch.cat([self.stacked, x.reshape(B * T, 1, M)], dim=1))
 
-    def mix(self, prefix: torch.Tensor, norm, proj, out_norm):
-        """out_norm(the mixture of [endpoints..., prefix]) (B, T, M) and the mean weights (K,), for logging."""
-        B, T, M = prefix.shape
-        h, weights = attn_res_mixture(self.stacked, prefix.reshape(B * T, M), norm, proj)
-        return out_norm(h.view(B, T, M)), weights.detach().mean(dim=0)
+def mixture(endpoints: torch.Tensor, prefix: torch.Tensor, norm, proj, out_norm):
+    """out_norm(the mixture of [endpoints..., prefix]) (B, T, M) and the mean weights (K,), for logging."""
+    B, T, M = prefix.shape
+    h, weights = attn_res_mixture(endpoints, prefix.reshape(B * T, M), norm, proj)
+    return out_norm(h.view(B, T, M)), weights.detach().mean(dim=0)

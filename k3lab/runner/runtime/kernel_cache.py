@@ -225,7 +225,7 @@ def shape_fingerprint(shape: KernelShape, device: str, toolchain: str) -> str:
 
 def toolchain_fingerprint() -> str:
     """The versions of the libraries that tune and compile, and what the code that calls them
-    does: k3lab/model/*.py (the compile settings in model/compiling.py too), k3lab/ops/**/*.py, k3lab/optim/*.py
+    does: k3lab/model/*.py, k3lab/ops/**/*.py, k3lab/optim/*.py and k3lab/compiling.py
     (`model_code.MODEL_CODE_FILES`; a change there may call other kernels or shapes, an edit of
     its comments or docstrings does not: `model_code.code_text`)."""
     versions = {name: package_version(name) for name in ("torch", "triton", "fla-core", "flash-linear-attention")}

@@ -28,7 +28,7 @@ import tokenize
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2]  # k3lab/
-MODEL_CODE_FILES = ("model/*.py", "ops/**/*.py", "optim/*.py")  # under PACKAGE
+MODEL_CODE_FILES = ("model/*.py", "ops/**/*.py", "optim/*.py", "compiling.py")  # under PACKAGE
 # model code no training step runs: parameter and FLOP counting, Hugging Face conversion, generation
 NOT_IN_A_STEP = ("model/counting.py", "model/hf.py", "model/inference.py")
 
