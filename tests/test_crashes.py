@@ -49,7 +49,7 @@ def test_a_dead_workers_pid_is_read_from_tunes_error_and_other_errors_name_none(
 
 def test_a_segfault_in_a_graph_replay_reads_as_one_line_with_the_k3lab_frame_under_it():
     assert fault_line(worker_stderr()) == ("Segmentation fault in replay (torch/cuda/graphs.py:139), "
-                                           "from k3lab/runner/train/graphs.py:54 in __call__")
+                                           "from k3lab/train/graphs.py:54 in __call__")  # as the saved log names it
 
 
 def test_the_crashing_threads_stack_is_read_and_not_another_threads():

@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from k3lab.cli import main
 from k3lab.registry import load_preset
 from k3lab.registry.train_spec import TrainSpec
+from k3lab.store import runs
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
 
@@ -286,7 +287,7 @@ def test_ctrl_c_after_the_parent_run_opened_ends_it_killed(tmp_path, sweep_file,
     assert parent_run(tmp_path).info.status == "KILLED"
 
 
-def test_ctrl_c_that_tune_catches_ends_the_parent_killed_not_finished(tmp_path, sweep_file, monkeypatch, capsys):
+def test_ctrl_c_that_tune_catches_ends_the_parent_stopped_not_failed(tmp_path, sweep_file, monkeypatch, capsys):
     class StoppedTuner:  # Tune catches the first Ctrl-C, saves its state and returns: no trial got to its end
         def __init__(self, run):
             run.tune_dir.mkdir(parents=True)  # where Tune keeps that state
@@ -297,7 +298,8 @@ def test_ctrl_c_that_tune_catches_ends_the_parent_killed_not_finished(tmp_path, 
     no_ray(monkeypatch)
     monkeypatch.setattr("k3lab.runner.tune.driver.make_tuner", lambda run, specs, callbacks: StoppedTuner(run))
     assert main([*sweep_args(tmp_path, sweep_file), "--overwrite"]) == 130
-    assert parent_run(tmp_path).info.status == "KILLED"
+    parent = parent_run(tmp_path)  # resumable, not failed: MLflow shows it FINISHED, k3lab reads it stopped
+    assert parent.info.status == "FINISHED" and parent.data.tags[runs.STATUS] == runs.STOPPED
     hint = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("sweep stopped"))
     assert hint.endswith(" --resume`") and "--overwrite" not in hint and str(sweep_file) in hint
 

@@ -36,12 +36,12 @@ def test_trials_runs_the_profiles_seeds_policy_stopped_after_that_many_trials(tm
     budget; the command says so."""
     from bench.sweep_ceiling import commands_for
 
-    args = ceiling_args(FLAGSHIP, "--trials", "20")
+    args = ceiling_args(FLAGSHIP, "--trials", "30")
     sweep = load_sweep_for(sweep_file_for(args, tmp_path, "fresh"), "gpu")
-    assert sweep.adaptive and (sweep.budget.trials, sweep.budget.wall) == (20, None)
-    assert sweep.seed_policy.start * len(sweep.valid_variants) == 20  # its first stage
+    assert sweep.adaptive and (sweep.budget.trials, sweep.budget.wall) == (30, None)
+    assert sweep.seed_policy.start * len(sweep.valid_variants) == 30  # its first stage: the first look's seeds
     assert commands_for(args, {"fresh": {}}).startswith(
-        f"python bench/sweep_ceiling.py {args.file} --profile gpu --work WORK --trials 20 --phase fresh")
+        f"python bench/sweep_ceiling.py {args.file} --profile gpu --work WORK --trials 30 --phase fresh")
 
 
 def test_the_first_steps_time_is_split_at_the_drivers_and_the_trials_milestones():
