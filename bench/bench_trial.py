@@ -153,13 +153,14 @@ def attn_res_overrides(options: list[str]) -> dict:
 # -- one row, in a child process -------------------------------------------------------------
 
 def train_module(name: str):
-    """`k3lab.runner.train.<name>`, or `k3lab.train.<name>` in a --before checkout from before the runner/ move."""
+    """`k3lab.runner.train.<name>`, or `k3lab.train.<name>` in a --before checkout from before the runner/ move
+    (decided by the imported k3lab's own folder: an editable install can resolve the other tree's modules)."""
     import importlib
 
-    try:
-        return importlib.import_module(f"k3lab.runner.train.{name}")
-    except ModuleNotFoundError:
-        return importlib.import_module(f"k3lab.train.{name}")
+    import k3lab
+
+    moved = (Path(k3lab.__file__).parent / "runner").is_dir()
+    return importlib.import_module(f"k3lab.runner.train.{name}" if moved else f"k3lab.train.{name}")
 
 
 def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> dict:
