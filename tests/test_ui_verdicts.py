@@ -11,6 +11,7 @@ from k3lab.report.summary import build_report
 from k3lab.store import runs, verdicts
 from k3lab.store.colours import variant_colours
 from k3lab.store.tracking import MLflowTracker
+from k3lab.store.view_state import line_chart
 
 EVALS = (2, 4, 6)
 
@@ -278,7 +279,7 @@ def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refres
     report(uri, parent, record=False)  # as an older k3lab reported it
     client = MlflowClient(uri)
     client.log_artifact(parent, __file__, "report")  # it has a report: none rebuilt
-    old = views.loss_view_state([]) | {"compareRunCharts": [views.line_chart("train_loss", "s")]}
+    old = views.loss_view_state([]) | {"compareRunCharts": [line_chart("train_loss", "s")]}
     experiment_id = client.get_run(parent).info.experiment_id
     for key, value in views.saved_view_tag(views.LOSS_VIEW, views.LOSS_VIEW_NAME, old).items():
         client.set_experiment_tag(experiment_id, key, value)

@@ -14,6 +14,7 @@ chart's legend names variants or effects, never trials, and its section is one c
 from __future__ import annotations
 
 from k3lab.store import runs, verdicts
+from k3lab.store.view_state import chart_section, line_chart, loss_view_state
 
 VERDICT_VIEW, VERDICT_VIEW_NAME = "k3lab-verdicts", "Verdicts: each variant against its baseline"
 EFFECT_VIEW, EFFECT_VIEW_NAME = "k3lab-effects", "Factorial effects"
@@ -28,8 +29,6 @@ def bar_chart(metric: str, section: str, title: str) -> dict:
 
 def result_view_state(kind: str, charts: list[dict], section: str, columns: list[str]) -> dict:
     """A chart view of the runs of `kind` only (variant or effect runs), one wide section."""
-    from k3lab.store.views import chart_section, loss_view_state
-
     return loss_view_state([]) | {
         "searchFilter": f"tags.`{runs.KIND}` = '{kind}'", "selectedColumns": columns, "columnOrder": columns,
         "compareRunCharts": charts, "compareRunSections": [chart_section(charts[0]["metricSectionId"], section) | WIDE],
@@ -42,7 +41,6 @@ def question(metric: str, mode: str = "min") -> str:
 
 def verdict_view_state(metric: str = "val_loss", mode: str = "min") -> dict:
     """VERDICT_VIEW's state: the verdict's difference per variant, then at every evaluation."""
-    from k3lab.store.views import line_chart
 
     section = "k3lab-verdicts"
     lines = line_chart(verdicts.CURVE[0], section) | {

@@ -36,38 +36,13 @@ from typing import Collection, Sequence
 
 from k3lab.store import runs, verdicts
 from k3lab.store.colours import variant_colours
+from k3lab.store.view_state import loss_view_state
 
 SHARED_VIEW = "mlflow.sharedViewState."
 LOSS_VIEW, LOSS_VIEW_NAME = "k3lab-loss-curves", "Loss curves by variant"
-FIRST_CHARTS = ("train_loss", "val_loss", "tokens_per_s")  # the loss section, in this order
-LOSS_SECTION = "Loss and throughput"
-DIFFERENCE_SECTION = "Difference from the baseline, % (mean and family-wise interval)"
 DEFAULT_NEXT_STEPS = ("k3lab sweep FILE --resume", "k3lab report FILE --close")  # where none was kept
 NOTED_STEPS = re.compile(r"`([^`]+)` continues it(?:, `([^`]+)` ends it)?")  # as `parent_note` writes them
 REPORT_PLOT = "report/loss_curves.png"  # the parent run's artifact the links open (the report's folder beside it)
-
-
-def line_chart(metric: str, section: str) -> dict:
-    """One line chart of the experiment page's chart view (MLflow 3.17's chart card fields)."""
-    return {"uuid": f"k3lab-{metric}", "type": "LINE", "runsCountToCompare": 100, "metricSectionId": section,
-            "deleted": False, "isGenerated": False, "displayName": metric, "metricKey": metric,
-            "lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear", "range": {},
-            "xAxisKey": "step", "selectedXAxisMetricKey": "", "yAxisKey": "metric", "yAxisExpressions": [],
-            "ignoreOutliers": False, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True}
-
-
-def difference_chart(section: str) -> dict:
-    """Each variant run's mean difference from the baseline and its interval's bounds (three lines in
-    its colour), against the evaluation step, on a y axis that fits them."""
-    return line_chart(verdicts.CURVE[0], section) | {
-        "selectedMetricKeys": list(verdicts.CURVE), "displayName": "mean difference from the baseline, % "
-                                                                   "(and its interval's bounds)"}
-
-
-def difference_title(verdicts_: Sequence[tuple[str, str]]) -> str:
-    """The answer's section title: each variant's verdict, in the file's order (first, where the UI
-    cuts a long title short), then DIFFERENCE_SECTION."""
-    return " · ".join([*(f"{name} {verdict}" for name, verdict in verdicts_), DIFFERENCE_SECTION])
 
 
 def parent_verdicts(parent_data, variant_order: Sequence[str] = ()) -> list[tuple[str, str]]:
@@ -77,49 +52,6 @@ def parent_verdicts(parent_data, variant_order: Sequence[str] = ()) -> list[tupl
     order = {name: i for i, name in enumerate(variant_order)}
     found.sort(key=lambda name: (order.get(name, len(order)), name))
     return [(name, parent_data.tags[prefix + name]) for name in found]
-
-
-def group_keys() -> list[dict]:
-    """Group by the variant name tag: group labels name variants (not an axis value such as `off`)."""
-    return [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
-
-
-def loss_view_state(axis_params: Sequence[str], metric: str = "val_loss",
-                    verdicts_: Sequence[tuple[str, str]] = (), ranges: dict[str, dict] | None = None) -> dict:
-    """The experiment page's state for LOSS_VIEW (the keys of MLflow 3.17's saved views); `ranges`:
-    {metric: its chart's range} (`zoomed_ranges`: the second half of training)."""
-    section, first = "k3lab-loss", "k3lab-difference"
-    charts = list(dict.fromkeys([*FIRST_CHARTS[:2], metric, *FIRST_CHARTS[2:]]))
-    columns = [f"tags.`{verdicts.VERDICT}`", *(f"metrics.`{name}`" for name in verdicts.VERDICT_NUMBERS)]
-    columns += [f"metrics.`{name}`" for name in dict.fromkeys([metric, "train_loss"])]
-    columns += [f"params.`{param}`" for param in axis_params] + ["metrics.`avg_tokens_per_s`", "params.`params.active`"]
-    return {
-        "searchFilter": f"tags.`{verdicts.COUNTED}` = 'true'", "orderByKey": "attributes.start_time",
-        "orderByAsc": False, "startTime": "ALL",
-        "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
-        "selectedColumns": columns, "columnOrder": columns, "columnWidths": {},
-        "runsHiddenMode": "SHOW_ALL",  # the UI's default draws the first 10 runs only
-        "compareRunCharts": [difference_chart(first), *(zoomed(line_chart(name, section), (ranges or {}).get(name))
-                                                        for name in charts)],
-        "compareRunSections": [chart_section(first, difference_title(verdicts_)),
-                               chart_section(section, LOSS_SECTION)],
-        "viewMaximized": False, "runListHidden": False, "isAccordionReordered": True,
-        "useGroupedValuesInCharts": False,  # every run its own lines, in its run colour
-        "hideEmptyCharts": True,
-        "groupBy": {"aggregateFunction": "average", "groupByKeys": group_keys()}, "groupsExpanded": {},
-        "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
-    }
-
-
-def zoomed(chart: dict, chart_range: dict | None) -> dict:
-    """A line chart on `chart_range`, its title saying so."""
-    if not chart_range:
-        return chart
-    return chart | {"range": chart_range, "displayName": f"{chart['metricKey']} (second half of training, zoomed)"}
-
-
-def chart_section(uuid: str, name: str) -> dict:
-    return {"uuid": uuid, "name": name, "display": True, "isReordered": False, "deleted": False, "isGenerated": False}
 
 
 def pack_state(state: dict) -> str:
