@@ -37,6 +37,7 @@ from k3lab.report.stats import t_quantile, t_two_sided_probability
 LOOKS = (6, 8, 12, 16)
 SPENDING = 2.0  # Hwang-Shih-DeCani g: front-loaded (O'Brien-Fleming-like is g = -4, Pocock-like g = 1)
 BASE_SHAPE = ("gamma", 1.0)  # skewness either sign up to 1: the levels used while the check passes
+COVERED = (BASE_SHAPE,)  # the shapes the base levels hold for
 CONSERVATIVE = (("gamma", 1.5), ("two-mode", 1.2))  # after a flag: gamma 1.5 and one run in five apart
 CHECK = 0.5  # |skewness| of the pooled standardised residuals above which the sweep is flagged
 TWO_MODE_RATE = 0.2  # the two-mode shape: one run in five in a second mode
@@ -160,7 +161,12 @@ class LookDesign:
     def calibrated(self, paths: int = LEVEL_PATHS) -> "LookDesign":
         """This design with both level tables simulated (seeded: the same everywhere)."""
         table = functools.partial(level_table, self.looks, self.comparisons, self.alpha, self.spending, paths=paths)
-        return attrs.evolve(self, levels=table((BASE_SHAPE,)), conservative_levels=table(CONSERVATIVE))
+        return attrs.evolve(self, levels=table(COVERED), conservative_levels=table(CONSERVATIVE))
+
+    def shape_flagged(self, d: np.ndarray, look: int) -> np.ndarray:
+        """Per sweep of d[sweep, comparison, seed]: whether its first `look` seeds show more skew
+        than the base levels cover."""
+        return np.abs(pooled_skewness(d, look)) > self.check
 
     def level(self, look: int, open_count: np.ndarray, flagged: np.ndarray) -> np.ndarray:
         """Per sweep, the threshold at look index `look` with `open_count` open, flagged or not."""
@@ -197,7 +203,7 @@ def decide(d: np.ndarray, seeds_run: np.ndarray, design: LookDesign, reference: 
         reached = (out["code"] == OPEN) & (seeds_run >= look)
         if not reached.any():
             break
-        newly = (flagged_at < 0) & (np.abs(pooled_skewness(d, look)) > design.check)  # once flagged, it stays
+        newly = (flagged_at < 0) & design.shape_flagged(d, look)  # once flagged, it stays
         flagged_at[newly] = j
         n, mean, sd = look_statistics(d, look)
         p = p_values(n, mean, sd)
