@@ -23,7 +23,7 @@ def test_spent_levels_spend_the_spending_function_look_by_look():
     crossed = np.zeros(PATHS, bool)
     for j, look in enumerate(looks):
         result = decide(d, np.full((PATHS, 1), look), LookDesign(1, looks[:j + 1], levels=(levels[:j + 1],),
-                                                                  conservative_levels=(levels[:j + 1],), check=99))
+                                                                  heavy_tail_levels=(levels[:j + 1],), check=99))
         crossed = np.isin(result.code[:, 0], (LOWER, HIGHER))
         assert abs(crossed.mean() - 0.05 * spending(look / 16, 1.0)) < 4 * np.sqrt(0.05 / PATHS)
     assert max(levels) < 0.05  # every look stricter than a single look would be
@@ -49,7 +49,7 @@ def attrs_one(design: LookDesign) -> LookDesign:
     """The same design with only the half-alpha row (two comparisons open, none ever decided)."""
     import attrs
 
-    return attrs.evolve(design, comparisons=1, levels=(design.levels[1],), conservative_levels=(design.levels[1],))
+    return attrs.evolve(design, comparisons=1, levels=(design.levels[1],), heavy_tail_levels=(design.heavy_tail_levels[1],))
 
 
 def _t_sf(t, df):
@@ -58,16 +58,20 @@ def _t_sf(t, df):
     return (1 - t_two_sided_probability(abs(t), df)) / 2
 
 
-def test_the_shape_check_flags_a_second_mode_and_uses_the_conservative_levels(design):
+def test_the_shape_check_flags_a_second_mode_and_tests_the_call_against_its_skew_at_the_heavy_tail(design):
+    """Far-off runs on the right: a lower value than the baseline's is the call the skew makes
+    likely by chance, so it is tested at the heavy tail's one-sided level; a higher one at half
+    the base level, as unflagged."""
     rng = np.random.default_rng(0)
     main = 0.05 * rng.standard_normal((1, 2, 16))
     main[0, :, [2, 9, 13]] += 1.0  # one run in five trains badly: a second mode
-    assert abs(pooled_skewness(main, 6)[0]) > design.check
-    result = decide(main - 0.2, np.full((1, 2), 16), design)
-    assert result.flagged_at[0] == 0
-    look = result.look[0, 0]
-    assert result.level[0, 0] in {row[look] for row in design.conservative_levels}
-    assert result.level[0, 0] not in {row[look] for row in design.levels}
+    assert pooled_skewness(main, 6)[0] > design.check
+    result = decide(main + np.array([-2.0, 2.0])[None, :, None], np.full((1, 2), 16), design)
+    assert result.flagged_at[0] == 0 and result.skew_sign[0] == 1
+    assert list(result.code[0]) == [LOWER, HIGHER] and list(result.look[0]) == [0, 0]
+    heavy, half = design.heavy_tail_levels[1][0], design.levels[1][0] / 2
+    assert heavy < half
+    assert result.level[0, 0] == 2 * heavy and result.level[0, 1] == 2 * half
 
 
 def test_gaussian_pairs_are_not_flagged_by_the_shape_check(design):
@@ -147,7 +151,7 @@ def test_the_report_judges_a_looks_family_at_each_comparisons_last_look():
     assert bs4.pairs_needed in (None, 8, 12, 16)  # the next look that would decide at this spread, if any
 
 
-def test_the_report_says_when_the_pairs_shape_switched_the_family_to_conservative_levels():
+def test_the_report_says_when_the_pairs_shape_sent_a_direction_to_the_heavy_tails_level():
     from k3lab.report.sequential import Design, compare_family
 
     design = Design(2, 16, 6, looks=(6, 8, 12, 16)).calibrated()
@@ -156,7 +160,8 @@ def test_the_report_says_when_the_pairs_shape_switched_the_family_to_conservativ
     values = {"off": base, "a": {s: 1.0 + 0.01 * bad[s] + 0.0001 * s for s in range(6)},
               "b": {s: 1.0 + 0.01 * bad[(s + 3) % 6] - 0.0001 * s for s in range(6)}}
     rows = compare_family(values, {"a": "off", "b": "off"}, "min", design)
-    assert all("pooled skewness passed 0.5 at 6 seeds: conservative levels" in row.reason for row in rows)
+    assert all("pooled skewness passed +0.5 at 6 seeds: a lower value than the baseline's is tested at the heavy "
+               "tail's level" in row.reason for row in rows)
 
 
 def test_the_planner_runs_the_trials_the_vectorised_simulation_counts():

@@ -17,10 +17,14 @@ decided a seed later instead of two.
   look at alpha / (m - 1), and so on. An "equivalent" decision stops the comparison but keeps
   its alpha (its null of no difference was not rejected).
 - **Shape.** The t-statistic's null law depends on the differences' shape. The base levels
-  hold for shapes up to `base_shape`; at each look the pooled standardised residuals of every
+  hold for shapes up to `COVERED`; at each look the pooled standardised residuals of every
   comparison (each comparison's differences less their mean, over their sd) are checked, and
-  where their skewness exceeds `check` the sweep uses the conservative levels (`CONSERVATIVE`
-  shapes) from that look on. The check's own misses count in the simulated error
+  where their skewness exceeds `check` the sweep is flagged with the skewness's sign from that
+  look on. A skewed shape makes one tail of the t-statistic heavy, the one opposite its skew
+  (a right-skewed sample mostly lacks its far right values: its mean sits low and its sd
+  small): after the flag, a call in that direction is tested at one-sided levels simulated for
+  the `CONSERVATIVE` shape's heavy tail, a call the other way at half the base level, as
+  before the flag. The check's own misses count in the simulated error
   (bench/decisions.py, docs/statistics.md). A two-mode shape (one run in five far off) is not
   covered: with no far-off run among a comparison's first pairs its sample is a tight, shifted
   one, which no test on those pairs can tell from a real effect, and levels that cover it cost
@@ -36,6 +40,7 @@ import math
 
 import attrs
 import numpy as np
+from scipy import stats
 
 from k3lab.report.stats import t_quantile, t_two_sided_probability
 
@@ -43,13 +48,12 @@ LOOKS = (6, 7, 8, 10, 12, 16)
 SPENDING = 2.0  # Hwang-Shih-DeCani g: front-loaded (O'Brien-Fleming-like is g = -4, Pocock-like g = 1)
 BASE_SHAPE = ("gamma", 1.0)  # skewness either sign up to 1: the levels used while the check passes
 COVERED = (BASE_SHAPE,)  # the shapes the base levels hold for
-CONSERVATIVE = (("gamma", 2.0),)  # after a flag: skewness up to 2 either sign
+CONSERVATIVE = ("gamma", 2.0)  # after a flag: the heavy tail of skewness up to 2
 CHECK = 0.5  # |skewness| of the pooled standardised residuals above which the sweep is flagged
 TWO_MODE_RATE = 0.2  # the two-mode shape: one run in five in a second mode
 LEVEL_PATHS = 400_000
 LEVEL_SEED = 20261207
 LOWER, HIGHER, EQUIVALENT, OPEN = -1, 1, 2, 0  # decision codes (LOWER: the variant's metric is lower)
-_FELL = 9  # rejected at this look, sign not set yet
 
 
 def spending(t: float, gamma: float) -> float:
@@ -83,6 +87,16 @@ def look_statistics(d: np.ndarray, look: int) -> tuple[np.ndarray, np.ndarray, n
     return n, mean, np.sqrt(squares / np.maximum(n - 1, 1))
 
 
+def lower_p_values(n: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """One-sided t-test p-values of mean < 0 (0.5 where fewer than 3 pairs); 1 - p: of mean > 0."""
+    p = np.full(mean.shape, 0.5)
+    for df in np.unique(n[n >= 3]) - 1:
+        at = n == df + 1
+        t = mean[at] / np.maximum(sd[at], 1e-300) * math.sqrt(df + 1)
+        p[at] = stats.t.cdf(t, int(df))
+    return p
+
+
 def p_values(n: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
     """Two-sided t-test p-values of mean = 0 (1 where fewer than 3 pairs)."""
     p = np.ones(mean.shape)
@@ -99,6 +113,14 @@ def null_p_values(looks: tuple[int, ...], kind: str, skew: float, paths: int = L
     z = shape_draws(np.random.default_rng(LEVEL_SEED), (paths // 2, looks[-1]), kind, skew)
     z = np.concatenate([z, -z])
     return np.stack([p_values(*look_statistics(z, look)) for look in looks], -1)
+
+
+@functools.lru_cache(maxsize=16)
+def heavy_tail_p_values(looks: tuple[int, ...], kind: str, skew: float, paths: int = LEVEL_PATHS) -> np.ndarray:
+    """p[path, look]: one-sided p-values of the tail a right skew makes heavy (mean < 0), on null
+    paths of this shape with its skew made positive."""
+    z = shape_draws(np.random.default_rng(LEVEL_SEED), (paths, looks[-1]), kind, abs(skew))
+    return np.stack([lower_p_values(*look_statistics(z, look)) for look in looks], -1)
 
 
 def spent_levels(p: np.ndarray, looks: tuple[int, ...], alpha: float, gamma: float) -> tuple[float, ...]:
@@ -123,6 +145,14 @@ def level_table(looks: tuple[int, ...], comparisons: int, alpha: float, gamma: f
     return tuple(tuple(min(t[m][j] for t in tables) for j in range(len(looks))) for m in range(comparisons))
 
 
+def heavy_tail_table(looks: tuple[int, ...], comparisons: int, alpha: float, gamma: float,
+                     shape: tuple[str, float], paths: int = LEVEL_PATHS) -> tuple[tuple[float, ...], ...]:
+    """levels[m - 1][j]: the one-sided threshold of the heavy tail at look j with m open (alpha / 2m:
+    the two tails of alpha / m each get half)."""
+    p = heavy_tail_p_values(looks, *shape, paths)
+    return tuple(spent_levels(p, looks, alpha / (2 * m), gamma) for m in range(1, comparisons + 1))
+
+
 def pooled_skewness(d: np.ndarray, look: int) -> np.ndarray:
     """Per sweep, the skewness of the standardised residuals of d[sweep, comparison, seed] over
     the first `look` seeds, pooled over the comparisons with 3 pairs or more."""
@@ -140,9 +170,10 @@ def pooled_skewness(d: np.ndarray, look: int) -> np.ndarray:
 class LookDesign:
     """The looks, spending, shape check and levels of one sweep's K comparisons.
 
-    levels[m - 1][j] / conservative_levels[m - 1][j]: the p-value threshold at look j with m
-    comparisons open, before / after the shape check flags the sweep (`calibrated` fills them;
-    a sweep stores them with its design). margin: |difference| under margin x |the baseline's
+    levels[m - 1][j]: the two-sided p-value threshold at look j with m comparisons open;
+    heavy_tail_levels[m - 1][j]: the one-sided threshold, after the shape check flags the sweep,
+    of a call in the direction the skew makes likely (`calibrated` fills both; a sweep stores them
+    with its design). margin: |difference| under margin x |the baseline's
     mean| does not matter (None: no equivalence decision)."""
 
     comparisons: int
@@ -152,7 +183,7 @@ class LookDesign:
     margin: float | None = None
     check: float = CHECK
     levels: tuple | None = attrs.field(default=None, eq=False)
-    conservative_levels: tuple | None = attrs.field(default=None, eq=False)
+    heavy_tail_levels: tuple | None = attrs.field(default=None, eq=False)
 
     @looks.validator
     def _looks(self, _attribute, looks) -> None:
@@ -166,26 +197,32 @@ class LookDesign:
     def calibrated(self, paths: int = LEVEL_PATHS) -> "LookDesign":
         """This design with both level tables simulated (seeded: the same everywhere)."""
         table = functools.partial(level_table, self.looks, self.comparisons, self.alpha, self.spending, paths=paths)
-        return attrs.evolve(self, levels=table(COVERED), conservative_levels=table(CONSERVATIVE))
+        return attrs.evolve(self, levels=table(COVERED), heavy_tail_levels=heavy_tail_table(
+            self.looks, self.comparisons, self.alpha, self.spending, CONSERVATIVE, paths))
 
-    def shape_flagged(self, d: np.ndarray, look: int) -> np.ndarray:
-        """Per sweep of d[sweep, comparison, seed]: whether its first `look` seeds show more skew
-        than the base levels cover."""
-        return np.abs(pooled_skewness(d, look)) > self.check
+    def skew_flag(self, d: np.ndarray, look: int) -> np.ndarray:
+        """Per sweep of d[sweep, comparison, seed]: the sign of its pooled skewness where its first
+        `look` seeds show more skew than the base levels cover, else 0."""
+        skewness = pooled_skewness(d, look)
+        return np.where(np.abs(skewness) > self.check, np.sign(skewness), 0.0)
 
-    def level(self, look: int, open_count: np.ndarray, flagged: np.ndarray) -> np.ndarray:
-        """Per sweep, the threshold at look index `look` with `open_count` open, flagged or not."""
+    def tail_levels(self, look: int, open_count: np.ndarray, skew_sign: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per sweep, the one-sided thresholds (lower call, higher call) at look index `look` with
+        `open_count` open: half the base level, or the heavy tail's level for the call in the
+        direction opposite a flagged skew."""
         index = np.clip(open_count, 1, self.comparisons) - 1
-        base = np.asarray(self.levels)[:, look][index]
-        return np.where(flagged, np.asarray(self.conservative_levels)[:, look][index], base)
+        half = np.asarray(self.levels)[:, look][index] / 2
+        heavy = np.minimum(np.asarray(self.heavy_tail_levels)[:, look][index], half)
+        return np.where(skew_sign > 0, heavy, half), np.where(skew_sign < 0, heavy, half)
 
 
 @attrs.frozen
 class Decisions:
     """What `decide` found, per sweep and comparison: code (LOWER, HIGHER, EQUIVALENT, OPEN),
-    look (index into looks of the decision, or of the last look made; -1: none), level (of that
-    test), pairs, mean and half-width there; per sweep, the look index the check flagged it at
-    (-1: never)."""
+    look (index into looks of the decision, or of the last look made; -1: none), level (twice the
+    one-sided threshold of a call in the direction of the mean: the two-sided level of the
+    interval shown), pairs, mean and half-width there; per sweep, the look index the check
+    flagged it at (-1: never) and the sign of the skewness it saw (0: never)."""
 
     code: np.ndarray
     look: np.ndarray
@@ -194,6 +231,7 @@ class Decisions:
     mean: np.ndarray
     half: np.ndarray
     flagged_at: np.ndarray
+    skew_sign: np.ndarray
 
 
 def decide(d: np.ndarray, seeds_run: np.ndarray, design: LookDesign, reference: np.ndarray | None = None) -> Decisions:
@@ -203,36 +241,37 @@ def decide(d: np.ndarray, seeds_run: np.ndarray, design: LookDesign, reference: 
     out = {name: np.zeros(shape, dtype) for name, dtype in
            (("code", int), ("level", float), ("pairs", int), ("mean", float), ("half", float))}
     out["look"], out["half"][:] = np.full(shape, -1), np.inf
-    flagged_at = np.full(shape[0], -1)
+    flagged_at, skew_sign = np.full(shape[0], -1), np.zeros(shape[0])
     for j, look in enumerate(design.looks):
         reached = (out["code"] == OPEN) & (seeds_run >= look)
         if not reached.any():
             break
-        newly = (flagged_at < 0) & design.shape_flagged(d, look)  # once flagged, it stays
-        flagged_at[newly] = j
+        sign = design.skew_flag(d, look)
+        newly = (flagged_at < 0) & (sign != 0)  # once flagged, it stays
+        flagged_at[newly], skew_sign[newly] = j, sign[newly]
         n, mean, sd = look_statistics(d, look)
-        p = p_values(n, mean, sd)
-        _holm_at_look(design, j, reached, p, flagged_at >= 0, out)
+        _holm_at_look(design, j, reached, lower_p_values(n, mean, sd), mean, skew_sign, out)
         _record(out, reached, j, n, mean, sd)
         if design.margin is not None and reference is not None:
             half = out["half"]
             equivalent = reached & (out["code"] == OPEN) & (np.abs(mean) + half < design.margin * np.abs(reference))
             out["code"][equivalent] = EQUIVALENT
-    return Decisions(**out, flagged_at=flagged_at)
+    return Decisions(**out, flagged_at=flagged_at, skew_sign=skew_sign)
 
 
-def _holm_at_look(design: LookDesign, j: int, reached: np.ndarray, p: np.ndarray, flagged: np.ndarray,
-                  out: dict) -> None:
-    """Holm at one look: test the open comparisons at alpha / (open count); repeat while one falls."""
+def _holm_at_look(design: LookDesign, j: int, reached: np.ndarray, p_lower: np.ndarray, mean: np.ndarray,
+                  skew_sign: np.ndarray, out: dict) -> None:
+    """Holm at one look: test the open comparisons at alpha / (open count), each tail at its own
+    one-sided threshold; repeat while one falls."""
     while True:
-        open_count = (out["code"] == OPEN).sum(1)
-        level = design.level(j, open_count, flagged)
+        lower, higher = design.tail_levels(j, (out["code"] == OPEN).sum(1), skew_sign)
+        lower, higher = np.broadcast_to(lower[:, None], reached.shape), np.broadcast_to(higher[:, None], reached.shape)
         still = reached & (out["code"] == OPEN)
-        out["level"][still] = np.broadcast_to(level[:, None], reached.shape)[still]
-        falls = reached & (out["code"] == OPEN) & (p <= level[:, None])
-        if not falls.any():
+        out["level"][still] = 2 * np.where(mean < 0, lower, higher)[still]
+        falls_lower, falls_higher = still & (p_lower <= lower), still & (1 - p_lower <= higher)
+        if not (falls_lower | falls_higher).any():
             return
-        out["code"][falls] = _FELL
+        out["code"][falls_lower], out["code"][falls_higher] = LOWER, HIGHER
 
 
 def _record(out: dict, reached: np.ndarray, j: int, n: np.ndarray, mean: np.ndarray, sd: np.ndarray) -> None:
@@ -242,5 +281,3 @@ def _record(out: dict, reached: np.ndarray, j: int, n: np.ndarray, mean: np.ndar
         at = reached & (n == df + 1)
         quantiles = np.array([t_quantile(1 - lv / 2, int(df)) if lv > 0 else math.inf for lv in out["level"][at]])
         out["half"][at] = quantiles * sd[at] / math.sqrt(df + 1)
-    fell = reached & (out["code"] == _FELL)
-    out["code"][fell] = np.where(mean[fell] < 0, LOWER, HIGHER)

@@ -93,7 +93,7 @@ class Design:
     skew: float = SKEW_COVERED
     looks: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
     levels: tuple | None = attrs.field(default=None, eq=False, converter=_nested_tuple)
-    conservative_levels: tuple | None = attrs.field(default=None, eq=False, converter=_nested_tuple)
+    heavy_tail_levels: tuple | None = attrs.field(default=None, eq=False, converter=_nested_tuple)
 
     @rule.default
     def _rule(self) -> str:
@@ -110,7 +110,7 @@ class Design:
         if self.looks is None:
             return None
         return LookDesign(self.comparisons, self.looks, self.confidence, margin=self.margin,
-                          levels=self.levels, conservative_levels=self.conservative_levels)
+                          levels=self.levels, heavy_tail_levels=self.heavy_tail_levels)
 
     @property
     def nominal(self) -> float:
@@ -128,10 +128,10 @@ class Design:
         """This design with its nominal level (a looks design: its level tables) computed, as a
         sweep stores it."""
         if self.looks is not None:
-            if self.levels is not None:
-                return self
+            if self.levels is not None and self.heavy_tail_levels is not None:
+                return self  # a design stored before the heavy tail's levels is calibrated again
             looks = LookDesign(self.comparisons, self.looks, self.confidence, margin=self.margin).calibrated()
-            return attrs.evolve(self, levels=looks.levels, conservative_levels=looks.conservative_levels)
+            return attrs.evolve(self, levels=looks.levels, heavy_tail_levels=looks.heavy_tail_levels)
         return attrs.evolve(self, level=self.nominal)
 
     def looks_level(self, pairs: int) -> float:
@@ -244,9 +244,10 @@ def looks_label(design: Design) -> str:
     """What the tables say about a looks design's intervals."""
     return (f"{100 * design.confidence:g}% family-wise decisions of a group-sequential design: looks after "
             f"{design.looks_text} seeds, Hwang-Shih-DeCani spending, Holm's alpha passed on as comparisons are "
-            f"decided (Maurer-Bretz), levels for paired differences skewed up to 1 either way, conservative ones "
-            f"(gamma skew 1.5, a second mode) once the pooled residuals' skewness passes {CHECK:g}; each interval is "
-            "the t-interval at the level its comparison was last tested at, at its last look")
+            f"decided (Maurer-Bretz), levels for paired differences skewed up to 1 either way; once the pooled "
+            f"residuals' skewness passes {CHECK:g}, a call in the direction opposite the skew at one-sided levels for "
+            "skewness 2 (not covered: a second mode); each interval is the t-interval at the level its comparison was "
+            "last tested at in the direction of its mean, at its last look")
 
 
 def fixed_design(comparisons: int, seeds: int, confidence: float = CONFIDENCE, margin: float | None = None) -> Design:
@@ -399,6 +400,16 @@ def before_first_look(variant: str, baseline: str, diffs: np.ndarray, reference:
                                 stopping=unfinished)
 
 
+def skew_flag_text(found, design: Design, look: int) -> str:
+    """Why a flagged sweep's calls in one direction were tested at the heavy tail's level."""
+    flag, sign = int(found.flagged_at[0]), float(found.skew_sign[0])
+    if not 0 <= flag <= look:
+        return ""
+    heavy = "lower" if sign > 0 else "higher"
+    return (f"the pairs' pooled skewness passed {'+' if sign > 0 else '-'}{CHECK:g} at {design.looks[flag]} seeds: "
+            f"a {heavy} value than the baseline's is tested at the heavy tail's level")
+
+
 def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode: str, design: Design,
                   unfinished: str = BUDGET) -> list[SequentialComparison]:
     """The family under a looks design (`k3lab.report.looks.decide`): each comparison at its last look."""
@@ -416,9 +427,7 @@ def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode
         verdict = {LOWER: BETTER if mode == "min" else WORSE, HIGHER: WORSE if mode == "min" else BETTER,
                    LOOKS_EQUIVALENT: EQUIVALENT}.get(code, NOT_RESOLVED)
         half, base = float(found.half[0, i]), float(reference[0, i])
-        flag = int(found.flagged_at[0])
-        shape = (f"the pairs' pooled skewness passed {CHECK:g} at {design.looks[flag]} seeds: conservative levels"
-                 if 0 <= flag <= look else "")
+        shape = skew_flag_text(found, design, look)
         stopping = DECIDED if verdict != NOT_RESOLVED else (MAX_SEEDS if design.looks[look] >= design.looks[-1]
                                                             else unfinished)
         if verdict == NOT_RESOLVED and pairs >= 2:
