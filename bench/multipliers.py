@@ -1,15 +1,17 @@
 """The compute multiplier on simulated sweeps: how often its interval covers the truth, and how wide it is.
 
     python bench/multipliers.py --sweeps 600 --write
+    python bench/multipliers.py --sweeps 600 --before REV --write   # the same rows, k3lab as at git REV
 
 Trial losses follow a curve in compute C (in multiples of the baseline's budget): a pure power law
-L = 2 C^-alpha, or a curved one, L = E + A C^-a + S / C (an irreducible loss E and a
+L = 2 C^-alpha, a curved one, L = E + A C^-a + S / C (an irreducible loss E and a
 learning-rate schedule term S / C: a short run spends a larger share of its steps in warmup and
-decay), times a seed's effect shared by all trials of that seed and each trial's own noise. The
+decay), or one near its floor, L = 1 + 0.15 C^-0.8, times a seed's effect shared by all trials of that seed and each trial's own noise. The
 baseline trains at 1x and at the compute curve's scales (the grid); each of K variants trains at
 1x with a little more FLOPs per token and ends where the baseline's curve is at its true
 multiplier times its own compute. Each sweep is judged by `compute_multipliers`, as the report
-judges a stored one, with the fixed-seed design (Bonferroni t over the K comparisons), reading
+judges a stored one, with the design a sweep passes (the every-pair sequential design, K
+comparisons, start 4, max 16, skew 1.5; the report reads from it what its code reads), reading
 the curve by straight pieces in log-log or by the monotone cubic the report uses. A comparison
 with no interval (its seeds censored beyond the curve) counts as not covered. --write puts the
 table into docs/statistics.md; tests/test_compute.py asserts the coverage on the same simulation,
@@ -28,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from k3lab.report.compute_multipliers import compute_multipliers  # noqa: E402
 from k3lab.report.records import TrialRecord  # noqa: E402
-from k3lab.report.sequential import fixed_design  # noqa: E402
+from k3lab.report.sequential import Design  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "statistics.md"
 SECTION = "Compute multipliers, simulated"
@@ -38,15 +40,18 @@ GRIDS = {"1.25x-2x": SCALES, "factor 2": (0.5, 2.0), "finer": (0.5, 0.71, 1.41, 
 TRUTHS = {"v1": 1.25, "v2": 1.0, "v3": 0.9, "v4": 1.5}
 STEPS, FLOPS = 1000, 1.0e6
 ALPHA, SEED_SPREAD, TRIAL_NOISE, EXTRA_FLOPS = 0.1, 0.01, 0.004, 0.01
-CURVED = (1.5, 0.6, 0.5, 0.05)  # E, A, a, S of L = E + A C^-a + S / C
+CURVES_OF = {"curved": (1.5, 0.6, 0.5, 0.05), "near floor": (1.0, 0.15, 0.8, 0.0)}  # E, A, a, S: E + A C^-a + S / C
+CURVED = CURVES_OF["curved"]
 TARGET_COVERAGE = 0.93
+START, MAX_PAIRS = 4, 16  # the sweep's every-pair design the multipliers are handed
 
 
-def loss_at(compute: float, curved: bool, alpha: float = ALPHA) -> float:
-    """The noiseless loss at `compute` (multiples of the baseline's budget)."""
+def loss_at(compute: float, curved: "bool | str", alpha: float = ALPHA) -> float:
+    """The noiseless loss at `compute` (multiples of the baseline's budget); curved: False (the power
+    law), True ("curved") or a name of CURVES_OF."""
     if not curved:
         return 2.0 * compute ** -alpha
-    e, a, power, s = CURVED
+    e, a, power, s = CURVES_OF["curved" if curved is True else curved]
     return e + a * compute ** -power + s / compute
 
 
@@ -65,7 +70,7 @@ def record(variant: str, seed: int, steps: int, flops: float, loss: float) -> Tr
 def simulated_sweep(rng: random.Random, truths: dict[str, float], seeds: int, alpha: float = ALPHA,
                     sd_seed: float = SEED_SPREAD, sd_trial: float = TRIAL_NOISE,
                     extra_flops: float = EXTRA_FLOPS, scales: tuple[float, ...] = SCALES,
-                    curved: bool = False) -> list[TrialRecord]:
+                    curved: "bool | str" = False) -> list[TrialRecord]:
     """One sweep's trials (see the module docstring)."""
     records = []
     for seed in range(seeds):
@@ -82,10 +87,10 @@ def simulated_sweep(rng: random.Random, truths: dict[str, float], seeds: int, al
 
 
 def simulate(seeds: int, sweeps: int, seed: int, sd_trial: float = TRIAL_NOISE, scales: tuple[float, ...] = GRIDS["finer"],
-             curved: bool = False, cubic: bool = True) -> dict:
+             curved: "bool | str" = False, cubic: bool = True) -> dict:
     """Family-wise coverage, each variant's coverage and median half-width (in x) over `sweeps`;
     the share of seeds censored beyond the curve."""
-    rng, design = random.Random(seed), fixed_design(len(TRUTHS), seeds)
+    rng, design = random.Random(seed), Design(len(TRUTHS), MAX_PAIRS, START)
     covered_all, covered, censored = 0, {v: 0 for v in TRUTHS}, 0
     halves: dict[str, list[float]] = {v: [] for v in TRUTHS}
     for _ in range(sweeps):
@@ -111,19 +116,22 @@ ROWS = [  # (curve, grid, reading, seeds, trial noise)
     (False, "1.25x-2x", True, 6, TRIAL_NOISE),  # no budget under 1x: v2 and v3 sit at or below the curve's end
     *((curved, grid, cubic, 16, TRIAL_NOISE) for curved in (False, True) for grid in ("factor 2", "finer")
       for cubic in (False, True)),
+    *(("near floor", grid, True, seeds, noise) for grid in ("factor 2", "finer") for seeds, noise in
+      ((6, TRIAL_NOISE), (16, TRIAL_NOISE), (16, 0.001))),
 ]
 
 
 def table(sweeps: int, seed: int) -> str:
     truths = ", ".join(f"{v} {t:g}x" for v, t in TRUTHS.items())
     e, a, power, s = CURVED
-    lines = [f"K = {len(TRUTHS)} variants against one baseline; curves: power law L = 2 C^-{ALPHA:g}, or curved L = "
-             f"{e:g} + {a:g} C^-{power:g} + {s:g} / C (C in multiples of the baseline's budget); grids (the "
+    lines = [f"K = {len(TRUTHS)} variants against one baseline; curves: power law L = 2 C^-{ALPHA:g}, curved L = "
+             f"{e:g} + {a:g} C^-{power:g} + {s:g} / C, near floor L = 1 + 0.15 C^-0.8 (C in multiples of the baseline's budget); grids (the "
              f"baseline's budgets besides 1x): " + "; ".join(f"{name} {', '.join(f'{x:g}x' for x in g)}"
                                                             for name, g in GRIDS.items()) +
              f"; loss x the seed's effect (sd {SEED_SPREAD:g}, shared by its trials) x each trial's noise; variants "
              f"{EXTRA_FLOPS:.0%} more FLOPs per token; true multipliers {truths}; {sweeps:,} sweeps per row; "
-             f"intervals: family-wise 95% Bonferroni t over {len(TRUTHS)} (each at {5 / len(TRUTHS):g}%); reading: "
+             f"intervals: as `compute_multipliers` builds them from the sweep's design (every-pair, start {START}, max "
+             f"{MAX_PAIRS}, K {len(TRUTHS)}, 95%); reading: "
              "straight pieces or the monotone cubic (PCHIP) in log-log; censored: the share of seeds beyond the "
              "curve's ends.", "",
              "| curve | grid | reading | seeds | trial noise (sd of log loss) | family-wise coverage | "
@@ -131,21 +139,45 @@ def table(sweeps: int, seed: int) -> str:
     failures = []
     for row, (curved, grid, cubic, seeds, noise) in enumerate(ROWS):
         outcome = simulate(seeds, sweeps, seed + row, noise, GRIDS[grid], curved, cubic)
-        lines.append(f"| {'curved' if curved else 'power law'} | {grid} | {'cubic' if cubic else 'straight'} | "
+        lines.append(f"| {curved if isinstance(curved, str) else 'curved' if curved else 'power law'} | {grid} | {'cubic' if cubic else 'straight'} | "
                      f"{seeds} | {noise:g} | {outcome['family']:.4f} | "
                      f"{', '.join(f'{c:.3f}' for c in outcome['each'].values())} | "
                      f"{', '.join(f'±{h:.3f}x' for h in outcome['half'].values())} | {outcome['censored']:.4f} |")
-        if curved and grid == "finer" and cubic and min(outcome["each"].values()) < TARGET_COVERAGE:
+        if curved is True and grid == "finer" and cubic and min(outcome["each"].values()) < TARGET_COVERAGE:
             failures.append(f"curved, finer grid, cubic: coverage {min(outcome['each'].values()):.3f}")
     if failures:
         raise SystemExit("below the target coverage " + "; ".join(failures))
     return "\n".join(lines)
 
 
+def before(revision: str) -> None:
+    """Import k3lab as it was at git `revision` (extracted to a temporary folder) instead of this tree's."""
+    import subprocess
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="k3lab-before-")
+    root = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "-C", str(root), "archive", revision, "k3lab"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
+    for name in [m for m in sys.modules if m == "k3lab" or m.startswith("k3lab.")]:
+        del sys.modules[name]
+    sys.path.insert(0, folder)
+    global compute_multipliers, Design
+    from k3lab.report.compute_multipliers import compute_multipliers
+    from k3lab.report.sequential import Design
+
+
 def main() -> None:
     from bench.report import simulation_main
 
-    simulation_main(__doc__, table, SECTION, 600, DOC)
+    command, section = "python " + " ".join(sys.argv), SECTION
+    if "--before" in sys.argv:
+        at = sys.argv.index("--before")
+        revision = sys.argv[at + 1]
+        del sys.argv[at:at + 2]
+        before(revision)
+        section = f"{SECTION}: before"
+    simulation_main(__doc__, table, section, 600, DOC, command)
 
 
 if __name__ == "__main__":

@@ -74,3 +74,35 @@ def test_report_also_a_store_without_the_sweep_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and f"--also {tmp_path / 'b.db'}: no sweep of attnres_block-cpu in it" in err
     assert not (tmp_path / "out").exists()  # refused before the report wrote anything
+
+
+def pooled_sweeps(seeds_a, seeds_b, shift=-0.01) -> list[Sweep]:
+    """Two stores of one comparison (bs4 against off) with distinct seeds; bs4 `shift` below off."""
+    def one(label, seeds):
+        return Sweep(label, records({**{("off", s): 3.0 + 0.01 * (s % 3) for s in seeds},
+                                     **{("bs4", s): 3.0 + 0.01 * (s % 3) + shift + 0.002 * (-1) ** s for s in seeds}}))
+    return [one("a.db", seeds_a), one("b.db", seeds_b)]
+
+
+def test_pooled_seeds_of_a_looks_design_use_its_level_at_the_look_at_or_below_their_count():
+    """10 distinct seeds under looks 6, 8, 12, 16: one look over all 10 at the look-8 threshold (one
+    comparison open), and the interval is the t-interval at that level."""
+    from k3lab.report.sequential import Design
+    from k3lab.report.stats import t_interval
+
+    design = Design(1, 16, 6, looks=(6, 8, 12, 16)).calibrated()
+    sweeps = pooled_sweeps(range(5), range(5, 10))
+    (row,) = compare_across(sweeps, {"bs4": "off"}, "val_loss", "min", design)
+    level = design.levels[0][1]
+    diffs = [-0.01 + 0.002 * (-1) ** s for s in range(10)]
+    assert row["pooled"].pairs == 10 and "look at 8 seeds" in row["pooled_design"]
+    assert row["pooled"].half_width == pytest.approx(t_interval(diffs, confidence=1 - level)[1])
+
+
+def test_pooled_seeds_short_of_a_looks_designs_first_look_are_not_decided_and_say_why():
+    from k3lab.report.sequential import Design
+
+    design = Design(1, 16, 6, looks=(6, 8, 12, 16)).calibrated()
+    (row,) = compare_across(pooled_sweeps(range(2), range(2, 5)), {"bs4": "off"}, "val_loss", "min", design)
+    assert row["pooled"].half_width is None and row["pooled"].verdict == "not resolved"
+    assert "5 distinct seeds: the design looks from 6" in row["pooled_design"]

@@ -101,12 +101,27 @@ def test_a_seed_whose_curve_does_not_fall_with_compute_gives_no_multiplier():
     assert sorted(found.seeds) == [0, 1] and found.skipped == (2,)
 
 
-def test_the_interval_is_the_designs_half_width_on_the_log_scale():
-    records = simulated_sweep(random.Random(4), {"a": 1.3}, seeds=5)
+def test_the_interval_is_one_looks_level_plus_half_the_curves_bend_not_the_sequential_level():
+    """The multiplier is read once: a t-interval at a fixed list's level with the design's K open,
+    widened by BEND_SHARE x the mean |cubic - straight reading|; narrower than the sweep's every-pair
+    sequential interval would be."""
+    from k3lab.report.compute_multipliers import BEND_SHARE
+    from k3lab.report.curves import curve_reach
+
+    records = simulated_sweep(random.Random(4), {"a": 1.3}, seeds=5, curved=True)
     design = Design(comparisons=1, max_pairs=16, start=4, halfwidth=0.01, rule=HALFWIDTH).calibrated()
     [found] = compute_multipliers(records, {"a": "base"}, CURVES, "val_loss", design)
     logs = [math.log(m) for m in found.seeds.values()]
-    half = design.half_width(logs)
+    points = {}
+    for r in records:
+        if r.variant.startswith("base"):
+            points.setdefault(r.seed, []).append((int(r.params["train.steps"]) * 1000 * FLOPS,
+                                                  r.final["val_loss"]))
+    spent = {r.seed: STEPS * 1000 * r.final["flops_per_token"] for r in records if r.variant == "a"}
+    bend = [abs(math.log(found.seeds[s] * spent[s] / curve_reach(points[s], r.final["val_loss"], False)[0]))
+            for r in records if r.variant == "a" for s in [r.seed]]
+    half = fixed_design(1, 5).half_width(logs) + BEND_SHARE * sum(bend) / len(bend)
+    assert sum(bend) > 0 and half < design.half_width(logs)
     assert math.log(found.high) - math.log(found.estimate) == pytest.approx(half)
     assert math.log(found.estimate) - math.log(found.low) == pytest.approx(half)
 

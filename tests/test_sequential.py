@@ -14,7 +14,8 @@ from k3lab.report.sequential import (
     compare_sequential, fixed_design, nominal_level, smallest_p_values,
 )
 from k3lab.report.calibration import SKEW_COVERED, null_rejection_rate
-from k3lab.report.stats import t_interval
+from k3lab.report import looks
+from k3lab.report.stats import t_interval, t_quantile
 from k3lab.runner.tune.planner import FINISHED, SeedPlanner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,12 +26,45 @@ import bench.decisions as decisions  # noqa: E402  (a broken import fails this f
 # -- the design's intervals ----------------------------------------------------------------------
 
 
-def test_one_look_is_a_plain_t_test_at_the_bonferroni_level():
+def test_a_list_of_seeds_is_one_look_at_the_shape_calibrated_level_not_the_gaussian_t():
+    """One look at 6 pairs: the threshold with all 4 open is looks.level_table's, below the Gaussian
+    Bonferroni 1.25% (skewed differences reject more often at the t's level), and the interval is
+    the t-interval at that level."""
     design = fixed_design(comparisons=4, seeds=6)
     diffs = [0.01, -0.02, 0.03, 0.0, 0.015, 0.005]
-    assert design.nominal == pytest.approx(0.0125)
-    assert design.half_width(diffs) == pytest.approx(t_interval(diffs, confidence=1 - 0.05 / 4)[1])
+    level = looks.level_table((6,), 4, 0.05, looks.SPENDING, looks.COVERED)[3][0]
+    assert design.nominal == pytest.approx(level) and level < 0.0125
+    assert design.half_width(diffs) == pytest.approx(t_interval(diffs, confidence=1 - level)[1])
     assert nominal_level(5, 5, 0.0125) == 0.0125
+
+
+def test_a_list_of_seeds_passes_alpha_on_holm_decides_what_bonferroni_would_not():
+    """Two comparisons at 8 pairs: one far from 0, one whose p-value lies between the threshold with
+    both open and the one with one open: Holm calls both, and its interval excludes 0."""
+    design = fixed_design(2, 8)
+    both, one = design.levels[1][0], design.levels[0][0]
+    noise = np.array([1.0, -1.0, 0.5, -0.5, 0.8, -0.8, 0.2, -0.2])
+    sd = noise.std(ddof=1)
+    t_middle = t_quantile(1 - math.sqrt(both * one) / 2, 7)  # a p-value between the two thresholds
+    base = {s: 2.0 for s in range(8)}
+    values = {"far": {s: 2.0 - 1.0 + 0.01 * noise[s] for s in range(8)},
+              "near": {s: 2.0 - t_middle * sd * 0.01 / math.sqrt(8) + 0.01 * noise[s] for s in range(8)}, "b": base}
+    rows = compare_family(values, {"far": "b", "near": "b"}, "min", design)
+    assert [r.verdict for r in rows] == [BETTER, BETTER]
+    assert rows[1].mean_diff + rows[1].half_width < 0
+
+
+def test_a_list_of_seeds_whose_pairs_are_skewed_uses_the_conservative_levels():
+    """Skewed pairs (one seed far off in each comparison) flag the shape check: the one look is tested
+    at the conservative threshold and says so."""
+    design = fixed_design(2, 8)
+    base = {s: 2.0 for s in range(8)}
+    skewed = [0.0, 0.01, -0.01, 0.005, -0.005, 0.002, -0.002, 0.2]
+    values = {"a": {s: 2.0 + x for s, x in enumerate(skewed)}, "c": {s: 2.0 + 0.5 * x for s, x in enumerate(skewed)},
+              "b": base}
+    rows = compare_family(values, {"a": "b", "c": "b"}, "min", design)
+    assert all("conservative levels" in r.reason for r in rows)
+    assert design.conservative_levels[1][0] < design.levels[1][0]
 
 
 def test_the_level_of_each_look_holds_the_error_at_alpha_over_every_look_up_to_max():

@@ -4,9 +4,12 @@ after a change): each comparison per sweep, side by side, and pooled.
 Per sweep, a comparison is the sweep's own (`paired.comparisons_for`, the design the report uses).
 Pooled, the unit is a distinct seed: a seed run in several sweeps trained the same initial model on
 the same data order, so its paired differences there are not independent; they are averaged into
-one difference for that seed (and the baseline's values likewise), and the pooled comparison is a
-one-look t-interval over the distinct seeds with the design's confidence, Bonferroni over its
-comparisons (`sequential.fixed_design`).
+one difference for that seed (and the baseline's values likewise). Seeds added sequentially are not
+a fixed sample, so the pooled family is decided at the sweeps' design's level (`pooled_design`): a
+looks design's threshold at its look at or below the count of distinct seeds (one look over all of
+them, Holm over the comparisons, shape check on the pooled pairs); the every-pair design's repeated
+interval where the count is within its max; a fixed list's one shape-calibrated look. Where none
+applies the row's note says why.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+import attrs
+
 from rich.table import Table
 
 from k3lab.report.markdown import table_lines
 from k3lab.report import stats
 from k3lab.report.paired import comparisons_for, values_by_seed
 from k3lab.report.records import TrialRecord
-from k3lab.report.sequential import BUDGET, Design, compare_sequential, fixed_design
+from k3lab.report.sequential import BUDGET, CONFIDENCE, FIXED, Design, compare_family, fixed_design
 
 POOLED = "pooled"
 
@@ -58,15 +63,48 @@ def compare_across(sweeps: list[Sweep], baselines: dict[str, str], metric: str, 
     pooled = {variant: pooled_values(sweeps, variant, baseline, metric, mode, last, rise)
               for variant, baseline in baselines.items()}
     seeds = max((len(values) for values, _ in pooled.values()), default=1)
-    confidence = design.confidence if design is not None else fixed_design(1, 1).confidence
-    margin = design.margin if design is not None else None
-    pooled_design = fixed_design(len(baselines), max(seeds, 1), confidence, margin)
-    for variant, baseline in baselines.items():
-        values, reference = pooled[variant]
-        rows.append({"variant": variant, "baseline": baseline,
+    chosen, how = pooled_design(design, len(baselines), max(seeds, 1))
+    own = {variant: f"{variant} <- {baseline}" for variant, baseline in baselines.items()}  # each pair's own baseline
+    values = {name: by_seed for variant in baselines for name, by_seed in zip((variant, own[variant]), pooled[variant])}
+    family = [attrs.evolve(c, baseline=baselines[c.variant])
+              for c in compare_family(values, own, mode, chosen, BUDGET)]
+    for (variant, baseline), found in zip(baselines.items(), family):
+        rows.append({"variant": variant, "baseline": baseline, "pooled_design": how,
                      "by_sweep": [(label, comparisons[variant]) for label, comparisons in per_sweep.items()],
-                     "pooled": compare_sequential(variant, values, baseline, reference, mode, pooled_design, BUDGET)})
+                     "pooled": found})
     return rows
+
+
+def pooled_design(design: Design | None, comparisons: int, seeds: int) -> tuple[Design, str]:
+    """The design the pooled family of `comparisons` over `seeds` distinct seeds is decided under,
+    and the note's words for it."""
+    confidence = design.confidence if design is not None else CONFIDENCE
+    margin = design.margin if design is not None else None
+    one_look = fixed_design(comparisons, seeds, confidence, margin)
+    if design is None or design.rule == FIXED:
+        return one_look, "one look at the distinct seeds at a list of seeds' levels (each sweep ran a fixed list)"
+    if design.looks is None:
+        if seeds <= design.max_pairs:
+            return design, f"the sweeps' repeated interval at the distinct seeds (it holds at every look to {design.max_pairs})"
+        return one_look, (f"one look at a list of seeds' levels: {seeds} distinct seeds is past the design's max "
+                          f"({design.max_pairs}), where its repeated intervals do not reach; seeds added "
+                          "sequentially there are not covered")
+    made = [j for j, look in enumerate(design.looks) if look <= seeds]
+    if not made or design.comparisons != comparisons or seeds < 3:
+        why = (f"{seeds} distinct seeds: the design looks from {design.looks[0]}" if not made else
+               f"the design has {design.comparisons} comparisons, the pooled family {comparisons}")
+        return design, f"not decided ({why})"
+    calibrated, j = design.calibrated(), made[-1]
+
+    def column(table: tuple) -> tuple:
+        return tuple((row[j],) for row in table)
+
+    past = (f"; past its last look the design covers no more looks, so this is its last level"
+            if seeds > design.looks[-1] else "")
+    return (attrs.evolve(one_look, levels=column(calibrated.levels),
+                         conservative_levels=column(calibrated.conservative_levels)),
+            f"one look at the {seeds} distinct seeds at the design's level of its look at {design.looks[j]} seeds "
+            f"(Holm over the family, shape check on the pooled pairs){past}")
 
 
 def cells(label: str, c: stats.Comparison) -> list[str]:
@@ -81,13 +119,14 @@ def cells(label: str, c: stats.Comparison) -> list[str]:
 HEADERS = ("variant", "baseline", "sweep", "pairs", "difference", "vs baseline", "verdict")
 
 
-def note(sweeps: list[Sweep]) -> str:
+def note(sweeps: list[Sweep], rows: list[dict]) -> str:
+    how = rows[0]["pooled_design"] if rows else "no comparisons"
     return (f"each sweep under its design; {POOLED}: one pair per distinct seed (its differences in the "
-            f"{len(sweeps)} sweeps averaged), a one-look family-wise t-interval")
+            f"{len(sweeps)} sweeps averaged), {how}")
 
 
 def across_table(rows: list[dict], sweeps: list[Sweep], metric: str, title: str) -> Table:
-    table = Table(title=title, caption=note(sweeps))
+    table = Table(title=title, caption=note(sweeps, rows))
     for header in HEADERS:
         table.add_column(header, justify="right" if header in ("pairs", "difference") else "left")
     for row in rows:
@@ -100,7 +139,7 @@ def across_table(rows: list[dict], sweeps: list[Sweep], metric: str, title: str)
 def across_lines(rows: list[dict], sweeps: list[Sweep], metric: str) -> list[str]:
     cells_of = [[row["variant"], row["baseline"], *cells(label, comparison)]
                 for row in rows for label, comparison in [*row["by_sweep"], (POOLED, row["pooled"])]]
-    return [f"{metric} against the baselines in {len(sweeps)} sweeps ({note(sweeps)}):", "",
+    return [f"{metric} against the baselines in {len(sweeps)} sweeps ({note(sweeps, rows)}):", "",
             *table_lines(list(HEADERS), cells_of)]
 
 

@@ -18,8 +18,11 @@ curve's ends, where it says "beyond" or "below" too.
 
 m > 1: the variant reaches with its compute a loss the baseline needs m times that compute for.
 Each seed's curve uses that seed's trials alone, so the seeds' log m_s are independent like the
-verdicts' paired differences; the estimate is their geometric mean, with the design's family-wise
-interval (`k3lab.report.sequential.Design.half_width`) on the log scale.
+verdicts' paired differences; the estimate is their geometric mean. Its interval, on the log scale,
+is read once, not at the sweep's looks: a t-interval at one look's shape-calibrated level with the
+design's K multipliers (`sequential.fixed_design`), widened by the curve's interpolation error,
+taken as a share of how far the cubic and the straight-piece readings lie apart (its mean over the
+seeds: a bias, which more seeds do not average away; `multiplier_half_width`).
 
 The same reading with GPU-seconds for cost (each trial's tokens over its measured tokens/s: its
 training time on its GPU) gives the time multiplier: the baseline's seconds to reach the
@@ -45,8 +48,9 @@ import attrs
 from k3lab.report.curves import ABOVE, BELOW, compute_at, curve_reach, power_law
 from k3lab.report.paired import ExtraColumn, tokens_per_step, trial_value
 from k3lab.report.records import TrialRecord
-from k3lab.report.sequential import Design
+from k3lab.report.sequential import Design, fixed_design
 
+BEND_SHARE = 0.5  # of |cubic - straight reading|, counted as the cubic's own interpolation error
 FLOPS_PER_TOKEN = "flops_per_token"  # a trial run's metric (k3lab.model.counting, the MFU's count)
 
 
@@ -158,7 +162,7 @@ def multiplier_of(variant: str, baseline: str, records: list[TrialRecord], curve
     multiple of the budget), with its time multiplier where cost is compute and the trials
     measured their speed; None where no seed has both a curve and the variant's value."""
     points = curve_points(records, [baseline, *curve], metric, last, mode, rise, cost)
-    seeds, skipped, censored, spans = {}, [], {}, []
+    seeds, skipped, censored, spans, bend = {}, [], {}, [], {}
     for record in records:
         if record.variant != variant or record.seed not in points:
             continue
@@ -174,6 +178,8 @@ def multiplier_of(variant: str, baseline: str, records: list[TrialRecord], curve
             continue
         else:
             seeds[record.seed] = reached / spent
+            straight, _ = curve_reach(points[record.seed], value, False)
+            bend[record.seed] = abs(math.log(reached / straight)) if cubic and straight else 0.0
         spans.append((min(costs) / spent, max(costs) / spent))
     ends = (min(1.0, *curve.values()), max(1.0, *curve.values()))
     outside = ((f"below {ends[0]:g}x", f"beyond {ends[1]:g}x") if cost is trial_compute  # the budgets' multiples
@@ -181,18 +187,30 @@ def multiplier_of(variant: str, baseline: str, records: list[TrialRecord], curve
     found = summarised(variant, baseline, seeds, design, spans, outside,
                        f"its curve over {ends[0]:g}x-{ends[1]:g}x its budget, "
                        f"{'a monotone cubic' if cubic else 'straight pieces'} in log-log through the points, per seed",
-                       skipped, censored)
+                       skipped, censored, bend)
     if found is None or cost is not trial_compute:
         return found
     return attrs.evolve(found, time=multiplier_of(variant, baseline, records, curve, metric, design, last, mode,
                                                   rise, trial_seconds, cubic))
 
 
+def multiplier_half_width(logs: list[float], design: Design, bend: dict[int, float] | None = None) -> float:
+    """The half-width on the log scale of the seeds' log multipliers: a one-look t-interval at the
+    level of a fixed list of that many seeds with all of the design's K open (`fixed_design`: the
+    shape-calibrated alpha / K; an estimate, not a sequential test: the multipliers are read once),
+    plus BEND_SHARE x the mean over the seeds of |cubic - straight reading| in log (`bend`): the
+    cubic's interpolation error, a bias more seeds do not shrink (bench/multipliers.py measures the
+    coverage this gives on near-floor and curved curves)."""
+    level = fixed_design(design.comparisons, len(logs), design.confidence)
+    return level.half_width(logs) + BEND_SHARE * (statistics.fmean(bend.values()) if bend else 0.0)
+
+
 def summarised(variant: str, baseline: str, seeds: dict[int, float], design: Design,
                spans: list[tuple[float, float]], outside: tuple[str, str], basis: str,
-               skipped: list[int], censored: dict[int, str] | None = None) -> Multiplier | None:
-    """The seeds' multipliers as a `Multiplier`: geometric mean and the design's interval on the
-    logs, clipped to the curve's ends; censored seeds are counted, never averaged."""
+               skipped: list[int], censored: dict[int, str] | None = None,
+               bend: dict[int, float] | None = None) -> Multiplier | None:
+    """The seeds' multipliers as a `Multiplier`: geometric mean and its interval on the logs
+    (`multiplier_half_width`), clipped to the curve's ends; censored seeds are counted, never averaged."""
     if not seeds and not censored:
         return None
     lowest = statistics.geometric_mean(lo for lo, _ in spans) if spans else 1.0
@@ -200,7 +218,7 @@ def summarised(variant: str, baseline: str, seeds: dict[int, float], design: Des
     estimate = low = high = None
     if seeds:
         logs = [math.log(m) for m in seeds.values()]
-        centre, half = statistics.fmean(logs), design.half_width(logs)
+        centre, half = statistics.fmean(logs), multiplier_half_width(logs, design, bend)
         estimate = math.exp(centre)
         if math.isfinite(half):
             low, high = max(lowest, math.exp(centre - half)), min(highest, math.exp(centre + half))

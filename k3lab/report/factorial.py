@@ -9,9 +9,12 @@ Against each axis's reference level (the baselines' level, else its first in the
     main effect of A at level a       mean over the other axes' cells of  y[a, .] - y[a0, .]
     interaction of A x B at (a, b)    mean over the other axes' cells of  y[a, b] - y[a0, b] - y[a, b0] + y[a0, b0]
 
-Each is a contrast of one seed's cells, so the seeds give paired values d_s and the effect's
-interval is the design's t-interval on them (`Design.half_width`), with the sweep's confidence and
-rule and Bonferroni over the K effects of the summary (their own family, beside the comparisons').
+Each is a contrast of one seed's cells, so the seeds give paired values d_s. The K effects of the
+summary are their own family (beside the comparisons'), decided as a fixed list of seeds is: one
+look at the seeds run, Holm over the K effects at the p-value thresholds `k3lab.report.looks`
+simulates for the shapes it covers (conservative ones where the shape check flags the effects'
+pairs), at the sweep's confidence; each interval is the t-interval at the level its effect was
+tested at (`sequential.fixed_design`).
 A seed counts for an effect when every cell the effect reads has a value there. In % of the
 reference cell's mean (every axis at its reference level).
 """
@@ -23,14 +26,15 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-import attrs
+import numpy as np
 from rich.table import Table
 
 from k3lab.report.markdown import table_lines
 from k3lab.report import stats
 from k3lab.report.paired import values_by_seed
 from k3lab.report.records import TrialRecord
-from k3lab.report.sequential import Design, fixed_design
+from k3lab.report.looks import decide
+from k3lab.report.sequential import CONFIDENCE, Design, fixed_design
 
 Cell = tuple[str, ...]
 
@@ -129,7 +133,8 @@ def factorial_effects(records: list[TrialRecord], metric: str, variant_order: li
                       baselines: dict[str, str] | None = None, design: Design | None = None, mode: str = "min",
                       last: int = 1, rise: float | None = None) -> tuple[list[Effect], Design | None]:
     """The grid's main effects and two-way interactions, and the design of their intervals ([] and
-    None where the sweep has no full grid of two or more axes)."""
+    None where the sweep has no full grid of two or more axes): one look at the seeds run, Holm over
+    the effects (`sequential.fixed_design`, at the sweep design's confidence)."""
     grid = factorial_grid(records, variant_order, baseline_levels(records, baselines or {}))
     if grid is None:
         return [], None
@@ -137,27 +142,42 @@ def factorial_effects(records: list[TrialRecord], metric: str, variant_order: li
     by_cell = {cell: values.get(variant, {}) for cell, variant in grid.cells.items()}
     wanted = contrasts(grid)
     seeds = max((len(v) for v in by_cell.values()), default=1)
-    effect_design = attrs.evolve(design, comparisons=len(wanted), level=None) if design is not None \
-        else fixed_design(len(wanted), seeds)
+    effect_design = fixed_design(len(wanted), seeds, design.confidence if design is not None else CONFIDENCE)
     reference_cell = tuple(grid.reference(a) for a in grid.axes)
     reference_values = [v for v in by_cell[reference_cell].values() if stats.usable(v)]
     reference = statistics.fmean(reference_values) if reference_values else None
-    effects = [effect(axes, levels, tuple(grid.reference(a) for a in axes), weights, by_cell, effect_design, reference)
-               for axes, levels, weights in wanted]
+    contrasts_by_seed = [seed_contrasts(weights, by_cell) for _, _, weights in wanted]
+    halves = effect_half_widths(contrasts_by_seed, effect_design)
+    effects = [effect(axes, levels, tuple(grid.reference(a) for a in axes), diffs, half, reference)
+               for (axes, levels, _), diffs, half in zip(wanted, contrasts_by_seed, halves)]
     return effects, effect_design
 
 
-def effect(axes, levels, references, weights: dict[Cell, float], by_cell: dict, design: Design,
-           reference: float | None) -> Effect:
+def seed_contrasts(weights: dict[Cell, float], by_cell: dict) -> dict[int, float]:
+    """seed -> the effect's contrast there, over the seeds with every cell it reads."""
     used = [cell for cell, w in weights.items() if w]
     seeds = sorted(set.intersection(*(set(s for s, v in by_cell[c].items() if stats.usable(v)) for c in used)))
-    diffs = [math.fsum(w * by_cell[c][s] for c, w in weights.items() if w) for s in seeds]
-    mean = statistics.fmean(diffs) if diffs else None
-    half = design.half_width(diffs) if diffs else math.inf
+    return {s: math.fsum(w * by_cell[c][s] for c, w in weights.items() if w) for s in seeds}
+
+
+def effect_half_widths(diffs: list[dict[int, float]], design: Design) -> list[float]:
+    """Per effect, the half-width at the level Holm tested it at (inf: too few seeds), so that an
+    interval excludes 0 exactly where the family's one look calls the effect nonzero."""
+    if design.looks is None:  # under 3 seeds: no simulated level, a t-interval at alpha / K
+        return [design.half_width(list(d.values())) if d else math.inf for d in diffs]
+    seeds = sorted(set().union(*diffs))
+    d = np.array([[[by_seed.get(s, np.nan) for s in seeds] for by_seed in diffs]])
+    pairs = np.isfinite(d).sum(-1)
+    found = decide(d, np.where(pairs >= design.first_look, design.looks[0], 0), design.look_design)
+    return [float(h) for h in found.half[0]]
+
+
+def effect(axes, levels, references, diffs: dict[int, float], half: float, reference: float | None) -> Effect:
+    mean = statistics.fmean(diffs.values()) if diffs else None
     half = half if math.isfinite(half) else None
     scale = 100 / abs(reference) if reference else None
     return Effect("main" if len(axes) == 1 else "interaction", tuple(axes), tuple(levels), tuple(references),
-                  len(seeds), mean, half, mean * scale if scale and mean is not None else None,
+                  len(diffs), mean, half, mean * scale if scale and mean is not None else None,
                   half * scale if scale and half is not None else None)
 
 

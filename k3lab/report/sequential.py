@@ -30,7 +30,10 @@ With `looks` (`seeds: {looks: [6, 8, 12, 16]}`) the design is `k3lab.report.look
 only at those seed counts, alpha spent over them, passed on as comparisons are decided (Holm), a
 shape check on the pooled residuals; `compare_family` decides such a family together.
 
-A fixed list of seeds is one look: each comparison gets a Bonferroni t-interval at alpha / K.
+A fixed list of n seeds (`fixed_design`) is a looks design of one look at n: Holm over the K
+comparisons at p-value thresholds simulated for the shapes `k3lab.report.looks` covers, and its
+conservative ones where the shape check flags the table's own pairs (under 3 seeds: one Student
+t-interval at alpha / K, as no threshold is simulated there).
 `until: {halfwidth: h}` stops a comparison once its interval is at most h x |the baseline's mean|
 instead; `until: max` runs every comparison to `max` seeds.
 
@@ -39,6 +42,7 @@ Everything here works on plain data: {variant: {seed: value or None}} and numpy 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 
@@ -136,17 +140,22 @@ class Design:
 
     def looks_level(self, pairs: int) -> float:
         """A looks design's threshold at its last look up to `pairs`, all K open, unflagged (0 before
-        its first look): the level of the pointwise intervals drawn along the curve."""
-        made = [j for j, look in enumerate(self.looks) if look <= pairs]
+        its first look; a fixed list: its one look at any pairs from 3): the level of the pointwise
+        intervals drawn along the curve."""
+        made = [j for j, look in enumerate(self.looks) if look <= pairs or self.rule == FIXED]
+        if pairs < self.first_look:
+            return 0.0
         return self.calibrated().levels[self.comparisons - 1][made[-1]] if made else 0.0
 
     @property
     def first_look(self) -> int:
         """The fewest pairs the design looks at: `start` (its level covers looks start .. max), or
         two for one look (a fixed list of seeds, some of whose trials may have failed)."""
+        if self.rule == FIXED:
+            return 2 if self.looks is None else 3  # one look: a failed trial's seed leaves the others
         if self.looks is not None:
             return self.looks[0]
-        return 2 if self.rule == FIXED else max(2, self.start)
+        return max(2, self.start)
 
     def half_width(self, diffs: list[float]) -> float:
         """The half-width of the interval after these paired differences (inf under `first_look`
@@ -186,6 +195,8 @@ class Design:
     @property
     def interval_name(self) -> str:
         """What the plots and tables call the interval drawn."""
+        if self.rule == FIXED and self.looks is not None:
+            return f"{100 * self.confidence:g}% t-interval at the level its comparison was tested at (one look, Holm)"
         if self.looks is not None:
             return f"{100 * self.confidence:g}% t-interval at the level of its last look (looks {self.looks_text})"
         if self.rule == FIXED:
@@ -196,6 +207,8 @@ class Design:
     def label(self) -> str:
         """What the tables say about the intervals."""
         s = "s" if self.comparisons != 1 else ""
+        if self.rule == FIXED and self.looks is not None:
+            return one_look_label(self)
         if self.looks is not None:
             return looks_label(self)
         if self.rule == FIXED:
@@ -236,8 +249,12 @@ class Design:
 
     @classmethod
     def from_json(cls, data: dict) -> "Design":
+        """A stored design; a fixed list stored before its one look was shape-calibrated gets that look."""
         names = {field.name for field in attrs.fields(cls)}
-        return cls(**{"skew": 0.0} | {key: value for key, value in data.items() if key in names})  # no skew: Gaussian
+        design = cls(**{"skew": 0.0} | {key: value for key, value in data.items() if key in names})  # no skew: Gaussian
+        if design.rule == FIXED and design.looks is None:
+            return fixed_design(design.comparisons, design.max_pairs, design.confidence, design.margin)
+        return design
 
 
 def looks_label(design: Design) -> str:
@@ -250,10 +267,34 @@ def looks_label(design: Design) -> str:
             "last tested at in the direction of its mean, at its last look")
 
 
+def one_look_label(design: Design) -> str:
+    """What the tables say about a fixed list's intervals (one look, Holm, shape-calibrated)."""
+    s = "s" if design.comparisons != 1 else ""
+    return (f"{100 * design.confidence:g}% family-wise decisions of one look at {design.looks_text} seeds: Holm over "
+            f"{design.comparisons} comparison{s} (the first at {100 * design.nominal:.3g}%), levels for paired "
+            f"differences skewed up to 1 either way, conservative ones (gamma skew 1.5, a second mode) once the pooled "
+            f"residuals' skewness passes {CHECK:g}; each interval is the t-interval at the level its comparison was "
+            "tested at")
+
+
 def fixed_design(comparisons: int, seeds: int, confidence: float = CONFIDENCE, margin: float | None = None) -> Design:
-    """The design of a fixed list of seeds: one look, Bonferroni t-intervals."""
+    """The design of a fixed list of `seeds` seeds: a looks design of one look at `seeds` (Holm over
+    the comparisons at levels simulated for the covered shapes, `k3lab.report.looks.level_table`);
+    under 3 seeds, where no level is simulated, one Student t-interval at alpha / K."""
+    if seeds < 3:
+        return Design(comparisons=comparisons, max_pairs=seeds, start=seeds, confidence=confidence, rule=FIXED,
+                      margin=margin, skew=0.0)
+    levels, conservative = one_look_levels(comparisons, seeds, confidence)
     return Design(comparisons=comparisons, max_pairs=seeds, start=seeds, confidence=confidence, rule=FIXED,
-                  margin=margin, skew=0.0)
+                  margin=margin, skew=0.0, looks=(seeds,), levels=levels, conservative_levels=conservative)
+
+
+@functools.lru_cache(maxsize=64)
+def one_look_levels(comparisons: int, seeds: int, confidence: float) -> tuple[tuple, tuple]:
+    """(levels, conservative levels)[m - 1][0] of one look at `seeds` pairs with m open
+    (`LookDesign.calibrated`; cached: every table of a report asks for the same)."""
+    design = LookDesign(comparisons, (seeds,), confidence).calibrated()
+    return design.levels, design.conservative_levels
 
 
 # -- planning ------------------------------------------------------------------------------------
@@ -414,6 +455,8 @@ def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode
                   unfinished: str = BUDGET) -> list[SequentialComparison]:
     """The family under a looks design (`k3lab.report.looks.decide`): each comparison at its last look."""
     d, run, reference = looks_matrix(values, baselines)
+    if design.rule == FIXED:  # a list's one look sees whatever pairs each comparison has, 3 or more
+        run = np.where(np.isfinite(d).sum(-1) >= design.first_look, design.looks[0], np.isfinite(d).sum(-1))
     found = decide(d, run, design.look_design, reference if design.margin is not None else None)
     rows = []
     for i, (variant, baseline) in enumerate(baselines.items()):
