@@ -102,7 +102,7 @@ def pooled_design(design: Design | None, comparisons: int, seeds: int) -> tuple[
     past = (f"; past its last look the design covers no more looks, so this is its last level"
             if seeds > design.looks[-1] else "")
     return (attrs.evolve(one_look, levels=column(calibrated.levels),
-                         conservative_levels=column(calibrated.conservative_levels)),
+                         heavy_tail_levels=column(calibrated.heavy_tail_levels)),
             f"one look at the {seeds} distinct seeds at the design's level of its look at {design.looks[j]} seeds "
             f"(Holm over the family, shape check on the pooled pairs){past}")
 

@@ -272,9 +272,9 @@ def one_look_label(design: Design) -> str:
     s = "s" if design.comparisons != 1 else ""
     return (f"{100 * design.confidence:g}% family-wise decisions of one look at {design.looks_text} seeds: Holm over "
             f"{design.comparisons} comparison{s} (the first at {100 * design.nominal:.3g}%), levels for paired "
-            f"differences skewed up to 1 either way, conservative ones (gamma skew 1.5, a second mode) once the pooled "
-            f"residuals' skewness passes {CHECK:g}; each interval is the t-interval at the level its comparison was "
-            "tested at")
+            f"differences skewed up to 1 either way; once the pooled residuals' skewness passes {CHECK:g}, a call in "
+            "the direction opposite the skew at one-sided levels for skewness 2 (not covered: a second mode); each "
+            "interval is the t-interval at the level its comparison was tested at in the direction of its mean")
 
 
 def fixed_design(comparisons: int, seeds: int, confidence: float = CONFIDENCE, margin: float | None = None) -> Design:
@@ -284,17 +284,17 @@ def fixed_design(comparisons: int, seeds: int, confidence: float = CONFIDENCE, m
     if seeds < 3:
         return Design(comparisons=comparisons, max_pairs=seeds, start=seeds, confidence=confidence, rule=FIXED,
                       margin=margin, skew=0.0)
-    levels, conservative = one_look_levels(comparisons, seeds, confidence)
+    levels, heavy_tail = one_look_levels(comparisons, seeds, confidence)
     return Design(comparisons=comparisons, max_pairs=seeds, start=seeds, confidence=confidence, rule=FIXED,
-                  margin=margin, skew=0.0, looks=(seeds,), levels=levels, conservative_levels=conservative)
+                  margin=margin, skew=0.0, looks=(seeds,), levels=levels, heavy_tail_levels=heavy_tail)
 
 
 @functools.lru_cache(maxsize=64)
 def one_look_levels(comparisons: int, seeds: int, confidence: float) -> tuple[tuple, tuple]:
-    """(levels, conservative levels)[m - 1][0] of one look at `seeds` pairs with m open
+    """(levels, heavy tail's levels)[m - 1][0] of one look at `seeds` pairs with m open
     (`LookDesign.calibrated`; cached: every table of a report asks for the same)."""
     design = LookDesign(comparisons, (seeds,), confidence).calibrated()
-    return design.levels, design.conservative_levels
+    return design.levels, design.heavy_tail_levels
 
 
 # -- planning ------------------------------------------------------------------------------------
