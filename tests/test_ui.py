@@ -59,6 +59,9 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
                                             "metrics.`verdict_low_pct`", "metrics.`verdict_high_pct`"]
     assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": labels.LABEL}]
     assert state["runsHiddenMode"] == "SHOW_ALL" and state["useGroupedValuesInCharts"] is False
+    # ordered by start time, MLflow's page fetches the parents of the runs it shows (shouldFetchParents),
+    # and grouped, the sweep's parent sat under "Additional runs" among the trials
+    assert state["orderByKey"] != "attributes.start_time"
     note = experiment.tags[runs.NOTE]
     assert views.view_link(experiment.experiment_id) in note.splitlines()[0]  # in the line the UI shows
     assert f"runs/{parent_run_id}/artifacts/report/loss_curves.png" in note.splitlines()[0]

@@ -138,7 +138,7 @@ def test_each_variant_is_shown_against_its_own_baseline_and_the_first_chart_hold
 def test_a_grids_variants_are_told_apart_where_mlflow_cuts_names_and_throughput_is_a_line_each(factorial_ui,
                                                                                                  tmp_path):
     """"Group: ffn_latent_m..." rows and "ffn_latent_moe_top2_sh..." trials could not be told apart;
-    tokens_per_s was a tangle of every trial."""
+    tokens_per_s was a tangle of every trial; the parent run sat under "Additional runs"."""
     from playwright.sync_api import expect
 
     from k3lab.store.colours import variant_colours
@@ -171,6 +171,7 @@ def test_a_grids_variants_are_told_apart_where_mlflow_cuts_names_and_throughput_
         assert not cut, cut  # each group label whole in the runs list
         assert {"latent top2 shared1-s0", "top2 shared1-s0", "dense-s3"} <= names, names  # trials told apart
         rows.evaluate("e => e.scrollTo(0, 0)")
+        assert view.get_by_text("Additional runs", exact=True).count() == 0  # no parent run among the trials
         view.screenshot(path=screenshot_folder(tmp_path) / "18-grid-labels.png")
         card = view.locator("[data-testid=experiment-view-compare-runs-card]",
                             has=view.get_by_role("heading", name="variant_tokens_per_s", exact=True)).first
@@ -208,6 +209,11 @@ def test_plain_mlflow_on_a_stopped_sweeps_store_shows_its_verdicts_and_resume_co
         expect(verdicts.get_by_text("attnres_bs1 vs attnres_off: not resolved, no pairs (1 killed trial)",
                                     exact=True).first).to_be_visible()  # a variant with no pairs is there
         verdicts.screenshot(path=screenshot_folder(tmp_path) / "16-stopped-sweep-verdicts.png")
+        losses = open_linked_view(context, page, "Loss curves by variant")  # its parent is no "Additional run"
+        losses.get_by_text(re.compile(r"^Group: ")).first.wait_for()
+        assert losses.get_by_text("Additional runs", exact=True).count() == 0
+        expect(losses.get_by_text("2 matching runs")).to_be_visible()  # the variant run and the baseline run
+        losses.close()
         page.get_by_role("link", name="long", exact=True).last.click()  # the parent run
         expect(page.get_by_text(printed, exact=True).first).to_be_visible()  # the command as printed, whole
         expect(page.get_by_text("Finished", exact=True).first).to_be_visible()  # not Killed, not a red cross

@@ -11,7 +11,10 @@ from k3lab.store.labels import LABEL
 
 FIRST_CHARTS = ("train_loss", "val_loss")  # the loss section, in this order, then `throughput_chart`
 LOSS_SECTION = "Loss and throughput"
-ORDER_BY = "attributes.start_time"
+# Ordered by anything but the start time: MLflow's page adds the parents of the runs a filter
+# matches when it orders by start time (its `shouldFetchParents`), and grouped they land under
+# "Additional runs" (the sweep's parent run, in a view that shows the trials alone).
+ORDER_BY = "attributes.run_name"
 DIFFERENCE_SECTION = "Difference from the baseline, % (mean and family-wise interval)"
 
 
@@ -62,7 +65,7 @@ def loss_view_state(axis_params: Sequence[str], metric: str = "val_loss",
     columns += [f"params.`{param}`" for param in axis_params] + ["metrics.`avg_tokens_per_s`", "params.`params.active`"]
     return {
         "searchFilter": f"tags.`{verdicts.COUNTED}` = 'true'", "orderByKey": ORDER_BY,
-        "orderByAsc": False, "startTime": "ALL",
+        "orderByAsc": True, "startTime": "ALL",
         "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
         "selectedColumns": columns, "columnOrder": columns, "columnWidths": {},
         "runsHiddenMode": "SHOW_ALL",  # the UI's default draws the first 10 runs only

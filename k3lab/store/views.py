@@ -37,7 +37,7 @@ from typing import Collection, Sequence
 from k3lab.store import runs, verdicts
 from k3lab.store.colours import variant_colours
 from k3lab.store.labels import FULL_NAME, LABEL, run_labels, short_labels, trial_run_name
-from k3lab.store.view_state import group_keys, loss_view_state
+from k3lab.store.view_state import ORDER_BY, group_keys, loss_view_state
 
 SHARED_VIEW = "mlflow.sharedViewState."
 LOSS_VIEW, LOSS_VIEW_NAME = "k3lab-loss-curves", "Loss curves by variant"
@@ -298,8 +298,8 @@ def zoomed_ranges(client, trials: list, metric: str) -> dict[str, dict]:
 
 
 def view_is_current(experiment_tags: dict) -> bool:
-    """The experiment has LOSS_VIEW as this k3lab writes it (its first chart the difference, grouped
-    by the variants' labels, a throughput line per variant)."""
+    """The experiment has LOSS_VIEW as this k3lab writes it (its first chart the difference, ordered
+    so that MLflow adds no parent run, grouped by the variants' labels, a throughput line per variant)."""
     envelope = experiment_tags.get(SHARED_VIEW + LOSS_VIEW)
     try:
         state = unpack_state(json.loads(envelope)["state"]) if envelope else {}
@@ -307,7 +307,7 @@ def view_is_current(experiment_tags: dict) -> bool:
     except (ValueError, KeyError, TypeError, AttributeError, zlib.error):
         return False
     return (bool(charts) and charts[0].get("selectedMetricKeys") == list(verdicts.CURVE)
-            and (state.get("groupBy") or {}).get("groupByKeys") == group_keys()
+            and state.get("orderByKey") == ORDER_BY and (state.get("groupBy") or {}).get("groupByKeys") == group_keys()
             and any(chart.get("metricKey") == verdicts.THROUGHPUT for chart in charts))
 
 
