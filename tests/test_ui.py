@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from k3lab.store import runs, views
+from k3lab.store import labels, runs, views
 from k3lab.store.colours import variant_colours
 from k3lab.store.tracking import MLflowTracker
 
@@ -52,13 +52,16 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
     state = views.unpack_state(envelope["state"])
     assert envelope["name"] == "Loss curves by variant"
     assert [c["metricKey"] for c in state["compareRunCharts"]] == ["mean_pct", "train_loss", "val_loss",
-                                                                    "tokens_per_s"]
+                                                                    "variant_tokens_per_s"]  # a line per variant
     assert state["compareRunCharts"][0]["selectedMetricKeys"] == ["mean_pct", "low_pct", "high_pct"]
     assert state["searchFilter"] == "tags.`k3lab.counted` = 'true'"  # what the verdicts rest on, nothing else
     assert state["selectedColumns"][:4] == ["tags.`k3lab.verdict`", "metrics.`verdict_pct`",
                                             "metrics.`verdict_low_pct`", "metrics.`verdict_high_pct`"]
-    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": labels.LABEL}]
     assert state["runsHiddenMode"] == "SHOW_ALL" and state["useGroupedValuesInCharts"] is False
+    # ordered by start time, MLflow's page fetches the parents of the runs it shows (shouldFetchParents),
+    # and grouped, the sweep's parent sat under "Additional runs" among the trials
+    assert state["orderByKey"] != "attributes.start_time"
     note = experiment.tags[runs.NOTE]
     assert views.view_link(experiment.experiment_id) in note.splitlines()[0]  # in the line the UI shows
     assert f"runs/{parent_run_id}/artifacts/report/loss_curves.png" in note.splitlines()[0]
@@ -70,7 +73,7 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
     parent_note = client.get_run(parent_run_id).data.tags[runs.NOTE]
     assert parent_note.splitlines()[2] == "two variants"
     assert "#/metric/val_loss?runs=" in parent_note and all(r in parent_note for r in trials.values())
-    assert f"Group by* the tag `{runs.VARIANT_NAME}`" in parent_note
+    assert f"Group by* the tag `{labels.LABEL}`" in parent_note
     assert ".." not in parent_note.replace("...", "")  # "is `final_val_loss`.." once
     views.present_sweep(uri, parent_run_id, axis_params=["axis.attn_res_block_size"])  # again: the same, one view
     assert [k for k in client.get_experiment_by_name("mini").tags if k.startswith(views.SHARED_VIEW)] == \
@@ -87,9 +90,9 @@ def test_the_report_plots_and_the_ui_colour_a_variant_alike():
     assert len(set(variant_colours([f"v{i}" for i in range(20)]).values())) == 20
 
 
-def test_a_sweep_of_named_variants_is_grouped_by_variant_name():
+def test_a_sweep_of_named_variants_is_grouped_by_variant_label():
     state = views.loss_view_state([])
-    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": labels.LABEL}]
 
 
 def test_ui_app_starts_a_new_browser_in_model_training():

@@ -211,14 +211,14 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
             charts = opened.value
             charts.get_by_text("Loss and throughput").wait_for()
             expect(charts.get_by_text("attnres_bs1 ", exact=False).first).to_be_visible()
-            expect(charts.get_by_text("Group by: k3lab.variant_name")).to_be_visible()
+            expect(charts.get_by_text("Group by: k3lab.variant_label")).to_be_visible()
             for name in ("attnres_off-s0", "attnres_bs1-s0"):  # the trials, without expanding the parent
                 expect(charts.get_by_role("link", name=name, exact=True)).to_be_visible()
             assert charts.get_by_role("link", name="attnres_bs1-s3", exact=True).count() == 0  # the killed trial
             cards = charts.locator("[data-testid=experiment-view-compare-runs-card]")
             headings = cards.locator("h4").all_inner_texts()
             assert headings[0].startswith("mean_pct") and headings[1:4] == ["train_loss", "val_loss",
-                                                                             "tokens_per_s"], headings
+                                                                             "variant_tokens_per_s"], headings
             drawn = ("c => Array.from(c.querySelectorAll('path.js-line'), p => [p.style.stroke, "
                      "p.style.strokeDasharray, p.getAttribute('d') || '']).filter(l => l[2].includes('L'))")
             charts.wait_for_function(f"new Set(({drawn})(document.querySelector("
@@ -321,7 +321,7 @@ def test_the_views_table_shows_the_reports_means_for_each_variant(ui, swept, tmp
                   f"&compareRunsMode=TABLE")
 
         def group_value(variant: str, column: str) -> float:
-            cell = page.locator(f'[row-id="tag.k3lab.variant_name.{variant}"] [col-id="{column}"]').last
+            cell = page.locator(f'[row-id="tag.k3lab.variant_label.{variant}"] [col-id="{column}"]').last
             cell.wait_for()
             return float(cell.inner_text().split()[0])
 

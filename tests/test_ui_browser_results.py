@@ -123,8 +123,8 @@ def test_each_variant_is_shown_against_its_own_baseline_and_the_first_chart_hold
         open_experiment(page, base, "moe_ablation-cpu_factorial")
         verdicts = open_linked_view(context, page, "Verdicts: each variant against its baseline")
         expect(verdicts.get_by_text("5 matching runs")).to_be_visible()  # its legend: the 5 compared variants
-        for variant, baseline in (("ffn_latent_moe_top2_shared1", "ffn_moe_top2_shared1"),
-                                  ("dense", "ffn_moe_top1_shared0")):
+        for variant, baseline in (("latent top2 shared1", "top2 shared1"),  # ffn_latent_moe_top2_shared1 vs
+                                  ("dense", "top1 shared0")):                # ffn_moe_top2_shared1, by their labels
             expect(verdicts.get_by_text(f"{variant} vs {baseline}: ", exact=False).first).to_be_visible()
         section = verdicts.locator("[data-testid=experiment-view-compare-runs-section-header]").first
         expect(section).to_contain_text("Is val_loss lower than the baseline's?")  # the question, first
@@ -133,6 +133,57 @@ def test_each_variant_is_shown_against_its_own_baseline_and_the_first_chart_hold
         assert card.bounding_box()["width"] > 0.6 * VIEWPORT["width"]
         verdicts.wait_for_timeout(2000)
         verdicts.screenshot(path=screenshot_folder(tmp_path) / "15-verdicts-first-chart.png")
+
+
+def test_a_grids_variants_are_told_apart_where_mlflow_cuts_names_and_throughput_is_a_line_each(factorial_ui,
+                                                                                                 tmp_path):
+    """"Group: ffn_latent_m..." rows and "ffn_latent_moe_top2_sh..." trials could not be told apart;
+    tokens_per_s was a tangle of every trial; the parent run sat under "Additional runs"."""
+    from playwright.sync_api import expect
+
+    from k3lab.store.colours import variant_colours
+    from test_ui_browser import rgb
+
+    base, chromium = factorial_ui
+    order = ["ffn_moe_top1_shared0", "ffn_moe_top1_shared1", "ffn_moe_top2_shared0", "ffn_moe_top2_shared1",
+             "ffn_latent_moe_top1_shared0", "ffn_latent_moe_top1_shared1", "ffn_latent_moe_top2_shared0",
+             "ffn_latent_moe_top2_shared1", "dense"]
+    with page_of(chromium) as (context, page):
+        open_experiment(page, base, "moe_ablation-cpu_factorial")
+        view = open_linked_view(context, page, "Loss curves by variant")  # click 2
+        groups = view.get_by_text(re.compile(r"^Group: "))
+        groups.first.wait_for()
+        shown, cut, names = set(), [], set()
+        rows = view.locator(".ag-body-viewport").first
+        for _ in range(40):  # the list draws the rows in view: scroll it down as a reader does
+            view.wait_for_timeout(300)
+            for group in groups.all():
+                label = group.inner_text().removeprefix("Group: ").strip()
+                shown.add(label)
+                if not view.get_by_title(label, exact=True).first.evaluate("e => e.scrollWidth <= e.clientWidth"):
+                    cut.append(label)
+            names |= set(view.get_by_role("link", name=re.compile(r"-s[0-9]+$")).all_inner_texts())
+            if rows.evaluate("e => e.scrollTop + e.clientHeight >= e.scrollHeight - 1"):
+                break
+            rows.evaluate("e => e.scrollBy(0, 250)")
+        assert shown == {"t1 s0", "t1 s1", "t2 s0", "t2 s1", "latent t1 s0", "latent t1 s1", "latent t2 s0",
+                         "latent t2 s1", "dense"}, shown  # ffn_moe_top1_shared0 ... ffn_latent_moe_top2_shared1
+        assert not cut, cut  # each group label whole in the runs list
+        assert {"latent top2 shared1-s0", "top2 shared1-s0", "dense-s3"} <= names, names  # trials told apart
+        rows.evaluate("e => e.scrollTo(0, 0)")
+        assert view.get_by_text("Additional runs", exact=True).count() == 0  # no parent run among the trials
+        view.screenshot(path=screenshot_folder(tmp_path) / "18-grid-labels.png")
+        card = view.locator("[data-testid=experiment-view-compare-runs-card]",
+                            has=view.get_by_role("heading", name="variant_tokens_per_s", exact=True)).first
+        card.scroll_into_view_if_needed()
+        card.locator("path.js-line[d*='L']").first.wait_for()
+        view.wait_for_timeout(2000)
+        strokes = card.evaluate("c => Array.from(c.querySelectorAll('path.js-line'), p => p.style.stroke)"
+                                ".filter(s => s)")
+        colours = variant_colours(order)
+        assert set(strokes) == {rgb(colours[name]) for name in order}, strokes  # one line, one colour per variant
+        assert len(set(strokes)) == len(order)
+        card.screenshot(path=screenshot_folder(tmp_path) / "19-throughput-per-variant.png")
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +209,11 @@ def test_plain_mlflow_on_a_stopped_sweeps_store_shows_its_verdicts_and_resume_co
         expect(verdicts.get_by_text("attnres_bs1 vs attnres_off: not resolved, no pairs (1 killed trial)",
                                     exact=True).first).to_be_visible()  # a variant with no pairs is there
         verdicts.screenshot(path=screenshot_folder(tmp_path) / "16-stopped-sweep-verdicts.png")
+        losses = open_linked_view(context, page, "Loss curves by variant")  # its parent is no "Additional run"
+        losses.get_by_text(re.compile(r"^Group: ")).first.wait_for()
+        assert losses.get_by_text("Additional runs", exact=True).count() == 0
+        expect(losses.get_by_text("2 matching runs")).to_be_visible()  # the variant run and the baseline run
+        losses.close()
         page.get_by_role("link", name="long", exact=True).last.click()  # the parent run
         expect(page.get_by_text(printed, exact=True).first).to_be_visible()  # the command as printed, whole
         expect(page.get_by_text("Finished", exact=True).first).to_be_visible()  # not Killed, not a red cross

@@ -9,6 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from k3lab.store import runs, verdicts, views
+from k3lab.store.labels import FITS, LABEL, run_labels, short_labels
 from k3lab.store.result_views import EFFECT_VIEW, VERDICT_VIEW
 
 STORE = Path(__file__).resolve().parents[1] / "docs/runs/moe_ablation-cpu_factorial-2026-12-06.db.xz"
@@ -80,10 +81,54 @@ def test_in_a_sweep_with_a_baseline_per_group_each_variant_run_names_its_own(fac
     uri, parent, summary = factorial
     found = verdicts.variant_runs(uri, parent.info.run_id)
     assert set(found) == set(summary["pairs"])
+    labels = run_labels(summary["variant_order"])
     for variant, baseline in summary["pairs"].items():
-        assert found[variant].info.run_name.startswith(f"{variant} vs {baseline}: ")
+        assert found[variant].info.run_name.startswith(f"{labels[variant]} vs {labels[baseline]}: ")
         assert found[variant].data.tags[verdicts.COMPARED_WITH] == baseline
+        assert verdicts.full_name(found[variant]).startswith(f"{variant} vs {baseline}: ")
     assert len(set(summary["pairs"].values())) > 1  # a baseline per group indeed
+
+
+def test_the_grids_runs_are_named_by_the_values_that_differ_their_full_names_in_tags(factorial):
+    """"Group: ffn_latent_m..." rows and "ffn_latent_moe_top2_sh..." trials could not be told apart
+    where the runs list cuts names short."""
+    uri, parent, summary = factorial
+    labels, groups = run_labels(summary["variant_order"]), short_labels(summary["variant_order"])
+    assert labels["ffn_latent_moe_top2_shared1"] == "latent top2 shared1" and labels["dense"] == "dense"
+    assert labels["ffn_moe_top2_shared1"] == "top2 shared1" and len(set(labels.values())) == len(labels)
+    assert groups["ffn_latent_moe_top2_shared1"] == "latent t2 s1" and groups["ffn_moe_top2_shared1"] == "t2 s1"
+    assert max(map(len, groups.values())) <= FITS and len(set(groups.values())) == len(groups)
+    trials = runs.trial_runs(uri, parent.info.run_id)
+    for trial in trials:
+        variant, seed = runs.variant_of(trial), runs.seed_of(trial)
+        assert trial.info.run_name == f"{labels[variant]}-s{seed}" and trial.data.tags[LABEL] == groups[variant]
+        assert verdicts.full_name(trial) == f"{variant}-s{seed}"
+    assert len({t.info.run_name for t in trials}) == len(trials)
+    for variant, run in verdicts.variant_runs(uri, parent.info.run_id).items():
+        assert run.data.tags[LABEL] == groups[variant] and run.info.run_name.startswith(f"{labels[variant]} vs ")
+    assert saved_view(uri, parent, views.LOSS_VIEW)["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": LABEL}]
+
+
+def test_throughput_is_one_line_per_variant_in_its_trials_colour(factorial):
+    """tokens_per_s was a tangle of every trial."""
+    uri, parent, summary = factorial
+    client = MlflowClient(uri)
+    summaries = {**verdicts.variant_runs(uri, parent.info.run_id),
+                 **verdicts.variant_runs(uri, parent.info.run_id, verdicts.BASELINE_KIND)}
+    assert set(summaries) == set(summary["variant_order"])  # every variant of the plan: compared or a baseline
+    trials = runs.trial_runs(uri, parent.info.run_id)
+    for variant, run in summaries.items():
+        own = [t for t in trials if runs.variant_of(t) == variant]
+        assert {t.data.tags[runs.RUN_COLOR] for t in own} == {run.data.tags[runs.RUN_COLOR]}  # one colour
+        line = client.get_metric_history(run.info.run_id, verdicts.THROUGHPUT)
+        last = max(m.step for m in line)
+        at_last = [m.value for t in own for m in client.get_metric_history(t.info.run_id, "tokens_per_s")
+                   if m.step == last]
+        assert [m.value for m in line if m.step == last] == [pytest.approx(sum(at_last) / len(at_last))]
+        assert len({m.step for m in line}) == len(line)  # each step once
+    charts = saved_view(uri, parent, views.LOSS_VIEW)["compareRunCharts"]
+    assert verdicts.THROUGHPUT in [c["metricKey"] for c in charts] and "tokens_per_s" not in [
+        c["metricKey"] for c in charts]
 
 
 def test_the_loss_charts_are_zoomed_on_the_second_half_of_training(factorial):

@@ -202,8 +202,10 @@ def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_eval
 def test_group_labels_name_variants_not_axis_values(tmp_path):
     from k3lab.store import views
 
+    from k3lab.store.labels import LABEL
+
     assert views.loss_view_state(["model.attn_res_block_size"])["groupBy"]["groupByKeys"] == [
-        {"mode": "tag", "groupByData": runs.VARIANT_NAME}]
+        {"mode": "tag", "groupByData": LABEL}]
 
 
 def test_the_runs_table_leads_with_the_verdict_and_its_numbers():
@@ -234,7 +236,8 @@ def test_only_finished_trials_that_did_not_diverge_are_counted_and_shown(tmp_pat
     views.present_sweep(uri, parent, variant_order=["attnres_off", "attnres_bs1"])
     shown = client.search_runs([experiment], view_of(uri)["searchFilter"])  # what the view shows
     assert {r.info.run_id for r in shown} == {trials[k] for k, v in counted.items() if v == "true"} | {
-        verdicts.variant_runs(uri, parent)["attnres_bs1"].info.run_id}
+        verdicts.variant_runs(uri, parent)["attnres_bs1"].info.run_id,
+        verdicts.variant_runs(uri, parent, verdicts.BASELINE_KIND)["attnres_off"].info.run_id}  # its throughput
 
 
 def test_the_verdict_lines_follow_the_files_order_and_say_when_there_is_no_interval(tmp_path):

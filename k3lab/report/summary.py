@@ -174,7 +174,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     (variant -> the baseline it is compared with), "last", "diverged" (one line per diverged trial),
     "multipliers" (`k3lab.report.compute_multipliers.Multiplier`s, with compute curves), "size_multipliers"
     (across model sizes), "compute_sizes", "factorial" (`k3lab.report.factorial.Effect`s of a multi-axis
-    grid) and "factorial_design" (their intervals' design)}.
+    grid), "factorial_design" (their intervals' design) and "variant_order"}.
 
     variant_order: the variant names as the sweep file lists them; rows, legends and colours follow it.
     baselines (variant -> its group's baseline; default: every variant against `baseline`), design
@@ -248,7 +248,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
                "comparisons": comparisons, "design": design, "curves": curves, "pairs": pairs, "last": last,
                "mode": mode, "rise": rise, "diverged": paired.diverged_lines(records, metric, mode, rise),
                "multipliers": multipliers, "size_multipliers": size_multipliers, "compute_sizes": compute_sizes,
-               "factorial": effects, "factorial_design": effect_design}
+               "factorial": effects, "factorial_design": effect_design, "variant_order": list(variant_order)}
     if record and records:
         record_in_store(tracking_uri, parent_run_id, summary)
     return summary

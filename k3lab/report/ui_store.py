@@ -100,13 +100,16 @@ def rebuild_missing_reports(tracking_uri: str, skip: Collection[str] = ()) -> li
 
 def record_missing_verdicts(tracking_uri: str, skip: Collection[str] = ()) -> list[str]:
     """Write the verdicts (`k3lab.report.ui_verdicts`) of every sweep with a trial that has no
-    `k3lab.counted` tag (reported before k3lab wrote it); returns their parent run ids."""
+    `k3lab.counted` tag (reported before k3lab wrote it), or with variant runs and no baseline run
+    (reported before k3lab wrote each variant's throughput); returns their parent run ids."""
     from k3lab.report.summary import build_report
-    from k3lab.store.verdicts import COUNTED
+    from k3lab.store.verdicts import BASELINE_KIND, COUNTED, variant_runs
 
     recorded = []
     for parent, trials in ended_sweeps(tracking_uri, skip):
-        if trials and any(COUNTED not in t.data.tags for t in trials):
+        run_id = parent.info.run_id
+        if trials and (any(COUNTED not in t.data.tags for t in trials) or (
+                variant_runs(tracking_uri, run_id) and not variant_runs(tracking_uri, run_id, BASELINE_KIND))):
             build_report(tracking_uri, parent.info.run_id, **report_options(tracking_uri, parent, trials))
             recorded.append(parent.info.run_id)
     return recorded

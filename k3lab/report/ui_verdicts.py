@@ -13,8 +13,8 @@ from k3lab.report import stats
 from k3lab.report.paired import diverged_step, diverged_trials
 from k3lab.report.records import TrialRecord
 from k3lab.store import runs
-from k3lab.store.colours import variant_colours
 from k3lab.store import verdicts as store
+from k3lab.store.labels import LABEL, run_labels, short_labels
 
 OUTCOMES = {"FINISHED": store.FINISHED, "KILLED": store.KILLED, "FAILED": store.FAILED, "RUNNING": store.RUNNING}
 
@@ -82,14 +82,28 @@ def trial_tags(records: list[TrialRecord], comparisons: list[stats.Comparison], 
     return tags
 
 
-def variant_rows(records: list[TrialRecord], comparisons: list[stats.Comparison], curves: list[dict]) -> list[dict]:
+def variant_looks(records: list[TrialRecord], names: list[str], variant_order=()) -> tuple[dict, dict, dict]:
+    """({variant: colour}, {variant: run label}, {variant: group label}) as its trials carry them
+    (`mlflow.runColor`, `k3lab.variant_label`), else by the variant's place in the sweep file
+    (`variant_order`, then the others: as the sweep gave its trials theirs) and its labels among all."""
+    from k3lab.report.summary import file_order, variant_colours
+
+    every = file_order([*variant_order, *names], variant_order)
+    colour = variant_colours(every, variant_order)
+    colour |= {r.variant: r.tags[runs.RUN_COLOR] for r in records if r.tags.get(runs.RUN_COLOR)}
+    group = short_labels(every) | {r.variant: r.tags[LABEL] for r in records if r.tags.get(LABEL)}
+    return colour, run_labels(every), group
+
+
+def variant_rows(records: list[TrialRecord], comparisons: list[stats.Comparison], curves: list[dict],
+                 variant_order=(), throughput: dict[str, list] | None = None) -> list[dict]:
     """Per compared variant of the plan, what its variant run shows (`store.log_variant_runs`): its
     baseline, `variant_effects`' numbers (None without pairs), the state of its trials ("1 killed
-    trial"), its colour (its trials' `mlflow.runColor`, else its place among the records, which
-    come in the sweep file's order), and its mean difference and interval at every evaluation
-    (`k3lab.report.paired.curve_differences`, in %)."""
-    colour = variant_colours(list(dict.fromkeys([*(r.variant for r in records), *(c.variant for c in comparisons)])))
-    colour |= {r.variant: r.tags[runs.RUN_COLOR] for r in records if r.tags.get(runs.RUN_COLOR)}
+    trial"), its colour and label and its baseline's (`variant_looks`), its mean difference and
+    interval at every evaluation (`k3lab.report.paired.curve_differences`, in %), and its trials'
+    mean throughput at every step they logged it (`throughput`: `variant_throughput`)."""
+    names = [*(r.variant for r in records), *(c.variant for c in comparisons), *(c.baseline for c in comparisons)]
+    colour, label, group = variant_looks(records, names, variant_order)
     effects = {effect["variant"]: effect for effect in variant_effects(comparisons)}
     rows = []
     for c in comparisons:
@@ -97,9 +111,37 @@ def variant_rows(records: list[TrialRecord], comparisons: list[stats.Comparison]
                                          "mean": None, "low": None, "high": None})
         points = [row for row in curves if row["variant"] == c.variant and row["relative"] is not None]
         rows.append(effect | {"baseline": c.baseline, "colour": colour.get(c.variant),
+                              "label": label.get(c.variant), "baseline_label": label.get(c.baseline),
+                              "group": group.get(c.variant),
                               "state": trial_states([r for r in records if r.variant == c.variant]),
-                              "curve": [curve_point(row) for row in points]})
+                              "curve": [curve_point(row) for row in points],
+                              "throughput": (throughput or {}).get(c.variant, [])})
     return rows
+
+
+def baseline_rows(records: list[TrialRecord], comparisons: list[stats.Comparison], variant_order=(),
+                  throughput: dict[str, list] | None = None) -> list[dict]:
+    """Per baseline of the plan's comparisons, what its baseline run shows (`store.log_baseline_runs`):
+    {variant, label, colour, state, throughput}."""
+    baselines = list(dict.fromkeys(c.baseline for c in comparisons if c.baseline))
+    colour, label, group = variant_looks(records, [*(r.variant for r in records), *baselines], variant_order)
+    return [{"variant": name, "label": label.get(name), "group": group.get(name), "colour": colour.get(name),
+             "state": trial_states([r for r in records if r.variant == name]),
+             "throughput": (throughput or {}).get(name, [])} for name in baselines]
+
+
+def variant_throughput(tracking_uri: str, records: list[TrialRecord]) -> dict[str, list[tuple[int, float]]]:
+    """{variant: [(step, the mean tokens/s of its trials that logged that step)]}: one line per
+    variant where the trials' own `tokens_per_s` are a tangle of every seed."""
+    client = runs.client(tracking_uri)
+    by_variant: dict[str, dict[int, list[float]]] = {}
+    for record in records:
+        steps = by_variant.setdefault(record.variant, {})
+        for m in client.get_metric_history(record.run_id, store.TRIAL_THROUGHPUT):
+            if stats.usable(m.value):
+                steps.setdefault(m.step, []).append(m.value)
+    return {variant: [(step, sum(values) / len(values)) for step, values in sorted(steps.items())]
+            for variant, steps in by_variant.items()}
 
 
 def trial_states(records: list[TrialRecord]) -> str:
@@ -140,8 +182,12 @@ def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> Non
     store.log_effects(tracking_uri, parent_run_id, variant_effects(summary["comparisons"]))
     store.set_trial_tags(tracking_uri, trial_tags(records, summary["comparisons"], metric, mode, rise),
                          {r.run_id: r.tags for r in records})
-    store.log_variant_runs(tracking_uri, parent_run_id,
-                           variant_rows(records, summary["comparisons"], summary.get("curves", [])))
+    order = summary.get("variant_order") or ()
+    throughput = variant_throughput(tracking_uri, records)
+    store.log_variant_runs(tracking_uri, parent_run_id, variant_rows(records, summary["comparisons"],
+                                                                     summary.get("curves", []), order, throughput))
+    store.log_baseline_runs(tracking_uri, parent_run_id, baseline_rows(records, summary["comparisons"], order,
+                                                                       throughput))
     store.log_effect_runs(tracking_uri, parent_run_id, effect_rows(summary.get("factorial") or []))
     store.log_multipliers(tracking_uri, parent_run_id, [
         {"variant": m.variant, "pairs": m.pairs, "mean": m.estimate, "low": m.low, "high": m.high}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from k3lab.errors import UserError
+from k3lab.store.labels import FULL_NAME, LABEL, trial_run_name
 from k3lab.store.schema import mlflow_version_tags, schema_mismatch
 
 RUN_ID_KEY = "mlflow_run_id"  # in a trial's checkpoint extras and in each of its Ray reports
@@ -141,11 +142,15 @@ def sweep_tags(name: str, profile: str | None, version: str, commit: str, descri
 
 
 def trial_tags(variant_id: str, variant_name: str, seed: int, colour: str | None = None,
-               axes: Sequence[str] | None = None) -> dict[str, str]:
+               axes: Sequence[str] | None = None, label: str | None = None,
+               group: str | None = None) -> dict[str, str]:
     """A new trial run's tags (with `node_tags` and `execution_tags`); `colour`: the variant's
     (`k3lab.store.colours`), so every seed of a variant has one colour in the MLflow UI; `axes`:
-    the names of the axes its variant sets (their values are params: `axis_value`)."""
-    tags = {VARIANT_ID: variant_id, VARIANT_NAME: variant_name, SEED: str(seed), KIND: "trial"}
+    the names of the axes its variant sets (their values are params: `axis_value`); `label`, `group`:
+    the variant's run label and group label among its siblings (`k3lab.store.labels`; default its name)."""
+    tags = {VARIANT_ID: variant_id, VARIANT_NAME: variant_name, SEED: str(seed), KIND: "trial",
+            LABEL: group or label or variant_name}
+    tags |= {FULL_NAME: trial_run_name(variant_name, seed)} if label and label != variant_name else {}
     tags |= {AXES: json.dumps(list(axes))} if axes is not None else {}
     return tags | mlflow_version_tags() | ({RUN_COLOR: colour} if colour else {})
 

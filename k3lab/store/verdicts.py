@@ -13,6 +13,11 @@
                 verdict_high_pct               interval, as on the parent
                 k3lab.verdict, k3lab.counted   its verdict; true
                 k3lab.compared_with            its baseline (a sweep may have one per group)
+                variant_tokens_per_s           (step: the trials' steps) its trials' mean tokens_per_s
+                k3lab.variant_label,           its variant's short display name, and the run's name
+                k3lab.full_name                with full variant names (`k3lab.store.labels`)
+    baseline    variant_tokens_per_s           a baseline's trials' mean tokens_per_s, as on a variant
+    run         k3lab.counted, k3lab.variant_label   run: its line beside theirs in the loss view
     parent run  vs_baseline_pct/<variant>      (step: the pairs it rests on) the mean paired
                 vs_baseline_low/<variant>      difference in % of the baseline's mean, and its
                 vs_baseline_high/<variant>     interval's bounds
@@ -26,6 +31,8 @@
                                                cell's mean, and its family-wise interval's bounds
                 k3lab.effect, k3lab.verdict    its full label; nonzero or not resolved
 
+A baseline run is one run per baseline of the plan's comparisons (`k3lab.kind` = baseline, its
+variant's name, label and colour), so that every variant of the plan has one line of throughput.
 A variant run is one run per compared variant of the plan, with pairs or not (`k3lab.kind` = variant, `k3lab.sweep_run` = the
 parent's id, its variant's name and colour; not nested, so the sweep's trials stay the parent's
 only children): the MLflow UI draws its three curves in its variant's colour, and its verdict
@@ -41,6 +48,7 @@ import time
 from typing import Iterable, Sequence
 
 from k3lab.store import runs
+from k3lab.store.labels import FULL_NAME, LABEL
 
 VS_BASELINE = "vs_baseline_pct"
 VS_LOW, VS_HIGH = "vs_baseline_low", "vs_baseline_high"
@@ -51,6 +59,8 @@ COUNTED = "k3lab.counted"  # "true" on the runs the saved view shows
 CURVE = ("mean_pct", "low_pct", "high_pct")  # a variant run's curves, at each evaluation
 VERDICT_NUMBERS = ("verdict_pct", "verdict_low_pct", "verdict_high_pct")  # its verdict's, at step = pairs
 VARIANT_KIND, SWEEP_RUN = "variant", "k3lab.sweep_run"
+BASELINE_KIND = "baseline"  # a baseline's run: its trials' mean throughput beside the variant runs'
+TRIAL_THROUGHPUT, THROUGHPUT = "tokens_per_s", "variant_tokens_per_s"  # a trial's; its variant's (mean) on a summary run
 COMPARED_WITH = "k3lab.compared_with"  # on a variant run: the baseline its differences are from
 EFFECT_KIND, EFFECT = "effect", "k3lab.effect"  # an effect run; its effect's full label (levels and references)
 EFFECT_NUMBERS = ("effect_pct", "effect_low_pct", "effect_high_pct")  # at step = its pairs
@@ -193,21 +203,32 @@ def log_effect_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -> 
         log_batches(client, run.info.run_id, number_metrics(run, row, EFFECT_NUMBERS, now))
 
 
-def variant_run_name(row: dict) -> str:
+def variant_run_name(row: dict, short: bool = True) -> str:
     """The variant run's name, what the chart's legend, the runs table and the parent's description
     show: the variant, the baseline it is compared with, its verdict and numbers, or without pairs
-    the state of its trials ("attnres_bs8 vs attnres_off: not resolved, no pairs (1 killed trial)")."""
-    compared = f"{row['variant']} vs {row['baseline']}" if row.get("baseline") else row["variant"]
+    the state of its trials ("attnres_bs8 vs attnres_off: not resolved, no pairs (1 killed trial)").
+    `short`: the variants by their labels (row's `label`, `baseline_label`: `k3lab.store.labels`),
+    else by their full names (the `k3lab.full_name` tag)."""
+    variant, baseline = row["variant"], row.get("baseline")
+    if short:
+        variant, baseline = row.get("label") or variant, baseline and (row.get("baseline_label") or baseline)
+    compared = f"{variant} vs {baseline}" if baseline else variant
     if row["mean"] is None:
         return f"{compared}: {row['verdict']}, no pairs ({row.get('state') or 'no trial yet'})"
     interval = f" ({row['low']:+.2f} to {row['high']:+.2f})" if row["low"] is not None else ""
     return f"{compared}: {row['verdict']}, {row['mean']:+.2f}%{interval}"
 
 
+def full_name(run) -> str:
+    """A run's name with its variants' full names (`k3lab.full_name`, else its name)."""
+    return run.data.tags.get(FULL_NAME) or run.info.run_name
+
+
 def log_variant_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -> None:
-    """Per compared variant of the plan, {variant, baseline, state, colour, verdict, pairs, mean, low,
-    high, curve: [(step, mean, low, high)]} (in %; None: no value, as for a variant without pairs)
-    on its variant run, made where it has none (starting with the sweep, so its duration is the
+    """Per compared variant of the plan, {variant, baseline, label, baseline_label (run labels), group
+    (its group label), state, colour,
+    verdict, pairs, mean, low, high, curve: [(step, mean, low, high)], throughput: [(step, tokens/s)]}
+    (in %; None: no value, as for a variant without pairs) on its variant run, made where it has none (starting with the sweep, so its duration is the
     sweep's); a point logged once is not logged again, a changed verdict number is logged anew."""
     from mlflow.entities import Metric
 
@@ -219,8 +240,36 @@ def log_variant_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) ->
         tags = {runs.KIND: VARIANT_KIND, SWEEP_RUN: parent_run_id, runs.VARIANT_NAME: row["variant"],
                 VERDICT: row["verdict"], COUNTED: "true"} | ({runs.RUN_COLOR: row["colour"]} if row["colour"] else {})
         tags |= {COMPARED_WITH: row["baseline"]} if row.get("baseline") else {}
+        tags |= {LABEL: row.get("group") or row["variant"], FULL_NAME: variant_run_name(row, short=False)}
         run = summary_run(client, parent, existing.get(row["variant"]), variant_run_name(row), tags)
         logged = {m.step for m in client.get_metric_history(run.info.run_id, CURVE[0])}
         metrics = [Metric(key, float(value), now, int(step)) for step, *values in row["curve"] if step not in logged
                    for key, value in zip(CURVE, values) if value is not None]
+        metrics += throughput_metrics(client, run, row.get("throughput") or [], now)
         log_batches(client, run.info.run_id, metrics + number_metrics(run, row, VERDICT_NUMBERS, now))
+
+
+def throughput_metrics(client, run, points: Sequence[tuple[int, float]], now: int) -> list:
+    """THROUGHPUT at the steps `run` does not have yet (each step once, however often it is written)."""
+    from mlflow.entities import Metric
+
+    logged = {m.step for m in client.get_metric_history(run.info.run_id, THROUGHPUT)} if THROUGHPUT in \
+        run.data.metrics else set()
+    return [Metric(THROUGHPUT, float(value), now, int(step)) for step, value in points if step not in logged]
+
+
+def log_baseline_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -> None:
+    """Per baseline of the plan's comparisons, {variant, label, group, colour, state, throughput: [(step,
+    tokens/s)]} on its baseline run (made where it has none, as a variant run is)."""
+    client = runs.client(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    existing = variant_runs(tracking_uri, parent_run_id, BASELINE_KIND)
+    now = int(time.time() * 1000)
+    for row in rows:
+        label = row.get("label") or row["variant"]
+        tags = {runs.KIND: BASELINE_KIND, SWEEP_RUN: parent_run_id, runs.VARIANT_NAME: row["variant"],
+                LABEL: row.get("group") or row["variant"],
+                COUNTED: "true", FULL_NAME: f"{row['variant']}: baseline ({row['state']})"}
+        tags |= {runs.RUN_COLOR: row["colour"]} if row.get("colour") else {}
+        run = summary_run(client, parent, existing.get(row["variant"]), f"{label}: baseline ({row['state']})", tags)
+        log_batches(client, run.info.run_id, throughput_metrics(client, run, row.get("throughput") or [], now))

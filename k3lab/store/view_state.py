@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from k3lab.store import runs, verdicts
+from k3lab.store import verdicts
+from k3lab.store.labels import LABEL
 
-FIRST_CHARTS = ("train_loss", "val_loss", "tokens_per_s")  # the loss section, in this order
+FIRST_CHARTS = ("train_loss", "val_loss")  # the loss section, in this order, then `throughput_chart`
 LOSS_SECTION = "Loss and throughput"
+# Ordered by anything but the start time: MLflow's page adds the parents of the runs a filter
+# matches when it orders by start time (its `shouldFetchParents`), and grouped they land under
+# "Additional runs" (the sweep's parent run, in a view that shows the trials alone).
+ORDER_BY = "attributes.run_name"
 DIFFERENCE_SECTION = "Difference from the baseline, % (mean and family-wise interval)"
 
 
@@ -37,8 +42,16 @@ def difference_title(verdicts_: Sequence[tuple[str, str]]) -> str:
 
 
 def group_keys() -> list[dict]:
-    """Group by the variant name tag: group labels name variants (not an axis value such as `off`)."""
-    return [{"mode": "tag", "groupByData": runs.VARIANT_NAME}]
+    """Group by the variant's label (`k3lab.store.labels`): group labels name variants (not an axis
+    value such as `off`), short and distinct where MLflow cuts them."""
+    return [{"mode": "tag", "groupByData": LABEL}]
+
+
+def throughput_chart(section: str) -> dict:
+    """One line per variant: its summary run's mean tokens/s of its trials (`k3lab.store.verdicts`),
+    not every trial's."""
+    return line_chart(verdicts.THROUGHPUT, section) | {
+        "displayName": "tokens_per_s: each variant's trials' mean (one line per variant)"}
 
 
 def loss_view_state(axis_params: Sequence[str], metric: str = "val_loss",
@@ -46,18 +59,18 @@ def loss_view_state(axis_params: Sequence[str], metric: str = "val_loss",
     """The experiment page's state for LOSS_VIEW (the keys of MLflow 3.17's saved views); `ranges`:
     {metric: its chart's range} (`k3lab.store.views.zoomed_ranges`: the second half of training)."""
     section, first = "k3lab-loss", "k3lab-difference"
-    charts = list(dict.fromkeys([*FIRST_CHARTS[:2], metric, *FIRST_CHARTS[2:]]))
+    charts = list(dict.fromkeys([*FIRST_CHARTS, metric]))
     columns = [f"tags.`{verdicts.VERDICT}`", *(f"metrics.`{name}`" for name in verdicts.VERDICT_NUMBERS)]
     columns += [f"metrics.`{name}`" for name in dict.fromkeys([metric, "train_loss"])]
     columns += [f"params.`{param}`" for param in axis_params] + ["metrics.`avg_tokens_per_s`", "params.`params.active`"]
     return {
-        "searchFilter": f"tags.`{verdicts.COUNTED}` = 'true'", "orderByKey": "attributes.start_time",
-        "orderByAsc": False, "startTime": "ALL",
+        "searchFilter": f"tags.`{verdicts.COUNTED}` = 'true'", "orderByKey": ORDER_BY,
+        "orderByAsc": True, "startTime": "ALL",
         "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
         "selectedColumns": columns, "columnOrder": columns, "columnWidths": {},
         "runsHiddenMode": "SHOW_ALL",  # the UI's default draws the first 10 runs only
         "compareRunCharts": [difference_chart(first), *(zoomed(line_chart(name, section), (ranges or {}).get(name))
-                                                        for name in charts)],
+                                                        for name in charts), throughput_chart(section)],
         "compareRunSections": [chart_section(first, difference_title(verdicts_)),
                                chart_section(section, LOSS_SECTION)],
         "viewMaximized": False, "runListHidden": False, "isAccordionReordered": True,

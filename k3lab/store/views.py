@@ -36,7 +36,8 @@ from typing import Collection, Sequence
 
 from k3lab.store import runs, verdicts
 from k3lab.store.colours import variant_colours
-from k3lab.store.view_state import loss_view_state
+from k3lab.store.labels import FULL_NAME, LABEL, run_labels, short_labels, trial_run_name
+from k3lab.store.view_state import ORDER_BY, group_keys, loss_view_state
 
 SHARED_VIEW = "mlflow.sharedViewState."
 LOSS_VIEW, LOSS_VIEW_NAME = "k3lab-loss-curves", "Loss curves by variant"
@@ -92,10 +93,11 @@ def metric_page_link(experiment_id: str, run_ids: Sequence[str], metrics: Sequen
 # -- descriptions ----------------------------------------------------------------------------
 
 def how_to_compare(metric: str) -> str:
-    return (f"To compare by hand: *Runs*, the chart view, *Group by* the tag `{runs.VARIANT_NAME}` (the seeds "
+    return (f"To compare by hand: *Runs*, the chart view, *Group by* the tag `{LABEL}` (the seeds "
             f"of one variant together, and the trials show without expanding the parent run). Curves of chosen "
             f"trials overlaid: open a trial, *Model metrics*, a chart's title: the metric page, where more runs "
-            f"can be added. Trials are named `variant-sN` (seed N), one colour per variant as in k3lab's "
+            f"can be added. Trials are named `variant-sN` (seed N; a grid's variants by the values that differ "
+            f"among them, the full name in the tag `{runs.VARIANT_NAME}`), one colour per variant as in k3lab's "
             f"plots; each trial's final {metric} is `final_{metric}`.")
 
 
@@ -137,7 +139,7 @@ def variant_lines(tracking_uri: str, parent_run_id: str, variant_order: Sequence
     found = verdicts.variant_runs(tracking_uri, parent_run_id)
     order = {name: i for i, name in enumerate(variant_order)}
     names = sorted(found, key=lambda name: (order.get(name, len(order)), name))
-    return [f"**{name}**{found[name].info.run_name.removeprefix(name)}" for name in names]
+    return [f"**{name}**{verdicts.full_name(found[name]).removeprefix(name)}" for name in names]
 
 
 def parent_note(experiment_id: str, parent_run_id: str, description: str, metric: str,
@@ -185,18 +187,16 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axis_params: Sequenc
     experiment_id = parent.info.experiment_id
     experiment = client.get_experiment(experiment_id)
     trials = runs.trial_runs(tracking_uri, parent_run_id)
-    loss_view = loss_view_state(axis_params, metric, parent_verdicts(parent.data, variant_order),
+    shown = run_labels([*variant_order, *sorted({runs.variant_of(t) for t in trials} - set(variant_order))])
+    loss_view = loss_view_state(axis_params, metric, [(shown.get(name, name), verdict) for name, verdict in
+                                                      parent_verdicts(parent.data, variant_order)],
                                 zoomed_ranges(client, trials, metric))
     tags = experiment_tags(tracking_uri, experiment, parent, title or f"k3lab sweep {experiment.name}", loss_view,
                            metric)
     for key, value in tags.items():
         if experiment.tags.get(key) != value:
             client.set_experiment_tag(experiment_id, key, value)
-    names = [runs.variant_of(t) for t in trials]
-    colours = variant_colours([*variant_order, *sorted(set(names) - set(variant_order))])
-    for trial, name in zip(trials, names):
-        if runs.RUN_COLOR not in trial.data.tags:
-            client.set_tag(trial.info.run_id, runs.RUN_COLOR, colours[name])
+    name_runs(tracking_uri, parent_run_id, trials, variant_order)
     if description is None:  # stores from before k3lab.description kept it in the note
         note = parent.data.tags.get(runs.NOTE, "")
         description = parent.data.tags.get(runs.DESCRIPTION, "" if LOSS_VIEW_NAME in note else note)
@@ -207,6 +207,40 @@ def present_sweep(tracking_uri: str, parent_run_id: str, *, axis_params: Sequenc
                        [t.info.run_id for t in ordered], state, lines, next_steps)
     if parent.data.tags.get(runs.NOTE) != note:
         client.set_tag(parent_run_id, runs.NOTE, note)
+
+
+def name_runs(tracking_uri: str, parent_run_id: str, trials: list, variant_order: Sequence[str] = ()) -> None:
+    """Every trial and summary run (variant, baseline) of the sweep in its variant's colour (the one
+    its trials carry, else its place in `variant_order`, then the others sorted: as the sweep gives
+    them) and labelled (`k3lab.store.labels`: the label its trials carry, else its short label among
+    the plan's variants); a trial named as an older k3lab named it (`variant-sN`) and a variant run
+    named with full variant names get the label's name, their full name kept in `k3lab.full_name`."""
+    client = runs.client(tracking_uri)
+    summaries = [run for kind in (verdicts.VARIANT_KIND, verdicts.BASELINE_KIND)
+                 for run in verdicts.variant_runs(tracking_uri, parent_run_id, kind).values()]
+    names = [runs.variant_of(t) for t in trials]
+    every = [*variant_order, *sorted(set(names) - set(variant_order))]
+    every += sorted({runs.variant_of(r) for r in summaries} | {r.data.tags.get(verdicts.COMPARED_WITH) for r in summaries
+                                                               if r.data.tags.get(verdicts.COMPARED_WITH)} - set(every))
+    colours = variant_colours(every) | {n: t.data.tags[runs.RUN_COLOR] for n, t in zip(names, trials)
+                                        if t.data.tags.get(runs.RUN_COLOR)}
+    groups = short_labels(every) | {n: t.data.tags[LABEL] for n, t in zip(names, trials) if t.data.tags.get(LABEL)}
+    labels = run_labels(every)
+    for run in [*trials, *summaries]:
+        name, tags = runs.variant_of(run), run.data.tags
+        wanted = {runs.RUN_COLOR: colours[name], LABEL: groups[name]}
+        full, shown = run.info.run_name, None
+        if tags.get(runs.KIND) == "trial" and runs.VARIANT_NAME in tags and full == trial_run_name(name, runs.seed_of(run)):
+            shown = trial_run_name(labels[name], runs.seed_of(run))
+        baseline = tags.get(verdicts.COMPARED_WITH)
+        if baseline and full.startswith(f"{name} vs {baseline}: "):
+            shown = f"{labels[name]} vs {labels.get(baseline, baseline)}" + full.removeprefix(f"{name} vs {baseline}")
+        if shown is not None and shown != full:
+            wanted[FULL_NAME] = full
+            client.update_run(run.info.run_id, name=shown)
+        for key, value in wanted.items():
+            if tags.get(key) != value:
+                client.set_tag(run.info.run_id, key, value)
 
 
 def keep_next_steps(client, parent, next_steps: tuple[str, str] | None) -> tuple[str, str]:
@@ -264,13 +298,17 @@ def zoomed_ranges(client, trials: list, metric: str) -> dict[str, dict]:
 
 
 def view_is_current(experiment_tags: dict) -> bool:
-    """The experiment has LOSS_VIEW as this k3lab writes it (its first chart the difference)."""
+    """The experiment has LOSS_VIEW as this k3lab writes it (its first chart the difference, ordered
+    so that MLflow adds no parent run, grouped by the variants' labels, a throughput line per variant)."""
     envelope = experiment_tags.get(SHARED_VIEW + LOSS_VIEW)
     try:
-        charts = unpack_state(json.loads(envelope)["state"])["compareRunCharts"] if envelope else []
-    except (ValueError, KeyError, TypeError, zlib.error):
+        state = unpack_state(json.loads(envelope)["state"]) if envelope else {}
+        charts = state.get("compareRunCharts") or []
+    except (ValueError, KeyError, TypeError, AttributeError, zlib.error):
         return False
-    return bool(charts) and charts[0].get("selectedMetricKeys") == list(verdicts.CURVE)
+    return (bool(charts) and charts[0].get("selectedMetricKeys") == list(verdicts.CURVE)
+            and state.get("orderByKey") == ORDER_BY and (state.get("groupBy") or {}).get("groupByKeys") == group_keys()
+            and any(chart.get("metricKey") == verdicts.THROUGHPUT for chart in charts))
 
 
 def views_are_current(tracking_uri: str, parent, client) -> bool:

@@ -28,6 +28,7 @@ from k3lab.runner.runtime.slots import TrainingSlot, slot_folder
 from k3lab.store import runs
 from k3lab.store.colours import variant_colours
 from k3lab.store.inputs import log_corpus
+from k3lab.store.labels import run_labels, short_labels, trial_run_name
 from k3lab.store.runs import RUN_ID_KEY, execution_tags, node_tags  # noqa: F401  (RUN_ID_KEY: for callers)
 from k3lab.store.tracking import BUILD_PARTS, MLflowTracker, flatten
 from k3lab.runner.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
@@ -58,10 +59,17 @@ class TrialSpec:
     training_slots: int | None = None  # at most this many trials on one GPU train at once (k3lab.runner.runtime.slots)
     dataset_dir: str | None = None  # the corpus the sweep's driver prepared (k3lab.data.Dataset's folder)
     memory: TrialMemory | None = None  # a one-GPU trial's part of the GPU memory packing (k3lab.runner.runtime.memory)
+    label: str | None = None  # the variant's run label among its siblings (k3lab.store.labels)
+    group: str | None = None  # and its group label
 
     @property
     def name(self) -> str:
         return f"{self.variant_name}-s{self.seed}"
+
+    @property
+    def run_name(self) -> str:
+        """Its MLflow run's name: `<label>-s<seed>`, what the runs list shows of it in full."""
+        return trial_run_name(self.label or self.variant_name, self.seed)
 
 
 def run_order(trials) -> list:
@@ -78,6 +86,8 @@ def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None,
     dataset_dir: the corpus the driver prepared, for every trial; packing: the trials at once on
     one GPU of this host's model (None: the sweep file's ceiling, each trial's GPU gives the budget)."""
     colours = variant_colours([v.name for v in run.sweep.valid_variants])
+    labels = run_labels([v.name for v in run.sweep.valid_variants])
+    groups = short_labels([v.name for v in run.sweep.valid_variants])
     memory = memory_plans(run, packing, owner=f"{parent_run_id}:{os.getpid()}")  # each part packs anew
     return {
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
@@ -86,7 +96,8 @@ def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None,
                             overrides=dict(trial.variant.overrides),
                             metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
                             colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots,
-                            dataset_dir=dataset_dir, memory=memory.get(trial.variant.name))
+                            dataset_dir=dataset_dir, memory=memory.get(trial.variant.name),
+                            label=labels[trial.variant.name], group=groups[trial.variant.name])
         for trial in run_order(run.sweep.trials)
     }
 
@@ -138,9 +149,10 @@ def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
         tracker.client.update_run(run_id, status="RUNNING")
         tracker.set_tags(node_tags() | execution_tags(execution))  # a restored trial may run on another node
         return tracker
-    tags = runs.trial_tags(spec.variant_id, spec.variant_name, spec.seed, spec.colour, list(spec.overrides or ()))
+    tags = runs.trial_tags(spec.variant_id, spec.variant_name, spec.seed, spec.colour, list(spec.overrides or ()),
+                           spec.label, spec.group)
     tags |= node_tags() | execution_tags(execution)
-    tracker = MLflowTracker.start(spec.tracking_uri, spec.experiment, spec.name, tags=tags,
+    tracker = MLflowTracker.start(spec.tracking_uri, spec.experiment, spec.run_name, tags=tags,
                                   parent_run_id=spec.parent_run_id, flush_every=flush_every)
     tracker.log_params(trial_params(spec, counts) | {f"run.{k}": v for k, v in (execution or {}).items()})
     tracker.log_metrics({"params_total": counts["total"], "params_active": counts["active"],
