@@ -54,17 +54,19 @@ def test_a_list_of_seeds_passes_alpha_on_holm_decides_what_bonferroni_would_not(
     assert rows[1].mean_diff + rows[1].half_width < 0
 
 
-def test_a_list_of_seeds_whose_pairs_are_skewed_uses_the_conservative_levels():
-    """Skewed pairs (one seed far off in each comparison) flag the shape check: the one look is tested
-    at the conservative threshold and says so."""
+def test_a_list_of_seeds_whose_pairs_are_skewed_tests_the_call_against_the_skew_at_the_heavy_tail():
+    """Skewed pairs (one seed far off on the right in each comparison) flag the shape check: a lower
+    value than the baseline's, the call the skew makes likely, is tested at the heavy tail's
+    one-sided threshold, and the table says so."""
     design = fixed_design(2, 8)
     base = {s: 2.0 for s in range(8)}
     skewed = [0.0, 0.01, -0.01, 0.005, -0.005, 0.002, -0.002, 0.2]
     values = {"a": {s: 2.0 + x for s, x in enumerate(skewed)}, "c": {s: 2.0 + 0.5 * x for s, x in enumerate(skewed)},
               "b": base}
     rows = compare_family(values, {"a": "b", "c": "b"}, "min", design)
-    assert all("conservative levels" in r.reason for r in rows)
-    assert design.conservative_levels[1][0] < design.levels[1][0]
+    assert all("pooled skewness passed +0.5 at 8 seeds: a lower value than the baseline's is tested at the "
+               "heavy tail's level" in r.reason for r in rows)
+    assert design.heavy_tail_levels[1][0] < design.levels[1][0] / 2
 
 
 def test_the_level_of_each_look_holds_the_error_at_alpha_over_every_look_up_to_max():

@@ -12,9 +12,10 @@ Against each axis's reference level (the baselines' level, else its first in the
 Each is a contrast of one seed's cells, so the seeds give paired values d_s. The K effects of the
 summary are their own family (beside the comparisons'), decided as a fixed list of seeds is: one
 look at the seeds run, Holm over the K effects at the p-value thresholds `k3lab.report.looks`
-simulates for the shapes it covers (conservative ones where the shape check flags the effects'
-pairs), at the sweep's confidence; each interval is the t-interval at the level its effect was
-tested at (`sequential.fixed_design`).
+simulates for the shapes it covers (where the shape check flags the effects' pairs, the call the
+skew makes likely at the heavy tail's level), at the sweep's confidence; each interval is the
+t-interval at the level its effect was tested at in the direction of its mean
+(`sequential.fixed_design`).
 A seed counts for an effect when every cell the effect reads has a value there. In % of the
 reference cell's mean (every axis at its reference level).
 """

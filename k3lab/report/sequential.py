@@ -31,9 +31,9 @@ only at those seed counts, alpha spent over them, passed on as comparisons are d
 shape check on the pooled residuals; `compare_family` decides such a family together.
 
 A fixed list of n seeds (`fixed_design`) is a looks design of one look at n: Holm over the K
-comparisons at p-value thresholds simulated for the shapes `k3lab.report.looks` covers, and its
-conservative ones where the shape check flags the table's own pairs (under 3 seeds: one Student
-t-interval at alpha / K, as no threshold is simulated there).
+comparisons at p-value thresholds simulated for the shapes `k3lab.report.looks` covers, and the
+heavy tail's for the call the skew makes likely where the shape check flags the table's own pairs
+(under 3 seeds: one Student t-interval at alpha / K, as no threshold is simulated there).
 `until: {halfwidth: h}` stops a comparison once its interval is at most h x |the baseline's mean|
 instead; `until: max` runs every comparison to `max` seeds.
 
