@@ -155,16 +155,16 @@ def test_report_pairs_variants_by_seed_against_the_baseline(paired_store):
     summary = build_report(uri, parent, "val_loss", "min", out_dir=tmp_path / "report", baseline="attnres_off")
     paired = {c.variant: c for c in summary["comparisons"]}
     assert set(paired) == {"attnres_bs4", "attnres_bs2", "attnres_bs8"}
-    # bs4: diffs -0.03, -0.02, -0.04 -> mean -0.03, sd 0.01; three comparisons, so each interval is a
-    # Bonferroni t-interval at 0.05 / 3: half-width t(1 - 0.05 / 6, 2) * 0.01 / sqrt(3) = 0.0442
+    # bs4: diffs -0.03, -0.02, -0.04 -> mean -0.03, sd 0.01; three comparisons open at the list's one
+    # look, so its interval is the t-interval at the look's simulated threshold with three open
     bs4 = paired["attnres_bs4"]
-    half = t_quantile(1 - 0.05 / 6, 2) * 0.01 / math.sqrt(3)
+    half = three_seeds_half_width()
     assert (bs4.pairs, bs4.seeds, bs4.verdict, bs4.reason) == (3, 3, "not resolved", "interval covers 0")
     assert bs4.mean_diff == pytest.approx(-0.03) and bs4.half_width == pytest.approx(half)
     assert half > 0.03 > t_quantile(0.975, 2) * 0.01 / math.sqrt(3)  # a per-comparison 95% t would call it
-    # bs2: seed 1 failed, so diffs -0.01, +0.02 over two pairs: the interval covers 0
+    # bs2: seed 1 failed, so two pairs: too few for the list's one look (its test needs 3)
     bs2 = paired["attnres_bs2"]
-    assert (bs2.pairs, bs2.seeds, bs2.verdict, bs2.reason) == (2, 3, "not resolved", "interval covers 0")
+    assert (bs2.pairs, bs2.seeds, bs2.verdict, bs2.reason) == (2, 3, "not resolved", "2 pairs: the one look needs 3")
     assert bs2.mean_diff == pytest.approx(0.005)
     bs8 = paired["attnres_bs8"]
     assert (bs8.pairs, bs8.seeds, bs8.half_width, bs8.reason) == (1, 3, None, "one pair")
@@ -176,6 +176,14 @@ def test_report_pairs_variants_by_seed_against_the_baseline(paired_store):
     assert (summary_json["design"]["rule"], summary_json["design"]["comparisons"]) == ("fixed", 3)
     plot = tmp_path / "report" / "val_loss_vs_baseline.png"
     assert plot in summary["files"] and plot.stat().st_size > 1000
+
+
+def three_seeds_half_width() -> float:
+    """bs4's half-width in the paired store: sd 0.01 over 3 pairs, 3 comparisons open at one look."""
+    from k3lab.report.sequential import fixed_design
+
+    level = fixed_design(3, 3).levels[2][0]
+    return t_quantile(1 - level / 2, 2) * 0.01 / math.sqrt(3)
 
 
 def test_results_markdown_has_how_it_ran_and_the_paired_table(paired_store):
@@ -191,10 +199,11 @@ def test_results_markdown_has_how_it_ran_and_the_paired_table(paired_store):
     assert "- Sweep: parent run not closed; from its trials" in text  # the store's parent never closed
     assert ("| variant | baseline | pairs | val_loss - baseline | family-wise 95% interval | vs baseline | verdict |"
             in text)
-    assert "| attnres_bs4 | attnres_off | 3/3 | -0.0300 | [-0.0742, +0.0142] | -1.43% | not resolved" in text
-    assert "| attnres_bs2 | attnres_off | 2/3 | +0.0050 |" in text and "not resolved (interval covers 0) |" in text
+    half = three_seeds_half_width()
+    assert f"| attnres_bs4 | attnres_off | 3/3 | -0.0300 | [{-0.03 - half:+.4f}, {-0.03 + half:+.4f}] | -1.43% | not resolved" in text
+    assert "| attnres_bs2 | attnres_off | 2/3 | +0.0050 |" in text and "not resolved (2 pairs: the one look needs 3) |" in text
     assert "| attnres_bs8 | attnres_off | 1/3 | -0.0500 | n/a | -2.50% | not resolved (one pair) |" in text
-    assert "Bonferroni over 3 comparisons" in text
+    assert "one look at 3 seeds: Holm over 3 comparisons" in text
     assert "![val_loss_vs_baseline](results/attnres_block-gpu/val_loss_vs_baseline.png)" in text
 
 

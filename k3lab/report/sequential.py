@@ -426,6 +426,14 @@ def looks_matrix(values: dict[str, SeedValues], baselines: dict[str, str]) -> tu
     return d, run, reference
 
 
+def too_few_text(design: Design, run: int, pairs: int) -> str:
+    """Why a comparison has no verdict yet: a list's one look needs more pairs than finished, a
+    sequential design has not run its first look's seeds."""
+    if design.rule == FIXED:
+        return "one pair" if pairs < 2 else f"{pairs} pairs: the one look needs {design.first_look}"
+    return f"{run} seeds: the design looks from {design.first_look}"
+
+
 def before_first_look(variant: str, baseline: str, diffs: np.ndarray, reference: float, run: int, every_seed: int,
                       design: Design, common: dict, unfinished: str) -> SequentialComparison:
     """A comparison of a looks design that has not reached its first look: its mean so far, no
@@ -437,7 +445,7 @@ def before_first_look(variant: str, baseline: str, diffs: np.ndarray, reference:
                                                         mean)}
     return SequentialComparison(variant, baseline, int(diffs.size), every_seed, mean, None,
                                 reference if diffs.size else None, NOT_RESOLVED,
-                                f"{run} seeds: the design looks from {design.first_look}", **common,
+                                too_few_text(design, run, int(diffs.size)), **common,
                                 stopping=unfinished)
 
 
