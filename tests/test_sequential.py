@@ -362,7 +362,8 @@ def test_a_fixed_t_interval_rechecked_after_every_pair_would_under_cover():
 
 
 def test_an_undecided_comparison_says_about_how_many_pairs_the_rule_would_take():
-    from k3lab.report.sequential import needed_cell, pairs_needed
+    from k3lab.report.sequential import pairs_needed
+    from k3lab.report.tables import needed_cell
 
     design = Design(comparisons=4, max_pairs=12, start=3, halfwidth=0.005)
     needed = pairs_needed(0.01, 1.0, design, have=5)
@@ -381,7 +382,7 @@ def test_an_undecided_comparison_says_about_how_many_pairs_the_rule_would_take()
 
 
 def test_the_tables_name_the_planning_column_after_the_rule_and_a_fixed_list_has_none():
-    from k3lab.report.paired import design_columns, sequential_table_lines
+    from k3lab.report.tables import design_columns, sequential_table_lines
 
     base = {s: 1.0 + 0.01 * s for s in range(5)}
     values = {s: v + 0.01 * (-1) ** s for s, v in base.items()}

@@ -5,9 +5,10 @@ import math
 import pytest
 
 from k3lab.report.stats import (
-    BETTER, NOT_RESOLVED, WORSE, compare, compare_to_baseline, comparison_cells, t_interval, t_quantile,
+    BETTER, NOT_RESOLVED, WORSE, compare, compare_to_baseline, t_interval, t_quantile,
     t_two_sided_probability, verdict,
 )
+from k3lab.report.tables import t_cells as comparison_cells
 
 # two-sided 95% t quantiles from printed tables (df: t_{0.975, df})
 T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228, 29: 2.045, 30: 2.042, 120: 1.980}

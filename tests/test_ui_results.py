@@ -40,8 +40,8 @@ def test_each_factorial_effect_is_an_effect_run_with_its_interval_and_the_report
     chart, table, metric or description: only in summary.json."""
     uri, parent, summary = factorial
     found = verdicts.variant_runs(uri, parent.info.run_id, verdicts.EFFECT_KIND)
-    assert set(found) == {effect.label for effect in summary["factorial"]} and INTERACTION in found
-    effect = next(e for e in summary["factorial"] if e.label == INTERACTION)
+    assert set(found) == {effect.label for effect in summary.factorial} and INTERACTION in found
+    effect = next(e for e in summary.factorial if e.label == INTERACTION)
     run = found[INTERACTION]
     assert run.data.tags[verdicts.VERDICT] == effect.verdict == "nonzero"
     assert run.data.metrics["effect_pct"] == pytest.approx(effect.relative)
@@ -79,11 +79,11 @@ def test_in_a_sweep_with_a_baseline_per_group_each_variant_run_names_its_own(fac
     """The view's difference section and val_loss_vs_baseline.png named ffn_moe_top1_shared0 for every row."""
     uri, parent, summary = factorial
     found = verdicts.variant_runs(uri, parent.info.run_id)
-    assert set(found) == set(summary["pairs"])
-    for variant, baseline in summary["pairs"].items():
+    assert set(found) == set(summary.pairs)
+    for variant, baseline in summary.pairs.items():
         assert found[variant].info.run_name.startswith(f"{variant} vs {baseline}: ")
         assert found[variant].data.tags[verdicts.COMPARED_WITH] == baseline
-    assert len(set(summary["pairs"].values())) > 1  # a baseline per group indeed
+    assert len(set(summary.pairs.values())) > 1  # a baseline per group indeed
 
 
 def test_the_loss_charts_are_zoomed_on_the_second_half_of_training(factorial):

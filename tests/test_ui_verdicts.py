@@ -94,7 +94,7 @@ def test_the_parent_run_carries_each_variants_mean_difference_interval_and_verdi
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, _ = curve_sweep(uri)
     summary = report(uri, parent)
-    comparison = summary["comparisons"][0]
+    comparison = summary.comparisons[0]
     run = MlflowClient(uri).get_run(parent)
     mean = run.data.metrics["vs_baseline_pct/attnres_bs1"]
     low, high = run.data.metrics["vs_baseline_low/attnres_bs1"], run.data.metrics["vs_baseline_high/attnres_bs1"]
@@ -136,7 +136,7 @@ def test_a_compared_trial_carries_its_variants_verdict(tmp_path):
     parent, trials = curve_sweep(uri)
     summary = report(uri, parent)
     tags = MlflowClient(uri).get_run(trials[("attnres_bs1", 0)]).data.tags
-    assert tags[verdicts.VERDICT] == summary["comparisons"][0].verdict
+    assert tags[verdicts.VERDICT] == summary.comparisons[0].verdict
     assert verdicts.VERDICT not in MlflowClient(uri).get_run(trials[("attnres_off", 0)]).data.tags
 
 
@@ -172,7 +172,7 @@ def test_the_saved_views_first_chart_is_each_variants_mean_difference_and_interv
     assert first["selectedMetricKeys"] == list(verdicts.CURVE) and first["range"] == {}  # an axis that fits them
     assert state["compareRunSections"][0]["uuid"] == first["metricSectionId"]
     title = state["compareRunSections"][0]["name"]
-    assert title.startswith(f"attnres_bs1 {summary['comparisons'][0].verdict} · Difference from the baseline")
+    assert title.startswith(f"attnres_bs1 {summary.comparisons[0].verdict} · Difference from the baseline")
 
 
 def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_evaluation(tmp_path):
@@ -193,8 +193,8 @@ def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_eval
     for name, prefix in zip(verdicts.VERDICT_NUMBERS, (verdicts.VS_BASELINE, verdicts.VS_LOW, verdicts.VS_HIGH)):
         assert run.data.metrics[name] == pytest.approx(parent_metrics[f"{prefix}/attnres_bs1"])
         assert len(client.get_metric_history(run.info.run_id, name)) == 1
-    assert run.data.tags[verdicts.VERDICT] == summary["comparisons"][0].verdict
-    assert run.info.run_name.startswith(f"attnres_bs1 vs attnres_off: {summary['comparisons'][0].verdict}, -1.00% (-1.")
+    assert run.data.tags[verdicts.VERDICT] == summary.comparisons[0].verdict
+    assert run.info.run_name.startswith(f"attnres_bs1 vs attnres_off: {summary.comparisons[0].verdict}, -1.00% (-1.")
     assert run.data.tags[verdicts.COMPARED_WITH] == "attnres_off"
     assert run.info.start_time == client.get_run(parent).info.start_time  # its duration is the sweep's
 
@@ -267,7 +267,7 @@ def test_the_parent_description_leads_with_its_links_and_names_each_variants_ver
     note = MlflowClient(uri).get_run(parent).data.tags[runs.NOTE].splitlines()
     assert note[0].startswith(f"[{views.LOSS_VIEW_NAME}]")  # above the UI's fold
     assert note[2].startswith("val_loss against the baseline, %")  # right under the links
-    assert f"**attnres_bs1** vs attnres_off: {summary['comparisons'][0].verdict}, -1.00% (-1." in note[2]
+    assert f"**attnres_bs1** vs attnres_off: {summary.comparisons[0].verdict}, -1.00% (-1." in note[2]
 
 
 def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refreshes_its_view(tmp_path):

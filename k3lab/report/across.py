@@ -14,9 +14,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from rich.table import Table
 
-from k3lab.report.markdown import table_lines
 from k3lab.report import stats
 from k3lab.report.paired import comparisons_for, values_by_seed
 from k3lab.report.records import TrialRecord
@@ -69,43 +67,7 @@ def compare_across(sweeps: list[Sweep], baselines: dict[str, str], metric: str, 
     return rows
 
 
-def cells(label: str, c: stats.Comparison) -> list[str]:
-    relative = c.relative
-    half = None if c.half_width is None or not c.baseline_mean else c.half_width / abs(c.baseline_mean)
-    difference = "-" if c.mean_diff is None else f"{c.mean_diff:+.4f}"
-    percent = "-" if relative is None else (f"{100 * relative:+.2f}%"
-                                            + ("" if half is None else f" ± {100 * half:.2f}%"))
-    return [label, str(c.pairs), difference, percent, c.verdict]
-
-
-HEADERS = ("variant", "baseline", "sweep", "pairs", "difference", "vs baseline", "verdict")
-
-
-def note(sweeps: list[Sweep]) -> str:
-    return (f"each sweep under its design; {POOLED}: one pair per distinct seed (its differences in the "
-            f"{len(sweeps)} sweeps averaged), a one-look family-wise t-interval")
-
-
-def across_table(rows: list[dict], sweeps: list[Sweep], metric: str, title: str) -> Table:
-    table = Table(title=title, caption=note(sweeps))
-    for header in HEADERS:
-        table.add_column(header, justify="right" if header in ("pairs", "difference") else "left")
-    for row in rows:
-        for label, comparison in [*row["by_sweep"], (POOLED, row["pooled"])]:
-            table.add_row(row["variant"], row["baseline"], *cells(label, comparison),
-                          end_section=label == POOLED)
-    return table
-
-
-def across_lines(rows: list[dict], sweeps: list[Sweep], metric: str) -> list[str]:
-    cells_of = [[row["variant"], row["baseline"], *cells(label, comparison)]
-                for row in rows for label, comparison in [*row["by_sweep"], (POOLED, row["pooled"])]]
-    return [f"{metric} against the baselines in {len(sweeps)} sweeps ({note(sweeps)}):", "",
-            *table_lines(list(HEADERS), cells_of)]
-
-
 def across_json(rows: list[dict]) -> list[dict]:
     return [{"variant": row["variant"], "baseline": row["baseline"],
              "by_sweep": {label: c.to_json() for label, c in row["by_sweep"]}, POOLED: row["pooled"].to_json()}
             for row in rows]
-

@@ -175,15 +175,3 @@ def compare_to_baseline(values: dict[str, SeedValues], baseline: str, mode: str)
 
 
 # -- presentation (shared by the terminal table and the markdown) -----------------------
-
-
-def comparison_cells(c: Comparison) -> dict[str, str]:
-    """The text of one row of a paired table: pairs, mean difference, interval, relative, verdict."""
-    def number(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:+.4f}"
-
-    interval = f"[{number(c.low)}, {number(c.high)}]" if c.half_width is not None else "n/a"
-    relative = "n/a" if c.relative is None else f"{100 * c.relative:+.2f}%"
-    outcome = c.verdict + (f" ({c.reason})" if c.reason else "")
-    return {"variant": c.variant, "pairs": f"{c.pairs}/{c.seeds}", "difference": number(c.mean_diff),
-            "interval": interval, "relative": relative, "verdict": outcome}

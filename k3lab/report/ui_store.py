@@ -90,9 +90,9 @@ def rebuild_missing_reports(tracking_uri: str, skip: Collection[str] = ()) -> li
         if not trials:
             continue
         with tempfile.TemporaryDirectory() as folder:
-            summary = build_report(tracking_uri, run_id, out_dir=Path(folder), **report_options(tracking_uri, parent,
-                                                                                                trials))
-            for path in summary["files"]:
+            report = build_report(tracking_uri, run_id, out_dir=Path(folder), **report_options(tracking_uri, parent,
+                                                                                               trials))
+            for path in report.files:
                 client.log_artifact(run_id, str(path), "report")
         rebuilt.append((run_id, client.get_experiment(parent.info.experiment_id).name))
     return rebuilt

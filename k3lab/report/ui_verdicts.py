@@ -133,16 +133,16 @@ def effect_rows(effects: list) -> list[dict]:
     return rows
 
 
-def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> None:
-    """A `build_report` summary's differences, effects, verdicts and outcomes into the store."""
-    records, metric, mode, rise = summary["records"], summary["metric"], summary["mode"], summary["rise"]
-    store.log_differences(tracking_uri, trial_differences(records, summary["pairs"], metric, mode, rise))
-    store.log_effects(tracking_uri, parent_run_id, variant_effects(summary["comparisons"]))
-    store.set_trial_tags(tracking_uri, trial_tags(records, summary["comparisons"], metric, mode, rise),
-                         {r.run_id: r.tags for r in records})
-    store.log_variant_runs(tracking_uri, parent_run_id,
-                           variant_rows(records, summary["comparisons"], summary.get("curves", [])))
-    store.log_effect_runs(tracking_uri, parent_run_id, effect_rows(summary.get("factorial") or []))
+def record_verdicts(tracking_uri: str, parent_run_id: str, report) -> None:
+    """A `k3lab.report.summary.SweepReport`'s differences, effects, verdicts and outcomes into the store."""
+    r = report
+    records, metric, mode, rise = r.records, r.metric, r.mode, r.rise
+    store.log_differences(tracking_uri, trial_differences(records, r.pairs, metric, mode, rise))
+    store.log_effects(tracking_uri, parent_run_id, variant_effects(r.comparisons))
+    store.set_trial_tags(tracking_uri, trial_tags(records, r.comparisons, metric, mode, rise),
+                         {t.run_id: t.tags for t in records})
+    store.log_variant_runs(tracking_uri, parent_run_id, variant_rows(records, r.comparisons, r.curves))
+    store.log_effect_runs(tracking_uri, parent_run_id, effect_rows(r.factorial))
     store.log_multipliers(tracking_uri, parent_run_id, [
         {"variant": m.variant, "pairs": m.pairs, "mean": m.estimate, "low": m.low, "high": m.high}
-        for m in [*summary.get("multipliers", []), *summary.get("size_multipliers", [])]])
+        for m in [*r.multipliers, *r.size_multipliers]])

@@ -178,7 +178,7 @@ def earlier_run_line(run) -> str | None:
     if not (sweep.adaptive and sweep.seed_policy.until.rule != "max") or path is None or not holds_mlflow_runs(path):
         return None
     from k3lab.report.paired import comparisons_for
-    from k3lab.report.sequential import pairs_needed_line
+    from k3lab.report.tables import pairs_needed_line
     from k3lab.report.summary import load_trials
     from k3lab.store.runs import latest_sweep_run
 
