@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from k3lab.report.sequential import (
-    BETTER, DECIDED, EQUIVALENT, HALFWIDTH, MAX, MAX_SEEDS, NOT_RESOLVED, PRECISE, WORSE, Design, compare_family,
-    compare_sequential, fixed_design, nominal_level, smallest_p_values,
+    BETTER, EQUIVALENT, NOT_RESOLVED, WORSE, Design, compare_family, compare_sequential, fixed_design, nominal_level,
+    smallest_p_values,
 )
+from k3lab.report.stop_rule import DECIDED, HALFWIDTH, MAX, MAX_SEEDS, PRECISE
 from k3lab.report.calibration import SKEW_COVERED, null_rejection_rate
 from k3lab.report.stats import t_interval
 from k3lab.runner.tune.planner import FINISHED, SeedPlanner

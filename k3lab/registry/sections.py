@@ -20,7 +20,7 @@ import attrs
 
 from k3lab.errors import FieldError
 from k3lab.model.fidelity import FIDELITIES
-from k3lab.report.sequential import DECIDED, HALFWIDTH, RULES
+from k3lab.report.stop_rule import DECIDED, HALFWIDTH, RULES
 from k3lab.registry.train_spec import TrainSpec
 from k3lab.validators import non_empty, non_negative, one_of, open_unit_interval, positive
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from k3lab.report import stats
 from k3lab.report.paired import comparisons_for, values_by_seed
 from k3lab.report.records import TrialRecord
-from k3lab.report.sequential import BUDGET, Design, compare_sequential, fixed_design
+from k3lab.report.sequential import Design, compare_sequential, fixed_design
+from k3lab.report.stop_rule import BUDGET
 
 POOLED = "pooled"
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from k3lab.report.sequential import BUDGET, RUNNING, STOPPED, Design, compare_family, compare_sequential, fixed_design
+from k3lab.report.sequential import Design, compare_family, compare_sequential, fixed_design
+from k3lab.report.stop_rule import BUDGET, RUNNING, STOPPED
 from k3lab.report import stats
 from k3lab.report.records import TrialRecord
 

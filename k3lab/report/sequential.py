@@ -49,12 +49,10 @@ from k3lab.report.calibration import SKEW_COVERED, nominal_level, smallest_p_val
 from k3lab.report.looks import CHECK, HIGHER, LOWER, LookDesign, decide
 from k3lab.report.looks import EQUIVALENT as LOOKS_EQUIVALENT
 from k3lab.report.stats import BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, t_quantile
+from k3lab.report.stop_rule import BUDGET, DECIDED, FIXED, HALFWIDTH, MAX, MAX_SEEDS, PRECISE, RUNNING
 
 EQUIVALENT = "equivalent"
 CONFIDENCE = 0.95
-DECIDED, HALFWIDTH, MAX, FIXED = "decided", "halfwidth", "max", "fixed"  # the rules
-RULES = (DECIDED, HALFWIDTH, MAX)  # what `until:` may say
-PRECISE, MAX_SEEDS, BUDGET, RUNNING, STOPPED = "precise", "max seeds", "budget", "running", "stopped"
 PLANNING_PATHS = 10_000  # a planning figure needs the level only roughly
 PLANNING_HORIZONS = (24, 32, 48, 64, 96, 128, 200)
 NEEDED_CAP = PLANNING_HORIZONS[-1]  # beyond this many pairs the answer is another design (longer trials)

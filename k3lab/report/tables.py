@@ -20,7 +20,8 @@ from k3lab.report.factorial import Effect
 from k3lab.report.markdown import table_lines
 from k3lab.report.paired import values_by_seed
 from k3lab.report.records import TrialRecord
-from k3lab.report.sequential import DECIDED, FIXED, HALFWIDTH, MAX, NEEDED_CAP, PRECISE, Design
+from k3lab.report.sequential import NEEDED_CAP, Design
+from k3lab.report.stop_rule import DECIDED, FIXED, HALFWIDTH, MAX, PRECISE
 from k3lab.report.stats import Comparison
 
 

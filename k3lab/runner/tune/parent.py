@@ -30,7 +30,7 @@ import attrs
 import k3lab
 from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_shares
 from k3lab.report.paired import design_record
-from k3lab.report.sequential import BUDGET, STOPPED
+from k3lab.report.stop_rule import BUDGET, STOPPED
 from k3lab.report.summary import SweepReport, build_report
 from k3lab.store import runs
 from k3lab.store.runs import write_design
