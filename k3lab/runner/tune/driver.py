@@ -262,10 +262,9 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
     with progress:
         callbacks = [ooms, progress, MLflowStatusCallback(run.tracking_uri, ooms),
                      differences_callback(run, parent_run_id, specs)]
-        tuner = (make_tuner(run, specs, callbacks) if searcher is None else make_tuner(run, specs, callbacks, searcher))
-        if searcher is not None and run.resume:  # the searcher Tune restores (its state: from the folder)
-            searcher = tuner._local_tuner._tune_config.search_alg
-        results = fit(tuner)
+        results = fit(make_tuner(run, specs, callbacks, searcher))
+    if searcher is not None and run.resume:  # Tune ran the searcher it restored from its folder, and saved
+        searcher.restore_from_dir(str(run.tune_dir.resolve()))  # its last state there as it returned
     if searcher.unfinished() if searcher is not None else progress.unfinished():  # Tune catches the first
         raise KeyboardInterrupt  # Ctrl-C, saves its state and returns
     return [plain(str(r.error)).splitlines()[0] for r in results if r.error is not None], hardware
