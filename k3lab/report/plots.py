@@ -151,48 +151,18 @@ def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], 
     window = smoothing_window(records)
     last = max((p[0] for r in records for p in r.curves.get("train_loss", [])[-1:]), default=0)
     variants = list(dict.fromkeys(r.variant for r in records))
-    labelled = set()
-    for record in records:
-        steps, values = smooth(record.curves.get("train_loss", []), window)
-        if not len(steps):
-            continue
-        colour = colours[record.variant]
-        label = record.variant if record.variant not in labelled else None
-        labelled.add(record.variant)
-        whole.plot(steps, values, color=colour, alpha=0.85, linewidth=1.2, label=label)
-        mark_stopped(whole, record, steps, values, colour, last)
-    whole.set_yscale("log")
-    plain_log_ticks(whole)
-    smoothed = f", smoothed over {window} steps" if window > 1 else ""
-    whole.set_title(f"train_loss, every trial\n(log scale{smoothed})", fontsize=10)
+    draw_every_trial(whole, records, colours, window, last)
     compared = baseline is not None and baseline in variants
     for ax, name, start in ((late, "train_loss", last / 2), (val, metric, 0)):
-        drawn = []
-        for variant in variants:
-            colour = colours[variant]
-            if compared:
-                if variant == baseline:
-                    continue
-                rows = [r for r in curves or [] if r["variant"] == variant]
-                if name == metric and rows:
-                    drawn += draw_difference_rows(ax, rows, colour)
-                    continue
-                steps, values = paired_curve(records, variant, baseline, name, window if name == "train_loss" else 1,
-                                             start)
-                ax.plot(steps, values, color=colour, marker="o" if name != "train_loss" else None, markersize=4)
-                drawn.append((steps, values))
-            else:
-                for record in (r for r in records if r.variant == variant):
-                    steps, values = smooth(record.curves.get(name, []), window if name == "train_loss" else 1)
-                    keep = steps >= start
-                    ax.plot(steps[keep], values[keep], color=colour, alpha=0.85,
-                            marker="o" if name != "train_loss" else None, markersize=4)
-                    mark_stopped(ax, record, steps[keep], values[keep], colour, last)
+        smoothing = window if name == "train_loss" else 1
         if compared:
+            rows = [r for r in curves or [] if r["variant"] != baseline] if name == metric else []
+            drawn = draw_against_baseline(ax, records, variants, baseline, name, smoothing, start, colours, rows)
             limit_to_late(ax, drawn, last / 2)
             ax.axhline(0.0, **BASELINE_STYLE)
             ax.set_ylabel(f"{name} − baseline")
         else:
+            draw_each_trial(ax, records, name, smoothing, start, colours, last)
             ax.set_ylabel(name)
         ax.ticklabel_format(axis="y", useOffset=False)
     paired = f"minus the baseline {baseline} (dashed), paired by seed"
@@ -202,14 +172,68 @@ def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], 
     for ax in (whole, late, val):
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
-    whole.set_ylabel("train_loss")
-    handles, labels = whole.get_legend_handles_labels()
+    trials_legend(fig, whole, records, last)
+    fig.suptitle(f"{title}: loss curves by variant" if title else "loss curves by variant")
+    return save_figure(plt, fig, path)
+
+
+def draw_every_trial(ax, records, colours: dict[str, str], window: int, last: float) -> None:
+    """The first panel: every trial's train_loss (log scale, smoothed over `window` steps), one legend
+    entry per variant, a cross where a trial stopped before the sweep's `last` step."""
+    labelled = set()
+    for record in records:
+        steps, values = smooth(record.curves.get("train_loss", []), window)
+        if not len(steps):
+            continue
+        colour = colours[record.variant]
+        label = record.variant if record.variant not in labelled else None
+        labelled.add(record.variant)
+        ax.plot(steps, values, color=colour, alpha=0.85, linewidth=1.2, label=label)
+        mark_stopped(ax, record, steps, values, colour, last)
+    ax.set_yscale("log")
+    plain_log_ticks(ax)
+    smoothed = f", smoothed over {window} steps" if window > 1 else ""
+    ax.set_title(f"train_loss, every trial\n(log scale{smoothed})", fontsize=10)
+    ax.set_ylabel("train_loss")
+
+
+def draw_against_baseline(ax, records, variants: list[str], baseline: str, name: str, window: int, start: float,
+                          colours: dict[str, str], rows: list[dict]) -> list[tuple]:
+    """Each variant's curve `name` minus the baseline's, paired by seed, from step `start` on: the
+    report's `rows` (with their intervals) where it has them for the variant, else the mean paired
+    difference; returns the drawn (steps, values), for the axis limits."""
+    drawn = []
+    for variant in (v for v in variants if v != baseline):
+        colour = colours[variant]
+        mine = [r for r in rows if r["variant"] == variant]
+        if mine:
+            drawn += draw_difference_rows(ax, mine, colour)
+            continue
+        steps, values = paired_curve(records, variant, baseline, name, window, start)
+        ax.plot(steps, values, color=colour, marker="o" if name != "train_loss" else None, markersize=4)
+        drawn.append((steps, values))
+    return drawn
+
+
+def draw_each_trial(ax, records, name: str, window: int, start: float, colours: dict[str, str], last: float) -> None:
+    """Without a baseline: every trial's curve `name` as it is, from step `start` on, variant by variant."""
+    variants = list(dict.fromkeys(r.variant for r in records))
+    for record in (r for variant in variants for r in records if r.variant == variant):
+        steps, values = smooth(record.curves.get(name, []), window)
+        keep = steps >= start
+        colour = colours[record.variant]
+        ax.plot(steps[keep], values[keep], color=colour, alpha=0.85, marker="o" if name != "train_loss" else None,
+                markersize=4)
+        mark_stopped(ax, record, steps[keep], values[keep], colour, last)
+
+
+def trials_legend(fig, ax, records, last: float) -> None:
+    """The figure's legend: the variants of `ax`, and the cross of a trial that stopped early."""
+    handles, labels = ax.get_legend_handles_labels()
     if any(stopped_early(r, last) for r in records):
         handles, labels = [*handles, stopped_handle()], [*labels, "stopped early or failed"]
     if labels:  # none before any trial logged a step
         fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=9, frameon=False)
-    fig.suptitle(f"{title}: loss curves by variant" if title else "loss curves by variant")
-    return save_figure(plt, fig, path)
 
 
 def baseline_line(ax, rows: list[dict], metric: str, baseline: str | None) -> str:
