@@ -14,7 +14,7 @@ from k3lab.report.sequential import (
     smallest_p_values,
 )
 from k3lab.report.stop_rule import DECIDED, HALFWIDTH, MAX, MAX_SEEDS, PRECISE
-from k3lab.report.calibration import SKEW_COVERED, null_rejection_rate
+from k3lab.report.calibration import CHUNK, SKEW_COVERED, null_draws
 from k3lab.report.stats import t_interval
 from k3lab.runner.tune.planner import FINISHED, SeedPlanner
 
@@ -290,6 +290,16 @@ def sweep_file_designs() -> set[tuple[int, int, float]]:
                 policy = sweep.seed_policy
                 found.add((policy.start, policy.max, round((1 - policy.confidence) / len(sweep.baselines), 12)))
     return found
+
+
+def null_rejection_rate(level: float, start: int, max_pairs: int, skew: float, paths: int, seed: int) -> float:
+    """The share of fresh null paths (another seed than the calibration's) that some look from
+    start to max_pairs rejects at `level`: what a design's level holds the error to."""
+    rng, looks, rejected = np.random.default_rng(seed), range(max(2, start), max_pairs + 1), 0
+    for done in range(0, paths, CHUNK):
+        z = null_draws(rng, (min(CHUNK, paths - done), max_pairs), skew)
+        rejected += int((smallest_p_values(z, looks) <= level).sum())
+    return rejected / paths
 
 
 def test_every_design_of_the_tests_and_sweep_files_holds_its_error_at_or_under_alpha_over_k():

@@ -167,11 +167,4 @@ def compare(variant: str, values: SeedValues, baseline: str, baseline_values: Se
     return Comparison(variant, baseline, len(seeds), every_seed, mean, half, baseline_mean, outcome, reason)
 
 
-def compare_to_baseline(values: dict[str, SeedValues], baseline: str, mode: str) -> list[Comparison]:
-    """Every variant of `values` but the baseline, in the order of `values`."""
-    reference = values.get(baseline, {})
-    return [compare(name, seed_values, baseline, reference, mode)
-            for name, seed_values in values.items() if name != baseline]
-
-
 # -- presentation (shared by the terminal table and the markdown) -----------------------

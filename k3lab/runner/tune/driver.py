@@ -37,8 +37,7 @@ def start_ray(run: SweepRun) -> None:
         env["TUNE_FUNCTION_THREAD_TIMEOUT_S"] = "60"
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    for key in ("K3LAB_FAIL_AT_STEP", "K3LAB_OOM_AT_STEP", "K3LAB_FAKE_GPU", "K3LAB_GATE_DIR",  # fault injection and
-                "K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI"):  # the fake GPU: for tests
+    for key in ("K3LAB_FAKE_GPU", "K3LAB_GATE_DIR", "K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI"):  # the fake GPU: for tests
         if key in os.environ:
             env[key] = os.environ[key]
     kwargs = dict(runtime_env={"env_vars": env}, log_to_driver=False, configure_logging=False)
