@@ -39,7 +39,7 @@ def test_each_factorial_effect_is_an_effect_run_with_its_interval_and_the_report
     """The main effects and interactions (the ffn x top-k interaction -0.60% +/- 0.34%) appeared in no
     chart, table, metric or description: only in summary.json."""
     uri, parent, summary = factorial
-    found = verdicts.variant_runs(uri, parent.info.run_id, verdicts.EFFECT_KIND)
+    found = verdicts.variant_runs(runs.client(uri), parent.info.run_id, verdicts.EFFECT_KIND)
     assert set(found) == {effect.label for effect in summary.factorial} and INTERACTION in found
     effect = next(e for e in summary.factorial if e.label == INTERACTION)
     run = found[INTERACTION]
@@ -78,7 +78,7 @@ def test_the_verdict_view_asks_the_question_in_percent_and_charts_only_variant_r
 def test_in_a_sweep_with_a_baseline_per_group_each_variant_run_names_its_own(factorial):
     """The view's difference section and val_loss_vs_baseline.png named ffn_moe_top1_shared0 for every row."""
     uri, parent, summary = factorial
-    found = verdicts.variant_runs(uri, parent.info.run_id)
+    found = verdicts.variant_runs(runs.client(uri), parent.info.run_id)
     assert set(found) == set(summary.pairs)
     for variant, baseline in summary.pairs.items():
         assert found[variant].info.run_name.startswith(f"{variant} vs {baseline}: ")

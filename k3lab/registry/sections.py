@@ -341,6 +341,16 @@ class SweepSpec:
             raise FieldError(attribute.name, f"must be at most {NAME_MAX} characters (it names files), "
                                              f"got {len(value)}")
 
+    @property
+    def seed_policy(self) -> SeedsSpec | None:
+        """The seeds policy (`seeds: {start, max, until}`), or None for a list of seeds."""
+        return self.seeds if isinstance(self.seeds, SeedsSpec) else None
+
+    @property
+    def all_seeds(self) -> tuple[int, ...]:
+        """Every seed the sweep may use: the list, or every seed of the policy."""
+        return self.seeds.seeds if isinstance(self.seeds, SeedsSpec) else tuple(self.seeds)
+
     @seeds.validator
     def _check_seeds(self, attribute, value) -> None:
         if isinstance(value, SeedsSpec):

@@ -137,12 +137,11 @@ def record_verdicts(tracking_uri: str, parent_run_id: str, report) -> None:
     """A `k3lab.report.summary.SweepReport`'s differences, effects, verdicts and outcomes into the store."""
     r = report
     records, metric, mode, rise = r.records, r.metric, r.mode, r.rise
-    store.log_differences(tracking_uri, trial_differences(records, r.pairs, metric, mode, rise))
-    store.log_effects(tracking_uri, parent_run_id, variant_effects(r.comparisons))
-    store.set_trial_tags(tracking_uri, trial_tags(records, r.comparisons, metric, mode, rise),
-                         {t.run_id: t.tags for t in records})
-    store.log_variant_runs(tracking_uri, parent_run_id, variant_rows(records, r.comparisons, r.curves))
-    store.log_effect_runs(tracking_uri, parent_run_id, effect_rows(r.factorial))
-    store.log_multipliers(tracking_uri, parent_run_id, [
-        {"variant": m.variant, "pairs": m.pairs, "mean": m.estimate, "low": m.low, "high": m.high}
-        for m in [*r.multipliers, *r.size_multipliers]])
+    outcome = store.Outcome(
+        differences=trial_differences(records, r.pairs, metric, mode, rise),
+        effects=variant_effects(r.comparisons),
+        trial_tags=trial_tags(records, r.comparisons, metric, mode, rise), current_tags={t.run_id: t.tags for t in records},
+        variant_rows=variant_rows(records, r.comparisons, r.curves), effect_rows=effect_rows(r.factorial),
+        multipliers=[{"variant": m.variant, "pairs": m.pairs, "mean": m.estimate, "low": m.low, "high": m.high}
+                     for m in [*r.multipliers, *r.size_multipliers]])
+    store.write_outcome(runs.client(tracking_uri), parent_run_id, outcome)

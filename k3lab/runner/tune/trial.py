@@ -10,7 +10,7 @@ import gc
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -50,7 +50,8 @@ class TrialSpec:
     tracking_uri: str | None
     experiment: str
     parent_run_id: str | None = None
-    overrides: dict | None = None  # the swept axis values of this variant, as the sweep file gives them: {"attn_res_block_size": 4}
+    params: dict = field(default_factory=dict)  # its MLflow params but the parameter counts (`variant_params`)
+    axes: tuple[str, ...] = ()  # the axes its variant sets (the run's `k3lab.axes` tag)
     metric: str = "val_loss"  # the sweep's metric and mode: a diverged trial reports its worst value
     mode: str = "min"
     colour: str | None = None  # the variant's, in k3lab's plots and the MLflow UI (k3lab.store.colours)
@@ -66,7 +67,7 @@ class TrialSpec:
     def run_key(self) -> TrialRunKey:
         """Which trial its MLflow run is (`k3lab.store.trial_run`)."""
         return TrialRunKey(self.tracking_uri, self.experiment, self.parent_run_id, self.variant_id,
-                           self.variant_name, self.seed, self.colour, tuple(self.overrides or ()))
+                           self.variant_name, self.seed, self.colour, self.axes)
 
 
 def run_order(trials) -> list:
@@ -88,7 +89,8 @@ def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None,
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
                             config=trial.variant.config, train=run.sweep.train_of(trial.variant),
                             tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id,
-                            overrides=dict(trial.variant.overrides),
+                            params=variant_params(trial.variant, run.sweep.train_of(trial.variant), trial.seed),
+                            axes=tuple(trial.variant.overrides),
                             metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
                             colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots,
                             dataset_dir=dataset_dir, memory=memory.get(trial.variant.name))
@@ -114,16 +116,22 @@ def memory_plans(run, packing: Packing | None, owner: str) -> dict[str, TrialMem
     return plans
 
 
-def trial_params(spec: TrialSpec, counts: dict) -> dict:
-    """MLflow params of a trial run: the flattened model config, train spec and counts, and the
-    swept values that no `model.*` param holds (`value_params`)."""
-    params = runs.model_params(spec.config.to_dict(), inactive_fields(spec.config))
-    params |= flatten("train", attrs.asdict(spec.train))
-    params |= {f"params.{k}": v for k, v in counts.items() if k != "by_component"}
-    params |= {f"params.component.{k}": v for k, v in counts["by_component"].items()}
-    swept = spec.overrides or {}
+def variant_params(variant, train: TrainSpec, seed: int) -> dict:
+    """The MLflow params of a trial of `variant` (a `k3lab.registry.Variant`) but its parameter
+    counts, resolved once as the driver makes the trial: the flattened model config (the fields of
+    a switched-off feature read off), the train spec, the swept values that no `model.*` param
+    holds (`value_params`), the seed and the variant."""
+    config, swept = variant.config, variant.overrides
+    params = runs.model_params(config.to_dict(), inactive_fields(config))
+    params |= flatten("train", attrs.asdict(train))
     params |= {key: swept[axis] for axis, key in value_params(swept).items() if key not in params}
-    return params | {"seed": spec.seed, "variant_id": spec.variant_id, "variant_name": spec.variant_name}
+    return params | {"seed": seed, "variant_id": variant.id, "variant_name": variant.name}
+
+
+def trial_params(spec: TrialSpec, counts: dict) -> dict:
+    """MLflow params of a trial run: its variant's (`TrialSpec.params`) and its parameter counts."""
+    counted = {f"params.{k}": v for k, v in counts.items() if k != "by_component"}
+    return spec.params | counted | {f"params.component.{k}": v for k, v in counts["by_component"].items()}
 
 
 def value_params(axes) -> dict[str, str]:
