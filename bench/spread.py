@@ -29,7 +29,8 @@ from bench.pairing import RESULTS, stored_trials  # noqa: E402
 from bench.report import check_stores, write_section  # noqa: E402
 from k3lab.registry.sweep_cli import load_sweep_for  # noqa: E402
 from k3lab.report.paired import values_by_seed  # noqa: E402
-from k3lab.report.sequential import HALFWIDTH, MAX, NEEDED_CAP, Design, pairs_needed  # noqa: E402
+from k3lab.report.sequential import NEEDED_CAP, Design, pairs_needed  # noqa: E402
+from k3lab.report.stop_rule import HALFWIDTH, MAX  # noqa: E402
 from k3lab.report.stats import paired_seeds  # noqa: E402
 
 SECTION = "Spread of the paired differences over stored runs"

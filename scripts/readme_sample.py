@@ -64,14 +64,14 @@ def sample_rows(store: Path) -> list[dict]:
         if parent is None:
             raise SystemExit(f"{store}: no run of {EXPERIMENT}")
         return build_report(uri, parent, sweep.metric.name, sweep.metric.mode, baseline=sweep.baseline,
-                            variant_order=[v.name for v in sweep.valid_variants])["rows"]
+                            variant_order=[v.name for v in sweep.valid_variants]).rows
 
 
 def render(rows: list[dict]) -> str:
     """The table as `k3lab sweep` and `k3lab report` print it (trailing spaces dropped)."""
     from rich.console import Console
 
-    from k3lab.report.summary import summary_table
+    from k3lab.report.tables import summary_table
 
     console = Console(file=io.StringIO(), width=120, color_system=None)
     console.print(summary_table(rows, "val_loss", title=f"{EXPERIMENT}: final val_loss"))

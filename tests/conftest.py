@@ -10,6 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+# Fault injection (K3LAB_FAIL_AT_STEP, K3LAB_OOM_AT_STEP) for this process and every one it starts,
+# Ray's workers included: tests/seams/sitecustomize.py, which k3lab does not ship.
+SEAMS = Path(__file__).resolve().parent / "seams"
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SEAMS), os.environ.get("PYTHONPATH")]))
+sys.path.insert(0, str(SEAMS))
+import sitecustomize  # noqa: E402,F401  (this process started before PYTHONPATH named the seams)
+
 
 @pytest.fixture(autouse=True)
 def _seed():

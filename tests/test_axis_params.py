@@ -16,7 +16,9 @@ from k3lab.report.summary import load_trials, summarize
 from k3lab.store import runs, views
 from k3lab.store.tracking import MLflowTracker
 from k3lab.registry.train_spec import TrainSpec
-from k3lab.runner.tune.trial import TrialSpec, open_trial_run, value_params
+from k3lab.registry.model_variants import Variant
+from k3lab.runner.tune.trial import TrialSpec, trial_params, value_params, variant_params
+from k3lab.store.trial_run import open_trial_run
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTS = {"total": 1, "active": 1, "embedding": 1, "flops_per_token": 1, "by_component": {}}
@@ -35,10 +37,11 @@ def new_store(uri: str) -> str:
     for overrides in [*GRID, EXTRA]:
         config = KimiK3Config(**apply_overrides(base, overrides))
         for seed in (0, 1):
-            spec = TrialSpec(variant_id=variant_name(overrides), variant_name=variant_name(overrides), seed=seed,
-                             config=config, train=TrainSpec(), tracking_uri=uri, experiment="grid",
-                             parent_run_id=parent.run_id, overrides=overrides)
-            trial = open_trial_run(spec, COUNTS)
+            variant = Variant(variant_name(overrides), variant_name(overrides), "ok", overrides, (0, 1), config)
+            spec = TrialSpec(variant_id=variant.id, variant_name=variant.name, seed=seed, config=config,
+                             train=TrainSpec(), tracking_uri=uri, experiment="grid", parent_run_id=parent.run_id,
+                             params=variant_params(variant, TrainSpec(), seed), axes=tuple(overrides))
+            trial = open_trial_run(spec.run_key, trial_params(spec, COUNTS), COUNTS)
             trial.log_metrics({"val_loss": 3.0 + seed}, 1)
             trial.finish("FINISHED")
     parent.finish("FINISHED")

@@ -10,8 +10,9 @@ from k3lab.report.sequential import fixed_design
 
 from k3lab.cli import main
 from k3lab.registry import load_sweep
-from k3lab.report.paired import (comparisons_for, curve_differences, curve_table_lines, diverged_step,
-                                 plot_curve_differences, sequential_table_lines, trial_value)
+from k3lab.report.paired import comparisons_for, curve_differences, diverged_step, trial_value
+from k3lab.report.plots import plot_curve_differences
+from k3lab.report.tables import curve_table_lines, sequential_table_lines
 from k3lab.report.sequential import Design
 from k3lab.report.summary import TrialRecord
 from k3lab.report.stats import BETTER, NOT_RESOLVED, t_interval
@@ -231,11 +232,11 @@ def test_a_cpu_trial_that_blew_up_but_trained_every_step_is_named_diverged_and_l
     uri = f"sqlite:///{db}"
     parent = runs.sweep_runs(uri)[0].info.run_id
     summary = build_report(uri, parent, **stored_options(uri, parent))
-    assert summary["diverged"] == ["attnres_bs1 seed 0: diverged at step 6 (val_loss 24.28 after a best of 7.383); "
+    assert summary.diverged == ["attnres_bs1 seed 0: diverged at step 6 (val_loss 24.28 after a best of 7.383); "
                                    "left out of the pairs"]
-    row, = summary["comparisons"]
+    row, = summary.comparisons
     assert (row.variant, row.pairs, row.seeds) == ("attnres_bs1", 0, 1)
-    assert {r.variant: r.status for r in summary["records"]} == {"attnres_off": "FAILED", "attnres_bs1": "FINISHED"}
+    assert {r.variant: r.status for r in summary.records} == {"attnres_off": "FAILED", "attnres_bs1": "FINISHED"}
 
 
 def test_a_stored_design_gives_the_comparisons_back_in_the_sweep_files_order(tmp_path):

@@ -11,7 +11,8 @@ from k3lab.errors import UserError
 from k3lab.registry.sweep_file import load_sweep
 from k3lab.report.compute_multipliers import Multiplier, compute_multipliers, power_law
 from k3lab.report.compute_multipliers import size_multipliers as multipliers_across_sizes
-from k3lab.report.sequential import HALFWIDTH, Design, fixed_design
+from k3lab.report.sequential import Design, fixed_design
+from k3lab.report.stop_rule import HALFWIDTH
 from k3lab.runner.tune.planner import SeedPlanner
 
 multipliers = bench_script("multipliers")  # the simulated sweeps of bench/multipliers.py

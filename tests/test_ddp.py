@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from k3lab.cli import main
 from k3lab.registry import TrainSpec
 from k3lab.runner.tune.trial import TrialSpec
-from k3lab.store.tracking import MemoryTracker
+from trackers import MemoryTracker
 
 pytestmark = [pytest.mark.usefixtures("isolated_data"), pytest.mark.slow]
 

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from k3lab.report.factorial import contrasts, factorial_effects, factorial_grid, factorial_lines
+from k3lab.report.factorial import contrasts, factorial_effects, factorial_grid
+from k3lab.report.tables import factorial_lines
 from k3lab.report.records import TrialRecord
 from k3lab.report.sequential import fixed_design
 
@@ -136,7 +137,8 @@ def test_the_markdown_table_has_a_row_per_effect():
 def test_the_report_of_a_two_axis_sweep_prints_and_stores_its_effects(tmp_path):
     from rich.console import Console
 
-    from k3lab.report.summary import build_report, print_summary
+    from k3lab.report.summary import build_report
+    from k3lab.report.tables import print_summary
     from k3lab.store import runs
     from k3lab.store.tracking import MLflowTracker
 

@@ -214,7 +214,7 @@ def test_a_stopped_sweep_writes_its_verdicts_variant_runs_and_resume_command_for
         with ParentRun(run) as parent:
             record_sweep(run, parent)
             raise KeyboardInterrupt
-    found = verdicts.variant_runs(run.tracking_uri, run_id)
+    found = verdicts.variant_runs(runs.client(run.tracking_uri), run_id)
     assert found["attnres_bs1"].info.run_name == ("attnres_bs1 vs attnres_off: not resolved, no pairs "
                                                  "(1 killed trial)")
     parent = MlflowClient(run.tracking_uri).get_run(run_id)

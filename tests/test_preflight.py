@@ -264,7 +264,7 @@ def no_ray(monkeypatch):
 
 
 def test_sweep_that_breaks_after_its_parent_run_opened_ends_it_failed(tmp_path, sweep_file, monkeypatch):
-    def broken_ray(run, specs, callbacks):
+    def broken_ray(run, specs, callbacks, searcher=None):
         raise RuntimeError("Ray would not start")
 
     no_ray(monkeypatch)
@@ -277,7 +277,7 @@ def test_sweep_that_breaks_after_its_parent_run_opened_ends_it_failed(tmp_path, 
 
 
 def test_ctrl_c_after_the_parent_run_opened_ends_it_killed(tmp_path, sweep_file, monkeypatch, capsys):
-    def interrupted(run, specs, callbacks):
+    def interrupted(run, specs, callbacks, searcher=None):
         raise KeyboardInterrupt
 
     no_ray(monkeypatch)
@@ -296,7 +296,8 @@ def test_ctrl_c_that_tune_catches_ends_the_parent_stopped_not_failed(tmp_path, s
             return []
 
     no_ray(monkeypatch)
-    monkeypatch.setattr("k3lab.runner.tune.driver.make_tuner", lambda run, specs, callbacks: StoppedTuner(run))
+    monkeypatch.setattr("k3lab.runner.tune.driver.make_tuner",
+                        lambda run, specs, callbacks, searcher=None: StoppedTuner(run))
     assert main([*sweep_args(tmp_path, sweep_file), "--overwrite"]) == 130
     parent = parent_run(tmp_path)  # resumable, not failed: MLflow shows it FINISHED, k3lab reads it stopped
     assert parent.info.status == "FINISHED" and parent.data.tags[runs.STATUS] == runs.STOPPED
@@ -319,7 +320,8 @@ def test_ctrl_c_ends_the_trial_runs_it_left_running_killed(tmp_path, sweep_file,
             return []
 
     no_ray(monkeypatch)
-    monkeypatch.setattr("k3lab.runner.tune.driver.make_tuner", lambda run, specs, callbacks: StoppedTuner(specs))
+    monkeypatch.setattr("k3lab.runner.tune.driver.make_tuner",
+                        lambda run, specs, callbacks, searcher=None: StoppedTuner(specs))
     assert main(sweep_args(tmp_path, sweep_file)) == 130
     assert MlflowClient(uri).get_run(started["trial"].run_id).info.status == "KILLED"
     assert parent_run(tmp_path).info.status == "KILLED"

@@ -6,8 +6,7 @@ import io
 
 from rich.console import Console
 
-from k3lab.report.summary import wide_console
-from k3lab.report.paired import sequential_table
+from k3lab.report.tables import sequential_table, wide_console
 from k3lab.report.sequential import fixed_design
 from k3lab.report.stats import Comparison
 

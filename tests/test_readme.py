@@ -50,6 +50,17 @@ def test_the_no_gpu_note_comes_before_the_first_command_that_installs_torch():
     assert README.index("**No GPU?**") < README.index("pip install -e .")
 
 
+def test_the_readme_counts_no_tests_by_hand_and_says_how_the_suite_counts_itself():
+    """Its counts went stale (it said 1,174 tests, 93 slow, where 1,182 and 94 were collected):
+    the Tests section names no number of tests, and gives the command that counts them."""
+    import re
+
+    section = README[README.index("## Tests"):README.index("## Layout")]
+    assert not re.search(r"\b\d[\d,]*\s+(?:tests|test cases)\b", section), section
+    assert not re.search(r"\bthe (?:other )?\d[\d,]*\b", section), section
+    assert "python -m pytest -q --collect-only" in section
+
+
 def readme_sample():
     """scripts/readme_sample.py, loaded by its path (scripts are run, not installed)."""
     import importlib.util

@@ -1,4 +1,4 @@
-"""The report's figures as a paper would use them (k3lab.report.plots, paired.plot_curve_differences):
+"""The report's figures as a paper would use them (k3lab.report.plots):
 titled with the sweep, intervals on the difference curves, y limits from the later part of
 training, tokens without an axis offset, crosses only on trials that stopped early."""
 
@@ -38,14 +38,13 @@ def figures(monkeypatch):
         saved[path.name] = fig
         return path
 
-    monkeypatch.setattr(paired, "save_figure", keep)
     monkeypatch.setattr(plots, "save_figure", keep)
     return saved
 
 
 def curve_figure(figures, tmp_path, title="attnres_block-gpu"):
     rows = paired.curve_differences(early_gap_records(), {"v": "base"}, "val_loss")
-    paired.plot_curve_differences(rows, tmp_path / "curve.png", "val_loss", "min", {"v": "C1"}, "95% t", title)
+    plots.plot_curve_differences(rows, tmp_path / "curve.png", "val_loss", "min", {"v": "C1"}, "95% t", title)
     return figures["curve.png"], rows
 
 
@@ -74,7 +73,7 @@ def test_the_tokens_axis_has_no_offset(figures, tmp_path):
     fig, _ = curve_figure(figures, tmp_path)
     axis = fig.axes[0].xaxis
     assert axis.get_offset_text().get_text() == ""
-    assert paired.token_count(25_600_000) == "25.6M" and paired.token_count(1.5e9) == "1.5B"
+    assert plots.token_count(25_600_000) == "25.6M" and plots.token_count(1.5e9) == "1.5B"
 
 
 def test_a_cross_marks_only_a_trial_that_stopped_before_the_sweeps_end(figures, tmp_path):

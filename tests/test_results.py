@@ -86,10 +86,10 @@ def test_report_writes_plots_with_variants_in_the_sweep_files_order(store):
     # alphabetical and by-metric order would both put attnres_bs4 first
     summary = build_report(uri, parent, "val_loss", out_dir=tmp_path / "report",
                            variant_order=["attnres_off", "attnres_bs4"])
-    assert [r["variant"] for r in summary["rows"]] == ["attnres_off", "attnres_bs4"]
-    assert {p.name for p in summary["files"]} == {"loss_curves.png", "val_loss_by_variant.png",
+    assert [r["variant"] for r in summary.rows] == ["attnres_off", "attnres_bs4"]
+    assert {p.name for p in summary.files} == {"loss_curves.png", "val_loss_by_variant.png",
                                                   "val_loss_vs_params.png", "summary.json"}
-    assert all(p.stat().st_size > 1000 for p in summary["files"] if p.suffix == ".png")
+    assert all(p.stat().st_size > 1000 for p in summary.files if p.suffix == ".png")
 
 
 def legend_colours(fig) -> dict[str, str]:
@@ -153,7 +153,7 @@ def test_results_markdown_reports_table_startup_tracking_and_gpu_busy(store):
 def test_report_pairs_variants_by_seed_against_the_baseline(paired_store):
     uri, parent, tmp_path = paired_store
     summary = build_report(uri, parent, "val_loss", "min", out_dir=tmp_path / "report", baseline="attnres_off")
-    paired = {c.variant: c for c in summary["comparisons"]}
+    paired = {c.variant: c for c in summary.comparisons}
     assert set(paired) == {"attnres_bs4", "attnres_bs2", "attnres_bs8"}
     # bs4: diffs -0.03, -0.02, -0.04 -> mean -0.03, sd 0.01; three comparisons open at the list's one
     # look, so its interval is the t-interval at the look's simulated threshold with three open
@@ -175,7 +175,7 @@ def test_report_pairs_variants_by_seed_against_the_baseline(paired_store):
     assert rows["attnres_bs4"]["paired"]["low"] == pytest.approx(-0.03 - half)
     assert (summary_json["design"]["rule"], summary_json["design"]["comparisons"]) == ("fixed", 3)
     plot = tmp_path / "report" / "val_loss_vs_baseline.png"
-    assert plot in summary["files"] and plot.stat().st_size > 1000
+    assert plot in summary.files and plot.stat().st_size > 1000
 
 
 def three_seeds_half_width() -> float:
@@ -476,7 +476,7 @@ def test_a_sweep_resumed_in_parts_lists_each_resume_command_once_with_its_count(
 def test_the_data_line_gives_one_figure_when_every_trial_trained_the_same_epochs():
     from types import SimpleNamespace as NS
 
-    from k3lab.report.paired import epochs_line
+    from k3lab.report.tables import epochs_line
 
     same = [NS(params={"data.epochs": "0.0304"}), NS(params={"data.epochs": "0.0301"})]
     assert epochs_line(same) == "Data: each trial trained 0.03 epochs of its corpus (data.epochs)"
@@ -544,7 +544,7 @@ def test_a_sweep_that_ran_to_its_end_says_budget_though_its_parent_is_still_open
     design = Design(comparisons=3, max_pairs=8, start=3, halfwidth=0.0001)
     stopping = lambda **kw: {c.stopping for c in build_report(  # noqa: E731
         uri, parent, "val_loss", "min", baseline="attnres_off", design=design,
-        baselines={v: "attnres_off" for v in ("attnres_bs2", "attnres_bs4", "attnres_bs8")}, **kw)["comparisons"]}
+        baselines={v: "attnres_off" for v in ("attnres_bs2", "attnres_bs4", "attnres_bs8")}, **kw).comparisons}
     assert stopping(unfinished="budget") == {"budget"}
     assert stopping() == {"running"}  # the store alone: a parent still open whose trials ended just now
 

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from k3lab.report.sequential import (
-    BETTER, DECIDED, EQUIVALENT, HALFWIDTH, MAX, MAX_SEEDS, NOT_RESOLVED, PRECISE, WORSE, Design, compare_family,
-    compare_sequential, fixed_design, nominal_level, smallest_p_values,
+    BETTER, EQUIVALENT, NOT_RESOLVED, WORSE, Design, compare_family, compare_sequential, fixed_design, nominal_level,
+    smallest_p_values,
 )
-from k3lab.report.calibration import SKEW_COVERED, null_rejection_rate
+from k3lab.report.stop_rule import DECIDED, HALFWIDTH, MAX, MAX_SEEDS, PRECISE
+from k3lab.report.calibration import CHUNK, SKEW_COVERED, null_draws
 from k3lab.report import looks
 from k3lab.report.stats import t_interval, t_quantile
 from k3lab.runner.tune.planner import FINISHED, SeedPlanner
@@ -327,6 +328,16 @@ def sweep_file_designs() -> set[tuple[int, int, float]]:
     return found
 
 
+def null_rejection_rate(level: float, start: int, max_pairs: int, skew: float, paths: int, seed: int) -> float:
+    """The share of fresh null paths (another seed than the calibration's) that some look from
+    start to max_pairs rejects at `level`: what a design's level holds the error to."""
+    rng, looks, rejected = np.random.default_rng(seed), range(max(2, start), max_pairs + 1), 0
+    for done in range(0, paths, CHUNK):
+        z = null_draws(rng, (min(CHUNK, paths - done), max_pairs), skew)
+        rejected += int((smallest_p_values(z, looks) <= level).sum())
+    return rejected / paths
+
+
 def test_every_design_of_the_tests_and_sweep_files_holds_its_error_at_or_under_alpha_over_k():
     """The calibrated level, checked on a million fresh null paths of the shape it covers (gamma,
     skewness 1.5) and 200,000 of Gaussian differences: the chance that some look rejects is at or
@@ -398,7 +409,8 @@ def test_a_fixed_t_interval_rechecked_after_every_pair_would_under_cover():
 
 
 def test_an_undecided_comparison_says_about_how_many_pairs_the_rule_would_take():
-    from k3lab.report.sequential import needed_cell, pairs_needed
+    from k3lab.report.sequential import pairs_needed
+    from k3lab.report.tables import needed_cell
 
     design = Design(comparisons=4, max_pairs=12, start=3, halfwidth=0.005)
     needed = pairs_needed(0.01, 1.0, design, have=5)
@@ -417,7 +429,7 @@ def test_an_undecided_comparison_says_about_how_many_pairs_the_rule_would_take()
 
 
 def test_the_tables_name_the_planning_column_after_the_rule_and_a_fixed_list_has_none():
-    from k3lab.report.paired import design_columns, sequential_table_lines
+    from k3lab.report.tables import design_columns, sequential_table_lines
 
     base = {s: 1.0 + 0.01 * s for s in range(5)}
     values = {s: v + 0.01 * (-1) ** s for s, v in base.items()}

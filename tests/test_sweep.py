@@ -681,9 +681,9 @@ def test_stop_after_ends_a_sweep_on_time_resumable_with_its_own_exit_code(tmp_pa
     assert trials and {t.info.status for t in trials} == {"KILLED"}  # stopped mid-run, not failed
     printed = re.search(r"continue it with `([^`]+)`", done.stderr).group(1)
     assert f"`{printed}` continues it" in parent.data.tags["mlflow.note.content"]  # as printed, whole
-    from k3lab.store import verdicts  # what a plain `mlflow ui` shows, written by the sweep at its stop
+    from k3lab.store import runs, verdicts  # what a plain `mlflow ui` shows, written by the sweep at its stop
 
-    assert verdicts.variant_runs(uri, parent_id)["attnres_bs1"].info.run_name.startswith(
+    assert verdicts.variant_runs(runs.client(uri), parent_id)["attnres_bs1"].info.run_name.startswith(
         "attnres_bs1 vs attnres_off: not resolved, no pairs (")
 
 

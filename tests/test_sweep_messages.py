@@ -24,7 +24,7 @@ def test_a_dry_run_on_a_machine_without_a_gpu_is_refused_as_the_gpu_sweep_would_
 
 def test_a_printed_command_is_never_wrapped_in_a_file():
     """`k3lab report FILE --close` went to the next line when the output was a file."""
-    from k3lab.report.summary import wide_console
+    from k3lab.report.tables import wide_console
 
     out = io.StringIO()
     command = f"k3lab report experiments/attnres_block.yaml --storage /a/long/{'x' * 120} --close"

@@ -8,7 +8,8 @@ import torch
 
 from k3lab.registry import TrainSpec, load_preset
 from k3lab.runner.runtime.sysmetrics import SystemSampler, interval_s, trial_monitors
-from k3lab.store.tracking import MemoryTracker, MLflowTracker
+from k3lab.store.tracking import MLflowTracker
+from trackers import MemoryTracker
 from k3lab.runner.tune.system import GPU_BUSY, SampledTracker, SweepSystemMetrics, with_system_metrics
 
 pytestmark = pytest.mark.usefixtures("isolated_data")

@@ -12,7 +12,8 @@ from k3lab.runner.train.checkpoint import load_checkpoint
 from k3lab.runner.train.loop import train
 from k3lab.runner.train.trainer import (DIVERGED, FINISHED, Trainer, keep_states_where_kda_is_fused, lr_factor,
                                  save_trainer)
-from k3lab.store.tracking import MemoryTracker, MLflowTracker
+from k3lab.store.tracking import MLflowTracker
+from trackers import MemoryTracker
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
 

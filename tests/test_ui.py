@@ -199,12 +199,14 @@ def test_a_parent_run_whose_driver_died_is_interrupted(driver, trials_running, e
 def test_params_of_a_switched_off_feature_read_off():
     from k3lab.model.config import tiny_config
     from k3lab.registry.train_spec import TrainSpec
-    from k3lab.runner.tune.trial import TrialSpec, trial_params
+    from k3lab.registry.model_variants import Variant
+    from k3lab.runner.tune.trial import TrialSpec, trial_params, variant_params
 
     def params(**fields):
         config = tiny_config(**fields)
+        variant = Variant("v", "v", "ok", {"attn_res_block_size": "off"}, (0,), config)
         spec = TrialSpec(variant_id="v", variant_name="v", seed=0, config=config, train=TrainSpec(),
-                         tracking_uri=None, experiment="e", overrides={"attn_res_block_size": "off"})
+                         tracking_uri=None, experiment="e", params=variant_params(variant, TrainSpec(), 0))
         return trial_params(spec, {"total": 1, "by_component": {}})
 
     off = params(use_attn_res=False)

@@ -40,9 +40,9 @@ def test_each_factorial_effect_is_an_effect_run_with_its_interval_and_the_report
     """The main effects and interactions (the ffn x top-k interaction -0.60% +/- 0.34%) appeared in no
     chart, table, metric or description: only in summary.json."""
     uri, parent, summary = factorial
-    found = verdicts.variant_runs(uri, parent.info.run_id, verdicts.EFFECT_KIND)
-    assert set(found) == {effect.label for effect in summary["factorial"]} and INTERACTION in found
-    effect = next(e for e in summary["factorial"] if e.label == INTERACTION)
+    found = verdicts.variant_runs(runs.client(uri), parent.info.run_id, verdicts.EFFECT_KIND)
+    assert set(found) == {effect.label for effect in summary.factorial} and INTERACTION in found
+    effect = next(e for e in summary.factorial if e.label == INTERACTION)
     run = found[INTERACTION]
     assert run.data.tags[verdicts.VERDICT] == effect.verdict == "nonzero"
     assert run.data.metrics["effect_pct"] == pytest.approx(effect.relative)
@@ -79,21 +79,21 @@ def test_the_verdict_view_asks_the_question_in_percent_and_charts_only_variant_r
 def test_in_a_sweep_with_a_baseline_per_group_each_variant_run_names_its_own(factorial):
     """The view's difference section and val_loss_vs_baseline.png named ffn_moe_top1_shared0 for every row."""
     uri, parent, summary = factorial
-    found = verdicts.variant_runs(uri, parent.info.run_id)
-    assert set(found) == set(summary["pairs"])
-    labels = run_labels(summary["variant_order"])
-    for variant, baseline in summary["pairs"].items():
+    found = verdicts.variant_runs(runs.client(uri), parent.info.run_id)
+    assert set(found) == set(summary.pairs)
+    labels = run_labels(summary.variant_order)
+    for variant, baseline in summary.pairs.items():
         assert found[variant].info.run_name.startswith(f"{labels[variant]} vs {labels[baseline]}: ")
         assert found[variant].data.tags[verdicts.COMPARED_WITH] == baseline
         assert verdicts.full_name(found[variant]).startswith(f"{variant} vs {baseline}: ")
-    assert len(set(summary["pairs"].values())) > 1  # a baseline per group indeed
+    assert len(set(summary.pairs.values())) > 1  # a baseline per group indeed
 
 
 def test_the_grids_runs_are_named_by_the_values_that_differ_their_full_names_in_tags(factorial):
     """"Group: ffn_latent_m..." rows and "ffn_latent_moe_top2_sh..." trials could not be told apart
     where the runs list cuts names short."""
     uri, parent, summary = factorial
-    labels, groups = run_labels(summary["variant_order"]), short_labels(summary["variant_order"])
+    labels, groups = run_labels(summary.variant_order), short_labels(summary.variant_order)
     assert labels["ffn_latent_moe_top2_shared1"] == "latent top2 shared1" and labels["dense"] == "dense"
     assert labels["ffn_moe_top2_shared1"] == "top2 shared1" and len(set(labels.values())) == len(labels)
     assert groups["ffn_latent_moe_top2_shared1"] == "latent t2 s1" and groups["ffn_moe_top2_shared1"] == "t2 s1"
@@ -115,7 +115,7 @@ def test_throughput_is_one_line_per_variant_in_its_trials_colour(factorial):
     client = MlflowClient(uri)
     summaries = {**verdicts.variant_runs(uri, parent.info.run_id),
                  **verdicts.variant_runs(uri, parent.info.run_id, verdicts.BASELINE_KIND)}
-    assert set(summaries) == set(summary["variant_order"])  # every variant of the plan: compared or a baseline
+    assert set(summaries) == set(summary.variant_order)  # every variant of the plan: compared or a baseline
     trials = runs.trial_runs(uri, parent.info.run_id)
     for variant, run in summaries.items():
         own = [t for t in trials if runs.variant_of(t) == variant]

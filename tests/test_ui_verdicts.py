@@ -94,7 +94,7 @@ def test_the_parent_run_carries_each_variants_mean_difference_interval_and_verdi
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, _ = curve_sweep(uri)
     summary = report(uri, parent)
-    comparison = summary["comparisons"][0]
+    comparison = summary.comparisons[0]
     run = MlflowClient(uri).get_run(parent)
     mean = run.data.metrics["vs_baseline_pct/attnres_bs1"]
     low, high = run.data.metrics["vs_baseline_low/attnres_bs1"], run.data.metrics["vs_baseline_high/attnres_bs1"]
@@ -136,14 +136,14 @@ def test_a_compared_trial_carries_its_variants_verdict(tmp_path):
     parent, trials = curve_sweep(uri)
     summary = report(uri, parent)
     tags = MlflowClient(uri).get_run(trials[("attnres_bs1", 0)]).data.tags
-    assert tags[verdicts.VERDICT] == summary["comparisons"][0].verdict
+    assert tags[verdicts.VERDICT] == summary.comparisons[0].verdict
     assert verdicts.VERDICT not in MlflowClient(uri).get_run(trials[("attnres_off", 0)]).data.tags
 
 
 def test_more_differences_than_one_log_batch_takes_are_sent_in_batches(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = MLflowTracker.start(uri, "big", "trial")
-    verdicts.log_differences(uri, {run.run_id: [(step, 0.5) for step in range(2500)]})
+    verdicts.log_differences(runs.client(uri), {run.run_id: [(step, 0.5) for step in range(2500)]})
     assert len(MlflowClient(uri).get_metric_history(run.run_id, verdicts.VS_BASELINE)) == 2500
 
 
@@ -172,7 +172,7 @@ def test_the_saved_views_first_chart_is_each_variants_mean_difference_and_interv
     assert first["selectedMetricKeys"] == list(verdicts.CURVE) and first["range"] == {}  # an axis that fits them
     assert state["compareRunSections"][0]["uuid"] == first["metricSectionId"]
     title = state["compareRunSections"][0]["name"]
-    assert title.startswith(f"attnres_bs1 {summary['comparisons'][0].verdict} · Difference from the baseline")
+    assert title.startswith(f"attnres_bs1 {summary.comparisons[0].verdict} · Difference from the baseline")
 
 
 def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_evaluation(tmp_path):
@@ -181,8 +181,8 @@ def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_eval
     summary = report(uri, parent)
     report(uri, parent)  # again: nothing twice
     client = MlflowClient(uri)
-    run = verdicts.variant_runs(uri, parent)["attnres_bs1"]
-    assert set(verdicts.variant_runs(uri, parent)) == {"attnres_bs1"}  # the baseline is compared with nothing
+    run = verdicts.variant_runs(runs.client(uri), parent)["attnres_bs1"]
+    assert set(verdicts.variant_runs(runs.client(uri), parent)) == {"attnres_bs1"}  # the baseline is compared with nothing
     assert run.info.run_id not in {t.info.run_id for t in runs.trial_runs(uri, parent)}  # not one of the trials
     assert run.data.tags[runs.RUN_COLOR] == variant_colours(["attnres_off", "attnres_bs1"])["attnres_bs1"]
     mean, low, high = ({m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
@@ -193,8 +193,8 @@ def test_each_variant_run_carries_its_mean_difference_and_interval_at_every_eval
     for name, prefix in zip(verdicts.VERDICT_NUMBERS, (verdicts.VS_BASELINE, verdicts.VS_LOW, verdicts.VS_HIGH)):
         assert run.data.metrics[name] == pytest.approx(parent_metrics[f"{prefix}/attnres_bs1"])
         assert len(client.get_metric_history(run.info.run_id, name)) == 1
-    assert run.data.tags[verdicts.VERDICT] == summary["comparisons"][0].verdict
-    assert run.info.run_name.startswith(f"attnres_bs1 vs attnres_off: {summary['comparisons'][0].verdict}, -1.00% (-1.")
+    assert run.data.tags[verdicts.VERDICT] == summary.comparisons[0].verdict
+    assert run.info.run_name.startswith(f"attnres_bs1 vs attnres_off: {summary.comparisons[0].verdict}, -1.00% (-1.")
     assert run.data.tags[verdicts.COMPARED_WITH] == "attnres_off"
     assert run.info.start_time == client.get_run(parent).info.start_time  # its duration is the sweep's
 
@@ -236,8 +236,8 @@ def test_only_finished_trials_that_did_not_diverge_are_counted_and_shown(tmp_pat
     views.present_sweep(uri, parent, variant_order=["attnres_off", "attnres_bs1"])
     shown = client.search_runs([experiment], view_of(uri)["searchFilter"])  # what the view shows
     assert {r.info.run_id for r in shown} == {trials[k] for k, v in counted.items() if v == "true"} | {
-        verdicts.variant_runs(uri, parent)["attnres_bs1"].info.run_id,
-        verdicts.variant_runs(uri, parent, verdicts.BASELINE_KIND)["attnres_off"].info.run_id}  # its throughput
+        verdicts.variant_runs(runs.client(uri), parent)["attnres_bs1"].info.run_id,
+        verdicts.variant_runs(runs.client(uri), parent, verdicts.BASELINE_KIND)["attnres_off"].info.run_id}  # its throughput
 
 
 def test_the_verdict_lines_follow_the_files_order_and_say_when_there_is_no_interval(tmp_path):
@@ -270,7 +270,7 @@ def test_the_parent_description_leads_with_its_links_and_names_each_variants_ver
     note = MlflowClient(uri).get_run(parent).data.tags[runs.NOTE].splitlines()
     assert note[0].startswith(f"[{views.LOSS_VIEW_NAME}]")  # above the UI's fold
     assert note[2].startswith("val_loss against the baseline, %")  # right under the links
-    assert f"**attnres_bs1** vs attnres_off: {summary['comparisons'][0].verdict}, -1.00% (-1." in note[2]
+    assert f"**attnres_bs1** vs attnres_off: {summary.comparisons[0].verdict}, -1.00% (-1." in note[2]
 
 
 def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refreshes_its_view(tmp_path):
@@ -292,7 +292,7 @@ def test_k3lab_ui_writes_the_verdicts_of_a_store_reported_before_them_and_refres
     assert client.get_metric_history(trials[("attnres_bs1", 0)], verdicts.VS_BASELINE)
     assert view_of(uri)["compareRunCharts"][0]["selectedMetricKeys"] == list(verdicts.CURVE)
     assert "**attnres_bs1** vs attnres_off: " in client.get_run(parent).data.tags[runs.NOTE]
-    assert "attnres_bs1" in verdicts.variant_runs(uri, parent)
+    assert "attnres_bs1" in verdicts.variant_runs(runs.client(uri), parent)
     said.clear()
     prepare_store(uri, say=said.append)
     assert said == []  # nothing left to do
@@ -314,7 +314,7 @@ def test_the_sweeps_own_report_writes_the_differences_and_verdicts(tmp_path, swe
     assert parent.data.tags["k3lab.verdict.attnres_bs1"] == "not resolved"  # one seed: one pair
     assert "vs_baseline_pct/attnres_bs1" in parent.data.metrics
     assert {t.data.tags[verdicts.OUTCOME] for t in trial.values()} == {"finished"}
-    assert "attnres_bs1" in verdicts.variant_runs(uri, parent.info.run_id)
+    assert "attnres_bs1" in verdicts.variant_runs(runs.client(uri), parent.info.run_id)
 
 
 def test_a_report_with_another_baseline_or_metric_leaves_the_stores_verdicts_alone(tmp_path, sweep_file):
@@ -344,7 +344,7 @@ def test_each_variant_of_the_plan_gets_a_variant_run_naming_its_own_baseline_eve
     client = MlflowClient(uri)
     build_report(uri, parent, variant_order=list(names),
                  baselines={"attnres_bs1": "attnres_off", "attnres_bs2": "attnres_full"})
-    found = verdicts.variant_runs(uri, parent)
+    found = verdicts.variant_runs(runs.client(uri), parent)
     assert set(found) == {"attnres_bs1", "attnres_bs2"}
     assert found["attnres_bs1"].info.run_name.startswith("attnres_bs1 vs attnres_off: ")
     assert found["attnres_bs2"].info.run_name == "attnres_bs2 vs attnres_full: not resolved, no pairs (1 killed trial)"

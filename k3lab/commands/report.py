@@ -8,6 +8,8 @@ import contextlib
 import os
 from pathlib import Path
 
+import attrs
+
 from k3lab.commands.sweep import STORAGE_HELP, TRACKING_HELP, sweep_run_from_args
 from k3lab.errors import UserError
 from k3lab.registry.sweep_cli import add_profile_argument
@@ -44,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_report(args) -> int:
-    from k3lab.report.summary import build_report, print_summary, wide_console
+    from k3lab.report.summary import build_report
+    from k3lab.report.tables import print_summary, wide_console
     from k3lab.runner.tune.parent import present
     from k3lab.runner.tune.stored_sweep import check_interrupted, find_parent_run, other_sweeps, report_across, report_design
     from k3lab.runner.runtime.preflight import check_tracking_server
@@ -58,14 +61,14 @@ def run_report(args) -> int:
     also = other_sweeps(args.also, run)  # before anything is written
     console = wide_console()
     state = check_interrupted(console.print, run, parent_run_id, close=args.close)
-    summary = build_report(run.tracking_uri, parent_run_id, out_dir=out, baseline=args.baseline or run.sweep.baseline,
-                           record=not (args.baseline or args.metric or args.file_design), **options)  # the store keeps the sweep's own
+    report = build_report(run.tracking_uri, parent_run_id, out_dir=out, baseline=args.baseline or run.sweep.baseline,
+                          record=not (args.baseline or args.metric or args.file_design), **options)  # the store keeps the sweep's own
     if also:
-        summary["across"] = report_across(run.tracking_uri, summary, also, out)
-    written = write_results_markdown(args, run, parent_run_id, summary) if args.markdown else None
+        report = attrs.evolve(report, across=report_across(run.tracking_uri, report, also, out))
+    written = write_results_markdown(args, run, parent_run_id, report) if args.markdown else None
     with contextlib.suppress(Exception):  # the UI's view and descriptions, as of now
         present(run, parent_run_id, state=state)
-    print_summary(console, run.experiment, summary)
+    print_summary(console, run.experiment, report)
     if written is not None:
         console.print(written, markup=False, highlight=False, soft_wrap=True)
     return 0
@@ -136,7 +139,7 @@ def plots_folder(markdown: Path, experiment: str) -> Path:
     return markdown.parent / markdown.stem / experiment
 
 
-def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> str:
+def write_results_markdown(args, run, parent_run_id: str, report) -> str:
     """The sweep's section of the markdown file, with its plots copied into a folder beside it
     (docs/results.md -> docs/results/<experiment>/*.png) and linked from the section.
     Returns the line that says what it wrote, and where."""
@@ -145,9 +148,9 @@ def write_results_markdown(args, run, parent_run_id: str, summary: dict) -> str:
 
     markdown, section = Path(args.markdown), getattr(args, "section", None) or run.experiment
     folder = plots_folder(markdown, section)
-    plots = copy_plots(summary["files"], folder, markdown.parent)
+    plots = copy_plots(report.files, folder, markdown.parent)
     title = f"{section}: {run.sweep.description}" if run.sweep.description else section
-    body = results_markdown(summary, load_parent(run.tracking_uri, parent_run_id), title,
+    body = results_markdown(report, load_parent(run.tracking_uri, parent_run_id), title,
                             report_command=args.command_line, gpu_log=args.gpu_log, plots=plots,
                             file_design=args.file_design)
     replaced = replace_section(markdown, section, body, header="# Results\n")

@@ -60,7 +60,7 @@ def sweep_run_from_args(args, **options):
 def run_sweep_command(args) -> int:
     from k3lab.commands.variants import measured_rates, print_packing
     from k3lab.registry.sweep_cli import print_plan
-    from k3lab.report.summary import print_summary, wide_console
+    from k3lab.report.tables import print_summary, wide_console
     from k3lab.runner.runtime.sigterm import stop_on_sigterm
     from k3lab.runner.runtime.stopping import stop_after_seconds, stop_timer
     from k3lab.runner.tune.driver import run_sweep
@@ -85,18 +85,18 @@ def run_sweep_command(args) -> int:
     timer = stop_timer(stop_after)  # --stop-after: SIGINT once its time has passed
     try:
         with stop_on_sigterm():  # a scheduler's SIGTERM stops it as Ctrl-C does
-            summary = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
+            end = run_sweep(run, live=not args.no_live, say=say)  # says where it logs, once the checks pass
     except KeyboardInterrupt:
         return stopped_sweep(args, run, on_time=timer is not None and timer.fired.is_set())
     finally:
         if timer is not None:
             timer.cancel()
     console.line()  # the tables start on a line of their own, after the progress lines or the live table
-    print_summary(console, run.experiment, summary)
-    for error in summary["errors"]:
+    print_summary(console, run.experiment, end.report)
+    for error in end.errors:
         console.print(f"[red]trial error: {error}")
     say(next_steps(run))
-    return 1 if summary["errors"] else 0
+    return 1 if end.errors else 0
 
 
 def dry_run(console, run) -> int:

@@ -22,7 +22,7 @@ from cattrs.v import format_exception as cattrs_format_exception
 from k3lab.errors import FieldError
 from k3lab.registry.keypath import SpecError, parse_cattrs_path
 from k3lab.registry.sections import BaseSpec, SchedulerSpec, SeedsSpec, UntilSpec
-from k3lab.report.sequential import DECIDED, HALFWIDTH, MAX
+from k3lab.report.stop_rule import DECIDED, HALFWIDTH, MAX
 
 _FIELD_MARK = "\x00"  # separates a validator's field name from its message in transform_error output
 

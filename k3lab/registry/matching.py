@@ -19,6 +19,8 @@ probe builds the model on the meta device once (cached).
 from __future__ import annotations
 
 from k3lab.model.config import KimiK3Config
+from k3lab.registry.axes import axis_kind
+from k3lab.registry.keypath import SpecError
 from k3lab.registry.sections import MatchSpec
 
 MAX_GROWTH = 64  # never search above MAX_GROWTH times the current value
@@ -114,3 +116,12 @@ class _Search:
 
     def _fail(self, why: str) -> None:
         raise MatchError(f"cannot match {self.spec.by}={self.target:,} within {self.spec.tolerance:.1%}: {why}")
+
+
+def check_adjusted_unswept(match: MatchSpec, axes: list[str]) -> None:
+    """A SpecError where one of the sweep's `axes` (its axes and the explicit variants' keys) writes
+    the field matching adjusts: matching cannot adjust a field the sweep varies."""
+    for name in axes:
+        if match.adjust in axis_kind(name, ()).writes:
+            raise SpecError(("match", "adjust"), f"{match.adjust} is also set by the axis {name}; "
+                                                 "matching cannot adjust a field the sweep varies")

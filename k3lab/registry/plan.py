@@ -13,7 +13,7 @@ import math
 from k3lab.hints import command
 from k3lab.registry.sweep_file import Sweep, profile_option
 from k3lab.registry.model_variants import DUPLICATE
-from k3lab.report.sequential import DECIDED, HALFWIDTH
+from k3lab.report.stop_rule import DECIDED, HALFWIDTH
 
 
 def profile_label(sweep: Sweep) -> str:

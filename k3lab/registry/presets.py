@@ -14,8 +14,10 @@ from typing import Any
 
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
+from k3lab.registry.axes import apply_fidelity
 from k3lab.registry.fields import check_fields
 from k3lab.registry.keypath import SpecError
+from k3lab.registry.sections import BaseSpec
 from k3lab.registry.yamlfile import read_yaml
 
 
@@ -58,3 +60,18 @@ def _preset_dir():
 def is_preset_name(name: str) -> bool:
     """A bare name like 'tiny' (no path separator, no .yaml/.yml suffix)."""
     return "/" not in name and "\\" not in name and not name.endswith((".yaml", ".yml"))
+
+
+def base_fields_of(base: BaseSpec, directory: Path) -> dict[str, Any]:
+    """A sweep file's base model as config fields: the preset's fields (a preset file found from
+    `directory`), then the fidelity's choices, then the file's overrides."""
+    fields = {}
+    if base.preset is not None:
+        try:
+            fields = model_fields(base.preset, directory)
+        except SpecError as error:
+            raise SpecError(("base",), str(error)) from None
+    overrides = check_fields(base.overrides, ("base",))
+    if base.fidelity is not None:
+        fields |= apply_fidelity(base.fidelity, fields | overrides)
+    return fields | overrides

@@ -20,7 +20,7 @@ import attrs
 
 from k3lab.errors import FieldError
 from k3lab.model.fidelity import FIDELITIES
-from k3lab.report.sequential import DECIDED, HALFWIDTH, RULES
+from k3lab.report.stop_rule import DECIDED, HALFWIDTH, RULES
 from k3lab.registry.train_spec import TrainSpec
 from k3lab.validators import non_empty, non_negative, one_of, open_unit_interval, positive
 
@@ -340,6 +340,16 @@ class SweepSpec:
         if len(value) > NAME_MAX:
             raise FieldError(attribute.name, f"must be at most {NAME_MAX} characters (it names files), "
                                              f"got {len(value)}")
+
+    @property
+    def seed_policy(self) -> SeedsSpec | None:
+        """The seeds policy (`seeds: {start, max, until}`), or None for a list of seeds."""
+        return self.seeds if isinstance(self.seeds, SeedsSpec) else None
+
+    @property
+    def all_seeds(self) -> tuple[int, ...]:
+        """Every seed the sweep may use: the list, or every seed of the policy."""
+        return self.seeds.seeds if isinstance(self.seeds, SeedsSpec) else tuple(self.seeds)
 
     @seeds.validator
     def _check_seeds(self, attribute, value) -> None:

@@ -18,16 +18,16 @@ import attrs
 
 from k3lab.errors import UserError
 from k3lab.model.config import KimiK3Config
-from k3lab.registry.axes import Axis, apply_fidelity, axis_kind, parse_axes
+from k3lab.registry.axes import Axis, parse_axes
 from k3lab.registry.baselines import baseline_values, default_baselines, group_baselines, named_baseline
 from k3lab.registry.compute_curves import compute_variants, size_families
 from k3lab.registry.convert import describe, structure
-from k3lab.registry.fields import check_fields
 from k3lab.registry.keypath import SpecError
-from k3lab.registry.presets import model_fields
+from k3lab.registry.matching import check_adjusted_unswept
+from k3lab.registry.presets import base_fields_of
 from k3lab.registry.profiles import apply_profile, check_profiles, locate, profile_names
-from k3lab.registry.sections import (BaseSpec, BudgetSpec, ComputeSpec, MatchSpec, MetricSpec, ResourceSpec,
-                                 SchedulerSpec, SeedsSpec, SweepSpec)
+from k3lab.registry.sections import (BudgetSpec, ComputeSpec, MatchSpec, MetricSpec, ResourceSpec, SchedulerSpec,
+                                     SeedsSpec, SweepSpec)
 from k3lab.registry.train_spec import TrainSpec
 from k3lab.registry.model_variants import Point, Variant, expand, parse_explicit, point_names, points
 from k3lab.registry.yamlfile import read_yaml
@@ -197,7 +197,7 @@ def _resolve_profile(document: dict[str, Any], profile: str | None, directory: P
 
 def _resolve(document: dict[str, Any], directory: Path, original: dict[str, Any]) -> _Resolved:
     spec = structure({**document, "profiles": original.get("profiles") or {}}, SweepSpec)
-    base_fields = _base_fields(spec.base, directory)
+    base_fields = base_fields_of(spec.base, directory)
     try:
         base = KimiK3Config(**base_fields)
     except ValueError as error:
@@ -210,30 +210,9 @@ def _resolve(document: dict[str, Any], directory: Path, original: dict[str, Any]
     if size + len(explicit) > MAX_VARIANTS:
         raise SpecError(("axes",), f"{size + len(explicit):,} variants is more than {MAX_VARIANTS:,}; split the sweep")
     if spec.match is not None:
-        _check_match(spec.match, axes, explicit)
+        check_adjusted_unswept(spec.match, [a.name for a in axes] + [k for p in explicit for k in p.overrides])
     notes = spec.train.default_notes(document.get("train") or {})
     return _Resolved(spec, base_fields, base, axes, explicit, notes)
-
-
-def _base_fields(base: BaseSpec, directory: Path) -> dict[str, Any]:
-    """The preset's fields, then the fidelity's choices, then the overrides."""
-    fields = {}
-    if base.preset is not None:
-        try:
-            fields = model_fields(base.preset, directory)
-        except SpecError as error:
-            raise SpecError(("base",), str(error)) from None
-    overrides = check_fields(base.overrides, ("base",))
-    if base.fidelity is not None:
-        fields |= apply_fidelity(base.fidelity, fields | overrides)
-    return fields | overrides
-
-
-def _check_match(match: MatchSpec, axes: tuple[Axis, ...], explicit: tuple[Point, ...]) -> None:
-    for name in [a.name for a in axes] + [k for p in explicit for k in p.overrides]:
-        if match.adjust in axis_kind(name, ()).writes:
-            raise SpecError(("match", "adjust"), f"{match.adjust} is also set by the axis {name}; "
-                                                 "matching cannot adjust a field the sweep varies")
 
 
 def _check_baseline_named(resolved: _Resolved, profile: str | None, document: dict[str, Any]) -> None:
@@ -256,17 +235,11 @@ def _check_baseline_named(resolved: _Resolved, profile: str | None, document: di
     raise SpecError(path, f"no variant named {baseline!r}{_profile_note(profile)} (variants: {', '.join(names)}){hint}")
 
 
-def _seeds(spec: SweepSpec) -> tuple[SeedsSpec | None, tuple[int, ...]]:
-    """The seeds policy (or None) and every seed the sweep may use."""
-    policy = spec.seeds if isinstance(spec.seeds, SeedsSpec) else None
-    return policy, policy.seeds if policy is not None else tuple(spec.seeds)
-
-
 def _variants(path: Path, profile: str | None, resolved: _Resolved) -> tuple[Variant, ...]:
     """The variants of the resolved sweep; a UserError naming the rules that rejected them when none is valid."""
     spec = resolved.spec
     variants = expand(resolved.base, resolved.base_fields, points(resolved.axes, resolved.explicit),
-                      _seeds(spec)[1], spec.train, spec.match)
+                      spec.all_seeds, spec.train, spec.match)
     if not any(v.ok for v in variants):
         raise UserError(f"{path}: no valid variant{_profile_note(profile)}: " + _summarise(variants))
     return variants
@@ -275,7 +248,7 @@ def _variants(path: Path, profile: str | None, resolved: _Resolved) -> tuple[Var
 def _sweep(path: Path, profile: str | None, profiles: tuple[str, ...], resolved: _Resolved,
            variants: tuple[Variant, ...]) -> Sweep:
     spec = resolved.spec
-    policy, seeds = _seeds(spec)
+    policy, seeds = spec.seed_policy, spec.all_seeds
     try:
         baseline = named_baseline(spec, variants)
     except SpecError as error:

@@ -19,13 +19,12 @@ from dataclasses import dataclass
 
 import attrs
 
-from rich.table import Table
 
-from k3lab.report.markdown import table_lines
 from k3lab.report import stats
 from k3lab.report.paired import comparisons_for, values_by_seed
 from k3lab.report.records import TrialRecord
-from k3lab.report.sequential import BUDGET, CONFIDENCE, FIXED, Design, compare_family, fixed_design
+from k3lab.report.sequential import CONFIDENCE, Design, compare_family, fixed_design
+from k3lab.report.stop_rule import BUDGET, FIXED
 
 POOLED = "pooled"
 
@@ -105,46 +104,7 @@ def pooled_design(design: Design | None, comparisons: int, seeds: int) -> tuple[
                          heavy_tail_levels=column(calibrated.heavy_tail_levels)),
             f"one look at the {seeds} distinct seeds at the design's level of its look at {design.looks[j]} seeds "
             f"(Holm over the family, shape check on the pooled pairs){past}")
-
-
-def cells(label: str, c: stats.Comparison) -> list[str]:
-    relative = c.relative
-    half = None if c.half_width is None or not c.baseline_mean else c.half_width / abs(c.baseline_mean)
-    difference = "-" if c.mean_diff is None else f"{c.mean_diff:+.4f}"
-    percent = "-" if relative is None else (f"{100 * relative:+.2f}%"
-                                            + ("" if half is None else f" ± {100 * half:.2f}%"))
-    return [label, str(c.pairs), difference, percent, c.verdict]
-
-
-HEADERS = ("variant", "baseline", "sweep", "pairs", "difference", "vs baseline", "verdict")
-
-
-def note(sweeps: list[Sweep], rows: list[dict]) -> str:
-    how = rows[0]["pooled_design"] if rows else "no comparisons"
-    return (f"each sweep under its design; {POOLED}: one pair per distinct seed (its differences in the "
-            f"{len(sweeps)} sweeps averaged), {how}")
-
-
-def across_table(rows: list[dict], sweeps: list[Sweep], metric: str, title: str) -> Table:
-    table = Table(title=title, caption=note(sweeps, rows))
-    for header in HEADERS:
-        table.add_column(header, justify="right" if header in ("pairs", "difference") else "left")
-    for row in rows:
-        for label, comparison in [*row["by_sweep"], (POOLED, row["pooled"])]:
-            table.add_row(row["variant"], row["baseline"], *cells(label, comparison),
-                          end_section=label == POOLED)
-    return table
-
-
-def across_lines(rows: list[dict], sweeps: list[Sweep], metric: str) -> list[str]:
-    cells_of = [[row["variant"], row["baseline"], *cells(label, comparison)]
-                for row in rows for label, comparison in [*row["by_sweep"], (POOLED, row["pooled"])]]
-    return [f"{metric} against the baselines in {len(sweeps)} sweeps ({note(sweeps, rows)}):", "",
-            *table_lines(list(HEADERS), cells_of)]
-
-
 def across_json(rows: list[dict]) -> list[dict]:
     return [{"variant": row["variant"], "baseline": row["baseline"],
              "by_sweep": {label: c.to_json() for label, c in row["by_sweep"]}, POOLED: row["pooled"].to_json()}
             for row in rows]
-

@@ -79,13 +79,3 @@ def nominal_level(start: int, max_pairs: int, alpha: float, paths: int = CALIBRA
     smallest = np.concatenate([smallest_p_values(null_draws(rng, (min(CHUNK, paths - done), width), skew), looks)
                                for done in range(0, paths, CHUNK)])
     return float(np.quantile(smallest, safe_quantile(alpha, paths), method="inverted_cdf"))
-
-
-def null_rejection_rate(level: float, start: int, max_pairs: int, skew: float, paths: int, seed: int) -> float:
-    """The share of fresh null paths (another seed than the calibration's) that some look from
-    start to max_pairs rejects at `level`: what a design's level holds the error to."""
-    rng, looks, rejected = np.random.default_rng(seed), range(max(2, start), max_pairs + 1), 0
-    for done in range(0, paths, CHUNK):
-        z = null_draws(rng, (min(CHUNK, paths - done), max_pairs), skew)
-        rejected += int((smallest_p_values(z, looks) <= level).sum())
-    return rejected / paths

@@ -39,14 +39,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from pathlib import Path
 
 from typing import Callable
 
 import attrs
 
 from k3lab.report.curves import ABOVE, BELOW, compute_at, curve_reach, power_law
-from k3lab.report.paired import ExtraColumn, tokens_per_step, trial_value
+from k3lab.report.paired import tokens_per_step, trial_value
 from k3lab.report.records import TrialRecord
 from k3lab.report.sequential import Design, fixed_design
 
@@ -238,23 +237,6 @@ def compute_multipliers(records: list[TrialRecord], pairs: dict[str, str], curve
     return [m for m in found if m is not None]
 
 
-def multiplier_column(multipliers: list[Multiplier], interval: str) -> ExtraColumn | None:
-    """The comparisons table's compute multiplier column (None without multipliers)."""
-    if not multipliers:
-        return None
-    return ExtraColumn("compute multiplier", {m.variant: m.cells for m in multipliers},
-                       multiplier_note(multipliers, interval))
-
-
-def multiplier_note(multipliers: list[Multiplier], interval: str) -> str:
-    """What the column says, in one sentence for the report."""
-    return (f"Compute multiplier: the baseline's compute ({multipliers[0].basis}) that reaches the variant's loss, "
-            f"over the variant's own compute (FLOPs per token x tokens); geometric mean over the seeds with the "
-            f"{interval}, clipped to the curve's ends; seeds whose curve does not reach the variant's loss are "
-            f"counted as beyond or below its ends, not averaged; time: the same with GPU-seconds (tokens over the "
-            f"trials' measured tokens/s) for compute; >1: the variant is worth more than it costs.")
-
-
 def size_multipliers(records: list[TrialRecord], sizes: dict, metric: str, design: Design, last: int = 1,
                      mode: str = "min", rise: float | None = None) -> list[Multiplier]:
     """Across model sizes (`k3lab.registry.compute_curves.size_families`), as the AttnRes paper: per seed,
@@ -281,78 +263,3 @@ def size_multipliers(records: list[TrialRecord], sizes: dict, metric: str, desig
         if multiplier is not None:
             found.append(multiplier)
     return found
-
-
-def size_multiplier_title(sizes: dict, interval: str) -> str:
-    return (f"Compute multiplier across {sizes['axis']} at {sizes['at']:.3g} FLOPs (each family's loss against compute "
-            f"fitted over its sizes, per seed; the {interval})")
-
-
-def size_multiplier_lines(multipliers: list[Multiplier], sizes: dict, interval: str) -> list[str]:
-    """Markdown: the multipliers across sizes, one row per compared family."""
-    lines = [size_multiplier_title(sizes, interval) + ":", "",
-             "| family | baseline | seeds | compute multiplier |", "|---|---|---|---|"]
-    lines += [f"| {m.variant} | {m.baseline} | {m.pairs} | {m.cell} |" for m in multipliers]
-    return lines
-
-
-def size_multiplier_table(multipliers: list[Multiplier], sizes: dict, interval: str):
-    """The same as a rich table, for the terminal."""
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=size_multiplier_title(sizes, interval))
-    for column in ("family", "baseline", "seeds", "compute multiplier"):
-        table.add_column(column, justify="right" if column in ("seeds", "compute multiplier") else "left")
-    for m in multipliers:
-        table.add_row(m.variant, m.baseline, str(m.pairs), Text(m.cell))
-    return table
-
-
-def plot_compute_curve(records: list[TrialRecord], multipliers: list[Multiplier], curves: dict[str, dict[str, float]],
-                       path: Path, metric: str, colours: dict[str, str], last: int = 1, mode: str = "min",
-                       rise: float | None = None, title: str = "") -> Path:
-    """The baseline's loss against compute (its seeds' points and the line through their means), each
-    variant as a point at its own compute (mean over its seeds), its legend entry its multiplier
-    (variants of one compute share an x, so the labels go to the legend)."""
-    from matplotlib.ticker import FuncFormatter
-
-    from k3lab.report.figures import pyplot, save_figure
-    from k3lab.report.plots import plain_log_ticks
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
-    for baseline, curve in curves.items():
-        points = curve_points(records, [baseline, *curve], metric, last, mode, rise)
-        flat = [p for seed_points in points.values() for p in seed_points]
-        if not flat:
-            continue
-        ax.scatter([c for c, _ in flat], [v for _, v in flat], s=10, color="black", alpha=0.3)
-        by_compute: dict[float, list[float]] = {}
-        for c, v in flat:
-            by_compute.setdefault(c, []).append(v)
-        xs = sorted(by_compute)
-        ax.plot(xs, [statistics.geometric_mean(by_compute[c]) for c in xs], color="black", linewidth=1.2,
-                label=f"{baseline} at {len(xs)} budgets (geometric mean of the seeds)")
-    for multiplier in multipliers:
-        mine = [(trial_compute(r), trial_value(r, metric, last, mode, rise)) for r in records
-                if r.variant == multiplier.variant]
-        mine = [(c, v) for c, v in mine if c and v is not None]
-        if not mine:
-            continue
-        x, y = statistics.fmean(c for c, _ in mine), statistics.fmean(v for _, v in mine)
-        colour = colours.get(multiplier.variant, "C0")
-        ax.scatter([x], [y], s=40, color=colour, zorder=3, label=f"{multiplier.variant}: {multiplier.cell}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    plain_log_ticks(ax)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:.2g}"))
-    ax.xaxis.set_minor_formatter(FuncFormatter(lambda value, _position: f"{value:.2g}"))
-    ax.tick_params(axis="x", which="minor", labelsize=7)
-    ax.set_xlabel("training compute, FLOPs (FLOPs per token × tokens)")
-    ax.set_ylabel(metric)
-    ax.set_title("compute multiplier: the baseline's compute that reaches each variant's loss", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, loc="best")
-    fig.suptitle(title or f"{metric} against compute", fontsize=11)
-    return save_figure(plt, fig, path)

@@ -28,9 +28,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from rich.table import Table
 
-from k3lab.report.markdown import table_lines
 from k3lab.report import stats
 from k3lab.report.paired import values_by_seed
 from k3lab.report.records import TrialRecord
@@ -182,33 +180,3 @@ def effect(axes, levels, references, diffs: dict[int, float], half: float, refer
                   half * scale if scale and half is not None else None)
 
 
-def cells(e: Effect) -> list[str]:
-    def pct(value, spread):
-        return "-" if value is None else f"{value:+.2f}%" + ("" if spread is None else f" ± {spread:.2f}%")
-
-    difference = "-" if e.difference is None else f"{e.difference:+.4f}"
-    interval = "-" if e.half_width is None else f"± {e.half_width:.4f}"
-    return [e.kind, e.label, str(e.pairs), difference, interval, pct(e.relative, e.relative_half_width), e.verdict]
-
-
-HEADERS = ("effect", "levels", "seeds", "difference", "interval", "vs reference", "verdict")
-
-
-def note(design: Design, metric: str) -> str:
-    return (f"{metric}: each axis's main effect and each two-way interaction against the reference levels, "
-            f"paired by seed; {design.label}")
-
-
-def factorial_table(effects: list[Effect], design: Design, metric: str, title: str) -> Table:
-    table = Table(title=title, caption=note(design, metric))
-    for header in HEADERS:
-        table.add_column(header, justify="right" if header in ("seeds", "difference", "interval") else "left")
-    for e in effects:
-        table.add_row(*cells(e))
-    return table
-
-
-def factorial_lines(effects: list[Effect], design: Design, metric: str) -> list[str]:
-    """Markdown for results.md."""
-    return [f"Main effects and interactions ({note(design, metric)}):", "",
-            *table_lines(list(HEADERS), [cells(e) for e in effects])]

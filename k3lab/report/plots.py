@@ -12,22 +12,45 @@ its own last point; curves of differences take their y axis from the later half 
                             by side, labelled), the baseline's as a line
     <metric>_vs_baseline.png each variant's paired difference from the baseline with its 95% interval
 
-(`<metric>_curve_vs_baseline.png`, the difference at every evaluation in % of the baseline, is
-`k3lab.report.paired`'s.)
+    <metric>_curve_vs_baseline.png the difference at every evaluation in % of the baseline
+                            (`k3lab.report.paired.curve_differences`), with its intervals
+    compute_multiplier.png  the baselines' compute curves and where each variant's metric meets them
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from k3lab.report.figures import pyplot, save_figure
+from k3lab.report.compute_multipliers import Multiplier, curve_points, trial_compute
+from k3lab.report.paired import trial_value
+from k3lab.report.records import TrialRecord
 
 STOPPED = ("KILLED", "FAILED")  # a trial's MLflow status when it did not train to the end
 BASELINE_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.0}
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (sweeps run without a display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(plt, fig, path: Path) -> Path:
+    """Save and close; labels, titles and legends outside the axes stay inside the file."""
+    if fig.get_layout_engine() is None:  # a figure made with layout="constrained" keeps its own
+        fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def figure(plt, width: float, height: float, columns: int = 1):
@@ -128,48 +151,18 @@ def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], 
     window = smoothing_window(records)
     last = max((p[0] for r in records for p in r.curves.get("train_loss", [])[-1:]), default=0)
     variants = list(dict.fromkeys(r.variant for r in records))
-    labelled = set()
-    for record in records:
-        steps, values = smooth(record.curves.get("train_loss", []), window)
-        if not len(steps):
-            continue
-        colour = colours[record.variant]
-        label = record.variant if record.variant not in labelled else None
-        labelled.add(record.variant)
-        whole.plot(steps, values, color=colour, alpha=0.85, linewidth=1.2, label=label)
-        mark_stopped(whole, record, steps, values, colour, last)
-    whole.set_yscale("log")
-    plain_log_ticks(whole)
-    smoothed = f", smoothed over {window} steps" if window > 1 else ""
-    whole.set_title(f"train_loss, every trial\n(log scale{smoothed})", fontsize=10)
+    draw_every_trial(whole, records, colours, window, last)
     compared = baseline is not None and baseline in variants
     for ax, name, start in ((late, "train_loss", last / 2), (val, metric, 0)):
-        drawn = []
-        for variant in variants:
-            colour = colours[variant]
-            if compared:
-                if variant == baseline:
-                    continue
-                rows = [r for r in curves or [] if r["variant"] == variant]
-                if name == metric and rows:
-                    drawn += draw_difference_rows(ax, rows, colour)
-                    continue
-                steps, values = paired_curve(records, variant, baseline, name, window if name == "train_loss" else 1,
-                                             start)
-                ax.plot(steps, values, color=colour, marker="o" if name != "train_loss" else None, markersize=4)
-                drawn.append((steps, values))
-            else:
-                for record in (r for r in records if r.variant == variant):
-                    steps, values = smooth(record.curves.get(name, []), window if name == "train_loss" else 1)
-                    keep = steps >= start
-                    ax.plot(steps[keep], values[keep], color=colour, alpha=0.85,
-                            marker="o" if name != "train_loss" else None, markersize=4)
-                    mark_stopped(ax, record, steps[keep], values[keep], colour, last)
+        smoothing = window if name == "train_loss" else 1
         if compared:
+            rows = [r for r in curves or [] if r["variant"] != baseline] if name == metric else []
+            drawn = draw_against_baseline(ax, records, variants, baseline, name, smoothing, start, colours, rows)
             limit_to_late(ax, drawn, last / 2)
             ax.axhline(0.0, **BASELINE_STYLE)
             ax.set_ylabel(f"{name} − baseline")
         else:
+            draw_each_trial(ax, records, name, smoothing, start, colours, last)
             ax.set_ylabel(name)
         ax.ticklabel_format(axis="y", useOffset=False)
     paired = f"minus the baseline {baseline} (dashed), paired by seed"
@@ -179,14 +172,68 @@ def plot_loss_curves(records, path: Path, metric: str, colours: dict[str, str], 
     for ax in (whole, late, val):
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
-    whole.set_ylabel("train_loss")
-    handles, labels = whole.get_legend_handles_labels()
+    trials_legend(fig, whole, records, last)
+    fig.suptitle(f"{title}: loss curves by variant" if title else "loss curves by variant")
+    return save_figure(plt, fig, path)
+
+
+def draw_every_trial(ax, records, colours: dict[str, str], window: int, last: float) -> None:
+    """The first panel: every trial's train_loss (log scale, smoothed over `window` steps), one legend
+    entry per variant, a cross where a trial stopped before the sweep's `last` step."""
+    labelled = set()
+    for record in records:
+        steps, values = smooth(record.curves.get("train_loss", []), window)
+        if not len(steps):
+            continue
+        colour = colours[record.variant]
+        label = record.variant if record.variant not in labelled else None
+        labelled.add(record.variant)
+        ax.plot(steps, values, color=colour, alpha=0.85, linewidth=1.2, label=label)
+        mark_stopped(ax, record, steps, values, colour, last)
+    ax.set_yscale("log")
+    plain_log_ticks(ax)
+    smoothed = f", smoothed over {window} steps" if window > 1 else ""
+    ax.set_title(f"train_loss, every trial\n(log scale{smoothed})", fontsize=10)
+    ax.set_ylabel("train_loss")
+
+
+def draw_against_baseline(ax, records, variants: list[str], baseline: str, name: str, window: int, start: float,
+                          colours: dict[str, str], rows: list[dict]) -> list[tuple]:
+    """Each variant's curve `name` minus the baseline's, paired by seed, from step `start` on: the
+    report's `rows` (with their intervals) where it has them for the variant, else the mean paired
+    difference; returns the drawn (steps, values), for the axis limits."""
+    drawn = []
+    for variant in (v for v in variants if v != baseline):
+        colour = colours[variant]
+        mine = [r for r in rows if r["variant"] == variant]
+        if mine:
+            drawn += draw_difference_rows(ax, mine, colour)
+            continue
+        steps, values = paired_curve(records, variant, baseline, name, window, start)
+        ax.plot(steps, values, color=colour, marker="o" if name != "train_loss" else None, markersize=4)
+        drawn.append((steps, values))
+    return drawn
+
+
+def draw_each_trial(ax, records, name: str, window: int, start: float, colours: dict[str, str], last: float) -> None:
+    """Without a baseline: every trial's curve `name` as it is, from step `start` on, variant by variant."""
+    variants = list(dict.fromkeys(r.variant for r in records))
+    for record in (r for variant in variants for r in records if r.variant == variant):
+        steps, values = smooth(record.curves.get(name, []), window)
+        keep = steps >= start
+        colour = colours[record.variant]
+        ax.plot(steps[keep], values[keep], color=colour, alpha=0.85, marker="o" if name != "train_loss" else None,
+                markersize=4)
+        mark_stopped(ax, record, steps[keep], values[keep], colour, last)
+
+
+def trials_legend(fig, ax, records, last: float) -> None:
+    """The figure's legend: the variants of `ax`, and the cross of a trial that stopped early."""
+    handles, labels = ax.get_legend_handles_labels()
     if any(stopped_early(r, last) for r in records):
         handles, labels = [*handles, stopped_handle()], [*labels, "stopped early or failed"]
     if labels:  # none before any trial logged a step
         fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=9, frameon=False)
-    fig.suptitle(f"{title}: loss curves by variant" if title else "loss curves by variant")
-    return save_figure(plt, fig, path)
 
 
 def baseline_line(ax, rows: list[dict], metric: str, baseline: str | None) -> str:
@@ -335,3 +382,126 @@ def baseline_words(comparisons) -> str:
     row's own baseline" (each row's label names it)."""
     names = list(dict.fromkeys(c.baseline for c in comparisons))
     return f"the baseline {names[0]}'s" if len(names) == 1 else "each row's own baseline (named in its label)"
+
+
+def token_count(value: float, _position=None) -> str:
+    """Tokens as 0, 500K, 12M, 1.5B (an axis without matplotlib's 1e7 offset)."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.0f}"
+
+
+def late_limits(curves: list[dict], share: float = 0.5) -> tuple[float, float] | None:
+    """y limits holding 0 and every interval over the last `share` of the tokens trained (the part
+    of training the verdict is about), with a margin; None without such rows."""
+    end = max((r["tokens"] for r in curves), default=0)
+    ends = [(r["relative"] - (r["relative_half_width"] or 0.0), r["relative"] + (r["relative_half_width"] or 0.0))
+            for r in curves if r["relative"] is not None and r["tokens"] >= (1 - share) * end]
+    if not ends:
+        return None
+    low, high = min(0.0, *(lo for lo, _ in ends)), max(0.0, *(hi for _, hi in ends))
+    margin = 0.08 * ((high - low) or 1.0)
+    return low - margin, high + margin
+
+
+def plot_curve_differences(curves: list[dict], path: Path, metric: str, mode: str, colours: dict,
+                           interval: str, title: str = "") -> Path:
+    """Difference from the baseline in % of its metric against tokens trained, one line per variant
+    with its interval as error bars (variants set slightly apart), y limits from the later half of
+    training (earlier points may leave the axes), titled with the sweep."""
+    from matplotlib.ticker import FuncFormatter
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
+    variants = list(dict.fromkeys(row["variant"] for row in curves))
+    span = (max(r["tokens"] for r in curves) - min(r["tokens"] for r in curves)) if curves else 0
+    for i, variant in enumerate(variants):
+        rows = [r for r in curves if r["variant"] == variant and r["relative"] is not None]
+        if not rows:
+            continue
+        shift = 0.008 * span * (i - (len(variants) - 1) / 2)
+        x = [r["tokens"] + shift for r in rows]
+        error = [r["relative_half_width"] if r["relative_half_width"] is not None else 0.0 for r in rows]
+        ax.errorbar(x, [r["relative"] for r in rows], yerr=error, color=colours.get(variant, "C0"), marker="o",
+                    markersize=4, capsize=2, linewidth=1.4, elinewidth=0.9, label=f"{variant} vs {rows[0]['baseline']}")
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    limits = late_limits(curves)
+    if limits is not None:
+        ax.set_ylim(*limits)
+    ax.xaxis.set_major_formatter(FuncFormatter(token_count))
+    ax.set_xlabel("tokens trained")
+    ax.set_ylabel(f"{metric} − baseline, % ({'lower' if mode == 'min' else 'higher'} is better)")
+    ax.set_title(f"{metric} against the baseline, paired by seed\n{interval}, pointwise", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.suptitle(title or f"{metric} against the baseline", fontsize=11)
+    return save_figure(plt, fig, path)
+
+
+def plot_compute_curve(records: list[TrialRecord], multipliers: list[Multiplier], curves: dict[str, dict[str, float]],
+                       path: Path, metric: str, colours: dict[str, str], last: int = 1, mode: str = "min",
+                       rise: float | None = None, title: str = "") -> Path:
+    """The baseline's loss against compute (its seeds' points and the line through their means), each
+    variant as a point at its own compute (mean over its seeds), its legend entry its multiplier
+    (variants of one compute share an x, so the labels go to the legend)."""
+    from matplotlib.ticker import FuncFormatter
+
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
+    for baseline, curve in curves.items():
+        points = curve_points(records, [baseline, *curve], metric, last, mode, rise)
+        flat = [p for seed_points in points.values() for p in seed_points]
+        if not flat:
+            continue
+        ax.scatter([c for c, _ in flat], [v for _, v in flat], s=10, color="black", alpha=0.3)
+        by_compute: dict[float, list[float]] = {}
+        for c, v in flat:
+            by_compute.setdefault(c, []).append(v)
+        xs = sorted(by_compute)
+        ax.plot(xs, [statistics.geometric_mean(by_compute[c]) for c in xs], color="black", linewidth=1.2,
+                label=f"{baseline} at {len(xs)} budgets (geometric mean of the seeds)")
+    for multiplier in multipliers:
+        mine = [(trial_compute(r), trial_value(r, metric, last, mode, rise)) for r in records
+                if r.variant == multiplier.variant]
+        mine = [(c, v) for c, v in mine if c and v is not None]
+        if not mine:
+            continue
+        x, y = statistics.fmean(c for c, _ in mine), statistics.fmean(v for _, v in mine)
+        colour = colours.get(multiplier.variant, "C0")
+        ax.scatter([x], [y], s=40, color=colour, zorder=3, label=f"{multiplier.variant}: {multiplier.cell}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    plain_log_ticks(ax)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:.2g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda value, _position: f"{value:.2g}"))
+    ax.tick_params(axis="x", which="minor", labelsize=7)
+    ax.set_xlabel("training compute, FLOPs (FLOPs per token × tokens)")
+    ax.set_ylabel(metric)
+    ax.set_title("compute multiplier: the baseline's compute that reaches each variant's loss", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="best")
+    fig.suptitle(title or f"{metric} against compute", fontsize=11)
+    return save_figure(plt, fig, path)
+
+
+
+def plot_report(report, out_dir: Path, colours: dict[str, str], compute: dict | None, title: str) -> list[Path]:
+    """Every plot of a `k3lab.report.summary.SweepReport` in `out_dir`; the comparisons' only where
+    the report compares, the curve's only with more than the last evaluation."""
+    r, metric = report, report.metric
+    one = r.baseline or (next(iter(r.pairs.values())) if len(set(r.pairs.values())) == 1 else None)
+    files = [plot_loss_curves(r.records, out_dir / "loss_curves.png", metric, colours, one, title, r.curves),
+             plot_metric_by_variant(r.rows, out_dir / f"{metric}_by_variant.png", metric, colours, r.baseline, title),
+             plot_metric_vs_params(r.rows, out_dir / f"{metric}_vs_params.png", metric, colours, r.baseline, title)]
+    if r.comparisons:
+        files.append(plot_paired_differences(r.comparisons, out_dir / f"{metric}_vs_baseline.png", metric, r.mode,
+                                             colours, title, r.design.interval_name))
+    if len({row["step"] for row in r.curves}) > 1:  # the whole curve, when there is more than the end
+        files.append(plot_curve_differences(r.curves, out_dir / f"{metric}_curve_vs_baseline.png", metric, r.mode,
+                                            colours, r.design.interval_name, title))
+    if r.multipliers:
+        files.append(plot_compute_curve(r.records, r.multipliers, compute, out_dir / "compute_multiplier.png", metric,
+                                        colours, r.last, r.mode, r.rise, title))
+    return files

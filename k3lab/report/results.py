@@ -30,7 +30,10 @@ from pathlib import Path
 
 from k3lab.errors import UserError
 from k3lab.report.efficiency import parts_note, sweep_efficiency, wall_to_the_end
-from k3lab.report.summary import TrialRecord, mean_std
+from k3lab.report.records import TrialRecord
+from k3lab.report.summary import SweepReport, mean_std
+from k3lab.report.tables import (across_lines, curve_table_lines, epochs_line, factorial_lines, multiplier_column,
+                                 seed_difference_lines, sequential_table_lines, size_multiplier_lines)
 from k3lab.store import runs
 from k3lab.store.tracking import BUILD_PARTS
 
@@ -118,52 +121,43 @@ def copy_plots(files: list[Path], folder: Path, relative_to: Path) -> list[str]:
     return links
 
 
-def results_markdown(summary: dict, parent: ParentRecord, title: str, report_command: str = "",
+def results_markdown(report: SweepReport, parent: ParentRecord, title: str, report_command: str = "",
                      gpu_log: str | Path | None = None, plots: list[str] = (), file_design: bool = False) -> str:
-    """A sweep's markdown section, from a `build_report` summary and its parent run: how it was run
+    """A sweep's markdown section, from its `SweepReport` and its parent run: how it was run
     (commands, date, machine, tokens), the per-variant table, the paired table, timing, the plots."""
-    records, metric = summary["records"], summary["metric"]
-    applied = summary["design"] if file_design else None
+    records, metric = report.records, report.metric
+    applied = report.design if file_design else None
     lines = [f"### {title}", "", *run_lines(parent, records, report_command, applied), "",
-             *variant_table_lines(summary["rows"], metric), ""]
-    if summary.get("comparisons"):
-        from k3lab.report.compute_multipliers import multiplier_column
-        from k3lab.report.paired import sequential_table_lines
-
-        extra = multiplier_column(summary.get("multipliers", []), summary["design"].interval_name)
-        lines += [*sequential_table_lines(summary["comparisons"], metric, summary["design"], extra), ""]
-    if summary.get("size_multipliers"):
-        from k3lab.report.compute_multipliers import size_multiplier_lines
-
-        lines += [*size_multiplier_lines(summary["size_multipliers"], summary["compute_sizes"],
-                                         summary["design"].interval_name), ""]
-    if summary.get("across"):
-        from k3lab.report.across import across_lines
-
-        lines += [*across_lines(summary["across"]["rows"], summary["across"]["sweeps"], metric), ""]
-    if summary.get("factorial"):
-        from k3lab.report.factorial import factorial_lines
-
-        lines += [*factorial_lines(summary["factorial"], summary["factorial_design"], metric), ""]
-    lines += [f"- Diverged: {line}" for line in summary.get("diverged", [])] + (
-        [""] if summary.get("diverged") else [])
-    if any(c.pairs > 1 for c in summary.get("comparisons", [])):
-        from k3lab.report.paired import seed_difference_lines
-
-        lines += [*seed_difference_lines(records, summary["pairs"], metric, summary.get("last", 1),
-                                         summary.get("mode", "min"), summary.get("rise")), ""]
-    if len({row["step"] for row in summary.get("curves", [])}) > 1:
-        from k3lab.report.paired import curve_table_lines
-
-        lines += [*curve_table_lines(summary["curves"], metric, summary["design"].interval_name), ""]
-    from k3lab.report.paired import epochs_line
-
+             *variant_table_lines(report.rows, metric), "", *comparison_lines(report)]
     if epochs_line(records):
         lines += [f"- {epochs_line(records)}", ""]
     lines += sweep_timing_lines(records, gpu_log)
     if plots:
         lines += ["", *(f"![{Path(link).stem}]({link})" for link in plots)]
     return "\n".join(lines) + "\n"
+
+
+def comparison_lines(report: SweepReport) -> list[str]:
+    """The markdown of the report's comparisons: against the baselines (with the compute multipliers),
+    across model sizes and sweeps, the factorial effects, the diverged trials, each seed's difference
+    and the difference at every evaluation; each table followed by an empty line."""
+    r, metric = report, report.metric
+    lines = []
+    if r.comparisons:
+        extra = multiplier_column(r.multipliers, r.design.interval_name)
+        lines += [*sequential_table_lines(r.comparisons, metric, r.design, extra), ""]
+    if r.size_multipliers:
+        lines += [*size_multiplier_lines(r.size_multipliers, r.compute_sizes, r.design.interval_name), ""]
+    if r.across:
+        lines += [*across_lines(r.across["rows"], r.across["sweeps"], metric), ""]
+    if r.factorial:
+        lines += [*factorial_lines(r.factorial, r.factorial_design, metric), ""]
+    lines += [f"- Diverged: {line}" for line in r.diverged] + ([""] if r.diverged else [])
+    if any(c.pairs > 1 for c in r.comparisons):
+        lines += [*seed_difference_lines(r.records, r.pairs, metric, r.last, r.mode, r.rise), ""]
+    if len({row["step"] for row in r.curves}) > 1:
+        lines += [*curve_table_lines(r.curves, metric, r.design.interval_name), ""]
+    return lines
 
 
 def resume_lines(commands: list[str]) -> list[str]:

@@ -53,12 +53,10 @@ from k3lab.report.calibration import SKEW_COVERED, nominal_level, smallest_p_val
 from k3lab.report.looks import CHECK, HIGHER, LOWER, LookDesign, decide
 from k3lab.report.looks import EQUIVALENT as LOOKS_EQUIVALENT
 from k3lab.report.stats import BETTER, NOT_RESOLVED, WORSE, Comparison, SeedValues, paired_seeds, t_quantile
+from k3lab.report.stop_rule import BUDGET, DECIDED, FIXED, HALFWIDTH, MAX, MAX_SEEDS, PRECISE, RUNNING
 
 EQUIVALENT = "equivalent"
 CONFIDENCE = 0.95
-DECIDED, HALFWIDTH, MAX, FIXED = "decided", "halfwidth", "max", "fixed"  # the rules
-RULES = (DECIDED, HALFWIDTH, MAX)  # what `until:` may say
-PRECISE, MAX_SEEDS, BUDGET, RUNNING, STOPPED = "precise", "max seeds", "budget", "running", "stopped"
 PLANNING_PATHS = 10_000  # a planning figure needs the level only roughly
 PLANNING_HORIZONS = (24, 32, 48, 64, 96, 128, 200)
 NEEDED_CAP = PLANNING_HORIZONS[-1]  # beyond this many pairs the answer is another design (longer trials)
@@ -494,64 +492,3 @@ def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode
 
 
 # -- presentation --------------------------------------------------------------------------------
-
-
-def comparison_cells(c: Comparison) -> dict[str, str]:
-    """The text of one row of a design's table (the t-table's cells plus baseline, half-width
-    relative to the baseline, stopping reason, pairs the rule would take)."""
-    from k3lab.report.stats import comparison_cells as t_cells
-
-    cells = t_cells(c)
-    relative = getattr(c, "relative_half_width", None)
-    cells["baseline"] = c.baseline
-    cells["halfwidth"] = "n/a" if relative is None else f"{100 * relative:.2f}%"
-    cells["stopping"] = getattr(c, "stopping", "") or "-"
-    cells["needed"] = needed_cell(c)
-    return cells
-
-
-def needed_cell(c: Comparison) -> str:
-    """"-" once its rule stopped it, n/a under two pairs, else ~N or >cap."""
-    if getattr(c, "stopping", "") in (PRECISE, DECIDED) or c.pairs < 2:
-        return "-" if c.pairs >= 2 else "n/a"
-    needed = getattr(c, "pairs_needed", None)
-    return f"~{needed}" if needed is not None else f">{NEEDED_CAP}"
-
-
-def pairs_needed_line(comparisons: list[Comparison], max_seeds: int, parent_run_id: str) -> str | None:
-    """A dry run's planning line from an earlier run's comparisons (built with the file's present
-    design): the pairs its rule takes at that run's spreads, against the file's `max`. None when no
-    comparison had two pairs."""
-    rows = [c for c in comparisons if c.pairs >= 2]
-    if not rows:
-        return None
-    listed = ", ".join(f"{c.variant} {c.stopping} ({c.pairs})" if c.stopping in (PRECISE, DECIDED)
-                       else f"{c.variant} {needed_cell(c)} (ran {c.pairs})" for c in rows)
-    return (f"earlier run in this store ({parent_run_id[:8]}): at the spread of its pairs (one per distinct seed), "
-            f"the rule takes about this many pairs: {listed}; this file allows up to {max_seeds} seeds")
-
-
-SEQUENTIAL_COLUMNS = ("variant", "baseline", "pairs", "difference", "interval", "relative", "halfwidth", "verdict",
-                      "stopping", "needed")
-
-
-def sequential_headers(metric: str, design: Design) -> dict[str, str]:
-    return {"variant": "variant", "baseline": "baseline", "pairs": "pairs", "difference": f"{metric} - baseline",
-            "interval": f"family-wise {100 * design.confidence:g}% interval", "relative": "vs baseline",
-            "halfwidth": "half-width", "verdict": "verdict", "stopping": "stopped by",
-            "needed": "pairs for asked" if design.rule == HALFWIDTH else "pairs to decide"}
-
-
-def sequential_note(design: Design) -> str:
-    asked = f"; asked: {100 * design.halfwidth:g}% of the baseline's metric" if design.halfwidth else ""
-    margin = (f"; equivalent: the interval lies within +/-{100 * design.margin:g}% of the baseline's metric"
-              if design.margin is not None else "")
-    needed = ("; pairs for asked / to decide: about how many pairs the rule would take at the mean and spread of "
-              "the differences so far (a planning figure for the next sweep, not part of the verdict)"
-              if design.rule in (HALFWIDTH, DECIDED) else "")
-    stopped = ("" if design.rule == FIXED else "; stopped by: decided, precise, max seeds, budget, stopped (the sweep "
-               "was stopped before its budget ended; `--resume` adds seeds), running")
-    return (f"rule: {design.rule_text}; pairs: seeds where both trials finished, of the seeds run; interval: "
-            f"{design.label}; half-width: relative to the baseline's mean over the pairs{asked}{margin}; not "
-            f"resolved: the interval covers 0 (or there are fewer pairs than the design's first look, "
-            f"{design.first_look}){stopped}{needed}")

@@ -167,23 +167,4 @@ def compare(variant: str, values: SeedValues, baseline: str, baseline_values: Se
     return Comparison(variant, baseline, len(seeds), every_seed, mean, half, baseline_mean, outcome, reason)
 
 
-def compare_to_baseline(values: dict[str, SeedValues], baseline: str, mode: str) -> list[Comparison]:
-    """Every variant of `values` but the baseline, in the order of `values`."""
-    reference = values.get(baseline, {})
-    return [compare(name, seed_values, baseline, reference, mode)
-            for name, seed_values in values.items() if name != baseline]
-
-
 # -- presentation (shared by the terminal table and the markdown) -----------------------
-
-
-def comparison_cells(c: Comparison) -> dict[str, str]:
-    """The text of one row of a paired table: pairs, mean difference, interval, relative, verdict."""
-    def number(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:+.4f}"
-
-    interval = f"[{number(c.low)}, {number(c.high)}]" if c.half_width is not None else "n/a"
-    relative = "n/a" if c.relative is None else f"{100 * c.relative:+.2f}%"
-    outcome = c.verdict + (f" ({c.reason})" if c.reason else "")
-    return {"variant": c.variant, "pairs": f"{c.pairs}/{c.seeds}", "difference": number(c.mean_diff),
-            "interval": interval, "relative": relative, "verdict": outcome}

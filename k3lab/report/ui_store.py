@@ -90,9 +90,9 @@ def rebuild_missing_reports(tracking_uri: str, skip: Collection[str] = ()) -> li
         if not trials:
             continue
         with tempfile.TemporaryDirectory() as folder:
-            summary = build_report(tracking_uri, run_id, out_dir=Path(folder), **report_options(tracking_uri, parent,
-                                                                                                trials))
-            for path in summary["files"]:
+            report = build_report(tracking_uri, run_id, out_dir=Path(folder), **report_options(tracking_uri, parent,
+                                                                                               trials))
+            for path in report.files:
                 client.log_artifact(run_id, str(path), "report")
         rebuilt.append((run_id, client.get_experiment(parent.info.experiment_id).name))
     return rebuilt
@@ -105,11 +105,11 @@ def record_missing_verdicts(tracking_uri: str, skip: Collection[str] = ()) -> li
     from k3lab.report.summary import build_report
     from k3lab.store.verdicts import BASELINE_KIND, COUNTED, variant_runs
 
-    recorded = []
+    client, recorded = runs.client(tracking_uri), []
     for parent, trials in ended_sweeps(tracking_uri, skip):
         run_id = parent.info.run_id
         if trials and (any(COUNTED not in t.data.tags for t in trials) or (
-                variant_runs(tracking_uri, run_id) and not variant_runs(tracking_uri, run_id, BASELINE_KIND))):
+                variant_runs(client, run_id) and not variant_runs(client, run_id, BASELINE_KIND))):
             build_report(tracking_uri, parent.info.run_id, **report_options(tracking_uri, parent, trials))
             recorded.append(parent.info.run_id)
     return recorded

@@ -175,20 +175,18 @@ def effect_rows(effects: list) -> list[dict]:
     return rows
 
 
-def record_verdicts(tracking_uri: str, parent_run_id: str, summary: dict) -> None:
-    """A `build_report` summary's differences, effects, verdicts and outcomes into the store."""
-    records, metric, mode, rise = summary["records"], summary["metric"], summary["mode"], summary["rise"]
-    store.log_differences(tracking_uri, trial_differences(records, summary["pairs"], metric, mode, rise))
-    store.log_effects(tracking_uri, parent_run_id, variant_effects(summary["comparisons"]))
-    store.set_trial_tags(tracking_uri, trial_tags(records, summary["comparisons"], metric, mode, rise),
-                         {r.run_id: r.tags for r in records})
-    order = summary.get("variant_order") or ()
+def record_verdicts(tracking_uri: str, parent_run_id: str, report) -> None:
+    """A `k3lab.report.summary.SweepReport`'s differences, effects, verdicts and outcomes into the store."""
+    r = report
+    records, metric, mode, rise = r.records, r.metric, r.mode, r.rise
     throughput = variant_throughput(tracking_uri, records)
-    store.log_variant_runs(tracking_uri, parent_run_id, variant_rows(records, summary["comparisons"],
-                                                                     summary.get("curves", []), order, throughput))
-    store.log_baseline_runs(tracking_uri, parent_run_id, baseline_rows(records, summary["comparisons"], order,
-                                                                       throughput))
-    store.log_effect_runs(tracking_uri, parent_run_id, effect_rows(summary.get("factorial") or []))
-    store.log_multipliers(tracking_uri, parent_run_id, [
-        {"variant": m.variant, "pairs": m.pairs, "mean": m.estimate, "low": m.low, "high": m.high}
-        for m in [*summary.get("multipliers", []), *summary.get("size_multipliers", [])]])
+    outcome = store.Outcome(
+        differences=trial_differences(records, r.pairs, metric, mode, rise),
+        effects=variant_effects(r.comparisons),
+        trial_tags=trial_tags(records, r.comparisons, metric, mode, rise), current_tags={t.run_id: t.tags for t in records},
+        variant_rows=variant_rows(records, r.comparisons, r.curves, r.variant_order, throughput),
+        baseline_rows=baseline_rows(records, r.comparisons, r.variant_order, throughput),
+        effect_rows=effect_rows(r.factorial),
+        multipliers=[{"variant": m.variant, "pairs": m.pairs, "mean": m.estimate, "low": m.low, "high": m.high}
+                     for m in [*r.multipliers, *r.size_multipliers]])
+    store.write_outcome(runs.client(tracking_uri), parent_run_id, outcome)

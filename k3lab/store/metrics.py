@@ -45,7 +45,6 @@ PAGE_SECTIONS = {"train_loss": "loss/train_loss", "val_loss": "loss/val_loss",  
                  "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu"}
 
 
-PAGE_ORDER = ("loss/", "perf/", PROBE + "/")  # the sections a trial's metrics sit in, in the page's order
 OLDER_DIAGNOSTICS = ("diag/", "moe/", "attnres/")  # where older stores kept the diagnostics now under probe/
 
 

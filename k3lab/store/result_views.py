@@ -68,9 +68,9 @@ def effect_view_state(metric: str = "val_loss") -> dict:
 
 def result_views(tracking_uri: str, parent_run_id: str, metric: str, mode: str = "min") -> dict[str, tuple[str, dict]]:
     """{view id: (name, state)} of the result views the sweep has runs for."""
-    views = {}
-    if verdicts.variant_runs(tracking_uri, parent_run_id):
+    views, client = {}, runs.client(tracking_uri)
+    if verdicts.variant_runs(client, parent_run_id):
         views[VERDICT_VIEW] = (VERDICT_VIEW_NAME, verdict_view_state(metric, mode))
-    if verdicts.variant_runs(tracking_uri, parent_run_id, verdicts.EFFECT_KIND):
+    if verdicts.variant_runs(client, parent_run_id, verdicts.EFFECT_KIND):
         views[EFFECT_VIEW] = (EFFECT_VIEW_NAME, effect_view_state(metric))
     return views

@@ -47,6 +47,8 @@ import re
 import time
 from typing import Iterable, Sequence
 
+import attrs
+
 from k3lab.store import runs
 from k3lab.store.labels import FULL_NAME, LABEL
 
@@ -86,12 +88,11 @@ def log_batches(client, run_id: str, metrics: list) -> None:
         client.log_batch(run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
 
 
-def log_differences(tracking_uri: str, differences: dict[str, Iterable[tuple[int, float]]]) -> int:
+def log_differences(client, differences: dict[str, Iterable[tuple[int, float]]]) -> int:
     """{trial run id: [(step, % difference)]} as VS_BASELINE, only at steps the run does not have
     yet. Returns the points written."""
     from mlflow.entities import Metric
 
-    client = runs.client(tracking_uri)
     now, written = int(time.time() * 1000), 0
     for run_id, points in differences.items():
         logged = {m.step for m in client.get_metric_history(run_id, VS_BASELINE)}
@@ -101,10 +102,9 @@ def log_differences(tracking_uri: str, differences: dict[str, Iterable[tuple[int
     return written
 
 
-def log_effects(tracking_uri: str, parent_run_id: str, effects: list[dict]) -> None:
+def log_effects(client, parent_run_id: str, effects: list[dict]) -> None:
     """Per variant on the parent run: {variant, pairs, mean, low, high, verdict} (in %; low and
     high None without an interval), each metric logged where its latest value differs."""
-    client = runs.client(tracking_uri)
     parent = client.get_run(parent_run_id)
     log_batches(client, parent_run_id, changed_metrics(parent, effects, (VS_BASELINE, VS_LOW, VS_HIGH)))
     for effect in effects:
@@ -113,10 +113,9 @@ def log_effects(tracking_uri: str, parent_run_id: str, effects: list[dict]) -> N
             client.set_tag(parent_run_id, tag, effect["verdict"])
 
 
-def log_multipliers(tracking_uri: str, parent_run_id: str, multipliers: list[dict]) -> None:
+def log_multipliers(client, parent_run_id: str, multipliers: list[dict]) -> None:
     """Per variant on the parent run: {variant, pairs, mean, low, high}, its compute multiplier
     and its interval's bounds (None: none), each logged where its latest value differs."""
-    client = runs.client(tracking_uri)
     parent = client.get_run(parent_run_id)
     log_batches(client, parent_run_id, changed_metrics(parent, multipliers, (MULTIPLIER, MULTIPLIER_LOW,
                                                                              MULTIPLIER_HIGH)))
@@ -136,10 +135,9 @@ def changed_metrics(parent, rows: list[dict], prefixes: tuple[str, str, str]) ->
     return metrics
 
 
-def set_trial_tags(tracking_uri: str, tags: dict[str, dict[str, str]], current: dict[str, dict] | None = None) -> None:
+def set_trial_tags(client, tags: dict[str, dict[str, str]], current: dict[str, dict] | None = None) -> None:
     """{trial run id: {tag: value}}, set where the run's tag (`current`: run id -> its tags, else
     read) differs."""
-    client = runs.client(tracking_uri)
     for run_id, wanted in tags.items():
         have = (current or {}).get(run_id)
         have = client.get_run(run_id).data.tags if have is None else have
@@ -148,9 +146,8 @@ def set_trial_tags(tracking_uri: str, tags: dict[str, dict[str, str]], current: 
                 client.set_tag(run_id, key, value)
 
 
-def variant_runs(tracking_uri: str, parent_run_id: str, kind: str = VARIANT_KIND) -> dict[str, object]:
+def variant_runs(client, parent_run_id: str, kind: str = VARIANT_KIND) -> dict[str, object]:
     """{variant name (an effect run: its effect's label): its run} of a sweep's variant (or `kind`) runs."""
-    client = runs.client(tracking_uri)
     experiment = client.get_run(parent_run_id).info.experiment_id
     found = client.search_runs([experiment], f"tags.`{runs.KIND}` = '{kind}' and "
                                              f"tags.`{SWEEP_RUN}` = '{parent_run_id}'", max_results=runs.MAX_RUNS)
@@ -188,13 +185,12 @@ def effect_run_name(row: dict) -> str:
     return f"{row['name']}: {row['verdict']}, {row['mean']:+.2f}%{interval}"
 
 
-def log_effect_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -> None:
+def log_effect_runs(client, parent_run_id: str, rows: list[dict]) -> None:
     """Per factorial effect, {name (short label), label, kind, pairs, mean, low, high (in %; None:
     none), verdict} on its effect run, made where it has none: EFFECT_NUMBERS, its verdict and label,
     what the "Factorial effects" view charts and tabulates (`k3lab.store.views`)."""
-    client = runs.client(tracking_uri)
     parent = client.get_run(parent_run_id)
-    existing = variant_runs(tracking_uri, parent_run_id, EFFECT_KIND)
+    existing = variant_runs(client, parent_run_id, EFFECT_KIND)
     now = int(time.time() * 1000)
     for row in rows:
         tags = {runs.KIND: EFFECT_KIND, SWEEP_RUN: parent_run_id, EFFECT: row["label"], VERDICT: row["verdict"],
@@ -224,17 +220,16 @@ def full_name(run) -> str:
     return run.data.tags.get(FULL_NAME) or run.info.run_name
 
 
-def log_variant_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -> None:
+def log_variant_runs(client, parent_run_id: str, rows: list[dict]) -> None:
     """Per compared variant of the plan, {variant, baseline, label, baseline_label (run labels), group
-    (its group label), state, colour,
-    verdict, pairs, mean, low, high, curve: [(step, mean, low, high)], throughput: [(step, tokens/s)]}
-    (in %; None: no value, as for a variant without pairs) on its variant run, made where it has none (starting with the sweep, so its duration is the
+    (its group label), state, colour, verdict, pairs, mean, low, high, curve: [(step, mean, low, high)],
+    throughput: [(step, tokens/s)]} (in %; None: no value, as for a variant without pairs) on its
+    variant run, made where it has none (starting with the sweep, so its duration is the
     sweep's); a point logged once is not logged again, a changed verdict number is logged anew."""
     from mlflow.entities import Metric
 
-    client = runs.client(tracking_uri)
     parent = client.get_run(parent_run_id)
-    existing = variant_runs(tracking_uri, parent_run_id)
+    existing = variant_runs(client, parent_run_id)
     now = int(time.time() * 1000)
     for row in rows:
         tags = {runs.KIND: VARIANT_KIND, SWEEP_RUN: parent_run_id, runs.VARIANT_NAME: row["variant"],
@@ -258,12 +253,11 @@ def throughput_metrics(client, run, points: Sequence[tuple[int, float]], now: in
     return [Metric(THROUGHPUT, float(value), now, int(step)) for step, value in points if step not in logged]
 
 
-def log_baseline_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -> None:
+def log_baseline_runs(client, parent_run_id: str, rows: list[dict]) -> None:
     """Per baseline of the plan's comparisons, {variant, label, group, colour, state, throughput: [(step,
     tokens/s)]} on its baseline run (made where it has none, as a variant run is)."""
-    client = runs.client(tracking_uri)
     parent = client.get_run(parent_run_id)
-    existing = variant_runs(tracking_uri, parent_run_id, BASELINE_KIND)
+    existing = variant_runs(client, parent_run_id, BASELINE_KIND)
     now = int(time.time() * 1000)
     for row in rows:
         label = row.get("label") or row["variant"]
@@ -273,3 +267,30 @@ def log_baseline_runs(tracking_uri: str, parent_run_id: str, rows: list[dict]) -
         tags |= {runs.RUN_COLOR: row["colour"]} if row.get("colour") else {}
         run = summary_run(client, parent, existing.get(row["variant"]), f"{label}: baseline ({row['state']})", tags)
         log_batches(client, run.info.run_id, throughput_metrics(client, run, row.get("throughput") or [], now))
+
+
+@attrs.frozen
+class Outcome:
+    """What a report's verdicts write into the store (`k3lab.report.ui_verdicts` computes them): each
+    trial's differences and tags (`current_tags`: the tags it has), the parent's effects and
+    multipliers, the variant runs', the baseline runs' and the effect runs' rows."""
+
+    differences: dict[str, list[tuple[int, float]]]
+    effects: list[dict]
+    trial_tags: dict[str, dict[str, str]]
+    current_tags: dict[str, dict]
+    variant_rows: list[dict]
+    baseline_rows: list[dict]
+    effect_rows: list[dict]
+    multipliers: list[dict]
+
+
+def write_outcome(client, parent_run_id: str, outcome: Outcome) -> None:
+    """`outcome` into the sweep's runs, with one client; each write only where the store differs."""
+    log_differences(client, outcome.differences)
+    log_effects(client, parent_run_id, outcome.effects)
+    set_trial_tags(client, outcome.trial_tags, outcome.current_tags)
+    log_variant_runs(client, parent_run_id, outcome.variant_rows)
+    log_baseline_runs(client, parent_run_id, outcome.baseline_rows)
+    log_effect_runs(client, parent_run_id, outcome.effect_rows)
+    log_multipliers(client, parent_run_id, outcome.multipliers)

@@ -136,7 +136,7 @@ def verdict_lines(parent_data, variant_order: Sequence[str] = ()) -> list[str]:
 def variant_lines(tracking_uri: str, parent_run_id: str, variant_order: Sequence[str] = ()) -> list[str]:
     """One line per variant run of the sweep (every compared variant of the plan, with its baseline,
     verdict and numbers, or the state of its trials where it has no pairs), in `variant_order`."""
-    found = verdicts.variant_runs(tracking_uri, parent_run_id)
+    found = verdicts.variant_runs(runs.client(tracking_uri), parent_run_id)
     order = {name: i for i, name in enumerate(variant_order)}
     names = sorted(found, key=lambda name: (order.get(name, len(order)), name))
     return [f"**{name}**{verdicts.full_name(found[name]).removeprefix(name)}" for name in names]

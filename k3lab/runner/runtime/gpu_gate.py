@@ -248,3 +248,28 @@ class MemoryMeter:
         total = torch.cuda.get_device_properties(device).total_memory
         add_measurement(Path(self.plan.cache), self.plan.key, self.plan.variant, torch.cuda.get_device_name(device),
                         used, total)
+
+
+# -- this process's place on its GPU ---------------------------------------------------------
+
+_gate: MemoryGate | None = None  # held from the process's first trial in the packing to its end
+
+
+def enter_gate(plan: TrialMemory | None, name: str) -> MemoryGate | None:
+    """Wait, before this process touches CUDA, until its GPU has the memory for the trial `name`
+    planned as `plan`; None for trials outside the packing (CPU, DDP: no plan)."""
+    global _gate
+    if plan is None:
+        return None
+    if _gate is None:
+        _gate = MemoryGate(gate_folder(), plan.limits())
+    _gate.acquire(plan.expected_bytes, name)
+    return _gate
+
+
+def leave_gate(gate: MemoryGate) -> None:
+    """Give this process's place on its GPU back (after an out-of-memory error: Tune restarts the
+    trial in a fresh process, which enters anew)."""
+    global _gate
+    gate.release()
+    _gate = None

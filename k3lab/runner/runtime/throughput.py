@@ -6,7 +6,7 @@ the same packing. Each part of a GPU sweep adds it to the kernel cache's record 
 finished or stopped:
 
     <kernel cache>/triton/k3lab-throughput.json  {trials key: {GPU name: {"tokens_per_s", "trials_at_once", ...}}}
-    k3lab/tunings/sweep-throughput.json           the same, shipped (`ship_throughput`)
+    k3lab/tunings/sweep-throughput.json           the same, shipped: a GPU session's record, as its sweeps left it
 
 The trials key is that of the variants' memory keys (`k3lab.runner.runtime.memory.variant_key`: model and
 shapes), so another seeds policy or budget of the same trials keeps it. A sweep file's
@@ -16,7 +16,6 @@ shapes), so another seeds policy or budget of the same trials keeps it. A sweep 
 from __future__ import annotations
 
 import contextlib
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -56,15 +55,3 @@ def measured_rates(sweep, cache: Path | None) -> dict[str, dict]:
     if cache is not None:
         rates |= read_record(record_path(cache)).get(key, {})
     return rates
-
-
-def ship_throughput(cache: Path, shipped: Path = SHIPPED_RECORD) -> int:
-    """Merge the cache's record into k3lab's shipped one (the newest measurement of each stands)."""
-    record, merged = read_record(shipped), 0
-    for key, by_gpu in read_record(record_path(cache)).items():
-        for gpu, entry in by_gpu.items():
-            if entry.get("measured_at", "") >= record.get(key, {}).get(gpu, {}).get("measured_at", ""):
-                record.setdefault(key, {})[gpu] = entry
-                merged += 1
-    shipped.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return merged

@@ -41,10 +41,10 @@ def log_seed_differences(tracking_uri: str, parent_run_id: str, seed: int, pairs
     the points written."""
     from k3lab.report.summary import load_trials
     from k3lab.report.ui_verdicts import outcome_tags, trial_differences
-    from k3lab.store import verdicts
+    from k3lab.store import runs, verdicts
 
     records = [r for r in load_trials(tracking_uri, parent_run_id, curves=(metric,), seed=seed)
                if r.status == "FINISHED"]
-    verdicts.set_trial_tags(tracking_uri, outcome_tags(records, metric, mode, rise),
-                            {r.run_id: r.tags for r in records})
-    return verdicts.log_differences(tracking_uri, trial_differences(records, pairs, metric, mode, rise))
+    client = runs.client(tracking_uri)
+    verdicts.set_trial_tags(client, outcome_tags(records, metric, mode, rise), {r.run_id: r.tags for r in records})
+    return verdicts.log_differences(client, trial_differences(records, pairs, metric, mode, rise))

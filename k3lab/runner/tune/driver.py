@@ -10,8 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 
+import attrs
+
 from k3lab.errors import UserError
 from k3lab.registry import ResourceSpec, Sweep
+from k3lab.report.summary import SweepReport
 from k3lab.runner.runtime.memory import fake_gpu, host_packing
 from k3lab.runner.runtime.preflight import Preflight, check_prepared, cuda_gpus, run_preflight_overlapped
 from k3lab.runner.runtime.session import sweep_log, sweep_runtime, watched_ray, worker_env
@@ -34,8 +37,7 @@ def start_ray(run: SweepRun) -> None:
         env["TUNE_FUNCTION_THREAD_TIMEOUT_S"] = "60"
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    for key in ("K3LAB_FAIL_AT_STEP", "K3LAB_OOM_AT_STEP", "K3LAB_FAKE_GPU", "K3LAB_GATE_DIR",  # fault injection and
-                "K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI"):  # the fake GPU: for tests
+    for key in ("K3LAB_FAKE_GPU", "K3LAB_GATE_DIR", "K3LAB_DATA_DIR", "MLFLOW_TRACKING_URI"):  # the fake GPU: for tests
         if key in os.environ:
             env[key] = os.environ[key]
     kwargs = dict(runtime_env={"env_vars": env}, log_to_driver=False, configure_logging=False)
@@ -138,8 +140,18 @@ def gpu_field(sweep: Sweep) -> str:
     return (f"profile {sweep.profile}: " if sweep.profile else "") + field
 
 
-def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
-    """Run (or resume) the sweep; returns the report summary (see `k3lab.report.summary`).
+@attrs.frozen
+class SweepEnd:
+    """How a sweep that ran to its end ended: its report (`k3lab.report.summary.SweepReport`), the
+    errors of its trials that failed, and its parent run."""
+
+    report: SweepReport
+    errors: list[str]
+    parent_run_id: str
+
+
+def run_sweep(run: SweepRun, live: bool = True, say=print) -> SweepEnd:
+    """Run (or resume) the sweep; returns its report and its trials' errors (`SweepEnd`).
 
     The sweep's runtime (`sweep_runtime`) takes the experiment's lock first and holds it to the
     end; everything that can be checked is checked then (`check_where`, the preflight); only then
@@ -149,7 +161,7 @@ def run_sweep(run: SweepRun, live: bool = True, say=print) -> dict:
         return run_checked_sweep(run, live, say, sharing)
 
 
-def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> dict:
+def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> SweepEnd:
     """`run_sweep` once the experiment folder has passed its checks and the GPU sharing is set up."""
     plan = sweep_preflight(run, progress=live)
     dataset = run_preflight_overlapped(plan)  # tokenizing while Ray starts
@@ -176,14 +188,12 @@ def run_checked_sweep(run: SweepRun, live: bool, say, sharing: str | None) -> di
                         record_sweep(run, parent)
                     record_sharing(parent, sharing)
                     errors, hardware = run_trials(run, parent.run_id, live, say, dataset_dir=dataset_dir)
-                    summary = report_sweep(run, parent, hardware)
+                    report = report_sweep(run, parent, hardware)
                     parent.log_metrics({"trials_failed": len(errors)})
                     parent.status = "FINISHED" if not errors else "FAILED"
             finally:  # finished or stopped: what this GPU did with these trials, for the next plan
                 record_throughput(run, parent)
-    summary["errors"] = errors
-    summary["parent_run_id"] = parent.run_id
-    return summary
+    return SweepEnd(report, errors, parent.run_id)
 
 
 def record_throughput(run: SweepRun, parent) -> None:
@@ -251,10 +261,9 @@ def run_trials(run: SweepRun, parent_run_id: str, live: bool, say=print,
     with progress:
         callbacks = [ooms, progress, MLflowStatusCallback(run.tracking_uri, ooms),
                      differences_callback(run, parent_run_id, specs)]
-        tuner = (make_tuner(run, specs, callbacks) if searcher is None else make_tuner(run, specs, callbacks, searcher))
-        if searcher is not None and run.resume:  # the searcher Tune restores (its state: from the folder)
-            searcher = tuner._local_tuner._tune_config.search_alg
-        results = fit(tuner)
+        results = fit(make_tuner(run, specs, callbacks, searcher))
+    if searcher is not None and run.resume:  # Tune ran the searcher it restored from its folder, and saved
+        searcher.restore_from_dir(str(run.tune_dir.resolve()))  # its last state there as it returned
     if searcher.unfinished() if searcher is not None else progress.unfinished():  # Tune catches the first
         raise KeyboardInterrupt  # Ctrl-C, saves its state and returns
     return [plain(str(r.error)).splitlines()[0] for r in results if r.error is not None], hardware

@@ -30,7 +30,8 @@ import attrs
 import k3lab
 from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_shares
 from k3lab.report.paired import design_record
-from k3lab.report.sequential import BUDGET, STOPPED
+from k3lab.report.stop_rule import BUDGET, STOPPED
+from k3lab.report.summary import SweepReport, build_report
 from k3lab.store import runs
 from k3lab.store.runs import write_design
 from k3lab.store.state import sweep_spec, write_state
@@ -247,19 +248,18 @@ def record_sharing(parent: ParentRun, sharing: str | None) -> None:
         parent.tracker.set_tags({runs.GPU_SHARING: sharing})
 
 
-def write_report(run: SweepRun, parent: ParentRun, unfinished: str) -> dict:
+def write_report(run: SweepRun, parent: ParentRun, unfinished: str) -> SweepReport:
     """The sweep's report (`k3lab.report.summary.build_report`) with its verdicts written into the
     store for the MLflow UI, its files logged to the parent run; at the sweep's end and when it is
     stopped (`unfinished`: why its comparisons have no more seeds), so that a plain `mlflow ui` on
     the store shows the verdicts without k3lab in between."""
-    from k3lab.report.summary import build_report
 
     sweep = run.sweep
-    summary = build_report(run.tracking_uri, parent.run_id, out_dir=run.storage / f"{run.experiment}_report",
-                           baseline=sweep.baseline, **report_options(sweep), unfinished=unfinished)
-    for path in summary["files"]:
+    report = build_report(run.tracking_uri, parent.run_id, out_dir=run.storage / f"{run.experiment}_report",
+                          baseline=sweep.baseline, **report_options(sweep), unfinished=unfinished)
+    for path in report.files:
         parent.log_artifact(path, "report")
-    return summary
+    return report
 
 
 def record_what_ran(run: SweepRun, parent_run_id: str, final: bool) -> None:
@@ -274,15 +274,15 @@ def record_what_ran(run: SweepRun, parent_run_id: str, final: bool) -> None:
             client.log_param(parent_run_id, key, value)
 
 
-def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> dict:
+def report_sweep(run: SweepRun, parent: ParentRun, hardware: dict) -> SweepReport:
     """The sweep's report (`k3lab.report.summary`), its files logged to the parent run, and the
     sweep's efficiency (tokens/s, MFU, warm-up and start-up) logged and added to it."""
-    summary = write_report(run, parent, BUDGET)  # the trials ran to the sweep's end
+    report = write_report(run, parent, BUDGET)  # the trials ran to the sweep's end
     wall_s, parts = parent.parts_wall_s()  # a resumed sweep: over every part, summed
     trials = runs.trial_runs(run.tracking_uri, parent.run_id)
-    summary["efficiency"] = sweep_efficiency(figures_of(trials), wall_s, hardware["gpus"], hardware.get("device_name"),
-                                             hardware.get("seconds", 0.0)) | {"sweep_parts": parts}
-    summary["efficiency"] |= time_shares(run.tracking_uri, trials, wall_s) | crashes(trials)
+    efficiency = sweep_efficiency(figures_of(trials), wall_s, hardware["gpus"], hardware.get("device_name"),
+                                  hardware.get("seconds", 0.0)) | {"sweep_parts": parts}
+    efficiency |= time_shares(run.tracking_uri, trials, wall_s) | crashes(trials)
     logged_by_end = {"sweep_wall_s", "sweep_parts"} | ({"kernel_warmup_s"} if run.resume else set())
-    parent.log_metrics({k: v for k, v in summary["efficiency"].items() if k not in logged_by_end})
-    return summary
+    parent.log_metrics({k: v for k, v in efficiency.items() if k not in logged_by_end})
+    return attrs.evolve(report, efficiency=efficiency)

@@ -42,7 +42,8 @@ from typing import Any, Callable
 
 import attrs
 
-from k3lab.report.sequential import BUDGET, DECIDED, NOT_RESOLVED, RUNNING, Design, compare_family, stopping_reason
+from k3lab.report.sequential import NOT_RESOLVED, Design, compare_family, stopping_reason
+from k3lab.report.stop_rule import BUDGET, DECIDED, RUNNING
 from k3lab.report.stats import usable
 
 FINISHED = "FINISHED"  # = ray.tune.search.Searcher.FINISHED

@@ -22,7 +22,6 @@ may end the process at that report (ASHA stops every survivor at max_t).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 
@@ -70,8 +69,6 @@ class TrialReporter:
             self.send(metrics, self.checkpoint_type.from_directory(directory))
 
     def send(self, metrics: dict, checkpoint) -> None:
-        # a test crash after the metrics are sent: the hardest place
-        inject_failure(metrics["done_steps"], restored=self.restored, trial=self.spec.name)
         self.report(metrics, checkpoint=checkpoint)
         self.last = metrics
 
@@ -149,18 +146,3 @@ def diverged_report(spec, result, run_id: str | None) -> dict:
 def save_with_run_id(trainer, directory, tracker) -> None:
     """A trainer checkpoint that names its MLflow run, so a restored trial continues that run."""
     save_trainer(trainer, directory, extra={RUN_ID_KEY: tracker.run_id if tracker else None})
-
-
-def inject_failure(step: int, restored: bool, trial: str = "") -> None:
-    """Fault injection for crash-recovery tests: with K3LAB_FAIL_AT_STEP=N, a trial that was
-    not restored from a checkpoint raises at its first report at or after step N; with
-    K3LAB_OOM_AT_STEP=TRIAL@N (TRIAL as `attnres_off-s0`), that trial raises torch's out-of-memory
-    error there instead."""
-    fail_at = int(os.environ.get("K3LAB_FAIL_AT_STEP", "0"))
-    if fail_at and not restored and step >= fail_at:
-        raise RuntimeError(f"K3LAB_FAIL_AT_STEP: injected failure at step {step}")
-    oom_trial, _, oom_at = os.environ.get("K3LAB_OOM_AT_STEP", "").rpartition("@")
-    if oom_trial and oom_trial == trial and not restored and step >= int(oom_at):
-        import torch
-
-        raise torch.OutOfMemoryError(f"CUDA out of memory (K3LAB_OOM_AT_STEP: injected at step {step})")

@@ -16,6 +16,7 @@ from ray.tune.search import Searcher
 from k3lab.report.paired import diverged_step
 from k3lab.report.sequential import Design, fixed_design
 from k3lab.report.stats import usable
+from k3lab.report.stop_rule import MAX
 from k3lab.runner.tune.planner import FINISHED, SeedPlanner
 
 
@@ -175,10 +176,10 @@ def earlier_run_line(run) -> str | None:
     from k3lab.store.tracking import holds_mlflow_runs, sqlite_path
 
     sweep, path = run.sweep, sqlite_path(run.tracking_uri)
-    if not (sweep.adaptive and sweep.seed_policy.until.rule != "max") or path is None or not holds_mlflow_runs(path):
+    if not (sweep.adaptive and sweep.seed_policy.until.rule != MAX) or path is None or not holds_mlflow_runs(path):
         return None
     from k3lab.report.paired import comparisons_for
-    from k3lab.report.sequential import pairs_needed_line
+    from k3lab.report.tables import pairs_needed_line
     from k3lab.report.summary import load_trials
     from k3lab.store.runs import latest_sweep_run
 

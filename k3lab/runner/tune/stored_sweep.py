@@ -126,19 +126,18 @@ def other_sweeps(stores: list[str], run: SweepRun) -> list[tuple[str, str, str]]
     return found
 
 
-def report_across(tracking_uri: str, summary: dict, also: list[tuple[str, str, str]], out: Path) -> dict:
-    """The comparisons of this store's sweep (`summary`, from `build_report`) and of the other stores'
+def report_across(tracking_uri: str, report, also: list[tuple[str, str, str]], out: Path) -> dict:
+    """The comparisons of this store's sweep (`report`, `build_report`'s) and of the other stores'
     (label, tracking URI, parent run id), per sweep and pooled; written to `out`/across.json too."""
     import json
 
     from k3lab.report.across import Sweep, across_json, compare_across
     from k3lab.report.summary import load_trials
 
-    metric = summary["metric"]
-    sweeps = [Sweep(label_of(tracking_uri), summary["records"])]
+    metric = report.metric
+    sweeps = [Sweep(label_of(tracking_uri), report.records)]
     sweeps += [Sweep(label, load_trials(uri, parent, curves=("train_loss", metric))) for label, uri, parent in also]
-    rows = compare_across(sweeps, summary["pairs"], metric, summary["mode"], summary["design"], summary["last"],
-                          summary["rise"])
+    rows = compare_across(sweeps, report.pairs, metric, report.mode, report.design, report.last, report.rise)
     out.mkdir(parents=True, exist_ok=True)
     (out / "across.json").write_text(json.dumps(across_json(rows), indent=2, default=str))
     return {"rows": rows, "sweeps": sweeps}

@@ -1,8 +1,6 @@
-"""One trial = one variant and seed: its MLflow run, and the function Ray Tune runs.
-
-The trial's MLflow run id travels inside its checkpoints, so a trial restored by
-`Tuner.restore` reopens the same run and logs the steps after the checkpoint
-into it: exactly one MLflow run per trial, no repeated steps.
+"""One trial = one variant and seed: its run (open the MLflow run, fit, close it), and the
+function Ray Tune runs. The MLflow run is `k3lab.store.trial_run`'s, the GPU's memory gate
+`k3lab.runner.runtime.gpu_gate`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ import gc
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -22,15 +20,16 @@ from k3lab.data.dataset import MANIFEST, Dataset
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.fields import is_field
 from k3lab.registry.model_variants import inactive_fields
-from k3lab.runner.runtime.gpu_gate import MemoryGate, MemoryMeter, TrialMemory, gate_folder, is_out_of_memory
+from k3lab.runner.runtime.gpu_gate import (MemoryGate, MemoryMeter, TrialMemory, enter_gate, is_out_of_memory,
+                                           leave_gate)
 from k3lab.runner.runtime.memory import Packing, variant_keys
 from k3lab.runner.runtime.slots import TrainingSlot, slot_folder
 from k3lab.store import runs
 from k3lab.store.colours import variant_colours
-from k3lab.store.inputs import log_corpus
-from k3lab.store.labels import run_labels, short_labels, trial_run_name
-from k3lab.store.runs import RUN_ID_KEY, execution_tags, node_tags  # noqa: F401  (RUN_ID_KEY: for callers)
+from k3lab.store.labels import run_labels, short_labels
+from k3lab.store.runs import RUN_ID_KEY
 from k3lab.store.tracking import BUILD_PARTS, MLflowTracker, flatten
+from k3lab.store.trial_run import TrialRunKey, close_trial_run, closed_on_error, log_trial_inputs, open_trial_run
 from k3lab.runner.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from k3lab.runner.train.diagnostics import device_name
 from k3lab.registry.train_spec import TrainSpec
@@ -52,7 +51,8 @@ class TrialSpec:
     tracking_uri: str | None
     experiment: str
     parent_run_id: str | None = None
-    overrides: dict | None = None  # the swept axis values of this variant, as the sweep file gives them: {"attn_res_block_size": 4}
+    params: dict = field(default_factory=dict)  # its MLflow params but the parameter counts (`variant_params`)
+    axes: tuple[str, ...] = ()  # the axes its variant sets (the run's `k3lab.axes` tag)
     metric: str = "val_loss"  # the sweep's metric and mode: a diverged trial reports its worst value
     mode: str = "min"
     colour: str | None = None  # the variant's, in k3lab's plots and the MLflow UI (k3lab.store.colours)
@@ -67,9 +67,10 @@ class TrialSpec:
         return f"{self.variant_name}-s{self.seed}"
 
     @property
-    def run_name(self) -> str:
-        """Its MLflow run's name: `<label>-s<seed>`, what the runs list shows of it in full."""
-        return trial_run_name(self.label or self.variant_name, self.seed)
+    def run_key(self) -> TrialRunKey:
+        """Which trial its MLflow run is (`k3lab.store.trial_run`)."""
+        return TrialRunKey(self.tracking_uri, self.experiment, self.parent_run_id, self.variant_id,
+                           self.variant_name, self.seed, self.colour, self.axes, self.label, self.group)
 
 
 def run_order(trials) -> list:
@@ -93,7 +94,8 @@ def trial_specs(run, parent_run_id: str, dataset_dir: str | None = None,
         trial.id: TrialSpec(variant_id=trial.variant.id, variant_name=trial.variant.name, seed=trial.seed,
                             config=trial.variant.config, train=run.sweep.train_of(trial.variant),
                             tracking_uri=run.tracking_uri, experiment=run.experiment, parent_run_id=parent_run_id,
-                            overrides=dict(trial.variant.overrides),
+                            params=variant_params(trial.variant, run.sweep.train_of(trial.variant), trial.seed),
+                            axes=tuple(trial.variant.overrides),
                             metric=run.sweep.metric.name, mode=run.sweep.metric.mode,
                             colour=colours[trial.variant.name], training_slots=run.sweep.resources.training_slots,
                             dataset_dir=dataset_dir, memory=memory.get(trial.variant.name),
@@ -120,16 +122,22 @@ def memory_plans(run, packing: Packing | None, owner: str) -> dict[str, TrialMem
     return plans
 
 
-def trial_params(spec: TrialSpec, counts: dict) -> dict:
-    """MLflow params of a trial run: the flattened model config, train spec and counts, and the
-    swept values that no `model.*` param holds (`value_params`)."""
-    params = runs.model_params(spec.config.to_dict(), inactive_fields(spec.config))
-    params |= flatten("train", attrs.asdict(spec.train))
-    params |= {f"params.{k}": v for k, v in counts.items() if k != "by_component"}
-    params |= {f"params.component.{k}": v for k, v in counts["by_component"].items()}
-    swept = spec.overrides or {}
+def variant_params(variant, train: TrainSpec, seed: int) -> dict:
+    """The MLflow params of a trial of `variant` (a `k3lab.registry.Variant`) but its parameter
+    counts, resolved once as the driver makes the trial: the flattened model config (the fields of
+    a switched-off feature read off), the train spec, the swept values that no `model.*` param
+    holds (`value_params`), the seed and the variant."""
+    config, swept = variant.config, variant.overrides
+    params = runs.model_params(config.to_dict(), inactive_fields(config))
+    params |= flatten("train", attrs.asdict(train))
     params |= {key: swept[axis] for axis, key in value_params(swept).items() if key not in params}
-    return params | {"seed": spec.seed, "variant_id": spec.variant_id, "variant_name": spec.variant_name}
+    return params | {"seed": seed, "variant_id": variant.id, "variant_name": variant.name}
+
+
+def trial_params(spec: TrialSpec, counts: dict) -> dict:
+    """MLflow params of a trial run: its variant's (`TrialSpec.params`) and its parameter counts."""
+    counted = {f"params.{k}": v for k, v in counts.items() if k != "by_component"}
+    return spec.params | counted | {f"params.component.{k}": v for k, v in counts["by_component"].items()}
 
 
 def value_params(axes) -> dict[str, str]:
@@ -138,42 +146,12 @@ def value_params(axes) -> dict[str, str]:
     return {axis: f"model.{axis}" if is_field(axis) else f"axis.{axis}" for axis in axes}
 
 
-def open_trial_run(spec: TrialSpec, counts: dict, run_id: str | None = None,
-                   flush_every: int | None = 50, execution: dict | None = None) -> MLflowTracker:
-    """The trial's MLflow run: reopened when `run_id` is known (a resumed trial) or when an
-    earlier attempt made one before crashing ahead of its first checkpoint; else created."""
-    run_id = run_id or existing_trial_run(spec)
-    if run_id is not None:
-        tracker = MLflowTracker(spec.tracking_uri, run_id, flush_every)
-        tracker.skip_steps_already_logged()
-        tracker.client.update_run(run_id, status="RUNNING")
-        tracker.set_tags(node_tags() | execution_tags(execution))  # a restored trial may run on another node
-        return tracker
-    tags = runs.trial_tags(spec.variant_id, spec.variant_name, spec.seed, spec.colour, list(spec.overrides or ()),
-                           spec.label, spec.group)
-    tags |= node_tags() | execution_tags(execution)
-    tracker = MLflowTracker.start(spec.tracking_uri, spec.experiment, spec.run_name, tags=tags,
-                                  parent_run_id=spec.parent_run_id, flush_every=flush_every)
-    tracker.log_params(trial_params(spec, counts) | {f"run.{k}": v for k, v in (execution or {}).items()})
-    tracker.log_metrics({"params_total": counts["total"], "params_active": counts["active"],
-                         "params_embedding": counts["embedding"],
-                         "flops_per_token": counts["flops_per_token"]}, step=0)
-    tracker.flush()  # constants of the run: sent now, whatever happens to the trial later
-    return tracker
-
-
-def existing_trial_run(spec: TrialSpec) -> str | None:
-    """This trial's run under the sweep's parent run, if an earlier attempt created one."""
-    if spec.parent_run_id is None:
-        return None
-    return runs.find_trial_run(spec.tracking_uri, spec.parent_run_id, spec.variant_id, spec.seed)
-
-
 def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, progress=None,
               flush_with_checkpoints: bool = False, started_at: float | None = None,
               rank: int = 0, world_size: int = 1, trainer: Trainer | None = None,
               keep: Callable[[Trainer], None] | None = None) -> tuple[TrainResult, str | None]:
-    """Train one trial with MLflow tracking (when a tracking URI is set); returns (result, run_id).
+    """Train one trial with MLflow tracking (when a tracking URI is set); returns (result, run_id):
+    the trial's run opened, the trainer fitted, the run closed as the trial ended.
 
     trainer: an earlier trial's Trainer of the same variant and train spec, restarted with this
     trial's seed instead of building one; keep(trainer) is called once the trial has ended
@@ -187,65 +165,73 @@ def run_trial(spec: TrialSpec, checkpoint=None, reporter=None, device=None, prog
     checkpoint then logs the steps its run does not have yet: no step is logged twice.
     """
     state = load_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
-    trainer_started = time.time()
-    if trainer is None:
-        dataset = prepared_by_driver(spec.dataset_dir)
-        opened_s = time.time() - trainer_started
-        trainer = Trainer(spec.config, spec.train, seed=spec.seed, device=device, rank=rank,
-                          world_size=world_size, dataset=dataset)
-        data_s = opened_s + trainer.data_s
-    else:  # an earlier trial's, restarted for this one (`KeptTrainer`): its corpus is open already
-        data_s = 0.0
-        trainer.restart(spec.seed)
-    tracker, trainer_s = None, time.time() - trainer_started
-    if spec.tracking_uri:
-        run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
-        tracker = open_trial_run(spec, trainer.counts, run_id, None if flush_with_checkpoints else 50,
-                                 execution=trainer.execution())
-        tracker.set_tags({runs.DEVICE: device_name(trainer.device)})
-        tracker.log_params(data_params(trainer))
-        log_corpus(tracker.client, tracker.run_id, trainer.dataset.path, trainer.dataset.manifest)
-        tracker = with_system_metrics(tracker, trainer.device)
-        if started_at is not None:  # the part of startup_s before the first step, and its parts, at the
-            tracker.log_metrics(build_parts(started_at, trainer_started, trainer_s, data_s),  # step it starts from
-                                state["step"] if state else trainer.step)
+    trainer, startup = ready_trainer(spec, trainer, device, rank, world_size)
+    tracker = open_run(spec, trainer, state, flush_with_checkpoints, started_at, startup)
     if reporter is not None:
         reporter.tracker = tracker
-    slot = TrainingSlot(spec.training_slots, slot_folder(trainer.device)) \
-        if spec.training_slots and world_size == 1 else None
     train_start = time.perf_counter()
-    try:
-        result = fit(trainer, tracker=tracker, checkpoint=state, on_eval=reporter and reporter.on_eval,
-                     progress=progress, started_at=started_at, wait_to_train=slot and slot.acquire)
-    except SystemExit:  # Tune stopped the trial after taking a report (an ASHA cut, or SIGTERM):
-        if tracker is not None:  # metrics went before the report; closing is best effort (Ray may end us first)
-            tracker.set_tags(runs.stopped_tags(trainer.step))
-            tracker.finish("KILLED")
-        raise
-    except BaseException as error:
-        if tracker is not None:
-            if flush_with_checkpoints:
-                tracker.discard_pending()
-            tracker.set_tags(runs.error_tags(f"{type(error).__name__}: {error}"))
-            tracker.finish("FAILED" if not isinstance(error, KeyboardInterrupt) else "KILLED")
-        raise
-    finally:
-        if slot is not None:
-            slot.release()
+    with closed_on_error(tracker, discard_pending=flush_with_checkpoints, step=lambda: trainer.step):
+        result = fit_in_slot(spec, trainer, tracker, state, reporter, progress, started_at, world_size)
     if tracker is not None:
         train_wall = time.perf_counter() - train_start - result.slot_wait_s  # the loop's time, waiting excluded
-        tracker.log_metrics({"final_val_loss": result.val_loss or float("nan"),
-                             "final_val_bpb": result.val_bpb or float("nan"), "train_wall_s": train_wall,
-                             "avg_tokens_per_s": result.average_tokens_per_s or float("nan"),
-                             # time inside the tracker (buffering and sending metrics) over the loop's time
-                             "tracking_overhead": tracker.seconds_in_tracking / train_wall}, step=result.step)
-        tracker.set_tags(execution_tags({"cuda_graph": trainer.cuda_graph}))  # a failed capture turns it off
-        if result.status != FINISHED:
-            tracker.set_tags({runs.ERROR: result.error or result.status})
-        tracker.finish("FINISHED" if result.status == FINISHED else "FAILED")
+        close_trial_run(tracker, final_metrics(result), result.step, train_wall,
+                        None if result.status == FINISHED else result.error or result.status,
+                        {"cuda_graph": trainer.cuda_graph})
     if keep is not None:
         keep(trainer)
     return result, tracker.run_id if tracker else None
+
+
+def ready_trainer(spec: TrialSpec, trainer: Trainer | None, device, rank: int,
+                  world_size: int) -> tuple[Trainer, tuple[float, float, float]]:
+    """The trial's Trainer: an earlier trial's restarted with this seed (`KeptTrainer`: its corpus
+    is open already), else one built on the driver's corpus; with its start-up's times for
+    `build_parts` (when it began, how long the Trainer took, how much of that the corpus)."""
+    trainer_started = time.time()
+    if trainer is not None:
+        trainer.restart(spec.seed)
+        return trainer, (trainer_started, time.time() - trainer_started, 0.0)
+    dataset = prepared_by_driver(spec.dataset_dir)
+    opened_s = time.time() - trainer_started
+    trainer = Trainer(spec.config, spec.train, seed=spec.seed, device=device, rank=rank,
+                      world_size=world_size, dataset=dataset)
+    return trainer, (trainer_started, time.time() - trainer_started, opened_s + trainer.data_s)
+
+
+def open_run(spec: TrialSpec, trainer: Trainer, state: dict | None, flush_with_checkpoints: bool,
+             started_at: float | None, startup: tuple[float, float, float]) -> MLflowTracker | None:
+    """The trial's MLflow run (the checkpoint's, for a restored trial) with its inputs and its
+    start-up's parts logged, measuring the system as it trains; None without a tracking URI."""
+    if not spec.tracking_uri:
+        return None
+    run_id = (state or {}).get("extra", {}).get(RUN_ID_KEY)
+    tracker = open_trial_run(spec.run_key, trial_params(spec, trainer.counts), trainer.counts, run_id,
+                             None if flush_with_checkpoints else 50, execution=trainer.execution())
+    log_trial_inputs(tracker, device_name(trainer.device), data_params(trainer), trainer.dataset)
+    tracker = with_system_metrics(tracker, trainer.device)
+    if started_at is not None:  # the part of startup_s before the first step, and its parts, at the step it starts from
+        tracker.log_metrics(build_parts(started_at, *startup), state["step"] if state else trainer.step)
+    return tracker
+
+
+def fit_in_slot(spec: TrialSpec, trainer: Trainer, tracker, state: dict | None, reporter, progress,
+                started_at: float | None, world_size: int) -> TrainResult:
+    """`fit`, training only while the trial holds one of its GPU's training slots (`spec.training_slots`
+    at once, one-GPU trials); the slot is given back however the loop ends."""
+    slot = TrainingSlot(spec.training_slots, slot_folder(trainer.device)) \
+        if spec.training_slots and world_size == 1 else None
+    try:
+        return fit(trainer, tracker=tracker, checkpoint=state, on_eval=reporter and reporter.on_eval,
+                   progress=progress, started_at=started_at, wait_to_train=slot and slot.acquire)
+    finally:
+        if slot is not None:
+            slot.release()
+
+
+def final_metrics(result: TrainResult) -> dict[str, float]:
+    """What a trial that ended on its own logs last (NaN where it has no value)."""
+    return {"final_val_loss": result.val_loss or float("nan"), "final_val_bpb": result.val_bpb or float("nan"),
+            "avg_tokens_per_s": result.average_tokens_per_s or float("nan")}
 
 
 def data_params(trainer) -> dict:
@@ -364,7 +350,7 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
     limit_threads()
     trainer = _kept.take(spec)
     forget_earlier_trial(restarting=trainer is not None)
-    gate = enter_gate(spec)
+    gate = enter_gate(spec.memory, spec.name)
     restored = tune.get_checkpoint()
     meter = MemoryMeter(spec.memory, gate, spec.name) if gate is not None else None
     reporter = TrialReporter(spec, tune.report, tune.Checkpoint, restored=restored is not None, meter=meter)
@@ -379,29 +365,12 @@ def tune_trainable(param: dict, trials: dict[str, TrialSpec]) -> None:
     reporter.finish(result, run_id)
 
 
-_gate: MemoryGate | None = None  # this process's place on its GPU, held from its first trial to its end
-
-
-def enter_gate(spec: TrialSpec) -> MemoryGate | None:
-    """Wait, before this process touches CUDA, until its GPU has the memory for this trial
-    (`k3lab.runner.runtime.gpu_gate.MemoryGate`); None for trials outside the packing (CPU, DDP)."""
-    global _gate
-    if spec.memory is None:
-        return None
-    if _gate is None:
-        _gate = MemoryGate(gate_folder(), spec.memory.limits())
-    _gate.acquire(spec.memory.expected_bytes, spec.name)
-    return _gate
-
-
 def out_of_memory(gate: MemoryGate, reporter: TrialReporter, error: BaseException) -> None:
     """A CUDA out-of-memory error: one trial fewer at once on this GPU for the rest of the sweep,
     and the driver told before the error reaches Tune (`k3lab.runner.tune.status`), so that the restart
     it makes from the last checkpoint, in a fresh process, is not counted as a crash. A trial that
     was alone on its GPU does not fit at all: its error is a crash like any other."""
-    global _gate
     if gate.lower_after_oom() >= 1:
         reporter.report_out_of_memory(str(error))
     _kept.drop()
-    gate.release()
-    _gate = None
+    leave_gate(gate)
