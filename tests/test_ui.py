@@ -81,7 +81,7 @@ def test_a_sweep_is_shown_as_model_training_with_its_loss_view_and_colours(tmp_p
 
 
 def test_the_report_plots_and_the_ui_colour_a_variant_alike():
-    from k3lab.report.summary import variant_colours as report_colours
+    from k3lab.store.colours import colours_in_file_order as report_colours
 
     order = ["attnres_off", "attnres_full", "attnres_bs2"]
     assert report_colours(["attnres_bs2", "attnres_off"], order) == {

@@ -12,7 +12,7 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import attrs
 
@@ -23,7 +23,7 @@ from k3lab.report.records import TrialRecord
 from k3lab.report.sequential import Design
 from k3lab.report.stats import Comparison
 from k3lab.store import runs
-from k3lab.store.colours import variant_colours as palette
+from k3lab.store.colours import colours_in_file_order, file_order
 
 
 def load_trials(tracking_uri: str, parent_run_id: str, curves=("train_loss", "val_loss"),
@@ -77,18 +77,6 @@ def summarize(records: list[TrialRecord], metric: str = "val_loss") -> list[dict
             "axes": group[0].axes,
         })
     return rows
-
-
-def file_order(names: Iterable[str], variant_order: Sequence[str]) -> list[str]:
-    """`names` in the sweep file's order; names the file does not list (any more) come last, sorted."""
-    position = {name: i for i, name in enumerate(variant_order)}
-    return sorted(set(names), key=lambda name: (position.get(name, len(position)), name))
-
-
-def variant_colours(variants: Sequence[str], variant_order: Sequence[str] = ()) -> dict[str, str]:
-    """One colour per variant, the same in every plot and in the MLflow UI (the trials'
-    `mlflow.runColor`): by the variant's place in the sweep file (`variant_order`), then the others."""
-    return palette(file_order({*variant_order, *variants}, variant_order))
 
 
 @attrs.frozen
@@ -165,7 +153,7 @@ def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss"
     report = attrs.evolve(report, **compared(report, order, unfinished, compute))
     add_paired_columns(rows, report.comparisons, pairs, report.multipliers)
     if out_dir is not None and records:
-        colours = variant_colours(order, variant_order)
+        colours = colours_in_file_order(order, variant_order)
         report = attrs.evolve(report, files=write_report_files(report, out_dir, colours, compute,
                                                                experiment_title(tracking_uri, parent_run_id)))
     if record and records:

@@ -7,7 +7,7 @@ has 20 distinct colours. Every seed of a variant gets the variant's colour.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 PALETTE = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",  # tab10
@@ -25,3 +25,15 @@ def colour_at(index: int) -> str:
 def variant_colours(variants: Sequence[str]) -> dict[str, str]:
     """{variant: '#rrggbb'} for variants in the sweep file's order."""
     return {variant: colour_at(i) for i, variant in enumerate(dict.fromkeys(variants))}
+
+
+def file_order(names: Iterable[str], variant_order: Sequence[str]) -> list[str]:
+    """`names` in the sweep file's order; names the file does not list (any more) come last, sorted."""
+    position = {name: i for i, name in enumerate(variant_order)}
+    return sorted(set(names), key=lambda name: (position.get(name, len(position)), name))
+
+
+def colours_in_file_order(variants: Sequence[str], variant_order: Sequence[str] = ()) -> dict[str, str]:
+    """One colour per variant, the same in every plot and in the MLflow UI (the trials'
+    `mlflow.runColor`): by the variant's place in the sweep file (`variant_order`), then the others."""
+    return variant_colours(file_order({*variant_order, *variants}, variant_order))
