@@ -104,7 +104,7 @@ def test_the_grids_runs_are_named_by_the_values_that_differ_their_full_names_in_
         assert trial.info.run_name == f"{labels[variant]}-s{seed}" and trial.data.tags[LABEL] == groups[variant]
         assert verdicts.full_name(trial) == f"{variant}-s{seed}"
     assert len({t.info.run_name for t in trials}) == len(trials)
-    for variant, run in verdicts.variant_runs(uri, parent.info.run_id).items():
+    for variant, run in verdicts.variant_runs(runs.client(uri), parent.info.run_id).items():
         assert run.data.tags[LABEL] == groups[variant] and run.info.run_name.startswith(f"{labels[variant]} vs ")
     assert saved_view(uri, parent, views.LOSS_VIEW)["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": LABEL}]
 
@@ -113,8 +113,8 @@ def test_throughput_is_one_line_per_variant_in_its_trials_colour(factorial):
     """tokens_per_s was a tangle of every trial."""
     uri, parent, summary = factorial
     client = MlflowClient(uri)
-    summaries = {**verdicts.variant_runs(uri, parent.info.run_id),
-                 **verdicts.variant_runs(uri, parent.info.run_id, verdicts.BASELINE_KIND)}
+    summaries = {**verdicts.variant_runs(runs.client(uri), parent.info.run_id),
+                 **verdicts.variant_runs(runs.client(uri), parent.info.run_id, verdicts.BASELINE_KIND)}
     assert set(summaries) == set(summary.variant_order)  # every variant of the plan: compared or a baseline
     trials = runs.trial_runs(uri, parent.info.run_id)
     for variant, run in summaries.items():

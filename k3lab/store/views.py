@@ -217,7 +217,7 @@ def name_runs(tracking_uri: str, parent_run_id: str, trials: list, variant_order
     named with full variant names get the label's name, their full name kept in `k3lab.full_name`."""
     client = runs.client(tracking_uri)
     summaries = [run for kind in (verdicts.VARIANT_KIND, verdicts.BASELINE_KIND)
-                 for run in verdicts.variant_runs(tracking_uri, parent_run_id, kind).values()]
+                 for run in verdicts.variant_runs(client, parent_run_id, kind).values()]
     names = [runs.variant_of(t) for t in trials]
     every = [*variant_order, *sorted(set(names) - set(variant_order))]
     every += sorted({runs.variant_of(r) for r in summaries} | {r.data.tags.get(verdicts.COMPARED_WITH) for r in summaries
