@@ -105,7 +105,7 @@ class SeedsSpec:
                                       f"{SEED_MAX}")
 
     def _check_looks(self) -> None:
-        """`looks: [6, 8, 12, 16]`: rising seed counts from `start` to `max`, 3 or more each, with `until: decided`."""
+        """`looks: [6, 7, 8, 10, 12, 16]`: rising seed counts from `start` to `max`, 3 or more each, with `until: decided`."""
         looks = list(self.looks)
         if not looks or looks != sorted(set(looks)) or looks[0] != self.start or looks[-1] != self.max:
             raise FieldError("looks", f"must rise from start={self.start} to max={self.max}, got {looks}")

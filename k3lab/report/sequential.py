@@ -26,7 +26,7 @@ resolved. What this gives up: the guarantee is for looks up to `max`; a sweep ex
 4-16 pairs a sweep has). docs/statistics.md says why this design, and what the simulation
 measures.
 
-With `looks` (`seeds: {looks: [6, 8, 12, 16]}`) the design is `k3lab.report.looks` instead: looks
+With `looks` (`seeds: {looks: [6, 7, 8, 10, 12, 16]}`) the design is `k3lab.report.looks` instead: looks
 only at those seed counts, alpha spent over them, passed on as comparisons are decided (Holm), a
 shape check on the pooled residuals; `compare_family` decides such a family together.
 
