@@ -166,7 +166,9 @@ def test_runs_land_in_the_server_one_parent_and_one_nested_run_per_trial(cluster
     tags = [{t["key"]: t["value"] for t in run["data"].get("tags", [])} for run in runs]
     parents = [run for run, tag in zip(runs, tags) if tag.get("k3lab.kind") == "sweep"]
     variants = [tag for tag in tags if tag.get("k3lab.kind") == "variant"]  # the compared variant's mean and band
-    assert len(parents) == 1 and [tag["k3lab.variant_name"] for tag in variants] == ["attnres_bs1"] and len(runs) == 4
+    baselines = [tag for tag in tags if tag.get("k3lab.kind") == "baseline"]  # the baseline's throughput line
+    assert len(parents) == 1 and [tag["k3lab.variant_name"] for tag in variants] == ["attnres_bs1"]
+    assert [tag["k3lab.variant_name"] for tag in baselines] == ["attnres_off"] and len(runs) == 5
     parent_id = parents[0]["info"]["run_id"]
     trials = [(run, tag) for run, tag in zip(runs, tags) if tag.get("k3lab.kind") == "trial"]
     assert sorted(tag["k3lab.variant_name"] for _, tag in trials) == ["attnres_bs1", "attnres_off"]
@@ -194,7 +196,7 @@ def test_the_runs_are_stored_in_postgresql(cluster, sweep):
                           password=password, dbname="mlflow") as connection, connection.cursor() as cursor:
         cursor.execute("SELECT r.status, count(*) FROM runs r JOIN experiments e ON r.experiment_id = e.experiment_id "
                        "WHERE e.name = 'cluster_mini' GROUP BY r.status")
-        assert dict(cursor.fetchall()) == {"FINISHED": 4}  # the parent, two trials, one variant run
+        assert dict(cursor.fetchall()) == {"FINISHED": 5}  # the parent, two trials, one variant run, one baseline run
 
 
 def test_trials_ran_on_the_worker_node(cluster, sweep):

@@ -487,8 +487,10 @@ def test_the_sweep_lands_in_mlflow_one_parent_and_one_nested_run_per_trial(clust
     parents = [r for r in runs if tags_of(r).get("k3lab.kind") == "sweep"]
     trials = [r for r in runs if tags_of(r).get("k3lab.kind") == "trial"]
     variants = [r for r in runs if tags_of(r).get("k3lab.kind") == "variant"]  # the compared variant's mean and band
-    assert len(parents) == 1 and len(trials) == 2 and len(runs) == 4
+    baselines = [r for r in runs if tags_of(r).get("k3lab.kind") == "baseline"]  # the baseline's throughput line
+    assert len(parents) == 1 and len(trials) == 2 and len(runs) == 5
     assert [tags_of(r)["k3lab.variant_name"] for r in variants] == ["attnres_bs1"]
+    assert [tags_of(r)["k3lab.variant_name"] for r in baselines] == ["attnres_off"]
     assert sorted(tags_of(r)["k3lab.variant_name"] for r in trials) == ["attnres_bs1", "attnres_off"]
     parent_id = parents[0]["info"]["run_id"]
     for run_ in runs:
@@ -520,7 +522,7 @@ def test_a_killed_worker_loses_no_trial_and_repeats_no_step(cluster, killed_swee
     base = cluster["mlflow"]
     runs = experiment_runs(base, "compose_kill")
     trials = [r for r in runs if tags_of(r).get("k3lab.kind") == "trial"]
-    assert len(runs) == 4 and len(trials) == 2  # no trial opened a second run (the parent, one variant run)
+    assert len(runs) == 5 and len(trials) == 2  # no trial opened a second run (the parent, one variant run, one baseline run)
     assert all(r["info"]["status"] == "FINISHED" for r in runs), [r["info"]["status"] for r in runs]
     assert set(killed_sweep["killed_at"]) == {r["info"]["run_id"] for r in trials}
     nodes = ray_nodes(cluster)
