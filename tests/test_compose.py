@@ -560,7 +560,7 @@ def test_the_runs_are_stored_in_postgresql(cluster, mini_sweep, killed_sweep):
 
     rows = sql("SELECT e.name, r.status, count(*) FROM runs r JOIN experiments e ON r.experiment_id = e.experiment_id "
                "WHERE e.name IN ('compose_mini', 'compose_kill') GROUP BY e.name, r.status ORDER BY e.name")
-    assert rows == [["compose_kill", "FINISHED", "4"], ["compose_mini", "FINISHED", "4"]]  # parent, 2 trials, 1 variant
+    assert rows == [["compose_kill", "FINISHED", "5"], ["compose_mini", "FINISHED", "5"]]  # parent, 2 trials, 1 variant, 1 baseline
     # every (run, metric, step) of the loss curves once: no step logged twice, killed worker or not
     repeated = sql("SELECT m.run_uuid, m.key, m.step, count(*) FROM metrics m JOIN runs r ON m.run_uuid = r.run_uuid "
                    "JOIN experiments e ON r.experiment_id = e.experiment_id WHERE e.name IN ('compose_mini', 'compose_kill') "

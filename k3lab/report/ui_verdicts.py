@@ -14,7 +14,7 @@ from k3lab.report.paired import diverged_step, diverged_trials
 from k3lab.report.records import TrialRecord
 from k3lab.store import runs
 from k3lab.store import verdicts as store
-from k3lab.store.colours import colours_in_file_order, file_order
+from k3lab.store.colours import file_order, variant_colours
 from k3lab.store.labels import LABEL, run_labels, short_labels
 
 OUTCOMES = {"FINISHED": store.FINISHED, "KILLED": store.KILLED, "FAILED": store.FAILED, "RUNNING": store.RUNNING}
@@ -88,7 +88,7 @@ def variant_looks(records: list[TrialRecord], names: list[str], variant_order=()
     (`mlflow.runColor`, `k3lab.variant_label`), else by the variant's place in the sweep file
     (`variant_order`, then the others: as the sweep gave its trials theirs) and its labels among all."""
     every = file_order([*variant_order, *names], variant_order)
-    colour = colours_in_file_order(every, variant_order)
+    colour = variant_colours(every)  # `every` is in the sweep file's order already
     colour |= {r.variant: r.tags[runs.RUN_COLOR] for r in records if r.tags.get(runs.RUN_COLOR)}
     group = short_labels(every) | {r.variant: r.tags[LABEL] for r in records if r.tags.get(LABEL)}
     return colour, run_labels(every), group
