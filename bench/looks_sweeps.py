@@ -153,8 +153,10 @@ def table(sweeps: int, seed: int) -> str:
     lines = [f"{sweeps:,} sweeps per row. Design: looks after {', '.join(map(str, design.looks))} seeds (K = 8: 3, 6, "
              f"9, 12), Hwang-Shih-DeCani spending g = {design.spending:g}, Holm's alpha passed on, family-wise alpha "
              f"{1 - design.confidence:.2f}; base levels for shapes up to gamma skew 1 either sign; once the pooled "
-             f"residual skewness exceeds {design.check:g}, a call in the direction opposite the skew at one-sided levels "
-             "for gamma skew 2. error: share of "
+             f"residual skewness (each comparison's pairs up to its last look) exceeds {design.check:g}, a call in the "
+             "direction opposite the skew, at every look, at one-sided levels for the heavier of the tails of gamma "
+             "skew 2 and the two-mode shape (a call made before the flag that does not pass them is reopened). "
+             "error: share of "
              "sweeps where a comparison of truth 0 was called better or worse ± its Monte Carlo standard error; wrong "
              f"sign: a real difference called the other way; margin (GPU rows): {100 * MARGIN:g}% of a loss of "
              f"{LOSS:g}; trials: the variants' seeds + the baseline's, per sweep.", "",

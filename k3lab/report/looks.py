@@ -17,18 +17,23 @@ decided a seed later instead of two.
   look at alpha / (m - 1), and so on. An "equivalent" decision stops the comparison but keeps
   its alpha (its null of no difference was not rejected).
 - **Shape.** The t-statistic's null law depends on the differences' shape. The base levels
-  hold for shapes up to `COVERED`; at each look the pooled standardised residuals of every
-  comparison (each comparison's differences less their mean, over their sd) are checked, and
-  where their skewness exceeds `check` the sweep is flagged with the skewness's sign from that
-  look on. A skewed shape makes one tail of the t-statistic heavy, the one opposite its skew
-  (a right-skewed sample mostly lacks its far right values: its mean sits low and its sd
-  small): after the flag, a call in that direction is tested at one-sided levels simulated for
-  the `CONSERVATIVE` shape's heavy tail, a call the other way at half the base level, as
-  before the flag. The check's own misses count in the simulated error
-  (bench/decisions.py, docs/statistics.md). A two-mode shape (one run in five far off) is not
-  covered: with no far-off run among a comparison's first pairs its sample is a tight, shifted
-  one, which no test on those pairs can tell from a real effect, and levels that cover it cost
-  most of the power at 6 to 8 pairs.
+  hold for shapes up to `COVERED`. The check pools the standardised residuals of every
+  comparison (each comparison's differences less their mean, over their sd, up to its last
+  look) and flags the sweep where their skewness exceeds `check`, with the skewness's sign. A
+  skewed shape makes one tail of the t-statistic heavy, the one opposite its skew (a
+  right-skewed sample mostly lacks its far right values: its mean sits low and its sd small):
+  in a flagged sweep a call in that direction is tested at one-sided levels simulated for the
+  `CONSERVATIVE` shapes' heavy tails (gamma of skew 2 and the two-mode shape: one run in five
+  far off), a call the other way at half the base level.
+- **The flag holds at every look.** A comparison whose first pairs hold none of a two-mode
+  shape's far-off runs shows a tight, shifted sample that no test on its own pairs can tell from
+  a real effect; the far-off runs show in the other comparisons, often only at later looks. So
+  the check is made on every pair the sweep has, and once it flags, the heavy tail's level
+  applies from the first look on: a call made earlier that does not pass it is reopened and its
+  comparison runs on (`decide` repeats until the flag and the decisions agree;
+  `SeedPlanner` reopens the comparison). The check's misses count in the simulated error
+  (bench/looks_sweeps.py, docs/statistics.md). Where every comparison is decided at the
+  first look, the check has only those pairs.
 
 Arrays: differences d[sweep, comparison, seed] (NaN: no pair at that seed).
 """
@@ -48,8 +53,8 @@ LOOKS = (6, 7, 8, 10, 12, 16)
 SPENDING = 2.0  # Hwang-Shih-DeCani g: front-loaded (O'Brien-Fleming-like is g = -4, Pocock-like g = 1)
 BASE_SHAPE = ("gamma", 1.0)  # skewness either sign up to 1: the levels used while the check passes
 COVERED = (BASE_SHAPE,)  # the shapes the base levels hold for
-CONSERVATIVE = ("gamma", 2.0)  # after a flag: the heavy tail of skewness up to 2
-CHECK = 0.5  # |skewness| of the pooled standardised residuals above which the sweep is flagged
+CONSERVATIVE = (("gamma", 2.0), ("two-mode", 1.2))  # after a flag: the heavy tails of these shapes
+CHECK = 0.6  # |skewness| of the pooled standardised residuals above which the sweep is flagged
 TWO_MODE_RATE = 0.2  # the two-mode shape: one run in five in a second mode
 LEVEL_PATHS = 400_000
 LEVEL_SEED = 20261207
@@ -142,11 +147,12 @@ def level_table(looks: tuple[int, ...], comparisons: int, alpha: float, gamma: f
 
 
 def heavy_tail_table(looks: tuple[int, ...], comparisons: int, alpha: float, gamma: float,
-                     shape: tuple[str, float], paths: int = LEVEL_PATHS) -> tuple[tuple[float, ...], ...]:
+                     shapes: tuple[tuple[str, float], ...], paths: int = LEVEL_PATHS) -> tuple[tuple[float, ...], ...]:
     """levels[m - 1][j]: the one-sided threshold of the heavy tail at look j with m open (alpha / 2m:
-    the two tails of alpha / m each get half)."""
-    p = heavy_tail_p_values(looks, *shape, paths)
-    return tuple(spent_levels(p, looks, alpha / (2 * m), gamma) for m in range(1, comparisons + 1))
+    the two tails of alpha / m each get half), the smallest over the shapes."""
+    tables = [[spent_levels(heavy_tail_p_values(looks, kind, skew, paths), looks, alpha / (2 * m), gamma)
+               for m in range(1, comparisons + 1)] for kind, skew in shapes]
+    return tuple(tuple(min(t[m][j] for t in tables) for j in range(len(looks))) for m in range(comparisons))
 
 
 def pooled_skewness(d: np.ndarray, look: int) -> np.ndarray:
@@ -217,8 +223,9 @@ class Decisions:
     """What `decide` found, per sweep and comparison: code (LOWER, HIGHER, EQUIVALENT, OPEN),
     look (index into looks of the decision, or of the last look made; -1: none), level (twice the
     one-sided threshold of a call in the direction of the mean: the two-sided level of the
-    interval shown), pairs, mean and half-width there; per sweep, the look index the check
-    flagged it at (-1: never) and the sign of the skewness it saw (0: never)."""
+    interval shown), pairs, mean and half-width there; per sweep, the look index whose pairs
+    first showed the flag (-1: never) and the sign of the skewness seen (0: none); a flag
+    applies at every look."""
 
     code: np.ndarray
     look: np.ndarray
@@ -232,17 +239,34 @@ class Decisions:
 
 def decide(d: np.ndarray, seeds_run: np.ndarray, design: LookDesign, reference: np.ndarray | None = None) -> Decisions:
     """Run the design on d[sweep, comparison, seed] (NaN: no pair), where comparison k of sweep
-    s ran seeds_run[s, k] seeds; reference[s, k]: the baseline's mean (for the margin)."""
+    s ran seeds_run[s, k] seeds; reference[s, k]: the baseline's mean (for the margin). A flag
+    the check raises at any look holds from the first look on: the looks are made again with it
+    until no new flag comes (each comparison's pairs after its decision left out of the check)."""
+    held, held_at = np.zeros(d.shape[0]), np.full(d.shape[0], -1)
+    for _ in design.looks:
+        found = _run_looks(d, seeds_run, design, reference, held, held_at)
+        if np.array_equal(found.skew_sign, held):
+            return found
+        held, held_at = found.skew_sign, found.flagged_at
+    return found
+
+
+def _run_looks(d: np.ndarray, seeds_run: np.ndarray, design: LookDesign, reference: np.ndarray | None,
+               held: np.ndarray, held_at: np.ndarray) -> Decisions:
+    """The looks in order, with the flag `held` (per sweep: a skew sign, 0: none; raised at look
+    `held_at`) applied from the first."""
     shape = d.shape[:2]
     out = {name: np.zeros(shape, dtype) for name, dtype in
            (("code", int), ("level", float), ("pairs", int), ("mean", float), ("half", float))}
     out["look"], out["half"][:] = np.full(shape, -1), np.inf
-    flagged_at, skew_sign = np.full(shape[0], -1), np.zeros(shape[0])
+    flagged_at, skew_sign = np.where(held != 0, held_at, -1), held.astype(float)
+    seed = np.arange(d.shape[-1])
     for j, look in enumerate(design.looks):
         reached = (out["code"] == OPEN) & (seeds_run >= look)
         if not reached.any():
             break
-        sign = design.skew_flag(d, look)
+        last = np.where(out["code"] == OPEN, look, np.asarray(design.looks)[np.maximum(out["look"], 0)])
+        sign = design.skew_flag(np.where(seed < last[..., None], d, np.nan), look)
         newly = (flagged_at < 0) & (sign != 0)  # once flagged, it stays
         flagged_at[newly], skew_sign[newly] = j, sign[newly]
         n, mean, sd = look_statistics(d, look)

@@ -260,9 +260,9 @@ def looks_label(design: Design) -> str:
     return (f"{100 * design.confidence:g}% family-wise decisions of a group-sequential design: looks after "
             f"{design.looks_text} seeds, Hwang-Shih-DeCani spending, Holm's alpha passed on as comparisons are "
             f"decided (Maurer-Bretz), levels for paired differences skewed up to 1 either way; once the pooled "
-            f"residuals' skewness passes {CHECK:g}, a call in the direction opposite the skew at one-sided levels for "
-            "skewness 2 (not covered: a second mode); each interval is the t-interval at the level its comparison was "
-            "last tested at in the direction of its mean, at its last look")
+            f"residuals' skewness (all the sweep's pairs) passes {CHECK:g}, a call in the direction opposite the skew "
+            "at one-sided levels for skewness 2 or one run in five far off, at every look; each interval is the "
+            "t-interval at the level its comparison was last tested at in the direction of its mean, at its last look")
 
 
 def one_look_label(design: Design) -> str:
@@ -271,7 +271,7 @@ def one_look_label(design: Design) -> str:
     return (f"{100 * design.confidence:g}% family-wise decisions of one look at {design.looks_text} seeds: Holm over "
             f"{design.comparisons} comparison{s} (the first at {100 * design.nominal:.3g}%), levels for paired "
             f"differences skewed up to 1 either way; once the pooled residuals' skewness passes {CHECK:g}, a call in "
-            "the direction opposite the skew at one-sided levels for skewness 2 (not covered: a second mode); each "
+            "the direction opposite the skew at one-sided levels for skewness 2 or one run in five far off; each "
             "interval is the t-interval at the level its comparison was tested at in the direction of its mean")
 
 
@@ -447,14 +447,15 @@ def before_first_look(variant: str, baseline: str, diffs: np.ndarray, reference:
                                 stopping=unfinished)
 
 
-def skew_flag_text(found, design: Design, look: int) -> str:
+def skew_flag_text(found, design: Design) -> str:
     """Why a flagged sweep's calls in one direction were tested at the heavy tail's level."""
     flag, sign = int(found.flagged_at[0]), float(found.skew_sign[0])
-    if not 0 <= flag <= look:
+    if flag < 0:
         return ""
     heavy = "lower" if sign > 0 else "higher"
-    return (f"the pairs' pooled skewness passed {'+' if sign > 0 else '-'}{CHECK:g} at {design.looks[flag]} seeds: "
-            f"a {heavy} value than the baseline's is tested at the heavy tail's level")
+    return (f"the pairs' pooled skewness passed {'+' if sign > 0 else '-'}{design.look_design.check:g} at "
+            f"{design.looks[flag]} seeds: a {heavy} value than the baseline's is tested at the heavy tail's level "
+            "at every look")
 
 
 def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode: str, design: Design,
@@ -476,7 +477,7 @@ def compare_looks(values: dict[str, SeedValues], baselines: dict[str, str], mode
         verdict = {LOWER: BETTER if mode == "min" else WORSE, HIGHER: WORSE if mode == "min" else BETTER,
                    LOOKS_EQUIVALENT: EQUIVALENT}.get(code, NOT_RESOLVED)
         half, base = float(found.half[0, i]), float(reference[0, i])
-        shape = skew_flag_text(found, design, look)
+        shape = skew_flag_text(found, design)
         stopping = DECIDED if verdict != NOT_RESOLVED else (MAX_SEEDS if design.looks[look] >= design.looks[-1]
                                                             else unfinished)
         if verdict == NOT_RESOLVED and pairs >= 2:

@@ -23,7 +23,8 @@ Looking after every seed pair is what the design's repeated intervals allow (a p
 would not). With `seeds: {looks: [...]}` (`k3lab.report.looks`) a comparison is looked at only
 after the seed counts listed: between looks it runs on, and at a look the family is decided
 together once every comparison that reached it has its seeds (`_open_after_look`), so that a
-decided comparison's alpha passes to the open ones.
+decided comparison's alpha passes to the open ones; where a later look's pairs flag the shape, a
+call made earlier that does not pass the heavy tail's level is reopened and its comparison runs on.
 The order of the trials decided so far does depend on timing: a process whose trial just ended
 gets its variant's next seed, where one is wanted in the same stage, so that it restarts that
 variant's trainer instead of building one (`k3lab.runner.tune.trial.KeptTrainer`).
@@ -120,7 +121,8 @@ class SeedPlanner:
     def decision(self, variant: str, k: int) -> bool | None:
         """Whether `variant` runs its seed number k (0-based index into `seeds`): True, False, or
         None while the trials it depends on have not ended. A decision, once made, is final
-        (it depends only on trials that have ended), so it is kept."""
+        (it depends only on trials that have ended), so it is kept; under a looks design a later look
+        may reopen a stopped comparison (`_reopened`), and the stops are worked out again."""
         if (variant, k) in self._decided:
             return self._decided[variant, k]
         decided = self._decide(variant, k)
@@ -140,6 +142,8 @@ class SeedPlanner:
             if any(d is True for d in decisions):
                 return True
             return None if any(d is None for d in decisions) else False
+        if self.design.looks is not None and self._reopened(variant, k):
+            return True
         earlier = self.decision(variant, k - 1)
         if not earlier:  # stopped before (False), or not known yet (None)
             return earlier
@@ -168,7 +172,14 @@ class SeedPlanner:
                   for v in {*self.baselines, *self.baselines.values()}}
         rows = compare_family(values, self.baselines, "min", self.design, RUNNING)
         self._looked[k] = {c.variant for c in rows if c.verdict == NOT_RESOLVED}
+        if any(reached[v] is False for v in self._looked[k]):  # a flag the check raised reopened a call
+            self._decided = {key: kept for key, kept in self._decided.items() if kept is not False}
         return self._looked[k]
+
+    def _reopened(self, variant: str, k: int) -> bool:
+        """Whether a later look of the family found `variant` open again (a looks design: a flag
+        raised at a later look holds at the look that decided it, and its call did not pass)."""
+        return any(variant in still_open for look, still_open in self._looked.items() if look > k)
 
     def seeds_run(self, variant: str) -> int:
         """How many seeds `variant` runs as far as decided now."""
