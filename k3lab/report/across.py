@@ -15,7 +15,6 @@ applies the row's note says why.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 
 import attrs
 
@@ -29,7 +28,7 @@ from k3lab.report.stop_rule import BUDGET, FIXED
 POOLED = "pooled"
 
 
-@dataclass
+@attrs.define
 class Sweep:
     label: str  # how the tables name it: the store's file name
     records: list[TrialRecord]

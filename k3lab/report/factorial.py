@@ -25,8 +25,8 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import asdict, dataclass
 
+import attrs
 import numpy as np
 
 from k3lab.report import stats
@@ -38,7 +38,7 @@ from k3lab.report.sequential import CONFIDENCE, Design, fixed_design
 Cell = tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@attrs.frozen
 class Grid:
     axes: tuple[str, ...]
     levels: dict[str, tuple[str, ...]]  # axis -> its levels, the reference first
@@ -48,7 +48,7 @@ class Grid:
         return self.levels[axis][0]
 
 
-@dataclass(frozen=True)
+@attrs.frozen
 class Effect:
     kind: str  # "main" or "interaction"
     axes: tuple[str, ...]
@@ -72,7 +72,7 @@ class Effect:
         return "not resolved" if abs(self.difference) <= self.half_width else "nonzero"
 
     def to_json(self) -> dict:
-        return asdict(self) | {"label": self.label, "verdict": self.verdict}
+        return attrs.asdict(self) | {"label": self.label, "verdict": self.verdict}
 
 
 def factorial_grid(records: list[TrialRecord], variant_order: list[str], references: dict[str, str] | None = None

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import attrs
 
 from k3lab.store.runs import trial_axes
 
 
-@dataclass
+@attrs.define
 class TrialRecord:
     run_id: str
     variant: str
@@ -17,9 +17,9 @@ class TrialRecord:
     final: dict  # last value of every metric
     start_ms: int | None
     end_ms: int | None
-    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    curves: dict[str, list[tuple[int, float]]] = attrs.Factory(dict)
     first_step_ms: int | None = None  # when the trial logged its first optimizer step
-    tags: dict = field(default_factory=dict)
+    tags: dict = attrs.Factory(dict)
 
     def value(self, name: str) -> float | None:
         return self.final.get(name)

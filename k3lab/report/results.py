@@ -24,9 +24,10 @@ import collections
 import math
 import shutil
 import statistics
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+
+import attrs
 
 from k3lab.errors import UserError
 from k3lab.report.efficiency import parts_note, sweep_efficiency, wall_to_the_end
@@ -89,7 +90,7 @@ def fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-@dataclass
+@attrs.define
 class ParentRecord:
     """The sweep's parent run: when it ran, its params (train.*), metrics (sweep_*) and tags."""
 

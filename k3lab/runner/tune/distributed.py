@@ -11,8 +11,9 @@ continues the same run, as single-worker trials do.
 
 from __future__ import annotations
 
-import dataclasses
 import time
+
+import attrs
 
 from k3lab.runner.tune.ray_reports import TrialReporter
 from k3lab.runner.tune.trial import TrialSpec, limit_threads, load_ray_checkpoint, run_trial
@@ -32,7 +33,7 @@ def ddp_worker(config: dict) -> None:
     restored = ray.train.get_checkpoint()
     reporter = TrialReporter(spec, ray.train.report, ray.train.Checkpoint, restored=restored is not None,
                              checkpoints=rank == 0, extra={"world_size": world_size})
-    tracked = spec if rank == 0 else dataclasses.replace(spec, tracking_uri=None)
+    tracked = spec if rank == 0 else attrs.evolve(spec, tracking_uri=None)
     result, run_id = run_trial(tracked, checkpoint=load_ray_checkpoint(restored), reporter=reporter,
                                flush_with_checkpoints=True, started_at=started_at,
                                device=ray.train.torch.get_device(), rank=rank, world_size=world_size)

@@ -14,8 +14,9 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+
+import attrs
 
 from k3lab import hints
 from k3lab.errors import UserError
@@ -28,7 +29,7 @@ from k3lab.runner.runtime.reaper import record_file
 from k3lab.store.state import check_parent_run, first_difference, read_state, state_file, sweep_spec
 
 
-@dataclass
+@attrs.define
 class SweepRun:
     """Where a sweep runs and logs."""
 
@@ -45,7 +46,7 @@ class SweepRun:
     resume_command: str = ""  # what continues it, as `k3lab sweep` prints it when stopped (default: `hint`'s)
     verbose: bool = False  # Ray's and MLflow's notices on the terminal instead of in `log_file`
     packing: Packing | None = None  # trials at once per GPU from their measured memory (`k3lab.runner.runtime.memory`)
-    started: float = field(default_factory=time.time)  # when its command started: its part's time counts from here
+    started: float = attrs.Factory(time.time)  # when its command started: its part's time counts from here
 
     @property
     def experiment(self) -> str:

@@ -10,7 +10,6 @@ import gc
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -39,7 +38,7 @@ from k3lab.runner.tune.ray_reports import TrialReporter
 from k3lab.runner.tune.system import with_system_metrics
 
 
-@dataclass(frozen=True)
+@attrs.frozen
 class TrialSpec:
     """Everything a trial needs, picklable for Ray: which variant, which seed, where to log."""
 
@@ -51,7 +50,7 @@ class TrialSpec:
     tracking_uri: str | None
     experiment: str
     parent_run_id: str | None = None
-    params: dict = field(default_factory=dict)  # its MLflow params but the parameter counts (`variant_params`)
+    params: dict = attrs.Factory(dict)  # its MLflow params but the parameter counts (`variant_params`)
     axes: tuple[str, ...] = ()  # the axes its variant sets (the run's `k3lab.axes` tag)
     metric: str = "val_loss"  # the sweep's metric and mode: a diverged trial reports its worst value
     mode: str = "min"
