@@ -1,7 +1,7 @@
 """The decisions rule on simulated sweeps: error rates, coverage and pairs spent, through the policy.
 
     python bench/decisions.py --sweeps 10000 --write          # the every-pair Pocock design, through SeedPlanner
-    python bench/decisions.py --looks --sweeps 4000 --write  # the looks design, vectorised (bench/looks_sweeps.py)
+    python bench/decisions.py --looks --sweeps 6000 --write  # the looks design, vectorised (bench/looks_sweeps.py)
 
 K = 4 comparisons share one baseline; every variant starts with 4 seeds and may reach 16; trial
 results are drawn from a distribution (no model): loss + the seed's shared part + the true
