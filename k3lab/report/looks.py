@@ -137,13 +137,18 @@ def spent_levels(p: np.ndarray, looks: tuple[int, ...], alpha: float, gamma: flo
     return tuple(levels)
 
 
+def smallest_levels(tables: list) -> tuple[tuple[float, ...], ...]:
+    """levels[m][j]: the smallest of the tables' thresholds (tables[shape][m][j]): the strictest shape's."""
+    return tuple(tuple(min(column) for column in zip(*rows)) for rows in zip(*tables))
+
+
 def level_table(looks: tuple[int, ...], comparisons: int, alpha: float, gamma: float,
                 shapes: tuple[tuple[str, float], ...], paths: int = LEVEL_PATHS) -> tuple[tuple[float, ...], ...]:
     """levels[m - 1][j]: the threshold at look j with m comparisons open (alpha / m each), the
     smallest over the shapes."""
     tables = [[spent_levels(null_p_values(looks, kind, skew, paths), looks, alpha / m, gamma)
                for m in range(1, comparisons + 1)] for kind, skew in shapes]
-    return tuple(tuple(min(t[m][j] for t in tables) for j in range(len(looks))) for m in range(comparisons))
+    return smallest_levels(tables)
 
 
 def heavy_tail_table(looks: tuple[int, ...], comparisons: int, alpha: float, gamma: float,
@@ -152,7 +157,7 @@ def heavy_tail_table(looks: tuple[int, ...], comparisons: int, alpha: float, gam
     the two tails of alpha / m each get half), the smallest over the shapes."""
     tables = [[spent_levels(heavy_tail_p_values(looks, kind, skew, paths), looks, alpha / (2 * m), gamma)
                for m in range(1, comparisons + 1)] for kind, skew in shapes]
-    return tuple(tuple(min(t[m][j] for t in tables) for j in range(len(looks))) for m in range(comparisons))
+    return smallest_levels(tables)
 
 
 def pooled_skewness(d: np.ndarray, look: int) -> np.ndarray:
