@@ -1,7 +1,7 @@
 """A copy of a SQLite store written by a newer MLflow, downgraded to the installed MLflow's schema with
 the newer MLflow's own migration scripts (their `downgrade()`s), so this install opens it.
 
-    python scripts/downgrade_store.py STORE.db[.xz] OUT.db --wheel mlflow_skinny-3.18.0-py3-none-any.whl
+    python scripts/downgrade_store.py STORE.db[.xz] OUT.db --wheel mlflow_skinny-X.Y.Z-py3-none-any.whl
 
 STORE is left as it is. The wheel (mlflow or mlflow-skinny of the version that wrote the store:
 `pip download --no-deps mlflow-skinny==X`) carries the migrations this install lacks; alembic walks

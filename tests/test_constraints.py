@@ -139,7 +139,7 @@ def test_the_floors_are_the_lower_bounds_of_the_ranges(tmp_path):
     lock = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lock)
     floors = lock.floors(set())
-    assert floors["mlflow"] == "3.17.0" and floors["ray"] == "2.51" and "torch" not in floors
+    assert floors["mlflow"] == "3.18.0" and floors["ray"] == "2.51" and "torch" not in floors
     assert "numpy" not in floors  # no lower bound: nothing to pin
 
 

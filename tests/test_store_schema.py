@@ -52,17 +52,6 @@ def test_a_store_tagged_by_a_newer_mlflow_says_which_version_to_install(written,
                                      "pip install 'mlflow==3.99.1'")
 
 
-def test_a_store_from_before_the_tag_is_named_by_its_schema_head(written, tmp_path):
-    """The H100 bundle's mlflow-skinny 3.18.0 wrote schema f4a9b2c7d1e6, which 3.17.2 refused."""
-    import mlflow.store.db_migrations
-
-    revision, release = next(iter(schema.RELEASE_OF_SCHEMA.items()))
-    if any((Path(mlflow.store.db_migrations.__file__).parent / "versions").glob(f"{revision}_*.py")):
-        pytest.skip(f"the installed MLflow has schema {revision}")
-    with pytest.raises(UserError, match=rf"open it with that one: pip install 'mlflow=={release}'$"):
-        runs.client(with_schema(written, tmp_path, revision))
-
-
 def test_every_run_k3lab_creates_names_the_mlflow_that_wrote_it():
     import mlflow
 

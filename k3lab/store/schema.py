@@ -2,8 +2,7 @@
 
 MLflow refuses a store written by a newer MLflow (and calls it out of date). Which MLflow wrote
 it: the `k3lab.mlflow_version` tag k3lab puts on every run it creates (read from SQLite directly,
-as the installed MLflow cannot open the store), else the release whose schema head the store has,
-for stores written before that tag.
+as the installed MLflow cannot open the store).
 """
 
 from __future__ import annotations
@@ -12,10 +11,6 @@ import sqlite3
 from pathlib import Path
 
 MLFLOW_VERSION = "k3lab.mlflow_version"  # on parent and trial runs: the MLflow that created the run
-
-# The schema head (alembic revision) of MLflow releases newer than the one constraints.txt pins, for
-# stores from before MLFLOW_VERSION: the revision the release's db_migrations add last.
-RELEASE_OF_SCHEMA = {"f4a9b2c7d1e6": "3.18.0"}
 
 
 def mlflow_version_tags() -> dict[str, str]:
@@ -34,7 +29,7 @@ def schema_mismatch(tracking_uri: str, found: str, expected: str) -> str:
     if any(migrations.glob(f"{found}_*.py")):  # a schema this MLflow migrates from
         return (f"{where}: its MLflow schema ({found}) is older than mlflow {mlflow.__version__}'s ({expected}); "
                 f"back it up, then `mlflow db upgrade {tracking_uri}`")
-    writer = writer_version(tracking_uri) or RELEASE_OF_SCHEMA.get(found)
+    writer = writer_version(tracking_uri)
     head = f"{where}: written by a newer MLflow than the installed {mlflow.__version__} (schema {found}"
     if writer is None:
         return f"{head}, unknown to it); open it with that MLflow (pip install -U mlflow)"
