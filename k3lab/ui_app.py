@@ -1,6 +1,6 @@
 """The MLflow server app that `k3lab ui` runs: MLflow's own, with first-visit defaults for its UI.
 
-MLflow 3.17's web app opens every experiment in a global "GenAI / Model training" mode that it
+MLflow 3.18's web app opens every experiment in a global "GenAI / Model training" mode that it
 keeps in the browser (localStorage `mlflow.workflowType_v1`, default GenAI: an Overview of traces)
 and ignores the experiment's `mlflow.experimentKind` tag; it also opens an assistant panel on the
 first visit. This app is MLflow's (`mlflow.server.fastapi_app:app`, the one `mlflow server` runs)
@@ -19,7 +19,7 @@ from flask import request
 from mlflow.server import app as flask_app
 from mlflow.server.fastapi_app import app  # noqa: F401  (what uvicorn serves)
 
-# MLflow 3.17's localStorage keys (`${key}_v${version}`, JSON values) and the values to start with
+# MLflow 3.18's localStorage keys (`${key}_v${version}`, JSON values) and the values to start with
 FIRST_VISIT = {
     "mlflow.workflowType_v1": "machine_learning",
     "mlflow.assistant.panelOpen_v1": False,

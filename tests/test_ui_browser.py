@@ -201,6 +201,7 @@ def test_the_ui_opens_on_the_loss_curves_of_every_trial_by_variant(ui, swept, tm
             view = page.get_by_role("link", name="Loss curves by variant")
             expect(view).to_be_visible()  # in the experiment's description, its first line
             page.get_by_text(re.compile(r"^[1-9][0-9]* matching runs?$")).wait_for()  # the runs table has loaded
+            expect(page.get_by_role("link", name=re.compile(r"^attnres_bs1")).first).to_be_visible()  # and drawn its rows
             page.screenshot(path=shots / "01-experiment-runs.png")
 
             # one click more: each variant's mean difference from the baseline and its interval first,

@@ -1,6 +1,6 @@
 """Short, distinct display names of a sweep's variants, for where the MLflow UI cuts names short.
 
-MLflow 3.17's runs list shows about 22 characters of a run name and a group row about 12 of its
+MLflow 3.18's runs list shows about 22 characters of a run name and a group row about 12 of its
 label ("Group: ffn_latent_m..."), so the variants of a grid (`ffn_latent_moe_top2_shared1`,
 `ffn_moe_top2_shared1`, ...) cannot be told apart there. A variant's label drops the parts of its
 name every sibling shares (the axis names and values common to the grid: `ffn`, `moe`) and keeps

@@ -22,7 +22,7 @@ WIDE = {"columns": 1, "cardHeight": 520}  # one chart per row: the first chart r
 
 
 def bar_chart(metric: str, section: str, title: str) -> dict:
-    """One bar chart of the chart view (MLflow 3.17's bar card): a bar per run, its latest `metric`."""
+    """One bar chart of the chart view (MLflow 3.18's bar card): a bar per run, its latest `metric`."""
     return {"uuid": f"k3lab-bars-{metric}", "type": "BAR", "runsCountToCompare": 100, "metricSectionId": section,
             "deleted": False, "isGenerated": False, "displayName": title, "metricKey": metric}
 

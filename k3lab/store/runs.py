@@ -32,7 +32,7 @@ PARENT = "mlflow.parentRunId"
 NOTE = "mlflow.note.content"  # a run's (or an experiment's) description in the MLflow UI, markdown
 RUN_COLOR = "mlflow.runColor"  # the run's colour in the MLflow UI's tables and charts
 # The experiment's kind: MLflow's web app knows custom_model_development (model training: the
-# Runs tab) and genai_development (traces). The 3.17 UI picks its view from a global
+# Runs tab) and genai_development (traces). The 3.18 UI picks its view from a global
 # "GenAI / Model training" switch and ignores this tag (see `k3lab.commands.ui`).
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 KIND = "k3lab.kind"  # "sweep" (a parent run) or "trial"

@@ -1,5 +1,5 @@
 """The pieces of the MLflow experiment page's saved view state that k3lab writes: line charts,
-chart sections, and the loss view's whole state (the keys of MLflow 3.17's saved views). Both the
+chart sections, and the loss view's whole state (the keys of MLflow 3.18's saved views). Both the
 loss view (`k3lab.store.views`) and the result views (`k3lab.store.result_views`) are built from them."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ DIFFERENCE_SECTION = "Difference from the baseline, % (mean and family-wise inte
 
 
 def line_chart(metric: str, section: str) -> dict:
-    """One line chart of the experiment page's chart view (MLflow 3.17's chart card fields)."""
+    """One line chart of the experiment page's chart view (MLflow 3.18's chart card fields)."""
     return {"uuid": f"k3lab-{metric}", "type": "LINE", "runsCountToCompare": 100, "metricSectionId": section,
             "deleted": False, "isGenerated": False, "displayName": metric, "metricKey": metric,
             "lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear", "range": {},
@@ -56,7 +56,7 @@ def throughput_chart(section: str) -> dict:
 
 def loss_view_state(axis_params: Sequence[str], metric: str = "val_loss",
                     verdicts_: Sequence[tuple[str, str]] = (), ranges: dict[str, dict] | None = None) -> dict:
-    """The experiment page's state for LOSS_VIEW (the keys of MLflow 3.17's saved views); `ranges`:
+    """The experiment page's state for LOSS_VIEW (the keys of MLflow 3.18's saved views); `ranges`:
     {metric: its chart's range} (`k3lab.store.views.zoomed_ranges`: the second half of training)."""
     section, first = "k3lab-loss", "k3lab-difference"
     charts = list(dict.fromkeys([*FIRST_CHARTS, metric]))

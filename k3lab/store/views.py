@@ -1,6 +1,6 @@
 """How a sweep reads in the MLflow UI: a saved view of its loss curves, and descriptions with links.
 
-MLflow 3.17's experiment page keeps its layout (charts, sections, grouping, columns) in the
+MLflow 3.18's experiment page keeps its layout (charts, sections, grouping, columns) in the
 browser, per experiment, and shares it through saved views: an experiment tag
 `mlflow.sharedViewState.<id>` = {"name", "createdAt", "updatedAt", "state"} with the state as
 "deflate;" + base64(zlib(JSON)), opened by `#/experiments/<id>/runs?viewStateShareKey=<id>` and
@@ -69,7 +69,7 @@ def saved_view_tag(view_id: str, name: str, state: dict, created_ms: int | None 
     return {SHARED_VIEW + view_id: json.dumps(envelope, separators=(",", ":"))}
 
 
-# -- links inside the UI (hash routes of MLflow 3.17's web app) --------------------------------
+# -- links inside the UI (hash routes of MLflow 3.18's web app) --------------------------------
 
 def view_link(experiment_id: str, view_id: str = LOSS_VIEW) -> str:
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={view_id}&compareRunsMode=CHART"
