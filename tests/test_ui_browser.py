@@ -301,6 +301,7 @@ def new_page(chromium: str):
 def test_the_views_table_shows_the_reports_means_for_each_variant(ui, swept, tmp_path):
     """Its group rows averaged killed trials too: bs4 +0.34% where the report said +0.95%."""
     from mlflow import MlflowClient
+    from playwright.sync_api import expect
 
     from k3lab.report.ui_store import report_options
     from k3lab.report.summary import build_report
@@ -323,13 +324,14 @@ def test_the_views_table_shows_the_reports_means_for_each_variant(ui, swept, tmp
 
         def group_value(variant: str, column: str) -> float:
             cell = page.locator(f'[row-id="tag.k3lab.variant_label.{variant}"] [col-id="{column}"]').last
-            cell.wait_for()
+            expect(cell).to_have_text(re.compile(r"^\s*[-+]?\d"), timeout=TIMEOUT_MS)  # drawn with its value
             return float(cell.inner_text().split()[0])
 
         for variant, mean in means.items():
             assert group_value(variant, "metrics.`val_loss`") == pytest.approx(mean, rel=1e-9), variant
         assert group_value("attnres_bs1", "metrics.`verdict_pct`") == pytest.approx(
             100 * compared.mean_diff / compared.baseline_mean, rel=1e-9)
+        expect(page.locator('.ag-header-cell[col-id="tags.`k3lab.verdict`"]').first).to_be_attached(timeout=TIMEOUT_MS)
         headers = page.locator(".ag-header-cell[col-id]").evaluate_all("cs => cs.map(c => c.getAttribute('col-id'))")
         assert "tags.`k3lab.verdict`" in headers and "metrics.`val_loss`" in headers, headers
         page.screenshot(path=screenshot_folder(tmp_path) / "09-view-table.png")
