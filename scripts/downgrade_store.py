@@ -30,6 +30,12 @@ def installed_head() -> str:
     return ScriptDirectory.from_config(_get_alembic_config("sqlite://")).get_current_head()
 
 
+def schema_of(path: Path) -> str:
+    """The store's MLflow schema: its alembic revision."""
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT version_num FROM alembic_version").fetchone()[0]
+
+
 def copy_store(store: Path, out: Path) -> None:
     if store.name.endswith(".xz"):
         with lzma.open(store) as source, open(out, "wb") as target:
@@ -43,8 +49,7 @@ def downgrade(out: Path, wheel: Path, head: str) -> str:
     from alembic import command
     from alembic.config import Config
 
-    with sqlite3.connect(out) as db:
-        found = db.execute("SELECT version_num FROM alembic_version").fetchone()[0]
+    found = schema_of(out)
     with tempfile.TemporaryDirectory() as folder, zipfile.ZipFile(wheel) as archive:
         members = [m for m in archive.namelist() if m.startswith(MIGRATIONS)]
         if not members:

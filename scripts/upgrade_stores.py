@@ -14,22 +14,18 @@ import argparse
 import hashlib
 import lzma
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from downgrade_store import copy_store, installed_head
+from downgrade_store import copy_store, installed_head, schema_of
 
 # the tables a run's record is in; a migration may add tables and columns, but must keep these rows
 RUN_TABLES = ("experiments", "experiment_tags", "runs", "params", "metrics", "latest_metrics", "tags",
               "datasets", "inputs", "input_tags")
-
-
-def schema_of(path: Path) -> str:
-    with sqlite3.connect(path) as db:
-        return db.execute("SELECT version_num FROM alembic_version").fetchone()[0]
 
 
 def rows_of(db: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> tuple[int, str]:
@@ -39,29 +35,26 @@ def rows_of(db: sqlite3.Connection, table: str, columns: tuple[str, ...]) -> tup
     return len(rows), hashlib.sha256(repr(rows).encode()).hexdigest()
 
 
-def contents(path: Path) -> dict[str, tuple]:
-    """{table: (its columns, rows, digest)} for the run tables the store has, and the metrics' sum
-    under "metric values"."""
+def metric_total(db: sqlite3.Connection) -> float:
+    return db.execute("SELECT TOTAL(value) FROM metrics").fetchone()[0]
+
+
+def contents(path: Path) -> tuple[dict[str, tuple], float | None]:
+    """{table: (its columns, (count, digest))} for the run tables the store has, and the metrics' sum."""
     found = {}
     with sqlite3.connect(path) as db:
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         for table in (t for t in RUN_TABLES if t in tables):
             columns = tuple(row[1] for row in db.execute(f"PRAGMA table_info({table})"))
-            found[table] = (columns, *rows_of(db, table, columns))
-        if "metrics" in tables:
-            found["metric values"] = db.execute("SELECT TOTAL(value) FROM metrics").fetchone()
-    return found
+            found[table] = (columns, rows_of(db, table, columns))
+        return found, metric_total(db) if "metrics" in found else None
 
 
-def changed(path: Path, before: dict[str, tuple]) -> list[str]:
-    """What differs from `before`, each table read on the columns it had then (a migration may add some)."""
-    differ = []
+def changed(path: Path, tables: dict[str, tuple], total: float | None) -> list[str]:
+    """What differs from `contents` before, each table read on the columns it had then (a migration may add some)."""
     with sqlite3.connect(path) as db:
-        for table, (columns, *counted) in ((t, e) for t, e in before.items() if t != "metric values"):
-            if list(rows_of(db, table, columns)) != counted:
-                differ.append(table)
-        total = db.execute("SELECT TOTAL(value) FROM metrics").fetchone() if "metric values" in before else None
-        if total != before.get("metric values"):
+        differ = [table for table, (columns, counted) in tables.items() if rows_of(db, table, columns) != counted]
+        if total is not None and metric_total(db) != total:
             differ.append("metric values")
     return differ
 
@@ -74,19 +67,18 @@ def upgrade(store: Path, head: str) -> str:
         found = schema_of(db)
         if found == head:
             return f"{store}: schema {head} already"
-        before = contents(db)
+        tables, total = contents(db)
         done = subprocess.run([sys.executable, "-m", "mlflow", "db", "upgrade", f"sqlite:///{db}"],
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{store}: mlflow db upgrade failed, the file is left as it was:\n{done.stderr[-2000:]}")
-        if differ := changed(db, before):
+        if differ := changed(db, tables, total):
             raise SystemExit(f"{store}: the upgrade changed {', '.join(differ)}; the file is left as it was")
         packed = Path(folder) / store.name
         with open(db, "rb") as source, lzma.open(packed, "wb", preset=9) as target:
-            target.write(source.read())
+            shutil.copyfileobj(source, target)
         os.replace(packed, store)
-    runs = before["runs"][1] if "runs" in before else 0
-    metrics = before["metrics"][1] if "metrics" in before else 0
+    runs, metrics = (tables[t][1][0] if t in tables else 0 for t in ("runs", "metrics"))
     return f"{store}: schema {found} -> {head}; {runs} runs and {metrics} metric points, each unchanged"
 
 
