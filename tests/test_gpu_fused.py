@@ -32,7 +32,7 @@ from k3lab.model.kda import KDAChunkwise, KDAFused
 from k3lab.model.loss import linear_cross_entropy
 from k3lab.model.mla import GatedMLA, causal_attention
 from k3lab.model.model import KimiK3, compile_blocks
-from k3lab.model.moe import GROUP_ALIGN, StableLatentMoE, grouped_layout, grouped_mm_reference
+from k3lab.model.moe import GROUP_ALIGN, StableLatentMoE, balance_biases, grouped_layout, grouped_mm_reference
 
 
 def shared_routing(*models) -> None:
@@ -360,7 +360,7 @@ def test_grouped_moe_step_has_no_host_sync():
     torch.cuda.set_sync_debug_mode("error")
     try:
         step()
-        moe.update_bias()
+        balance_biases([moe])
     finally:
         torch.cuda.set_sync_debug_mode(0)
 

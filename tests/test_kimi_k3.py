@@ -12,11 +12,12 @@ from k3lab.model.ffn import DenseFFN
 from k3lab.model.inference import generate
 from k3lab.model.kda import KDAChunkwise
 from k3lab.model.mla import GatedMLA
-from k3lab.model.model import KimiK3, apply_attn_res
+from k3lab.model.model import KimiK3
 from k3lab.model.moe import StableLatentMoE
 from k3lab.model.norm import RMSNorm
 from k3lab.optim.assignment import build_optimizers, split_parameters
 from k3lab.ops.attn_res import naive
+from k3lab.ops.attn_res.naive import apply_attn_res
 
 
 @pytest.fixture

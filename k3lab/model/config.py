@@ -7,8 +7,7 @@ names the field and the rule, before any module is built.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+import attrs
 
 LAYER_TYPES = ("kda", "mla")
 KDA_IMPLEMENTATIONS = ("auto", "chunkwise", "fused")
@@ -30,7 +29,7 @@ def kimi_linear_schedule(num_layers: int, kda_per_mla: int = 3) -> tuple[str, ..
     )
 
 
-@dataclass(frozen=True)
+@attrs.frozen
 class KimiK3Config:
     # vocabulary and trunk
     vocab_size: int = 320  # 256 bytes + specials, rounded up to a multiple of 64
@@ -96,7 +95,7 @@ class KimiK3Config:
     rms_norm_eps: float = 1e-6  # every RMSNorm but the MLA latent norms (K3: 1e-5)
     init_std: float = 0.02
 
-    def __post_init__(self) -> None:
+    def __attrs_post_init__(self) -> None:
         layer_types = self.layer_types
         if layer_types is None:
             layer_types = kimi_linear_schedule(self.num_layers) if self.num_layers > 0 else ()
@@ -207,12 +206,11 @@ class KimiK3Config:
 
     def replace(self, **changes) -> "KimiK3Config":
         """A copy with some fields changed, validated again."""
-        return dataclasses.replace(self, **changes)
+        return attrs.evolve(self, **changes)
 
     def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        data["layer_types"] = list(self.layer_types)
-        return data
+        """Every field by name, in declaration order; layer_types as a list, as YAML and JSON hold it."""
+        return attrs.asdict(self) | {"layer_types": list(self.layer_types)}
 
     @property
     def kda_gate_low_rank(self) -> int | None:
@@ -235,7 +233,7 @@ def fla_installed() -> bool:
 
 
 def config_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(KimiK3Config))
+    return tuple(f.name for f in attrs.fields(KimiK3Config))
 
 
 def tiny_config(**overrides) -> KimiK3Config:

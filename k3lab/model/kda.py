@@ -15,7 +15,7 @@ from torch import nn
 
 from k3lab.model.config import KimiK3Config
 from k3lab.model.norm import RMSNorm
-from k3lab.ops.kda.naive import chunk_kda_reference, recurrent_kda  # noqa: F401  (importable from here)
+from k3lab.ops.kda.naive import chunk_kda_reference
 
 
 class ShortConv(nn.Module):

@@ -9,11 +9,12 @@ State carried between blocks (never between forward calls):
     hidden_states   (B, T, M)      the live prefix of the current AttnRes block
     endpoints                      the completed block endpoints so far
 
-One block forward runs both AttnRes paths; the op is chosen at the call (`attn_res_ops`): the
-reference (`k3lab.ops.attn_res.naive`, endpoints stacked as one (B*T, P, M) tensor), or, with
-kda_implementation="fused" on CUDA, the fused kernels (`k3lab.ops.attn_res.fused`, endpoints a
-tuple of P (B, T, M) tensors, each mixture and the pre-norm after it one kernel each way). The
-candidates and their order are the same on both.
+One block forward runs both AttnRes paths: the endpoints object a forward starts with
+(`KimiK3.no_endpoints`) carries its own `add` and `mix`. The reference path's
+(`naive.StackedEndpoints`) stacks them as one (B*T, P, M) tensor; with kda_implementation="fused"
+on CUDA the fused path's (`fused.EndpointTuple`) keeps a tuple of P (B, T, M) tensors, each
+mixture and the pre-norm after it one kernel each way. The candidates and their order are the
+same on both.
 """
 
 from __future__ import annotations
@@ -33,26 +34,12 @@ from k3lab.model.loss import linear_cross_entropy
 from k3lab.model.mla import GatedMLA
 from k3lab.model.moe import StableLatentMoE, balance_biases
 from k3lab.model.norm import RMSNorm
-from k3lab.ops.attn_res import naive
-from k3lab.ops.attn_res.naive import apply_attn_res, attn_res_mixture  # noqa: F401  (importable from here)
+from k3lab.ops.attn_res.naive import StackedEndpoints
 
 
 def build_kda(config: KimiK3Config) -> nn.Module:
     """The KDA layer for this config; FLA (and Triton) are imported only when a fused layer runs on CUDA."""
     return KDAFused(config) if config.uses_fused_kda else KDAChunkwise(config)
-
-
-def attn_res_ops(fused: bool):
-    """The AttnRes op for a forward: `no_endpoints`, `with_endpoint` and `mixture` over its state.
-
-    The fused module is imported here, at call time, so the plain model never imports it: its
-    `torch.compiler.disable` imports torch._dynamo, and with it Triton on CUDA builds of torch.
-    """
-    if fused:
-        from k3lab.ops.attn_res import fused as ops
-
-        return ops
-    return naive
 
 
 class KimiK3DecoderBlock(nn.Module):
@@ -87,23 +74,22 @@ class KimiK3DecoderBlock(nn.Module):
         # mean AttnRes weight per depth candidate from the last forward, for logging
         self.attn_res_weights: dict[str, torch.Tensor] = {}
 
-    def forward(self, hidden_states: torch.Tensor, endpoints, fused: bool = False):
-        """(B, T, M) live prefix and the endpoints -> both after this layer; `fused`: the mixtures
-        in the fused kernels (`attn_res_ops`). Each mixture comes back through the pre-norm after it."""
+    def forward(self, hidden_states: torch.Tensor, endpoints):
+        """(B, T, M) live prefix and the endpoints (`KimiK3.no_endpoints`) -> both after this
+        layer. Each mixture comes back through the pre-norm after it."""
         if not self.use_attn_res:
             return self.forward_prenorm(hidden_states), endpoints
-        ops = attn_res_ops(fused)
         prefix_sum = hidden_states
         stream = prefix_sum.dtype  # the residual stream keeps the embedding's dtype (see KimiK3.embed)
 
         # attention input: a mixture over completed endpoints and the incoming prefix
         if self.mixes_attn_input:
-            h, self.attn_res_weights["attn"] = ops.mixture(
-                endpoints, prefix_sum, self.attn_res_norm, self.attn_res_proj, self.attn_norm)
+            h, self.attn_res_weights["attn"] = endpoints.mix(
+                prefix_sum, self.attn_res_norm, self.attn_res_proj, self.attn_norm)
 
         # at a block boundary the incoming prefix (not the mixed input) becomes an endpoint
         if self.starts_block:
-            endpoints = ops.with_endpoint(endpoints, prefix_sum)
+            endpoints = endpoints.add(prefix_sum)
             prefix_sum = None
         if not self.mixes_attn_input:  # after the endpoint: the order autograd sums the embedding's gradient in
             h = self.attn_norm(hidden_states)
@@ -111,8 +97,8 @@ class KimiK3DecoderBlock(nn.Module):
         attn_output = self.attn(h).to(stream)
         prefix_sum = attn_output if prefix_sum is None else prefix_sum + attn_output
 
-        h, self.attn_res_weights["ffn"] = ops.mixture(
-            endpoints, prefix_sum, self.mlp_res_norm, self.mlp_res_proj, self.ffn_norm)
+        h, self.attn_res_weights["ffn"] = endpoints.mix(
+            prefix_sum, self.mlp_res_norm, self.mlp_res_proj, self.ffn_norm)
         prefix_sum = prefix_sum + self.ffn(h).to(stream)
         return prefix_sum, endpoints
 
@@ -186,14 +172,12 @@ class KimiK3(nn.Module):
         if T > self.config.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len={self.config.max_seq_len}")
         hidden_states = self.embed(idx)  # (B, T, M)
-        fused = self.uses_fused_attn_res(idx)
-        ops = attn_res_ops(fused)
-        endpoints = ops.no_endpoints(hidden_states)
+        endpoints = self.no_endpoints(hidden_states)
         for layer in self.layers:
-            hidden_states, endpoints = self.run_layer(layer, hidden_states, endpoints, fused)
+            hidden_states, endpoints = self.run_layer(layer, hidden_states, endpoints)
         if not self.config.use_attn_res:
             return self.norm(hidden_states)
-        return ops.mixture(endpoints, hidden_states, self.final_res_norm, self.final_res_proj, self.norm)[0]
+        return endpoints.mix(hidden_states, self.final_res_norm, self.final_res_proj, self.norm)[0]
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """(B, T) -> (B, T, M): the start of the residual stream, whose dtype the stream keeps.
@@ -207,17 +191,26 @@ class KimiK3(nn.Module):
             x = x.to(torch.get_autocast_dtype(device))
         return x
 
-    def run_layer(self, layer: KimiK3DecoderBlock, hidden_states: torch.Tensor, endpoints, fused: bool):
+    def run_layer(self, layer: KimiK3DecoderBlock, hidden_states: torch.Tensor, endpoints):
         """One decoder layer; with `checkpoint_layers` in training, its activations are
         recomputed in backward instead of stored. (The MoE load it records is then counted
         twice, which leaves the load fractions that balancing uses unchanged.)"""
         if self.checkpoint_layers and self.training and torch.is_grad_enabled():
-            return checkpoint(layer, hidden_states, endpoints, fused, use_reentrant=False)
-        return layer(hidden_states, endpoints, fused)
+            return checkpoint(layer, hidden_states, endpoints, use_reentrant=False)
+        return layer(hidden_states, endpoints)
 
-    def uses_fused_attn_res(self, idx: torch.Tensor) -> bool:
-        """The fused AttnRes kernels: where the config says so (`KimiK3Config.uses_fused_attn_res`), on CUDA."""
-        return self.config.uses_fused_attn_res and idx.is_cuda
+    def no_endpoints(self, x: torch.Tensor):
+        """The AttnRes state before the first layer, for x (B, T, M): the fused kernels' where the
+        config says so (`KimiK3Config.uses_fused_attn_res`) and x is on CUDA, else the reference's.
+
+        The fused module is imported here, at call time, so the plain model never imports it: its
+        `torch.compiler.disable` imports torch._dynamo, and with it Triton on CUDA builds of torch.
+        """
+        if self.config.uses_fused_attn_res and x.is_cuda:
+            from k3lab.ops.attn_res.fused import EndpointTuple
+
+            return EndpointTuple()
+        return StackedEndpoints.empty(x)
 
     def moe_layers(self) -> list[tuple[int, StableLatentMoE]]:
         return [(i, layer.ffn) for i, layer in enumerate(self.layers) if isinstance(layer.ffn, StableLatentMoE)]

@@ -13,7 +13,7 @@ expert on its contiguous group. Two ways, same result:
   padded to multiples of GROUP_ALIGN rows, and each expert matrix is one grouped GEMM
   over all experts (`torch._grouped_mm`, offsets = cumulative group ends, int32). Every
   shape is static and nothing is read back to the host.
-The bias b is moved outside autograd by `update_bias()` to balance load.
+The bias b is moved outside autograd by `balance_biases` to balance load.
 """
 
 from __future__ import annotations
@@ -252,14 +252,6 @@ class StableLatentMoE(nn.Module):
         for expert in self.shared:
             y = y + expert(flat)
         return y.view(B, T, M)
-
-    # -- load balancing, outside autograd --------------------------------------------
-
-    @torch.no_grad()
-    def update_bias(self) -> torch.Tensor:
-        """Move the selection bias toward balanced load; returns the load fraction it used
-        (`balance_biases` of this layer alone)."""
-        return balance_biases([self])[0]
 
 
 @torch.no_grad()

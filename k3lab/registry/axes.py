@@ -28,7 +28,7 @@ decided later by KimiK3Config itself.
 
 from __future__ import annotations
 
-import dataclasses
+import attrs
 import re
 from typing import Any, Callable
 
@@ -82,7 +82,7 @@ def current(fields: Fields, name: str) -> Any:
     """The value of config field `name` given overrides `fields` (else the default)."""
     if name in fields:
         return fields[name]
-    return {f.name: f.default for f in dataclasses.fields(KimiK3Config)}[name]
+    return {f.name: f.default for f in attrs.fields(KimiK3Config)}[name]
 
 
 # -- plain config fields ------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import attrs
 import difflib
 import functools
 import typing
@@ -17,7 +17,7 @@ from k3lab.registry.keypath import Path, SpecError
 def field_types() -> dict[str, Any]:
     """Each KimiK3Config field name -> its resolved type annotation."""
     hints = typing.get_type_hints(KimiK3Config)
-    return {f.name: hints[f.name] for f in dataclasses.fields(KimiK3Config)}
+    return {f.name: hints[f.name] for f in attrs.fields(KimiK3Config)}
 
 
 def is_field(name: str) -> bool:

@@ -13,17 +13,10 @@ walks all N rows on D / BD programs.
 
 On CPU tensors the same autograd functions run the plain-PyTorch twins (`naive.reference_forward`,
 `naive.dv_reference`), so CPU tests check the bookkeeping; the GPU tests hold the kernels to the twins
-and to FLA's forward (`fla_forward`).
+and to FLA's forward.
 
-Imported only when the fused path runs (`KimiK3.uses_fused_attn_res`): its
+Imported only when the fused path runs (`KimiK3.no_endpoints`): its
 `torch.compiler.disable` imports torch._dynamo, and with it Triton on CUDA builds of torch.
-
-FLA API facts `fla_forward` relies on (checked against fla-core 0.6.0):
-- `fla.ops.attnres.fused.fused_attnres_fwd(q (D,), residuals K x (N, D), res (residuals padded to
-  a power of two >= 8), w, ow, eps, scale, checkpoint_level)` returns (o (N, D) in the sources'
-  dtype, o_pre (None at checkpoint level 1), rstd (K, N), logit (K, N), lse (N,)), fp32 stats:
-  softmax over sources of <RMSNorm(v_l), q>, sum of raw v_l, then the RMSNorm of weight `ow`
-  (one eps for both norms). Sources must share a dtype and be 16-byte aligned.
 """
 
 from __future__ import annotations
@@ -122,14 +115,6 @@ class AttnResMixture(torch.autograd.Function):
 MAX_SOURCES = 31  # kernel.py's ACC bits, kept here so CPU runs never import Triton
 
 
-def fla_forward(q, w, ow, flat, eps):
-    from fla.ops.attnres import fused as fla
-
-    o, _, rstd, logit, lse = fla.fused_attnres_fwd(q=q, residuals=flat, res=fla._build_ptr_table(flat), w=w, ow=ow,
-                                                   eps=eps, scale=1.0, checkpoint_level=1)
-    return o, rstd, logit, lse
-
-
 def forward_kernel(*args):
     from k3lab.ops.attn_res.kernel import forward
 
@@ -159,19 +144,20 @@ def aligned(x: torch.Tensor) -> torch.Tensor:
 
 
 # -- the model's AttnRes state on this path: the stored endpoints as a tuple of P (B, T, M) tensors ----
-# (`naive.py` has the same three functions over one stacked tensor; the candidates and their order are the same)
 
-def no_endpoints(x: torch.Tensor) -> tuple:
-    """The state before the first layer: no endpoints."""
-    return ()
+class EndpointTuple:
+    """The completed block endpoints of a forward as a tuple of (B, T, M) tensors, so that no
+    mixture re-concatenates them; `add` and `mix` as `naive.StackedEndpoints`, over the same
+    candidates in the same order."""
 
+    def __init__(self, tensors: tuple = ()):
+        self.tensors = tensors  # P x (B, T, M), each made by `as_endpoint`
 
-def with_endpoint(endpoints: tuple, x: torch.Tensor) -> tuple:
-    """endpoints with x (B, T, M) stored after them, in the stream's dtype (the first endpoint's):
-    a tuple, so that no mixture re-concatenates them, and made by `as_endpoint`."""
-    return (*endpoints, as_endpoint(x.to(endpoints[0].dtype) if endpoints else x))
+    def add(self, x: torch.Tensor) -> EndpointTuple:
+        """These endpoints with x (B, T, M) stored after them, in the stream's dtype (the first endpoint's)."""
+        endpoint = as_endpoint(x.to(self.tensors[0].dtype) if self.tensors else x)
+        return EndpointTuple((*self.tensors, endpoint))
 
-
-def mixture(endpoints: tuple, prefix: torch.Tensor, norm, proj, out_norm):
-    """out_norm(the mixture of [endpoints..., prefix]) (B, T, M) and the mean weights (K,), in one kernel."""
-    return fused_attn_res((*endpoints, prefix), norm, proj, out_norm)
+    def mix(self, prefix: torch.Tensor, norm, proj, out_norm):
+        """out_norm(the mixture of [endpoints..., prefix]) (B, T, M) and the mean weights (K,), in one kernel."""
+        return fused_attn_res((*self.tensors, prefix), norm, proj, out_norm)

@@ -104,22 +104,29 @@ def dv_reference(q, w, ow, residuals, rstd, logit, lse, do, targets, acc: int, e
 
 
 # -- the model's AttnRes state on this path: the stored endpoints as one (BT, P, M) tensor ------
-# (`fused.py` has the same three functions over a tuple of (B, T, M) tensors)
 
-def no_endpoints(x: torch.Tensor) -> torch.Tensor:
-    """The state before the first layer: no endpoints, (B*T, 0, M) for x (B, T, M)."""
-    B, T, M = x.shape
-    return x.new_zeros(B * T, 0, M)
+class StackedEndpoints:
+    """The completed block endpoints of a forward, stacked as one (BT, P, M) tensor, with the two
+    things a block does with them: `add` one and `mix` them with the live prefix.
+    `fused.EndpointTuple` is the same state on the fused path; the candidates and their order are
+    the same on both."""
 
+    def __init__(self, stacked: torch.Tensor):
+        self.stacked = stacked  # (BT, P, M)
 
-def with_endpoint(endpoints: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """endpoints (BT, P, M) with x (B, T, M) stored after them: (BT, P+1, M)."""
-    B, T, M = x.shape
-    return torch.cat([endpoints, x.reshape(B * T, 1, M)], dim=1)
+    @classmethod
+    def empty(cls, x: torch.Tensor) -> StackedEndpoints:
+        """The state before the first layer: no endpoints, (B*T, 0, M) for x (B, T, M)."""
+        B, T, M = x.shape
+        return cls(x.new_zeros(B * T, 0, M))
 
+    def add(self, x: torch.Tensor) -> StackedEndpoints:
+        """These endpoints with x (B, T, M) stored after them: (BT, P+1, M)."""
+        B, T, M = x.shape
+        return StackedEndpoints(torch.cat([self.stacked, x.reshape(B * T, 1, M)], dim=1))
 
-def mixture(endpoints: torch.Tensor, prefix: torch.Tensor, norm, proj, out_norm):
-    """out_norm(the mixture of [endpoints..., prefix]) (B, T, M) and the mean weights (K,), for logging."""
-    B, T, M = prefix.shape
-    h, weights = attn_res_mixture(endpoints, prefix.reshape(B * T, M), norm, proj)
-    return out_norm(h.view(B, T, M)), weights.detach().mean(dim=0)
+    def mix(self, prefix: torch.Tensor, norm, proj, out_norm):
+        """out_norm(the mixture of [endpoints..., prefix]) (B, T, M) and the mean weights (K,), for logging."""
+        B, T, M = prefix.shape
+        h, weights = attn_res_mixture(self.stacked, prefix.reshape(B * T, M), norm, proj)
+        return out_norm(h.view(B, T, M)), weights.detach().mean(dim=0)
