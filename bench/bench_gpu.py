@@ -57,8 +57,9 @@ import importlib
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -167,7 +168,7 @@ def k3_model(name: str, seq: int, compile_blocks_: bool, keep_states: bool = Fal
 
 # -- one configuration ------------------------------------------------------------------------
 
-@dataclass
+@attrs.define
 class Result:
     name: str
     params: int  # all parameters, a tied weight once

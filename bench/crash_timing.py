@@ -16,20 +16,21 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass
 from pathlib import Path
+
+import attrs
 
 EVENT = re.compile(r"^\[\s*(?P<t>[\d.]+) s\]\s+\d+s\s+(?P<trial>\S+) (?P<kind>started|done at|crashed)")
 
 
-@dataclass(frozen=True)
+@attrs.frozen
 class Event:
     t: float  # seconds from the command's start
     trial: str
     kind: str  # "started", "done at" or "crashed"
 
 
-@dataclass(frozen=True)
+@attrs.frozen
 class Crash:
     log: str
     t: float
