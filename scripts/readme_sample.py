@@ -51,6 +51,7 @@ def sample_rows(store: Path) -> list[dict]:
     as `k3lab report` builds them: variants in the sweep file's order, the baseline first."""
     from k3lab.registry.sweep_file import load_sweep
     from k3lab.report.summary import build_report
+    from k3lab.report.options import ReportOptions
     from k3lab.store.runs import latest_sweep_run
 
     sweep = load_sweep(SWEEP_FILE, PROFILE)
@@ -63,8 +64,9 @@ def sample_rows(store: Path) -> list[dict]:
         parent = latest_sweep_run(uri, EXPERIMENT)
         if parent is None:
             raise SystemExit(f"{store}: no run of {EXPERIMENT}")
-        return build_report(uri, parent, sweep.metric.name, sweep.metric.mode, baseline=sweep.baseline,
-                            variant_order=[v.name for v in sweep.valid_variants]).rows
+        options = ReportOptions(metric=sweep.metric.name, mode=sweep.metric.mode, baseline=sweep.baseline,
+                                variant_order=[v.name for v in sweep.valid_variants])
+        return build_report(uri, parent, options).rows
 
 
 def render(rows: list[dict]) -> str:

@@ -231,7 +231,7 @@ def test_a_cpu_trial_that_blew_up_but_trained_every_step_is_named_diverged_and_l
     db.write_bytes(lzma.decompress((ROOT / "docs/runs/blowup-cpu.db.xz").read_bytes()))
     uri = f"sqlite:///{db}"
     parent = runs.sweep_runs(uri)[0].info.run_id
-    summary = build_report(uri, parent, **stored_options(uri, parent))
+    summary = build_report(uri, parent, stored_options(uri, parent))
     assert summary.diverged == ["attnres_bs1 seed 0: diverged at step 6 (val_loss 24.28 after a best of 7.383); "
                                    "left out of the pairs"]
     row, = summary.comparisons
@@ -240,15 +240,15 @@ def test_a_cpu_trial_that_blew_up_but_trained_every_step_is_named_diverged_and_l
 
 
 def test_a_stored_design_gives_the_comparisons_back_in_the_sweep_files_order(tmp_path):
-    from k3lab.report.paired import design_record, options_from_record
+    from k3lab.report.options import ReportOptions, from_record
     from k3lab.store import runs
     from k3lab.store.tracking import MLflowTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent = MLflowTracker.start(uri, "order", "order")
     order = ["off", "full", "bs2", "bs8"]
-    runs.write_design(uri, parent.run_id, design_record({"baselines": {v: "off" for v in order[1:]}, "design": None,
-                                                         "variant_order": order}))
+    options = ReportOptions(baselines={v: "off" for v in order[1:]}, variant_order=order)
+    runs.write_design(uri, parent.run_id, options.to_record())
     record = runs.read_design(uri, runs.client(uri).get_run(parent.run_id))
     assert list(record["baselines"]) == ["bs2", "bs8", "full"]  # the tag's JSON has its keys sorted
-    assert list(options_from_record(record)["baselines"]) == ["full", "bs2", "bs8"]
+    assert list(from_record(record).baselines) == ["full", "bs2", "bs8"]

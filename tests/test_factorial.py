@@ -137,6 +137,7 @@ def test_the_markdown_table_has_a_row_per_effect():
 def test_the_report_of_a_two_axis_sweep_prints_and_stores_its_effects(tmp_path):
     from rich.console import Console
 
+    from k3lab.report.options import ReportOptions
     from k3lab.report.summary import build_report
     from k3lab.report.tables import print_summary
     from k3lab.store import runs
@@ -153,8 +154,8 @@ def test_the_report_of_a_two_axis_sweep_prints_and_stores_its_effects(tmp_path):
         trial.finish("FINISHED")
     parent.finish("FINISHED")
     order = [v for v in ORDER if v.endswith("shared0")]
-    summary = build_report(uri, parent.run_id, out_dir=tmp_path / "report", baseline=order[0], variant_order=order,
-                           record=False)
+    summary = build_report(uri, parent.run_id, ReportOptions(baseline=order[0], variant_order=order),
+                           out_dir=tmp_path / "report", record=False)
     stored = json.loads((tmp_path / "report" / "summary.json").read_text())["factorial"]
     assert [e["label"] for e in stored["effects"]] == [
         "ffn=latent_moe (vs moe)", "top_k=2 (vs 1)", "ffn=latent_moe (vs moe) x top_k=2 (vs 1)"]

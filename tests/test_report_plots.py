@@ -109,12 +109,13 @@ def test_a_report_from_stored_baselines_draws_the_loss_plots_differences(figures
     """The stored design names baselines per variant (no single `baseline`), as `k3lab ui` rebuilds it."""
     from test_ui_verdicts import curve_sweep
 
+    from k3lab.report.options import ReportOptions
     from k3lab.report.summary import build_report
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, _ = curve_sweep(uri)
-    build_report(uri, parent, out_dir=tmp_path / "out", baselines={"attnres_bs1": "attnres_off"},
-                 variant_order=["attnres_off", "attnres_bs1"], record=False)
+    options = ReportOptions(baselines={"attnres_bs1": "attnres_off"}, variant_order=["attnres_off", "attnres_bs1"])
+    build_report(uri, parent, options, out_dir=tmp_path / "out", record=False)
     val = figures["loss_curves.png"].axes[2]
     assert "minus the baseline attnres_off" in val.get_title()
 
@@ -124,13 +125,14 @@ def test_each_row_of_the_paired_differences_names_its_own_baseline(figures, tmp_
     group's, though three rows were compared with their own counterparts."""
     from test_ui_verdicts import curve_sweep
 
+    from k3lab.report.options import ReportOptions
     from k3lab.report.summary import build_report
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     names = ["attnres_off", "attnres_bs1", "attnres_full", "attnres_bs2"]
     parent, _ = curve_sweep(uri, variants=names, seeds=(0, 1))
-    build_report(uri, parent, out_dir=tmp_path / "out", variant_order=names, record=False,
-                 baselines={"attnres_bs1": "attnres_off", "attnres_bs2": "attnres_full"})
+    options = ReportOptions(variant_order=names, baselines={"attnres_bs1": "attnres_off", "attnres_bs2": "attnres_full"})
+    build_report(uri, parent, options, out_dir=tmp_path / "out", record=False)
     ax = figures["val_loss_vs_baseline.png"].axes[0]
     labels = [tick.get_text() for tick in ax.get_yticklabels()]
     assert [label.split(":")[0] for label in labels] == ["attnres_bs1 − attnres_off", "attnres_bs2 − attnres_full"]

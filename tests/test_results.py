@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from k3lab.cli import main
 from k3lab.errors import UserError
+from k3lab.report.options import ReportOptions
 from k3lab.report.summary import build_report, load_trials, summarize
 from k3lab.report.results import busy_fraction, load_parent, read_gpu_log, results_markdown
 from k3lab.report.stats import t_quantile
@@ -84,8 +85,8 @@ def test_summary_has_mean_and_std_over_seeds(store):
 def test_report_writes_plots_with_variants_in_the_sweep_files_order(store):
     uri, parent, _, tmp_path = store
     # alphabetical and by-metric order would both put attnres_bs4 first
-    summary = build_report(uri, parent, "val_loss", out_dir=tmp_path / "report",
-                           variant_order=["attnres_off", "attnres_bs4"])
+    summary = build_report(uri, parent, ReportOptions(variant_order=["attnres_off", "attnres_bs4"]),
+                           out_dir=tmp_path / "report")
     assert [r["variant"] for r in summary.rows] == ["attnres_off", "attnres_bs4"]
     assert {p.name for p in summary.files} == {"loss_curves.png", "val_loss_by_variant.png",
                                                   "val_loss_vs_params.png", "summary.json"}
@@ -141,7 +142,7 @@ def test_results_markdown_reports_table_startup_tracking_and_gpu_busy(store):
     log = tmp_path / "gpu.csv"
     # 0% for the first 10 s (start-up), then busy 90% of the time until the end at 30 s
     log.write_text("".join(f"{t0 + t:.3f},{0 if t < 10 else 90}\n" for t in range(0, 31)))
-    summary = build_report(uri, parent, "val_loss", "min", baseline="attnres_off")
+    summary = build_report(uri, parent, ReportOptions(baseline="attnres_off"))
     text = results_markdown(summary, load_parent(uri, parent), "AttnRes", gpu_log=log)
     assert "| attnres_bs4 | 2/2 | 1.9700 ± 0.0141 | 1,010 | 610 | 5,000 | 81,920 |" in text
     assert "mean 10.5 s, max 11.0 s, 42 trial-seconds" in text
@@ -152,7 +153,7 @@ def test_results_markdown_reports_table_startup_tracking_and_gpu_busy(store):
 
 def test_report_pairs_variants_by_seed_against_the_baseline(paired_store):
     uri, parent, tmp_path = paired_store
-    summary = build_report(uri, parent, "val_loss", "min", out_dir=tmp_path / "report", baseline="attnres_off")
+    summary = build_report(uri, parent, ReportOptions(baseline="attnres_off"), out_dir=tmp_path / "report")
     paired = {c.variant: c for c in summary.comparisons}
     assert set(paired) == {"attnres_bs4", "attnres_bs2", "attnres_bs8"}
     # bs4: diffs -0.03, -0.02, -0.04 -> mean -0.03, sd 0.01; three comparisons open at the list's one
@@ -188,7 +189,7 @@ def three_seeds_half_width() -> float:
 
 def test_results_markdown_has_how_it_ran_and_the_paired_table(paired_store):
     uri, parent, tmp_path = paired_store
-    summary = build_report(uri, parent, "val_loss", "min", baseline="attnres_off")
+    summary = build_report(uri, parent, ReportOptions(baseline="attnres_off"))
     text = results_markdown(summary, load_parent(uri, parent), "AttnRes", report_command="k3lab report x",
                             plots=["results/attnres_block-gpu/val_loss_vs_baseline.png"])
     assert "- Command: `k3lab sweep experiments/attnres_block.yaml --profile gpu`" in text
@@ -209,7 +210,7 @@ def test_results_markdown_has_how_it_ran_and_the_paired_table(paired_store):
 
 def test_results_markdown_shows_each_seeds_paired_difference_so_an_outlying_seed_is_seen(paired_store):
     uri, parent, _ = paired_store
-    summary = build_report(uri, parent, "val_loss", "min", baseline="attnres_off")
+    summary = build_report(uri, parent, ReportOptions(baseline="attnres_off"))
     text = results_markdown(summary, load_parent(uri, parent), "AttnRes")
     assert "| variant | baseline | s0 | s1 | s2 |" in text
     assert "| attnres_bs4 | attnres_off | -0.0300 | -0.0200 | -0.0400 |" in text
@@ -542,9 +543,9 @@ def test_a_sweep_that_ran_to_its_end_says_budget_though_its_parent_is_still_open
 
     uri, parent, _ = paired_store
     design = Design(comparisons=3, max_pairs=8, start=3, halfwidth=0.0001)
-    stopping = lambda **kw: {c.stopping for c in build_report(  # noqa: E731
-        uri, parent, "val_loss", "min", baseline="attnres_off", design=design,
-        baselines={v: "attnres_off" for v in ("attnres_bs2", "attnres_bs4", "attnres_bs8")}, **kw).comparisons}
+    options = ReportOptions(baseline="attnres_off", design=design,
+                            baselines={v: "attnres_off" for v in ("attnres_bs2", "attnres_bs4", "attnres_bs8")})
+    stopping = lambda **kw: {c.stopping for c in build_report(uri, parent, options, **kw).comparisons}  # noqa: E731
     assert stopping(unfinished="budget") == {"budget"}
     assert stopping() == {"running"}  # the store alone: a parent still open whose trials ended just now
 

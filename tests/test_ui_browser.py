@@ -311,8 +311,8 @@ def test_the_views_table_shows_the_reports_means_for_each_variant(ui, swept, tmp
     ids = store_ids(swept)
     uri = f"sqlite:///{swept / 'mlflow.db'}"
     parent = MlflowClient(uri).get_run(ids["parent"])
-    summary = build_report(uri, ids["parent"], record=False,
-                           **report_options(uri, parent, runs.trial_runs(uri, ids["parent"])))
+    options = report_options(uri, parent, runs.trial_runs(uri, ids["parent"]))
+    summary = build_report(uri, ids["parent"], options, record=False)
     means = {row["variant"]: row["val_loss_mean"] for row in summary.rows}
     compared = summary.comparisons[0]
     with new_page(chromium) as page:

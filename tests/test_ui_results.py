@@ -27,7 +27,7 @@ def factorial(tmp_path_factory):
     prepare_store(uri, say=lambda line: None)
     parent = runs.sweep_runs(uri)[0]
     trials = runs.trial_runs(uri, parent.info.run_id)
-    summary = build_report(uri, parent.info.run_id, record=False, **report_options(uri, parent, trials))
+    summary = build_report(uri, parent.info.run_id, report_options(uri, parent, trials), record=False)
     return uri, parent, summary
 
 

@@ -7,6 +7,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
+from k3lab.report.options import ReportOptions
 from k3lab.report.summary import build_report
 from k3lab.store import runs, verdicts
 from k3lab.store.colours import variant_colours
@@ -43,9 +44,9 @@ def curve_sweep(uri: str, variants=("attnres_off", "attnres_bs1"), seeds=(0, 1, 
     return parent.run_id, trials
 
 
-def report(uri: str, parent: str, **options) -> dict:
-    return build_report(uri, parent, baseline="attnres_off", variant_order=["attnres_off", "attnres_bs1"],
-                        **options)
+def report(uri: str, parent: str, rise: float | None = None, record: bool = True):
+    options = ReportOptions(baseline="attnres_off", variant_order=["attnres_off", "attnres_bs1"], rise=rise)
+    return build_report(uri, parent, options, record=record)
 
 
 def test_each_compared_trial_carries_its_paired_difference_in_percent_at_every_evaluation(tmp_path):
@@ -246,7 +247,8 @@ def test_the_verdict_lines_follow_the_files_order_and_say_when_there_is_no_inter
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent, _ = curve_sweep(uri, variants=("attnres_off", "attnres_full", "attnres_bs2"), seeds=(0,))
-    build_report(uri, parent, baseline="attnres_off", variant_order=["attnres_off", "attnres_full", "attnres_bs2"])
+    build_report(uri, parent, ReportOptions(baseline="attnres_off",
+                                            variant_order=["attnres_off", "attnres_full", "attnres_bs2"]))
     lines = views.verdict_lines(MlflowClient(uri).get_run(parent).data, ["attnres_off", "attnres_full", "attnres_bs2"])
     assert [line.split("**")[1] for line in lines] == ["attnres_full", "attnres_bs2"]
     assert all(line.endswith("(no interval: too few pairs)") for line in lines)
@@ -342,8 +344,8 @@ def test_each_variant_of_the_plan_gets_a_variant_run_naming_its_own_baseline_eve
     names = ("attnres_off", "attnres_bs1", "attnres_full", "attnres_bs2")
     parent, _ = curve_sweep(uri, variants=names, seeds=(0,), status={("attnres_bs2", 0): "KILLED"})
     client = MlflowClient(uri)
-    build_report(uri, parent, variant_order=list(names),
-                 baselines={"attnres_bs1": "attnres_off", "attnres_bs2": "attnres_full"})
+    build_report(uri, parent, ReportOptions(variant_order=list(names),
+                                            baselines={"attnres_bs1": "attnres_off", "attnres_bs2": "attnres_full"}))
     found = verdicts.variant_runs(runs.client(uri), parent)
     assert set(found) == {"attnres_bs1", "attnres_bs2"}
     assert found["attnres_bs1"].info.run_name.startswith("attnres_bs1 vs attnres_off: ")

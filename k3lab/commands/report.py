@@ -61,8 +61,8 @@ def run_report(args) -> int:
     also = other_sweeps(args.also, run)  # before anything is written
     console = wide_console()
     state = check_interrupted(console.print, run, parent_run_id, close=args.close)
-    report = build_report(run.tracking_uri, parent_run_id, out_dir=out, baseline=args.baseline or run.sweep.baseline,
-                          record=not (args.baseline or args.metric or args.file_design), **options)  # the store keeps the sweep's own
+    report = build_report(run.tracking_uri, parent_run_id, options, out_dir=out,
+                          record=not (args.baseline or args.metric or args.file_design))  # the store keeps the sweep's own
     if also:
         report = attrs.evolve(report, across=report_across(run.tracking_uri, report, also, out))
     written = write_results_markdown(args, run, parent_run_id, report) if args.markdown else None

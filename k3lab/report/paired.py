@@ -111,26 +111,6 @@ def unfinished_reason(sweep_state: str, ended: bool) -> str:
     return BUDGET if ended else STOPPED
 
 
-def design_record(options: dict, stored_by: str = "sweep") -> dict:
-    """`report_options` as the JSON the parent run stores (`k3lab.store.runs.write_design`);
-    stored_by: "sweep" (as it started) or "report" (`k3lab report`, for a run that stored none)."""
-    design = options["design"]
-    return options | {"design": design.to_json() if design is not None else None, "stored_by": stored_by}
-
-
-def options_from_record(record: dict) -> dict:
-    """The stored record back as `build_report` options (`design_record`'s inverse)."""
-    names = ("metric", "mode", "baselines", "design", "last", "rise", "variant_order", "compute", "compute_sizes")
-    options = {name: record[name] for name in names if name in record}
-    order = {name: i for i, name in enumerate(options.get("variant_order") or ())}
-    if options.get("baselines"):  # the record is stored with sorted keys: back to the file's order
-        options["baselines"] = dict(sorted(options["baselines"].items(),
-                                           key=lambda item: order.get(item[0], len(order))))
-    if options.get("design") is not None:
-        options["design"] = Design.from_json(options["design"])
-    return options
-
-
 # -- the whole curve ------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ import attrs
 from k3lab.report import paired, plots, stats
 from k3lab.report.compute_multipliers import Multiplier
 from k3lab.report.factorial import Effect
+from k3lab.report.options import ReportOptions, from_record
 from k3lab.report.records import TrialRecord
 from k3lab.report.sequential import Design
 from k3lab.report.stats import Comparison
@@ -121,40 +122,30 @@ class SweepReport:
         return document
 
 
-def build_report(tracking_uri: str, parent_run_id: str, metric: str = "val_loss", mode: str = "min",
-                 out_dir: Path | None = None, baseline: str | None = None,
-                 variant_order: Sequence[str] = (), baselines: dict[str, str] | None = None, design=None,
-                 last: int = 1, unfinished: str | None = None, rise: float | None = None,
-                 record: bool = True, compute: dict[str, dict[str, float]] | None = None,
-                 compute_sizes: dict | None = None) -> SweepReport:
-    """The sweep's `SweepReport`, its plots and summary.json written in out_dir (when given), its
-    verdicts written into the store for the MLflow UI (`record`, `k3lab.report.ui_verdicts`).
-
-    variant_order: the variant names as the sweep file lists them; rows, legends and colours follow it.
-    baselines (variant -> its group's baseline; default: every variant against `baseline`), design
-    (`k3lab.report.sequential.Design`; default: one look, Bonferroni t over the family), last
-    (verdicts on the mean of the last N evaluations), rise (the divergence rule): see
-    `k3lab.report.paired`; compute: the baselines' compute curves (baseline -> {its stretched copy:
-    multiple}) and compute_sizes (families over a size axis, `k3lab.registry.compute_curves.size_families`),
-    for the compute multipliers (`k3lab.report.compute_multipliers`); unfinished: why a comparison its rule did
-    not stop has no more seeds (default: read from the store)."""
-    records = load_trials(tracking_uri, parent_run_id, curves=("train_loss", metric))
-    order = file_order((r.variant for r in records), variant_order)
+def build_report(tracking_uri: str, parent_run_id: str, options: ReportOptions | None = None,
+                 out_dir: Path | None = None, unfinished: str | None = None, record: bool = True) -> SweepReport:
+    """The sweep's `SweepReport` as `options` ask (default: val_loss, no comparisons), its plots and
+    summary.json written in out_dir (when given), its verdicts written into the store for the MLflow
+    UI (`record`, `k3lab.report.ui_verdicts`). unfinished: why a comparison its rule did not stop
+    has no more seeds (default: read from the store)."""
+    options = options or ReportOptions()
+    records = load_trials(tracking_uri, parent_run_id, curves=("train_loss", options.metric))
+    order = file_order((r.variant for r in records), options.variant_order)
     records.sort(key=lambda r: (order.index(r.variant), r.seed))
-    rows = sorted(summarize(records, metric), key=lambda row: order.index(row["variant"]))
-    pairs = baselines or ({v: baseline for v in order if v != baseline} if baseline else {})
+    rows = sorted(summarize(records, options.metric), key=lambda row: order.index(row["variant"]))
+    pairs, design = options.pairs(order), options.design
     if pairs and design is None:
         design = paired.fixed_design(len(pairs), max((row["trials"] for row in rows), default=1))
     if pairs:
         unfinished = unfinished or stored_unfinished_reason(tracking_uri, parent_run_id)
-    report = SweepReport(metric, mode, records, rows, baseline, pairs, design, last, rise,
-                         diverged=paired.diverged_lines(records, metric, mode, rise), compute_sizes=compute_sizes,
-                         variant_order=list(variant_order))
-    report = attrs.evolve(report, **compared(report, order, unfinished, compute))
+    report = SweepReport(options.metric, options.mode, records, rows, options.baseline, pairs, design, options.last,
+                         options.rise, diverged=paired.diverged_lines(records, options.metric, options.mode, options.rise),
+                         compute_sizes=options.compute_sizes, variant_order=list(options.variant_order))
+    report = attrs.evolve(report, **compared(report, order, unfinished, options.compute))
     add_paired_columns(rows, report.comparisons, pairs, report.multipliers)
     if out_dir is not None and records:
-        colours = colours_in_file_order(order, variant_order)
-        report = attrs.evolve(report, files=write_report_files(report, out_dir, colours, compute,
+        colours = colours_in_file_order(order, options.variant_order)
+        report = attrs.evolve(report, files=write_report_files(report, out_dir, colours, options.compute,
                                                                experiment_title(tracking_uri, parent_run_id)))
     if record and records:
         record_in_store(tracking_uri, parent_run_id, report)
@@ -207,11 +198,11 @@ def record_in_store(tracking_uri: str, parent_run_id: str, report: SweepReport) 
         print(f"the verdicts were not written into the store: {error}")
 
 
-def stored_options(tracking_uri: str, parent_run_id: str) -> dict | None:
-    """`build_report`'s options as the sweep stored them with its parent run (metric, baselines,
-    design, ...: `k3lab.report.paired.design_record`); None for a store from before they were."""
+def stored_options(tracking_uri: str, parent_run_id: str) -> ReportOptions | None:
+    """`build_report`'s options as the sweep stored them with its parent run (`ReportOptions.to_record`);
+    None for a store from before they were."""
     record = runs.read_design(tracking_uri, runs.client(tracking_uri).get_run(parent_run_id))
-    return paired.options_from_record(record) if record is not None else None
+    return from_record(record) if record is not None else None
 
 
 def stored_unfinished_reason(tracking_uri: str, parent_run_id: str) -> str:

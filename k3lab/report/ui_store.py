@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Collection
 
+from k3lab.report.options import ReportOptions
 from k3lab.store import runs
 
 
@@ -90,8 +91,8 @@ def rebuild_missing_reports(tracking_uri: str, skip: Collection[str] = ()) -> li
         if not trials:
             continue
         with tempfile.TemporaryDirectory() as folder:
-            report = build_report(tracking_uri, run_id, out_dir=Path(folder), **report_options(tracking_uri, parent,
-                                                                                               trials))
+            report = build_report(tracking_uri, run_id, report_options(tracking_uri, parent, trials),
+                                  out_dir=Path(folder))
             for path in report.files:
                 client.log_artifact(run_id, str(path), "report")
         rebuilt.append((run_id, client.get_experiment(parent.info.experiment_id).name))
@@ -110,7 +111,7 @@ def record_missing_verdicts(tracking_uri: str, skip: Collection[str] = ()) -> li
         run_id = parent.info.run_id
         if trials and (any(COUNTED not in t.data.tags for t in trials) or (
                 variant_runs(client, run_id) and not variant_runs(client, run_id, BASELINE_KIND))):
-            build_report(tracking_uri, parent.info.run_id, **report_options(tracking_uri, parent, trials))
+            build_report(tracking_uri, parent.info.run_id, report_options(tracking_uri, parent, trials))
             recorded.append(parent.info.run_id)
     return recorded
 
@@ -141,14 +142,14 @@ def add_page_sections(tracking_uri: str, skip: Collection[str] = ()) -> int:
     return count
 
 
-def report_options(tracking_uri: str, parent, trials: list) -> dict:
+def report_options(tracking_uri: str, parent, trials: list) -> ReportOptions:
     """`build_report`'s options as the sweep stored them (`stored_options`), else `options_of_old_store`."""
     from k3lab.report.summary import stored_options
 
     return stored_options(tracking_uri, parent.info.run_id) or options_of_old_store(tracking_uri, parent, trials)
 
 
-def options_of_old_store(tracking_uri: str, parent, trials: list) -> dict:
+def options_of_old_store(tracking_uri: str, parent, trials: list) -> ReportOptions:
     """`build_report` options for a store from before sweeps stored their design: its metric, every
     variant against its one recorded baseline (family-wise Bonferroni t-intervals), variants in the
     order the sweep started them (`k3lab.store.runs.variant_order`). `k3lab report` with the sweep
@@ -156,5 +157,5 @@ def options_of_old_store(tracking_uri: str, parent, trials: list) -> dict:
     baseline = parent.data.tags.get("k3lab.baseline") or None
     metric, _, mode = parent.data.params.get("metric", "val_loss:min").partition(":")
     names = runs.variant_order(tracking_uri, parent, trials)
-    return {"metric": metric, "mode": mode or "min", "baseline": baseline if baseline in names else None,
-            "variant_order": names}
+    return ReportOptions(metric=metric, mode=mode or "min", baseline=baseline if baseline in names else None,
+                         variant_order=names)

@@ -29,7 +29,6 @@ import attrs
 
 import k3lab
 from k3lab.report.efficiency import crashes, figures_of, sweep_efficiency, time_shares
-from k3lab.report.paired import design_record
 from k3lab.report.stop_rule import BUDGET, STOPPED
 from k3lab.report.summary import SweepReport, build_report
 from k3lab.store import runs
@@ -237,7 +236,7 @@ def record_sweep(run: SweepRun, parent: ParentRun) -> None:
     if sweep.compute is not None:
         params["compute.scales"] = list(sweep.compute.scales)
     parent.tracker.log_params(params)
-    write_design(run.tracking_uri, parent.run_id, design_record(report_options(sweep)))
+    write_design(run.tracking_uri, parent.run_id, report_options(sweep).to_record())
     parent.log_artifact(sweep.path)
     write_state(run.state_file, parent.run_id, run.tracking_uri, [t.id for t in sweep.trials], sweep_spec(sweep))
 
@@ -253,10 +252,8 @@ def write_report(run: SweepRun, parent: ParentRun, unfinished: str) -> SweepRepo
     store for the MLflow UI, its files logged to the parent run; at the sweep's end and when it is
     stopped (`unfinished`: why its comparisons have no more seeds), so that a plain `mlflow ui` on
     the store shows the verdicts without k3lab in between."""
-
-    sweep = run.sweep
-    report = build_report(run.tracking_uri, parent.run_id, out_dir=run.storage / f"{run.experiment}_report",
-                          baseline=sweep.baseline, **report_options(sweep), unfinished=unfinished)
+    report = build_report(run.tracking_uri, parent.run_id, report_options(run.sweep),
+                          out_dir=run.storage / f"{run.experiment}_report", unfinished=unfinished)
     for path in report.files:
         parent.log_artifact(path, "report")
     return report

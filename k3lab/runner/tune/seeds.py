@@ -13,6 +13,7 @@ from typing import Callable
 
 from ray.tune.search import Searcher
 
+from k3lab.report.options import ReportOptions
 from k3lab.report.paired import diverged_step
 from k3lab.report.sequential import Design, fixed_design
 from k3lab.report.stats import usable
@@ -157,16 +158,16 @@ def build_searcher(sweep, tracking_uri: str) -> SeedSearcher:
     return SeedSearcher(planner, keys, metric.name, metric.mode, value_of)
 
 
-def report_options(sweep) -> dict:
-    """What `build_report` needs to compare a sweep's variants as its file asks: the metric, the
-    baseline of each group, the design, the verdict metric's `last`, the divergence rule, the
-    variants in the file's order and the baselines' compute curves. The parent run stores them
-    (`k3lab.report.paired.design_record`)."""
+def report_options(sweep) -> ReportOptions:
+    """How `build_report` compares a sweep's variants as its file asks: the metric, the baseline
+    of each group, the design, the verdict metric's `last`, the divergence rule, the variants in
+    the file's order and the baselines' compute curves. The parent run stores them
+    (`ReportOptions.to_record`)."""
     metric = sweep.metric
-    return {"metric": metric.name, "mode": metric.mode, "baselines": dict(sweep.baselines),
-            "design": design_of(sweep), "last": metric.last, "rise": metric.diverged,
-            "variant_order": [v.name for v in sweep.valid_variants], "compute": sweep.compute_curves,
-            "compute_sizes": sweep.compute_sizes}
+    return ReportOptions(metric=metric.name, mode=metric.mode, baseline=sweep.baseline,
+                         baselines=dict(sweep.baselines), design=design_of(sweep), last=metric.last,
+                         rise=metric.diverged, variant_order=[v.name for v in sweep.valid_variants],
+                         compute=sweep.compute_curves, compute_sizes=sweep.compute_sizes)
 
 
 def earlier_run_line(run) -> str | None:

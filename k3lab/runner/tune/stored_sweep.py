@@ -8,19 +8,19 @@ import contextlib
 from pathlib import Path
 
 from k3lab.errors import UserError
+from k3lab.report.options import ReportOptions
 from k3lab.runner.tune.run import SweepRun
 from k3lab.runner.tune.seeds import report_options
 
 
 def report_design(run: SweepRun, parent_run_id: str, baseline: str | None = None, metric: str | None = None,
-                  file_design: bool = False) -> dict:
+                  file_design: bool = False) -> ReportOptions:
     """How the report compares the variants: as the sweep stored it with its parent run, so that
     every view of one store gives the same verdicts; a store from before designs were stored gets
     the file's (and keeps it). --baseline (every variant against one), --metric and file_design
     (the sweep file's present design) change it for this report only."""
     import attrs
 
-    from k3lab.report.paired import design_record
     from k3lab.report.summary import stored_options
     from k3lab.store.runs import write_design
 
@@ -28,14 +28,15 @@ def report_design(run: SweepRun, parent_run_id: str, baseline: str | None = None
     if options is None:
         options = report_options(run.sweep)
         with contextlib.suppress(Exception):  # a read-only store still gets its report
-            write_design(run.tracking_uri, parent_run_id, design_record(options, stored_by="report"))
+            write_design(run.tracking_uri, parent_run_id, options.to_record(stored_by="report"))
+    options = attrs.evolve(options, baseline=baseline or run.sweep.baseline)
     if baseline:
-        pairs = {v: baseline for v in options["variant_order"] if v != baseline}
-        design = options.get("design")
-        options = options | {"baselines": pairs, "design": None if design is None else
-                             attrs.evolve(design, comparisons=len(pairs), level=None)}
+        pairs = {v: baseline for v in options.variant_order if v != baseline}
+        design = options.design
+        options = attrs.evolve(options, baselines=pairs, design=None if design is None else
+                               attrs.evolve(design, comparisons=len(pairs), level=None))
     if metric:
-        options = options | {"metric": metric}
+        options = attrs.evolve(options, metric=metric)
     return options
 
 
