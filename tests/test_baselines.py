@@ -252,3 +252,27 @@ def test_a_stored_design_gives_the_comparisons_back_in_the_sweep_files_order(tmp
     record = runs.read_design(uri, runs.client(uri).get_run(parent.run_id))
     assert list(record["baselines"]) == ["bs2", "bs8", "full"]  # the tag's JSON has its keys sorted
     assert list(from_record(record).baselines) == ["full", "bs2", "bs8"]
+
+
+def test_a_sweeps_report_options_come_back_from_its_stored_record_except_the_baseline(tmp_path):
+    """The parent run keeps how its sweep compares (`ReportOptions.to_record`), so `k3lab report`
+    and the UI judge a stored sweep under the design it ran with; the single baseline is the sweep
+    file's or --baseline's, not stored."""
+    import attrs
+
+    from k3lab.report.options import from_record
+    from k3lab.runner.tune.seeds import report_options
+    from k3lab.store import runs
+    from k3lab.store.tracking import MLflowTracker
+
+    sweep = load_sweep(ROOT / "experiments" / "attnres_block.yaml", "gpu")
+    options = report_options(sweep)
+    assert options.design is not None and options.baselines and options.baseline == sweep.baseline
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = MLflowTracker.start(uri, "stored", "stored")
+    runs.write_design(uri, parent.run_id, options.to_record())
+    record = runs.read_design(uri, runs.client(uri).get_run(parent.run_id))
+    assert record["stored_by"] == "sweep" and "baseline" not in record
+    stored = from_record(record)
+    assert stored.design.to_json() == options.design.to_json()  # the level it computed, now written down
+    assert attrs.evolve(stored, design=None) == attrs.evolve(options, baseline=None, design=None)
