@@ -100,11 +100,12 @@ class KimiK3Config:
         if layer_types is None:
             layer_types = kimi_linear_schedule(self.num_layers) if self.num_layers > 0 else ()
         object.__setattr__(self, "layer_types", tuple(layer_types))
-        self._validate()
+        self._validate_sizes_and_schedule()
+        self._validate_settings()
 
     # -- validation ---------------------------------------------------------------
 
-    def _validate(self) -> None:
+    def _validate_sizes_and_schedule(self) -> None:
         for name in (
             "vocab_size", "hidden_size", "num_layers", "max_seq_len", "intermediate_size",
             "kda_num_heads", "kda_head_dim", "kda_chunk_size", "kda_conv_size",
@@ -127,6 +128,8 @@ class KimiK3Config:
         _require(_is_int(self.attn_res_block_size) and self.attn_res_block_size > 0,
                  "attn_res_block_size", "must be a positive integer")
 
+    def _validate_settings(self) -> None:
+        """Latent widths, the MoE's and the numerics' values, and the choices among named options."""
         for name in ("mla_q_lora_rank", "mla_kv_lora_rank", "moe_latent_size"):
             value = getattr(self, name)
             _require(value is None or value < self.hidden_size, name,
