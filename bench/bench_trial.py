@@ -185,8 +185,13 @@ def measure(row: dict, steps: int, warmup: int, top: int, where: str = "") -> di
     torch.manual_seed(0)
     model = KimiK3(config).to(device).train()
     model.checkpoint_layers = "ckpt" in options
-    if "naiveattnres" in options:
-        model.uses_fused_attn_res = lambda idx: False
+    if "naiveattnres" in options:  # the reference AttnRes path beside fused KDA
+        try:
+            from k3lab.ops.attn_res.naive import StackedEndpoints
+        except ImportError:  # a --before checkout from before the endpoints objects
+            model.uses_fused_attn_res = lambda idx: False
+        else:
+            model.no_endpoints = StackedEndpoints.empty
     if "kdastates" in options:
         try:
             from k3lab.model.kda import keep_kda_states
