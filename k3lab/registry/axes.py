@@ -28,7 +28,6 @@ decided later by KimiK3Config itself.
 
 from __future__ import annotations
 
-import attrs
 import re
 from typing import Any, Callable
 

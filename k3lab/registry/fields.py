@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import attrs
 import difflib
 import functools
 import typing
 from typing import Any
+
+import attrs
 
 from k3lab.model.config import KimiK3Config
 from k3lab.registry.convert import structure

@@ -138,9 +138,10 @@ def build_report(tracking_uri: str, parent_run_id: str, options: ReportOptions |
         design = paired.fixed_design(len(pairs), max((row["trials"] for row in rows), default=1))
     if pairs:
         unfinished = unfinished or stored_unfinished_reason(tracking_uri, parent_run_id)
-    report = SweepReport(options.metric, options.mode, records, rows, options.baseline, pairs, design, options.last,
-                         options.rise, diverged=paired.diverged_lines(records, options.metric, options.mode, options.rise),
-                         compute_sizes=options.compute_sizes, variant_order=list(options.variant_order))
+    o = options
+    report = SweepReport(o.metric, o.mode, records, rows, o.baseline, pairs, design, o.last, o.rise,
+                         diverged=paired.diverged_lines(records, o.metric, o.mode, o.rise),
+                         compute_sizes=o.compute_sizes, variant_order=list(o.variant_order))
     report = attrs.evolve(report, **compared(report, order, unfinished, options.compute))
     add_paired_columns(rows, report.comparisons, pairs, report.multipliers)
     if out_dir is not None and records:
