@@ -50,8 +50,8 @@ def sample_rows(store: Path) -> list[dict]:
     """The summary rows of the sweep's run in `store` (an MLflow SQLite file, or one compressed with xz),
     as `k3lab report` builds them: variants in the sweep file's order, the baseline first."""
     from k3lab.registry.sweep_file import load_sweep
-    from k3lab.report.summary import build_report
     from k3lab.report.options import ReportOptions
+    from k3lab.report.summary import build_report
     from k3lab.store.runs import latest_sweep_run
 
     sweep = load_sweep(SWEEP_FILE, PROFILE)

@@ -4,9 +4,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 
-from k3lab.report.sequential import Design
+if TYPE_CHECKING:  # sequential imports scipy: a second and a half that `k3lab ui`'s start-up need not pay
+    from k3lab.report.sequential import Design
 
 # what the parent run's record holds (`k3lab.store.runs.write_design`); `baseline` is not stored:
 # a report of a stored sweep takes it from the sweep file or from `k3lab report --baseline`
@@ -59,5 +62,7 @@ def from_record(record: dict) -> ReportOptions:
     if fields.get("baselines"):  # the record is stored with sorted keys: back to the file's order
         fields["baselines"] = dict(sorted(fields["baselines"].items(), key=lambda item: order.get(item[0], len(order))))
     if "design" in fields:
+        from k3lab.report.sequential import Design
+
         fields["design"] = Design.from_json(fields["design"])
     return ReportOptions(**fields)
